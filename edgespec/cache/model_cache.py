@@ -1,0 +1,131 @@
+"""All caches of one target model for one request: a KV cache per attention layer, a state per GDN layer.
+
+``length`` is the number of positions whose K/V and state are valid. Attention rows past ``length`` are garbage
+that the next write overwrites, which makes truncating an attention-only cache O(1). For GDN layers the state
+must be put back explicitly: :meth:`rollback` does it from the per-step checkpoints of the last multi-row
+forward (constant time), :meth:`snapshot` / :meth:`restore_snapshot` serve the replay strategy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from edgespec.cache.kv import KVCache
+from edgespec.cache.state import GDNState
+from edgespec.errors import PromptTooLongError
+
+
+class ModelCache:
+    """Per-request cache of every layer plus the committed length."""
+
+    def __init__(self, layers: list[KVCache | GDNState], max_len: int) -> None:
+        self.layers = layers
+        self.max_len = max_len
+        self.length = 0
+        # Start position and row count of the last forward that wrote per-step checkpoints (None: no such forward).
+        self._ckpt_start: int | None = None
+        self._ckpt_rows = 0
+
+    # -- queries ------------------------------------------------------------------------------------------------
+    @property
+    def kv_layers(self) -> list[KVCache]:
+        return [c for c in self.layers if isinstance(c, KVCache)]
+
+    @property
+    def state_layers(self) -> list[GDNState]:
+        return [c for c in self.layers if isinstance(c, GDNState)]
+
+    @property
+    def has_state(self) -> bool:
+        return any(isinstance(c, GDNState) for c in self.layers)
+
+    @property
+    def max_checkpoint_rows(self) -> int:
+        """Largest multi-row forward that can save per-step checkpoints (slots minus the 'before' slot)."""
+        slots = [c.checkpoint_slots for c in self.state_layers]
+        return min(slots) - 1 if slots else 1 << 30
+
+    def nbytes(self) -> int:
+        return sum(c.nbytes() for c in self.layers)
+
+    def check_room(self, start: int, rows: int) -> None:
+        if start + rows > self.max_len:
+            raise PromptTooLongError(
+                f"sequence of {start + rows} tokens exceeds max_seq_len {self.max_len}")
+
+    # -- mutation -----------------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.length = 0
+        self._ckpt_start = None
+        for c in self.state_layers:
+            c.reset()
+
+    def begin_checkpointed_forward(self, start: int, rows: int) -> None:
+        """Called by a model before a forward that saves per-step GDN checkpoints (slot 0 = state before)."""
+        if rows > self.max_checkpoint_rows:
+            raise ValueError(f"checkpointed forward of {rows} rows exceeds {self.max_checkpoint_rows} slots")
+        self._ckpt_start, self._ckpt_rows = start, rows
+        for c in self.state_layers:
+            c.save(0)
+
+    def rollback(self, length: int) -> None:
+        """Make the cache hold exactly ``length`` positions after a longer forward.
+
+        Attention layers: O(1). GDN layers: copy the checkpoint saved after row ``length - start - 1`` of the
+        last checkpointed forward; a rollback outside that forward's rows is impossible and raises.
+        """
+        if length > self.length:
+            raise ValueError(f"cannot roll back forward from {self.length} to {length}")
+        if self.has_state and length != self.length:
+            start = self._ckpt_start
+            if start is None or not (start <= length <= start + self._ckpt_rows):
+                raise ValueError(f"no state checkpoint for length {length} (last checkpointed forward: "
+                                 f"start {start}, rows {self._ckpt_rows})")
+            for c in self.state_layers:
+                c.restore(length - start)
+        self.length = length
+
+    def snapshot(self) -> None:
+        """Save the live GDN state in slot 0 (replay strategy); the attention rows need no copy."""
+        self._ckpt_start, self._ckpt_rows = self.length, 0
+        for c in self.state_layers:
+            c.save(0)
+
+    def restore_snapshot(self) -> int:
+        """Put back the state saved by :meth:`snapshot` and return the length it was taken at."""
+        if self._ckpt_start is None:
+            raise ValueError("restore_snapshot without a snapshot")
+        for c in self.state_layers:
+            c.restore(0)
+        self.length = self._ckpt_start
+        return self.length
+
+    def copy_from(self, other: ModelCache) -> None:
+        """Make this cache an exact copy of ``other`` (tests and the replay oracle)."""
+        for mine, theirs in zip(self.layers, other.layers, strict=True):
+            if isinstance(mine, KVCache):
+                mine.k.copy_(theirs.k)
+                mine.v.copy_(theirs.v)
+                if mine.fp8:
+                    mine.k_scale.copy_(theirs.k_scale)
+                    mine.v_scale.copy_(theirs.v_scale)
+            else:
+                mine.conv.copy_(theirs.conv)
+                mine.recurrent.copy_(theirs.recurrent)
+        self.length = other.length
+
+
+def state_equal(a: ModelCache, b: ModelCache, atol: float = 0.0) -> bool:
+    """True when both caches hold the same committed content (valid attention rows and GDN states)."""
+    if a.length != b.length:
+        return False
+    n = a.length
+    for x, y in zip(a.layers, b.layers, strict=True):
+        if isinstance(x, KVCache):
+            pairs = [(x.k[:n].float(), y.k[:n].float()), (x.v[:n].float(), y.v[:n].float())]
+        else:
+            pairs = [(x.conv, y.conv), (x.recurrent, y.recurrent)]
+        for p, q in pairs:
+            if not torch.allclose(p.float(), q.float(), atol=atol, rtol=0):
+                return False
+    return True

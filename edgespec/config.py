@@ -1,0 +1,222 @@
+"""Typed settings: one flat list of every knob, read from YAML < ``EDGESPEC_*`` environment < CLI flags.
+
+The same names are used everywhere: ``kv_dtype`` in YAML, ``EDGESPEC_KV_DTYPE`` in the environment,
+``--kv-dtype`` on the command line. Unknown keys are rejected by name (a typo in a robot's service config must
+not silently fall back to a default), and every value is checked against its type and allowed choices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from edgespec.errors import ConfigError
+
+ENV_PREFIX = "EDGESPEC_"
+
+
+def _knob(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class Settings:
+    """Every runtime setting of edgespec, with its default. See ``docs/configuration.md``."""
+
+    # --- model -------------------------------------------------------------------------------------------------
+    model: str = _knob("demo", "checkpoint folder (HF layout) or 'demo' for the embedded SmolLM2-135M")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = _knob(
+        "auto", "weight/activation dtype; auto = bfloat16 on CUDA, float32 on CPU")
+    device: str = _knob("auto", "torch device: auto, cpu, cuda, cuda:N")
+    kv_dtype: Literal["auto", "model", "fp8"] = _knob(
+        "auto", "KV cache format: model (= dtype), fp8 (e4m3 with per-token-head scales), auto = arch default")
+    max_seq_len: int = _knob(4096, "prompt + generated tokens; the KV cache is preallocated to this", min=16)
+    arch: Literal["auto", "base", "rtx", "thor"] = _knob(
+        "auto", "hardware hook set; auto: CC 11.x -> thor, other CUDA -> rtx, no CUDA -> base")
+    enable_thinking: bool = _knob(False, "default thinking switch of the chat template (per request overridable)")
+    # --- speculation -------------------------------------------------------------------------------------------
+    drafter: Literal["none", "ngram", "dflash", "mtp"] = _knob("none", "draft proposer")
+    drafter_path: str | None = _knob(None, "DFlash drafter checkpoint folder")
+    num_draft_tokens: int | None = _knob(
+        None, "K drafts per cycle (verify K+1 rows); None = drafter default", min=1, max=31)
+    window_size: int = _knob(128, "DFlash per-token context window W", min=1, max=4096)
+    window_seed: bool | None = _knob(None, "seed the DFlash window from the prompt tail; None = arch default")
+    rollback: Literal["auto", "checkpoint", "replay"] = _knob(
+        "auto", "partial-accept rollback: per-step state checkpoints or snapshot+replay; auto = arch default")
+    acceptance: Literal["strict", "relaxed_thinking"] = _knob(
+        "strict", "greedy acceptance: strict (lossless) or relaxed inside <think> blocks (opt-in, lossy)")
+    relaxed_top_k: int = _knob(3, "relaxed thinking: draft must be in the verify top-k", min=1, max=64)
+    relaxed_delta: float = _knob(1.0, "relaxed thinking: max distance from the best (logits or probability)", min=0.0)
+    relaxed_margin: Literal["logit", "prob"] = _knob("logit", "relaxed thinking: margin in raw logits or probs")
+    ngram_max_match: int = _knob(4, "n-gram proposer: longest suffix tried first", min=1, max=64)
+    ngram_min_match: int = _knob(1, "n-gram proposer: shortest suffix accepted", min=1, max=64)
+    ngram_lookback: int = _knob(4096, "n-gram proposer: tokens of history searched", min=8)
+    ngram_gate: float = _knob(0.1, "n-gram proposer: stop drafting below this accepted/drafted ratio", min=0.0, max=1.0)
+    cuda_graphs: bool | None = _knob(None, "capture decode/verify/drafter as CUDA graphs; None = arch default")
+    prefill_chunk: int | None = _knob(None, "prefill chunk length in tokens; None = arch default", min=16)
+    # --- generation defaults -----------------------------------------------------------------------------------
+    max_tokens: int = _knob(256, "default completion length", min=1)
+    temperature: float = _knob(0.0, "default temperature; 0 = greedy", min=0.0, max=5.0)
+    top_p: float = _knob(1.0, "default nucleus mass", min=0.0, max=1.0)
+    top_k: int = _knob(0, "default top-k; 0 = off", min=0)
+    seed: int | None = _knob(None, "default sampling seed")
+    # --- server ------------------------------------------------------------------------------------------------
+    host: str = _knob("127.0.0.1", "bind address; anything but loopback requires api_key")
+    port: int = _knob(8000, "TCP port", min=0, max=65535)
+    api_key: str | None = _knob(None, "Bearer token required on /v1/*")
+    served_model_name: str | None = _knob(None, "model id reported by /v1/models; default = folder name")
+    max_queue: int = _knob(8, "requests waiting behind the running one before 429", min=0)
+    request_timeout_s: float = _knob(120.0, "per-request wall-clock limit", min=0.1)
+    max_body_bytes: int = _knob(1 << 20, "largest accepted request body", min=1024)
+
+    def with_overrides(self, **values: Any) -> Settings:
+        """A copy with ``values`` applied through the same validation as every other source."""
+        merged = dataclasses.asdict(self)
+        merged.update(_coerce_mapping(values, source="override"))
+        return Settings(**merged)
+
+
+_FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in fields(Settings)}
+
+
+def _type_parts(tp: Any) -> tuple[bool, list[Any]]:
+    """Split ``X | None`` into (optional, [X...])."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return len(args) != len(typing.get_args(tp)), args
+    return False, [tp]
+
+
+_HINTS = typing.get_type_hints(Settings)
+
+
+def _coerce(name: str, raw: Any, source: str) -> Any:
+    """Convert ``raw`` (a YAML value or a string from env/CLI) to the type of knob ``name`` and check its range."""
+    f = _FIELDS[name]
+    optional, parts = _type_parts(_HINTS[name])
+    where = f"{name} (from {source})"
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("none", "null") and optional):
+        if optional:
+            return None
+        raise ConfigError(f"{where}: a value is required")
+    tp = parts[0]
+    if typing.get_origin(tp) is Literal:
+        choices = typing.get_args(tp)
+        value = str(raw)
+        if value not in choices:
+            raise ConfigError(f"{where}: {raw!r} is not one of {', '.join(map(str, choices))}")
+        return value
+    try:
+        if tp is bool:
+            if isinstance(raw, bool):
+                value = raw
+            elif str(raw).strip().lower() in ("1", "true", "yes", "on"):
+                value = True
+            elif str(raw).strip().lower() in ("0", "false", "no", "off"):
+                value = False
+            else:
+                raise ValueError(raw)
+        elif tp is int:
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError(raw)
+            value = int(raw)
+        elif tp is float:
+            if isinstance(raw, bool):
+                raise ValueError(raw)
+            value = float(raw)
+        else:
+            value = str(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: {raw!r} is not a valid {tp.__name__}") from None
+    lo, hi = f.metadata.get("min"), f.metadata.get("max")
+    if lo is not None and value < lo:
+        raise ConfigError(f"{where}: {value!r} is below the minimum {lo}")
+    if hi is not None and value > hi:
+        raise ConfigError(f"{where}: {value!r} is above the maximum {hi}")
+    return value
+
+
+def _coerce_mapping(values: Mapping[str, Any], source: str) -> dict[str, Any]:
+    unknown = sorted(k for k in values if k not in _FIELDS)
+    if unknown:
+        raise ConfigError(f"unknown setting(s) in {source}: {', '.join(unknown)}")
+    return {k: _coerce(k, v, source) for k, v in values.items()}
+
+
+def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a settings YAML file; errors name the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p} must hold a mapping of settings, not {type(data).__name__}")
+    return _coerce_mapping(data, source=str(p))
+
+
+def read_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Settings from ``EDGESPEC_<NAME>`` variables. Unknown EDGESPEC_ variables are rejected by name."""
+    environ = os.environ if environ is None else environ
+    picked = {}
+    for key, value in environ.items():
+        if key.startswith(ENV_PREFIX) and key not in _ENV_IGNORED:
+            picked[key[len(ENV_PREFIX):].lower()] = value
+    return _coerce_mapping(picked, source="environment EDGESPEC_*")
+
+
+# Variables with the prefix that are not settings (paths the CLI or tests use directly).
+_ENV_IGNORED = frozenset({"EDGESPEC_CACHE_DIR", "EDGESPEC_CONFIG"})
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:
+    """Add ``--config`` and one ``--knob-name`` flag per setting (default: not given, so lower layers win)."""
+    parser.add_argument("--config", help="YAML settings file (EDGESPEC_CONFIG)")
+    for f in fields(Settings):
+        if only is not None and f.name not in only:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        parser.add_argument(flag, dest=f"setting_{f.name}", default=None, metavar=f.name.upper(),
+                            help=f"{f.metadata['help']} (default: {f.default})")
+
+
+def load_settings(
+    config_path: str | os.PathLike | None = None,
+    cli: Mapping[str, Any] | argparse.Namespace | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Build settings from the three layers: YAML file < environment < CLI values (None means 'not given')."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    if isinstance(cli, argparse.Namespace):
+        cli_vals = {k[len("setting_"):]: v for k, v in vars(cli).items() if k.startswith("setting_")}
+        config_path = config_path or getattr(cli, "config", None)
+    else:
+        cli_vals = dict(cli or {})
+    config_path = config_path or environ.get("EDGESPEC_CONFIG")
+    if config_path:
+        values.update(read_yaml(config_path))
+    values.update(read_env(environ))
+    values.update(_coerce_mapping({k: v for k, v in cli_vals.items() if v is not None}, source="command line"))
+    return Settings(**values)
+
+
+def dump_yaml(settings: Settings, only_changed: bool = False) -> str:
+    """Render settings as YAML that ``read_yaml`` accepts (used by ``edgespec profile``)."""
+    data = dataclasses.asdict(settings)
+    if only_changed:
+        default = Settings()
+        data = {k: v for k, v in data.items() if getattr(default, k) != v}
+    return yaml.safe_dump(data, sort_keys=False)

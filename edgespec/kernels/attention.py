@@ -1,0 +1,41 @@
+"""Causal GQA attention of T new query rows over a KV cache (decode: T=1, verify: T=K+1, prefill chunks).
+
+``q [T, Hq, hd]`` holds the rows at positions ``start .. start+T-1``; the cache holds keys/values of positions
+``0 .. start+T-1`` (the new rows already written). Row i attends to keys ``0 .. start+i``. Query head h reads
+KV head h // (Hq / Hkv). The FP8 path reads e4m3 rows and their per-(token, head) scales directly.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from edgespec.cache.kv import KVCache
+
+
+def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float) -> torch.Tensor:
+    """Reference: ``k, v [start+T, Hkv, hd]`` already dequantised. Returns ``[T, Hq, hd]`` in q's dtype."""
+    T, Hq, _ = q.shape
+    L, Hkv, _ = k.shape
+    # SDPA with explicit GQA expansion keeps the reference simple and exact.
+    rep = Hq // Hkv
+    kq = k.repeat_interleave(rep, dim=1) if rep > 1 else k
+    vq = v.repeat_interleave(rep, dim=1) if rep > 1 else v
+    pos_q = torch.arange(start, start + T, device=q.device)
+    mask = torch.arange(L, device=q.device)[None, :] <= pos_q[:, None]     # [T, L]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), kq.transpose(0, 1).to(q.dtype), vq.transpose(0, 1).to(q.dtype),
+        attn_mask=mask, scale=scale)
+    return out.transpose(0, 1)
+
+
+def cached_attention(q: torch.Tensor, cache: KVCache, start: int, scale: float) -> torch.Tensor:
+    """Attention of ``q`` over ``cache`` rows ``0 .. start+T-1``. Triton reads FP8 rows in place on CUDA."""
+    end = start + q.shape[0]
+    if q.is_cuda:
+        from edgespec.kernels import triton_available
+        if triton_available() and q.shape[0] <= 32:
+            from edgespec.kernels.triton_attention import cached_attention_triton
+            return cached_attention_triton(q, cache, start, scale)
+    k, v = cache.read(end)
+    return attention_ref(q, k, v, start, scale)

@@ -1,0 +1,41 @@
+"""RMSNorm variants: standard (``w * x̂``), zero-centred (``(1 + w) * x̂``, Qwen3.5) and gated (GDN output)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred: bool) -> torch.Tensor:
+    """Normalise the last dim in fp32. Standard form casts back before the weight (as Llama does)."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if zero_centred:
+        return (xf * (1.0 + weight.float())).to(x.dtype)
+    return weight * xf.to(x.dtype)
+
+
+def gated_rms_norm_ref(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """GDN output norm: ``w * x̂ * silu(gate)`` per head (plain weight, not zero-centred)."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    y = weight * xf.to(x.dtype)
+    return (y * F.silu(gate.float())).to(x.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred: bool) -> torch.Tensor:
+    if x.is_cuda:
+        from edgespec.kernels import triton_available
+        if triton_available():
+            from edgespec.kernels.triton_norm import rms_norm_triton
+            return rms_norm_triton(x, weight, eps, zero_centred)
+    return rms_norm_ref(x, weight, eps, zero_centred)
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.is_cuda:
+        from edgespec.kernels import triton_available
+        if triton_available():
+            from edgespec.kernels.triton_norm import gated_rms_norm_triton
+            return gated_rms_norm_triton(x, gate, weight, eps)
+    return gated_rms_norm_ref(x, gate, weight, eps)

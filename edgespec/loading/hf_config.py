@@ -1,0 +1,133 @@
+"""Parse a Hugging Face ``config.json`` (and ``generation_config.json``) into a :class:`ModelConfig`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from edgespec.errors import CheckpointError, UnsupportedModelError
+from edgespec.models.config import ModelConfig
+
+# model_type -> implementation family
+_FAMILIES = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "llama",
+    "qwen3": "qwen3",
+    "qwen3_5": "qwen3_5",
+    "qwen3_5_text": "qwen3_5",
+}
+_MOE_TYPES = {"qwen3_moe", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next", "mixtral", "deepseek_v3"}
+_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """Read a JSON object; errors name the file."""
+    if not path.is_file():
+        raise CheckpointError(f"missing file: {path}")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} must hold a JSON object")
+    return data
+
+
+def _as_id_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value]
+
+
+def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
+    """Map a HF config dict (text part possibly under ``text_config``) to a ModelConfig."""
+    model_type = raw.get("model_type")
+    if model_type is None:
+        raise CheckpointError(f"{source}: missing required field 'model_type'")
+    if model_type in _MOE_TYPES or raw.get("num_experts") or raw.get("text_config", {}).get("num_experts"):
+        raise UnsupportedModelError(
+            f"{source}: model_type {model_type!r} is a mixture-of-experts model; edgespec runs dense and "
+            f"hybrid models only for now")
+    if model_type not in _FAMILIES:
+        raise UnsupportedModelError(
+            f"{source}: unknown model_type {model_type!r}; supported: {', '.join(sorted(_FAMILIES))}")
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    missing = [k for k in _REQUIRED if k not in text]
+    if missing:
+        raise CheckpointError(f"{source}: missing required field(s) {', '.join(missing)}")
+    family = _FAMILIES[model_type]
+    heads = int(text["num_attention_heads"])
+    hidden = int(text["hidden_size"])
+    n_layers = int(text["num_hidden_layers"])
+    rope = text.get("rope_parameters") or {}
+    rope_scaling = text.get("rope_scaling") or (rope if rope.get("rope_type") not in (None, "default") else None)
+    layer_types = text.get("layer_types")
+    if family == "qwen3_5" and not layer_types:
+        interval = int(text.get("full_attention_interval", 4))
+        layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n_layers)]
+    if layer_types is not None:
+        if len(layer_types) != n_layers:
+            raise CheckpointError(f"{source}: layer_types has {len(layer_types)} entries for {n_layers} layers")
+        bad = sorted({t for t in layer_types if t not in ("full_attention", "linear_attention")})
+        if bad:
+            raise UnsupportedModelError(f"{source}: unsupported layer type(s) {', '.join(bad)}")
+        if family != "qwen3_5" and "linear_attention" in layer_types:
+            raise UnsupportedModelError(f"{source}: linear_attention layers need model_type qwen3_5")
+    # The VLM wrapper of Qwen3.5 keeps tie_word_embeddings at the top level; text-only configs keep it inside.
+    tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    cfg = ModelConfig(
+        family=family,
+        model_type=model_type,
+        vocab_size=int(text["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(text["intermediate_size"]),
+        num_hidden_layers=n_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=int(text.get("num_key_value_heads") or heads),
+        head_dim=int(text.get("head_dim") or hidden // heads),
+        rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(rope.get("rope_theta", text.get("rope_theta", 10000.0))),
+        rope_scaling=rope_scaling,
+        partial_rotary_factor=float(rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 1.0))),
+        max_position_embeddings=int(text.get("max_position_embeddings", 32768)),
+        tie_word_embeddings=bool(tie),
+        attention_bias=bool(text.get("attention_bias", False)),
+        mlp_bias=bool(text.get("mlp_bias", False)),
+        layer_types=list(layer_types or []),
+        linear_num_key_heads=int(text.get("linear_num_key_heads", 0)),
+        linear_num_value_heads=int(text.get("linear_num_value_heads", 0)),
+        linear_key_head_dim=int(text.get("linear_key_head_dim", 0)),
+        linear_value_head_dim=int(text.get("linear_value_head_dim", 0)),
+        linear_conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 4)),
+        mtp_num_hidden_layers=int(text.get("mtp_num_hidden_layers", 0)),
+        bos_token_id=text.get("bos_token_id", raw.get("bos_token_id")),
+        eos_token_ids=_as_id_list(text.get("eos_token_id", raw.get("eos_token_id"))),
+        torch_dtype=text.get("dtype") or text.get("torch_dtype") or raw.get("torch_dtype"),
+    )
+    if heads % cfg.num_key_value_heads:
+        raise CheckpointError(f"{source}: num_attention_heads {heads} is not a multiple of "
+                              f"num_key_value_heads {cfg.num_key_value_heads}")
+    if family == "qwen3_5":
+        for key in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                    "linear_value_head_dim"):
+            if getattr(cfg, key) <= 0:
+                raise CheckpointError(f"{source}: missing required field {key!r} for a qwen3_5 model")
+        if cfg.linear_num_value_heads % cfg.linear_num_key_heads:
+            raise CheckpointError(f"{source}: linear_num_value_heads must be a multiple of linear_num_key_heads")
+    return cfg
+
+
+def load_config(folder: Path) -> ModelConfig:
+    """Read ``folder/config.json`` and merge stop ids from ``generation_config.json`` when present."""
+    path = folder / "config.json"
+    cfg = parse_config(read_json(path), source=str(path))
+    gen_path = folder / "generation_config.json"
+    if gen_path.is_file():
+        gen = read_json(gen_path)
+        ids = _as_id_list(gen.get("eos_token_id"))
+        cfg.eos_token_ids = list(dict.fromkeys(ids + cfg.eos_token_ids))
+    return cfg

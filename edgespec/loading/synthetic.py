@@ -1,0 +1,126 @@
+"""Random-weight checkpoints in the Hugging Face layout, for tests and for benchmarks of real model shapes.
+
+No hub access is possible at run time, so tests write tiny checkpoints themselves and ``edgespec bench`` builds
+full-size random models (the speed of a batch-1 decode does not depend on the weight values).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from edgespec.loading.hf_config import parse_config
+from edgespec.models.decoder import TargetModel
+
+# Published shapes (see shared/reference/qwen35.md and the Qwen3 / SmolLM2 configs).
+SHAPES: dict[str, dict[str, Any]] = {
+    "qwen3.5-0.8b": dict(model_type="qwen3_5_text", hidden_size=1024, num_hidden_layers=24, num_attention_heads=8,
+                         num_key_value_heads=2, intermediate_size=3584, linear_num_key_heads=16,
+                         linear_num_value_heads=16, tie_word_embeddings=True),
+    "qwen3.5-4b": dict(model_type="qwen3_5_text", hidden_size=2560, num_hidden_layers=32, num_attention_heads=16,
+                       num_key_value_heads=4, intermediate_size=9216, linear_num_key_heads=16,
+                       linear_num_value_heads=32, tie_word_embeddings=True),
+    "qwen3.5-9b": dict(model_type="qwen3_5_text", hidden_size=4096, num_hidden_layers=32, num_attention_heads=16,
+                       num_key_value_heads=4, intermediate_size=12288, linear_num_key_heads=16,
+                       linear_num_value_heads=32, tie_word_embeddings=False),
+    "qwen3.5-27b": dict(model_type="qwen3_5_text", hidden_size=5120, num_hidden_layers=64, num_attention_heads=24,
+                        num_key_value_heads=4, intermediate_size=17408, linear_num_key_heads=16,
+                        linear_num_value_heads=48, tie_word_embeddings=False),
+    "qwen3-4b": dict(model_type="qwen3", hidden_size=2560, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, intermediate_size=9728, vocab_size=151936,
+                     tie_word_embeddings=True, rope_theta=1e6),
+    "qwen3-8b": dict(model_type="qwen3", hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, intermediate_size=12288, vocab_size=151936,
+                     tie_word_embeddings=False, rope_theta=1e6),
+    "smollm2-135m": dict(model_type="llama", hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, intermediate_size=1536, vocab_size=49152,
+                         tie_word_embeddings=True, rope_theta=100000.0, rms_norm_eps=1e-5),
+}
+
+_QWEN35_DEFAULTS = dict(vocab_size=248320, head_dim=256, linear_key_head_dim=128, linear_value_head_dim=128,
+                        linear_conv_kernel_dim=4, rms_norm_eps=1e-6, full_attention_interval=4,
+                        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+                        hidden_act="silu", max_position_embeddings=262144)
+
+
+def config_dict(**fields: Any) -> dict[str, Any]:
+    """A complete HF-style config dict from a few shape fields (fills the family's usual defaults)."""
+    cfg: dict[str, Any] = {"hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+                           "attention_bias": False, "bos_token_id": 1, "eos_token_id": 2}
+    if fields.get("model_type", "").startswith("qwen3_5"):
+        cfg.update(_QWEN35_DEFAULTS)
+        n = fields.get("num_hidden_layers", 4)
+        interval = fields.pop("full_attention_interval", 4)
+        cfg["layer_types"] = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)]
+    cfg.update(fields)
+    cfg.setdefault("architectures", [_ARCH.get(cfg["model_type"], "LlamaForCausalLM")])
+    return cfg
+
+
+_ARCH = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM",
+         "qwen3_5": "Qwen3_5ForConditionalGeneration"}
+
+
+def randomise_(model: TargetModel, seed: int, norm_spread: float = 0.5) -> None:
+    """Fill every parameter with seeded random values of a sensible scale.
+
+    Norm weights are randomised too (not left at 1 or 0), so a ``w`` vs ``(1 + w)`` slip changes the output.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if "norm" in name and leaf == "weight":
+                centre = 0.0 if (model.config.zero_centred_norms and "linear_attn.norm" not in name) else 1.0
+                p.copy_(centre + norm_spread * (2 * torch.rand(p.shape, generator=gen) - 1))
+            elif leaf == "A_log":
+                p.copy_(torch.log(torch.empty(p.shape).uniform_(1.0, 16.0, generator=gen)))
+            elif leaf == "dt_bias":
+                p.copy_(1.0 + 0.5 * torch.randn(p.shape, generator=gen))
+            elif "embed_tokens" in name:
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+            else:
+                fan_in = p.shape[-1] if p.dim() > 1 else 1
+                p.copy_(torch.randn(p.shape, generator=gen) * (fan_in ** -0.5))
+
+
+def write_random_checkpoint(folder: str | Path, cfg: dict[str, Any], seed: int = 0, *, prefix: str = "model.",
+                            shards: int = 1, with_mtp: bool = False,
+                            dtype: torch.dtype = torch.float32) -> Path:
+    """Write ``config.json`` and random safetensors weights for ``cfg`` into ``folder``.
+
+    ``prefix``: ``"model."`` (text-only layout) or ``"model.language_model."`` (Qwen3.5 VLM layout).
+    ``shards > 1`` writes ``model-0000i-of-0000n.safetensors`` plus ``model.safetensors.index.json``.
+    ``with_mtp``: also write ``mtp.*`` weights (needs ``mtp_num_hidden_layers`` >= 1 in cfg).
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model_cfg = parse_config(cfg)
+    model = TargetModel(model_cfg, max_positions=8, with_mtp=with_mtp)
+    randomise_(model, seed)
+    tensors = {}
+    for name, t in model.state_dict().items():
+        if name.startswith("rope."):
+            continue
+        if name.startswith("model."):
+            name = prefix + name[len("model."):]
+        tensors[name] = t.to(dtype).contiguous()
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    names = sorted(tensors)
+    if shards <= 1:
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        return folder
+    weight_map = {}
+    per = -(-len(names) // shards)
+    for i in range(shards):
+        fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: tensors[n] for n in names[i * per:(i + 1) * per]}
+        save_file(part, str(folder / fname), metadata={"format": "pt"})
+        weight_map.update({n: fname for n in part})
+    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return folder

@@ -1,0 +1,82 @@
+"""The architecture description every target model is built from (parsed from a HF ``config.json``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+LayerKind = Literal["full_attention", "linear_attention"]
+
+
+@dataclass
+class ModelConfig:
+    """Shape and math switches of a target model. ``family`` selects the implementation.
+
+    family: ``llama`` (Llama, SmolLM2; no q/k norm), ``qwen3`` (Llama + per-head q/k RMSNorm),
+    ``qwen3_5`` (hybrid Gated DeltaNet + gated full attention, zero-centred norms).
+    """
+
+    family: Literal["llama", "qwen3", "qwen3_5"]
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    partial_rotary_factor: float = 1.0
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    layer_types: list[LayerKind] = field(default_factory=list)
+    # Gated DeltaNet (qwen3_5 only)
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 4
+    mtp_num_hidden_layers: int = 0
+    bos_token_id: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+    torch_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.layer_types:
+            self.layer_types = ["full_attention"] * self.num_hidden_layers
+
+    @property
+    def rotary_dim(self) -> int:
+        dim = int(self.head_dim * self.partial_rotary_factor)
+        return dim - dim % 2
+
+    @property
+    def full_attention_layers(self) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t == "full_attention"]
+
+    @property
+    def linear_attention_layers(self) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t == "linear_attention"]
+
+    @property
+    def zero_centred_norms(self) -> bool:
+        """Qwen3.5 norms scale by (1 + w); Llama/Qwen3 by w."""
+        return self.family == "qwen3_5"
+
+    @property
+    def has_qk_norm(self) -> bool:
+        return self.family in ("qwen3", "qwen3_5")
+
+    @property
+    def gated_attention(self) -> bool:
+        """Qwen3.5 full attention: q_proj emits [q | gate] per head and the output is multiplied by sigmoid(gate)."""
+        return self.family == "qwen3_5"
+
+    @property
+    def gdn_conv_dim(self) -> int:
+        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + (
+            self.linear_num_value_heads * self.linear_value_head_dim)

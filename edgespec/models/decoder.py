@@ -1,0 +1,196 @@
+"""The one target-model interface: a decoder-only stack of attention and/or Gated DeltaNet layers.
+
+Callers (generation, the speculative session, drafters) use only :meth:`TargetModel.forward` and its two
+conveniences :meth:`prefill` and :meth:`decode`; they never ask which kind a layer is (design invariant 5).
+A forward runs T new tokens at positions ``cache.length .. cache.length+T-1``, writes their K/V and state, and
+advances ``cache.length`` by T. The speculative session rolls back with :meth:`ModelCache.rollback`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from edgespec.cache.kv import KVCache
+from edgespec.cache.model_cache import ModelCache
+from edgespec.cache.state import GDNState
+from edgespec.models.config import ModelConfig
+from edgespec.models.gdn import GatedDeltaNet
+from edgespec.models.layers import MLP, Attention, RMSNorm, RotaryEmbedding
+
+
+@dataclass
+class ForwardOutput:
+    """What one forward returns. ``logits`` rows follow the ``logits`` argument of the forward."""
+
+    logits: torch.Tensor | None      # [rows, vocab] float32
+    hidden: torch.Tensor             # [T, hidden] final post-norm hidden states (MTP input)
+    taps: torch.Tensor | None        # [T, n_taps, hidden] outputs of the tapped layers (DFlash context)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: token mixer (attention or GDN) then SwiGLU MLP."""
+
+    def __init__(self, cfg: ModelConfig, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        if kind == "full_attention":
+            self.self_attn = Attention(cfg)
+        else:
+            self.linear_attn = GatedDeltaNet(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norms)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norms)
+
+    def forward(self, h: torch.Tensor, cache: KVCache | GDNState, start: int, rope: RotaryEmbedding,
+                chunked: bool, checkpoint: bool) -> torch.Tensor:
+        x = self.input_layernorm(h)
+        if self.kind == "full_attention":
+            x = self.self_attn(x, cache, start, rope)
+        else:
+            x = self.linear_attn(x, cache, chunked=chunked, checkpoint=checkpoint)
+        h = h + x
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class MTPHead(nn.Module):
+    """Qwen3.5 native multi-token-prediction weights (``mtp.*``), kept for the MTP drafter.
+
+    Step: ``u = fc(cat(norm_e(embed(tok)), norm_h(h)))``, one full-attention decoder layer, final norm; the
+    target's embedding and lm_head are shared. The drafter in ``edgespec.drafters.mtp`` runs it.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        H = cfg.hidden_size
+        self.fc = nn.Linear(2 * H, H, bias=False)
+        self.pre_fc_norm_embedding = RMSNorm(H, cfg.rms_norm_eps, cfg.zero_centred_norms)
+        self.pre_fc_norm_hidden = RMSNorm(H, cfg.rms_norm_eps, cfg.zero_centred_norms)
+        self.layers = nn.ModuleList(
+            [DecoderLayer(cfg, "full_attention") for _ in range(cfg.mtp_num_hidden_layers)])
+        self.norm = RMSNorm(H, cfg.rms_norm_eps, cfg.zero_centred_norms)
+
+
+class _Backbone(nn.Module):
+    """Holds the parameters under the ``model.`` names checkpoints use (embed_tokens, layers, norm)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList([DecoderLayer(cfg, kind) for kind in cfg.layer_types])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norms)
+
+
+class TargetModel(nn.Module):
+    """A causal LM (Llama, Qwen3, Qwen3.5 hybrid) with static caches and optional hidden-state taps."""
+
+    # Prefill longer than this many rows uses the chunked GDN form; shorter multi-row forwards (verify) use
+    # the recurrent form, which can also write per-step checkpoints.
+    CHUNKED_MIN_ROWS = 32
+
+    def __init__(self, cfg: ModelConfig, max_positions: int | None = None, with_mtp: bool = False) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = _Backbone(cfg)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.mtp = MTPHead(cfg) if with_mtp and cfg.mtp_num_hidden_layers > 0 else None
+        self.rope = RotaryEmbedding(cfg, max_positions or cfg.max_position_embeddings)
+
+    # -- properties ---------------------------------------------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(tokens)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Project final post-norm hidden states ``[T, H]`` to float32 logits ``[T, V]``."""
+        return (hidden @ self.lm_head_weight.t()).float()
+
+    # -- caches -------------------------------------------------------------------------------------------------
+    def new_cache(self, max_len: int, kv_fp8: bool = False, checkpoint_rows: int = 0) -> ModelCache:
+        """Allocate every layer's cache once. ``checkpoint_rows``: largest verify that keeps per-step states."""
+        cfg = self.config
+        if max_len > self.rope.cos.shape[0]:
+            raise ValueError(f"max_len {max_len} exceeds the rotary table ({self.rope.cos.shape[0]} positions)")
+        layers: list[KVCache | GDNState] = []
+        for kind in cfg.layer_types:
+            if kind == "full_attention":
+                layers.append(KVCache(max_len, cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device,
+                                      fp8=kv_fp8))
+            else:
+                layers.append(GDNState(cfg.gdn_conv_dim, cfg.linear_conv_kernel_dim, cfg.linear_num_value_heads,
+                                       cfg.linear_key_head_dim, cfg.linear_value_head_dim, self.dtype,
+                                       self.device, checkpoint_slots=checkpoint_rows + 1))
+        return ModelCache(layers, max_len)
+
+    # -- forwards -----------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, cache: ModelCache, *, taps: Sequence[int] = (),
+                checkpoint: bool = False, chunked: bool | None = None,
+                logits: Literal["all", "last", "none"] = "all") -> ForwardOutput:
+        """Run ``tokens [T]`` at positions ``cache.length ..``; returns logits, final hidden and taps.
+
+        ``taps``: layer ids whose OUTPUT is captured (id L = HF ``hidden_states[L+1]``).
+        ``checkpoint``: save GDN state after every row so :meth:`ModelCache.rollback` is constant time.
+        """
+        T = tokens.shape[0]
+        start = cache.length
+        cache.check_room(start, T)
+        if chunked is None:
+            chunked = T >= self.CHUNKED_MIN_ROWS
+        if checkpoint:
+            cache.begin_checkpointed_forward(start, T)
+        h = self.model.embed_tokens(tokens)
+        tap_out = torch.empty(T, len(taps), h.shape[-1], dtype=h.dtype, device=h.device) if taps else None
+        tap_index = {layer: i for i, layer in enumerate(taps)}
+        for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers, strict=True)):
+            h = layer(h, layer_cache, start, self.rope, chunked, checkpoint)
+            if tap_out is not None and i in tap_index:
+                tap_out[:, tap_index[i]] = h
+        cache.length = start + T
+        hidden = self.model.norm(h)
+        if logits == "all":
+            out_logits = self.logits(hidden)
+        elif logits == "last":
+            out_logits = self.logits(hidden[-1:])
+        else:
+            out_logits = None
+        return ForwardOutput(out_logits, hidden, tap_out)
+
+    def prefill(self, tokens: torch.Tensor, cache: ModelCache, chunk: int | None = None,
+                taps: Sequence[int] = ()) -> ForwardOutput:
+        """Process a prompt in chunks of ``chunk`` tokens (bounded activation memory).
+
+        Returns logits of the last row only; ``hidden`` and ``taps`` cover every prompt row.
+        """
+        T = tokens.shape[0]
+        cache.check_room(cache.length, T)
+        chunk = chunk or T
+        outs = []
+        for s in range(0, T, chunk):
+            piece = tokens[s:s + chunk]
+            outs.append(self.forward(piece, cache, taps=taps, chunked=piece.shape[0] >= self.CHUNKED_MIN_ROWS,
+                                     logits="last" if s + chunk >= T else "none"))
+        hidden = torch.cat([o.hidden for o in outs]) if len(outs) > 1 else outs[0].hidden
+        tap_all = None
+        if taps:
+            tap_all = torch.cat([o.taps for o in outs]) if len(outs) > 1 else outs[0].taps
+        return ForwardOutput(outs[-1].logits, hidden, tap_all)
+
+    def decode(self, token: torch.Tensor, cache: ModelCache) -> torch.Tensor:
+        """One step: ``token [1]`` -> logits ``[V]``."""
+        return self.forward(token.view(1), cache, logits="all").logits[0]

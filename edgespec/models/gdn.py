@@ -1,0 +1,70 @@
+"""Gated DeltaNet token mixer of the Qwen3.5 / Qwen3.6 hybrid (the "linear_attention" layers).
+
+Weights follow the Qwen3.5 checkpoint layout (``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``,
+``conv1d``, ``A_log``, ``dt_bias``, ``norm``, ``out_proj``). The math is in ``edgespec.kernels.gdn``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edgespec.cache.state import GDNState
+from edgespec.kernels.conv import causal_conv1d
+from edgespec.kernels.gdn import gdn_chunked, gdn_recurrent
+from edgespec.kernels.norm import gated_rms_norm
+from edgespec.models.config import ModelConfig
+
+
+class GatedDeltaNet(nn.Module):
+    """One GDN layer: projections, causal conv, delta-rule recurrence, gated norm, output projection."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.hk = cfg.linear_num_key_heads
+        self.hv = cfg.linear_num_value_heads
+        self.dk = cfg.linear_key_head_dim
+        self.dv = cfg.linear_value_head_dim
+        self.key_dim = self.hk * self.dk
+        self.value_dim = self.hv * self.dv
+        conv_dim = cfg.gdn_conv_dim
+        self.in_proj_qkv = nn.Linear(cfg.hidden_size, conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(cfg.hidden_size, self.value_dim, bias=False)
+        self.in_proj_b = nn.Linear(cfg.hidden_size, self.hv, bias=False)
+        self.in_proj_a = nn.Linear(cfg.hidden_size, self.hv, bias=False)
+        # Depthwise conv stored as nn.Conv1d so checkpoint keys and shapes ([C, 1, K]) match.
+        self.conv1d = nn.Conv1d(conv_dim, conv_dim, cfg.linear_conv_kernel_dim, groups=conv_dim, bias=False)
+        self.A_log = nn.Parameter(torch.zeros(self.hv))
+        self.dt_bias = nn.Parameter(torch.ones(self.hv))
+        self.norm = _GatedNormWeight(self.dv, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, state: GDNState, *, chunked: bool, checkpoint: bool) -> torch.Tensor:
+        """Mix ``x [T, hidden]``. ``chunked``: prefill form. ``checkpoint``: save state after each row (slot i+1)."""
+        T = x.shape[0]
+        conv_slots = state.conv_slots if checkpoint else None
+        rec_slots = state.recurrent_slots if checkpoint else None
+        qkv = causal_conv1d(self.in_proj_qkv(x), state.conv, self.conv1d.weight[:, 0, :], conv_slots)
+        q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(T, self.hk, self.dk)
+        k = k.reshape(T, self.hk, self.dk)
+        v = v.reshape(T, self.hv, self.dv)
+        beta = torch.sigmoid(self.in_proj_b(x)).float()
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        if chunked and not checkpoint:
+            o = gdn_chunked(q, k, v, g, beta, state.recurrent)
+        else:
+            o = gdn_recurrent(q, k, v, g, beta, state.recurrent, rec_slots)
+        z = self.in_proj_z(x).reshape(T, self.hv, self.dv)
+        o = gated_rms_norm(o.to(x.dtype), z, self.norm.weight, self.norm.eps)
+        return self.out_proj(o.reshape(T, self.value_dim))
+
+
+class _GatedNormWeight(nn.Module):
+    """Holds ``linear_attn.norm.weight`` (plain ``w``, initialised to one) and its epsilon."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps

@@ -1,0 +1,142 @@
+"""Building blocks shared by every target model: RMSNorm, rotary embedding, MLP and (gated) causal attention.
+
+All modules work on one sequence (batch 1): activations are ``[T, hidden]``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edgespec.cache.kv import KVCache
+from edgespec.kernels.attention import cached_attention
+from edgespec.kernels.norm import rms_norm
+from edgespec.models.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dim; ``zero_centred`` scales by ``1 + w`` (Qwen3.5) instead of ``w``."""
+
+    def __init__(self, dim: int, eps: float, zero_centred: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim) if zero_centred else torch.ones(dim))
+        self.eps = eps
+        self.zero_centred = zero_centred
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps, self.zero_centred)
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3.x frequency rescaling: long wavelengths divided by ``factor``, a smooth ramp in between."""
+    factor = scaling["factor"]
+    low = scaling.get("low_freq_factor", 1.0)
+    high = scaling.get("high_freq_factor", 4.0)
+    old_ctx = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
+    mid = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
+    return torch.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """NeoX-style (rotate-half) RoPE over the first ``rotary_dim`` channels of each head.
+
+    cos/sin for every position up to ``max_len`` are precomputed once, so a step only indexes a table.
+    """
+
+    def __init__(self, cfg: ModelConfig, max_len: int) -> None:
+        super().__init__()
+        dim = cfg.rotary_dim
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+        scaling = cfg.rope_scaling or {}
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind == "llama3":
+            inv_freq = _llama3_inv_freq(inv_freq, scaling)
+        elif kind == "linear":
+            inv_freq = inv_freq / scaling["factor"]
+        elif kind not in ("default", "mrope"):
+            # mrope on text-only input reduces to plain RoPE; anything else would silently change the model.
+            from edgespec.errors import UnsupportedModelError
+            raise UnsupportedModelError(f"rope_scaling type {kind!r} is not supported")
+        freqs = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq).float()
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.rotary_dim = dim
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """Rotate ``x [T, H, hd]`` for positions ``start .. start+T-1``."""
+        T = x.shape[0]
+        cos = self.cos[start:start + T, None, :].to(x.dtype)
+        sin = self.sin[start:start + T, None, :].to(x.dtype)
+        d = self.rotary_dim
+        rot, rest = x[..., :d], x[..., d:]
+        half = d // 2
+        rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+        out = rot * cos + rotated * sin
+        return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, hidden: int, inter: int, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=bias)
+        self.up_proj = nn.Linear(hidden, inter, bias=bias)
+        self.down_proj = nn.Linear(inter, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Attention(nn.Module):
+    """Causal GQA attention over a preallocated KV cache.
+
+    Llama: plain. Qwen3: per-head q/k RMSNorm before RoPE. Qwen3.5: zero-centred q/k norm, partial RoPE, and
+    ``q_proj`` emitting ``[q_h | gate_h]`` per head with the output multiplied by ``sigmoid(gate)``.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.hd = cfg.head_dim
+        self.gated = cfg.gated_attention
+        q_out = self.n_heads * self.hd * (2 if self.gated else 1)
+        self.q_proj = nn.Linear(cfg.hidden_size, q_out, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.hd, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.hd, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.n_heads * self.hd, cfg.hidden_size, bias=cfg.attention_bias)
+        if cfg.has_qk_norm:
+            self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps, cfg.zero_centred_norms)
+            self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps, cfg.zero_centred_norms)
+        else:
+            self.q_norm = self.k_norm = None
+        self.scale = self.hd ** -0.5
+
+    def forward(self, x: torch.Tensor, cache: KVCache, start: int, rope: RotaryEmbedding) -> torch.Tensor:
+        T = x.shape[0]
+        q = self.q_proj(x)
+        gate = None
+        if self.gated:
+            q, gate = q.view(T, self.n_heads, 2 * self.hd).chunk(2, dim=-1)
+            gate = gate.reshape(T, self.n_heads * self.hd)
+        q = q.reshape(T, self.n_heads, self.hd)
+        k = self.k_proj(x).view(T, self.n_kv, self.hd)
+        v = self.v_proj(x).view(T, self.n_kv, self.hd)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q = rope(q, start)
+        k = rope(k, start)
+        cache.write(start, k, v)
+        out = cached_attention(q, cache, start, self.scale).reshape(T, self.n_heads * self.hd)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out)
