@@ -1,0 +1,51 @@
+"""The proposer protocol: the one small interface n-gram, DFlash and MTP drafters implement."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from edgespec.models.decoder import ForwardOutput
+
+
+@dataclass
+class Draft:
+    """Proposed tokens ``[K']`` (K' <= K) and, for sampled drafts, their proposal distributions ``[K', V]``."""
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None = None
+
+
+class Proposer(ABC):
+    """Proposes draft tokens each cycle and learns what the target committed.
+
+    Lifecycle per request: :meth:`begin` after prefill, :meth:`commit` of the first token (sampled from the
+    prefill logits), then per cycle :meth:`propose` and :meth:`commit`. Every emitted token is committed exactly
+    once, in order, so a proposer's history always ends with the token the next verify starts from.
+    ``taps`` lists the target layers whose outputs the proposer needs from prefill and verify.
+    """
+
+    name: str = "proposer"
+    taps: tuple[int, ...] = ()
+    default_k: int = 4
+    max_k: int = 31
+
+    @abstractmethod
+    def begin(self, prompt_ids: Sequence[int], prefill: ForwardOutput) -> None:
+        """Start a request: see the prompt and the prefill forward's hidden states/taps."""
+
+    @abstractmethod
+    def propose(self, last_token: int, k: int) -> Draft | None:
+        """Up to ``k`` tokens expected after ``last_token``; None when drafting is not worth it now."""
+
+    @abstractmethod
+    def commit(self, tokens: Sequence[int], accepted: int, verify: ForwardOutput | None,
+               drafted: int = 0) -> None:
+        """The target emitted ``tokens`` (``accepted`` of ``drafted`` drafts, then the next token). ``verify``
+        is the forward whose rows ``0 .. accepted`` are now in the cache (None after prefill)."""
+
+    def reset(self) -> None:
+        """Drop per-request state."""

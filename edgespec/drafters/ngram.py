@@ -1,0 +1,85 @@
+"""Prompt-lookup (n-gram) proposer: copy what followed the latest earlier occurrence of the current suffix.
+
+Tries the longest suffix first (``max_match`` down to ``min_match``), searching the last ``lookback`` tokens of
+prompt + output. A per-request gate stops drafting when drafts do not pay (accepted / drafted below ``gate``
+after a warm-up) and probes again later; the ratio is per drafted token, so it does not drift with K.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from edgespec.drafters.base import Draft, Proposer
+from edgespec.models.decoder import ForwardOutput
+
+
+class NGramProposer(Proposer):
+    """Suffix-match drafting over the request's own tokens. No model, no taps."""
+
+    name = "ngram"
+    default_k = 4
+    max_k = 31
+
+    def __init__(self, max_match: int = 4, min_match: int = 1, lookback: int = 4096, gate: float = 0.1,
+                 warmup_tokens: int = 16, probe_every: int = 8, max_len: int = 1 << 16) -> None:
+        self.max_match, self.min_match, self.lookback = max_match, min_match, lookback
+        self.gate, self.warmup_tokens, self.probe_every = gate, warmup_tokens, probe_every
+        self.history = np.zeros(max_len, dtype=np.int64)   # prompt + committed tokens, preallocated
+        self.length = 0
+        self.reset()
+
+    def reset(self) -> None:
+        self.length = 0
+        self.window_drafted = 0
+        self.window_accepted = 0
+        self.paused_cycles = 0
+
+    def _append(self, tokens: Sequence[int]) -> None:
+        n = len(tokens)
+        if self.length + n > self.history.shape[0]:
+            self.history = np.concatenate([self.history, np.zeros_like(self.history)])
+        self.history[self.length:self.length + n] = tokens
+        self.length += n
+
+    def begin(self, prompt_ids: Sequence[int], prefill: ForwardOutput | None) -> None:
+        self.reset()
+        self._append(list(prompt_ids))
+
+    def find(self, k: int) -> list[int]:
+        """Tokens following the latest earlier match of the longest suffix (with the pending token appended)."""
+        hist = self.history[max(0, self.length - self.lookback):self.length]
+        L = hist.shape[0]
+        for n in range(min(self.max_match, L - 1), self.min_match - 1, -1):
+            suffix = hist[L - n:]
+            # Candidate starts i with hist[i:i+n] == suffix, excluding the suffix itself (i = L - n).
+            windows = np.lib.stride_tricks.sliding_window_view(hist[:L - 1], n)
+            hits = np.flatnonzero((windows == suffix).all(axis=1))
+            hits = hits[hits + n < L]
+            if hits.size:
+                start = int(hits[-1]) + n
+                return hist[start:start + k].tolist()
+        return []
+
+    def propose(self, last_token: int, k: int) -> Draft | None:
+        if self.paused_cycles > 0:
+            self.paused_cycles -= 1
+            return None
+        # History already ends with ``last_token``: the session commits every emitted token, pending one included.
+        tokens = self.find(k)
+        if not tokens:
+            return None
+        return Draft(torch.tensor(tokens, dtype=torch.long))
+
+    def commit(self, tokens: Sequence[int], accepted: int, verify: ForwardOutput | None,
+               drafted: int = 0) -> None:
+        self._append(list(tokens))
+        if drafted:
+            self.window_drafted += drafted
+            self.window_accepted += accepted
+            if self.window_drafted >= self.warmup_tokens:
+                if self.window_accepted / self.window_drafted < self.gate:
+                    self.paused_cycles = self.probe_every
+                self.window_drafted = self.window_accepted = 0

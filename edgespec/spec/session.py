@@ -1,0 +1,192 @@
+"""The speculative session: prefill, then propose -> verify -> accept -> commit/rollback until a stop.
+
+One session owns one preallocated cache and serves requests one after another (batch 1). With no proposer, or
+when the proposer has nothing to offer, a cycle is a plain decode step, so plain generation is the same loop.
+The session never asks which kind a layer is: caches, taps and rollback go through the arch hooks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from edgespec.arch.base import ArchHooks
+from edgespec.drafters.base import Proposer
+from edgespec.errors import ConfigError, PromptTooLongError, RequestError
+from edgespec.models.decoder import TargetModel
+from edgespec.spec.acceptance import AcceptancePolicy, Verdict
+from edgespec.spec.telemetry import RequestTelemetry
+
+
+class TokenConstraint(Protocol):
+    """A grammar matcher driving constrained decoding (JSON mode). Implemented in ``edgespec.serving.grammar``."""
+
+    def valid_prefix(self, drafts: Sequence[int]) -> int:
+        """How many leading drafts the grammar accepts from the current state."""
+
+    def row_masks(self, drafts: Sequence[int], vocab_size: int, device: torch.device) -> torch.Tensor:
+        """Allowed-token masks ``[len(drafts)+1, vocab_size]`` (bool) for the verify rows."""
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """Advance by exactly the committed tokens."""
+
+    def is_finished(self) -> bool:
+        """True once the grammar has matched a complete value."""
+
+
+@dataclass
+class GenerationResult:
+    """Tokens produced for one request, why it ended, and its telemetry."""
+
+    token_ids: list[int]
+    finish_reason: str                      # "stop" | "length" | "cancelled"
+    telemetry: RequestTelemetry = field(default_factory=RequestTelemetry)
+
+
+# Callback fed each batch of newly emitted tokens; returning True stops generation (a stop string was hit).
+TokenSink = Callable[[list[int]], bool]
+
+
+class SpecSession:
+    """Batch-1 generation loop over one target model, one proposer (or none) and one arch hook set."""
+
+    def __init__(self, model: TargetModel, hooks: ArchHooks, proposer: Proposer | None = None, *,
+                 k: int | None = None, kv_fp8: bool | None = None, rollback: str | None = None,
+                 prefill_chunk: int | None = None, max_len: int = 4096) -> None:
+        d = hooks.defaults
+        self.model, self.hooks, self.proposer = model, hooks, proposer
+        self.k = 0 if proposer is None else (k or proposer.default_k)
+        if proposer is not None and not (1 <= self.k <= proposer.max_k):
+            raise ConfigError(f"num_draft_tokens {self.k} out of range 1..{proposer.max_k} for {proposer.name}")
+        self.kv_fp8 = d.kv_fp8 if kv_fp8 is None else kv_fp8
+        self.rollback_strategy = d.rollback if rollback in (None, "auto") else rollback
+        if self.rollback_strategy not in ("checkpoint", "replay"):
+            raise ConfigError(f"rollback {self.rollback_strategy!r} is not 'checkpoint' or 'replay'")
+        self.prefill_chunk = prefill_chunk or d.prefill_chunk
+        self.taps: tuple[int, ...] = tuple(proposer.taps) if proposer is not None else ()
+        self.cache = hooks.new_cache(model, max_len, self.kv_fp8, self.rollback_strategy, max_rows=self.k + 1)
+
+    @property
+    def drafter_name(self) -> str:
+        return "none" if self.proposer is None else self.proposer.name
+
+    def check_prompt(self, n_prompt: int, max_tokens: int = 1) -> None:
+        """Raise before any device work when the prompt cannot fit."""
+        if n_prompt == 0:
+            raise RequestError("prompt is empty")
+        if n_prompt + 1 > self.cache.max_len:
+            raise PromptTooLongError(
+                f"prompt of {n_prompt} tokens does not fit max_seq_len {self.cache.max_len} (needs room for at "
+                f"least one generated token)")
+
+    def generate(self, prompt_ids: Sequence[int], *, max_tokens: int, policy: AcceptancePolicy,
+                 stop_ids: Sequence[int] = (), on_tokens: TokenSink | None = None,
+                 cancelled: Callable[[], bool] | None = None,
+                 constraint: TokenConstraint | None = None) -> GenerationResult:
+        """Generate up to ``max_tokens`` tokens after ``prompt_ids``; stop ids end generation (and are dropped)."""
+        if max_tokens < 1:
+            raise RequestError(f"max_tokens {max_tokens} must be >= 1")
+        self.check_prompt(len(prompt_ids), max_tokens)
+        model, hooks, cache, proposer = self.model, self.hooks, self.cache, self.proposer
+        tel = RequestTelemetry(drafter=self.drafter_name, prompt_tokens=len(prompt_ids))
+        stop_set = set(stop_ids)
+        device = model.device
+        cache.reset()
+        policy.begin(prompt_ids)
+
+        with tel.stage("prefill"):
+            prompt = torch.tensor(list(prompt_ids), dtype=torch.long, device=device)
+            out = hooks.prefill(model, cache, prompt, self.prefill_chunk, self.taps)
+            logits = out.logits[-1]
+            if constraint is not None:
+                logits = _masked(logits[None], constraint.row_masks([], logits.shape[-1], device))[0]
+            first = policy.next_token(logits)
+        t_first = time.perf_counter()
+        if proposer is not None:
+            with tel.stage("draft"):
+                proposer.begin(prompt_ids, out)
+                proposer.commit([first], 0, None)
+
+        emitted: list[int] = []
+        finish = self._emit([first], emitted, max_tokens, stop_set, on_tokens, constraint, policy)
+        while finish is None:
+            if cancelled is not None and cancelled():
+                finish = "cancelled"
+                break
+            room = min(self.k, max_tokens - len(emitted) - 1, cache.max_len - cache.length - 1)
+            if cache.length + 1 > cache.max_len:
+                finish = "length"
+                break
+            last = emitted[-1]
+            draft = None
+            if proposer is not None and room > 0:
+                with tel.stage("draft"):
+                    draft = proposer.propose(last, room)
+                    if draft is not None:
+                        tokens = draft.tokens[:room]
+                        if constraint is not None:
+                            tokens = tokens[:constraint.valid_prefix(tokens.tolist())]
+                        draft = None if tokens.numel() == 0 else type(draft)(tokens.to(device), draft.probs)
+            if draft is None:
+                with tel.stage("verify"):
+                    step = hooks.decode(model, cache, torch.tensor([last], device=device), self.taps)
+                with tel.stage("accept"):
+                    logits = step.logits
+                    if constraint is not None:
+                        logits = _masked(logits, constraint.row_masks([], logits.shape[-1], device))
+                    verdict = Verdict(0, [policy.next_token(logits[0])])
+                    drafted, fwd = 0, step
+            else:
+                drafted = draft.tokens.shape[0]
+                rows = torch.cat([torch.tensor([last], device=device), draft.tokens])
+                with tel.stage("verify"):
+                    step = hooks.verify(model, cache, rows, self.taps, self.rollback_strategy)
+                with tel.stage("accept"):
+                    logits = step.logits
+                    if constraint is not None:
+                        logits = _masked(logits, constraint.row_masks(draft.tokens.tolist(), logits.shape[-1],
+                                                                      device))
+                    verdict = policy.accept(logits, draft.tokens, draft.probs)
+                    replayed = hooks.rollback(model, cache, rows, verdict.accepted + 1, self.taps,
+                                              self.rollback_strategy)
+                    fwd = replayed if replayed is not None else step
+            tel.record_cycle(drafted, verdict.accepted)
+            if proposer is not None:
+                with tel.stage("draft"):
+                    proposer.commit(verdict.tokens, verdict.accepted, fwd, drafted)
+            with tel.stage("other"):
+                finish = self._emit(verdict.tokens, emitted, max_tokens, stop_set, on_tokens, constraint, policy)
+        tel.decode_ms = (time.perf_counter() - t_first) * 1000.0
+        tel.generated_tokens = len(emitted)
+        return GenerationResult(emitted, finish, tel)
+
+    @staticmethod
+    def _emit(tokens: list[int], emitted: list[int], max_tokens: int, stop_set: set[int],
+              on_tokens: TokenSink | None, constraint: TokenConstraint | None,
+              policy: AcceptancePolicy) -> str | None:
+        """Append newly committed tokens; returns a finish reason when generation must end."""
+        finish = None
+        for i, t in enumerate(tokens):
+            if t in stop_set:
+                tokens, finish = tokens[:i], "stop"
+                break
+        if len(emitted) + len(tokens) >= max_tokens and finish is None:
+            tokens, finish = tokens[:max_tokens - len(emitted)], "length"
+        emitted.extend(tokens)
+        policy.observe(tokens)
+        if constraint is not None and tokens:
+            constraint.commit(tokens)
+            if finish is None and constraint.is_finished():
+                finish = "stop"
+        if on_tokens is not None and tokens and on_tokens(tokens):
+            finish = "stop"
+        return finish
+
+
+def _masked(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return logits.masked_fill(~mask[:logits.shape[0]], float("-inf"))
+
