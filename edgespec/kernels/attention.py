@@ -15,17 +15,17 @@ from edgespec.cache.kv import KVCache
 
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float) -> torch.Tensor:
     """Reference: ``k, v [start+T, Hkv, hd]`` already dequantised. Returns ``[T, Hq, hd]`` in q's dtype."""
-    T, Hq, _ = q.shape
-    L, Hkv, _ = k.shape
-    # SDPA with explicit GQA expansion keeps the reference simple and exact.
-    rep = Hq // Hkv
-    kq = k.repeat_interleave(rep, dim=1) if rep > 1 else k
-    vq = v.repeat_interleave(rep, dim=1) if rep > 1 else v
-    pos_q = torch.arange(start, start + T, device=q.device)
-    mask = torch.arange(L, device=q.device)[None, :] <= pos_q[:, None]     # [T, L]
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), kq.transpose(0, 1).to(q.dtype), vq.transpose(0, 1).to(q.dtype),
-        attn_mask=mask, scale=scale)
+    T = q.shape[0]
+    L = k.shape[0]
+    kt, vt = k.transpose(0, 1).to(q.dtype), v.transpose(0, 1).to(q.dtype)
+    if T == 1:
+        # A single row at the end sees every key: no mask needed.
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), kt, vt, scale=scale, enable_gqa=True)
+    else:
+        pos_q = torch.arange(start, start + T, device=q.device)
+        mask = torch.arange(L, device=q.device)[None, :] <= pos_q[:, None]     # [T, L]
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), kt, vt, attn_mask=mask, scale=scale,
+                                             enable_gqa=True)
     return out.transpose(0, 1)
 
 

@@ -41,6 +41,21 @@ SHAPES: dict[str, dict[str, Any]] = {
                          tie_word_embeddings=True, rope_theta=100000.0, rms_norm_eps=1e-5),
 }
 
+# Tiny shapes for tests: small enough for CPU golden checks, but every mechanism present (GQA, q/k norm,
+# both Qwen3.5 layer kinds -- GDN at 0,1,2,4,5 and full attention at 3 -- and an MTP layer).
+TINY_SHAPES: dict[str, dict[str, Any]] = {
+    "llama": dict(model_type="llama", vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, max_position_embeddings=1024),
+    "qwen3": dict(model_type="qwen3", vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=1e6,
+                  max_position_embeddings=1024),
+    # 6 layers: GDN at 0,1,2,4,5 and full attention at 3 (interval 4) -- both kinds, GQA on both.
+    "qwen3_5": dict(model_type="qwen3_5_text", vocab_size=320, hidden_size=64, intermediate_size=160,
+                    num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                    linear_value_head_dim=16, max_position_embeddings=1024, mtp_num_hidden_layers=1),
+}
+
 _QWEN35_DEFAULTS = dict(vocab_size=248320, head_dim=256, linear_key_head_dim=128, linear_value_head_dim=128,
                         linear_conv_kernel_dim=4, rms_norm_eps=1e-6, full_attention_interval=4,
                         rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
@@ -59,6 +74,11 @@ def config_dict(**fields: Any) -> dict[str, Any]:
     cfg.update(fields)
     cfg.setdefault("architectures", [_ARCH.get(cfg["model_type"], "LlamaForCausalLM")])
     return cfg
+
+
+def tiny_config(family: str, **overrides: Any) -> dict[str, Any]:
+    """The full config dict of a :data:`TINY_SHAPES` family, with ``overrides`` applied."""
+    return config_dict(**{**TINY_SHAPES[family], **overrides})
 
 
 _ARCH = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM",

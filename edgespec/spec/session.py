@@ -86,10 +86,17 @@ class SpecSession:
     def generate(self, prompt_ids: Sequence[int], *, max_tokens: int, policy: AcceptancePolicy,
                  stop_ids: Sequence[int] = (), on_tokens: TokenSink | None = None,
                  cancelled: Callable[[], bool] | None = None,
-                 constraint: TokenConstraint | None = None) -> GenerationResult:
-        """Generate up to ``max_tokens`` tokens after ``prompt_ids``; stop ids end generation (and are dropped)."""
+                 constraint: TokenConstraint | None = None, k: int | None = None) -> GenerationResult:
+        """Generate up to ``max_tokens`` tokens after ``prompt_ids``; stop ids end generation (and are dropped).
+
+        ``k`` lowers the drafts per cycle for this request (0 = plain decoding); it cannot exceed the session's K,
+        which sized the checkpoint slots.
+        """
         if max_tokens < 1:
             raise RequestError(f"max_tokens {max_tokens} must be >= 1")
+        if k is not None and not (0 <= k <= self.k):
+            raise RequestError(f"num_draft_tokens {k} out of range 0..{self.k} for this server")
+        k = self.k if k is None else k
         self.check_prompt(len(prompt_ids), max_tokens)
         model, hooks, cache, proposer = self.model, self.hooks, self.cache, self.proposer
         tel = RequestTelemetry(drafter=self.drafter_name, prompt_tokens=len(prompt_ids))
@@ -117,7 +124,7 @@ class SpecSession:
             if cancelled is not None and cancelled():
                 finish = "cancelled"
                 break
-            room = min(self.k, max_tokens - len(emitted) - 1, cache.max_len - cache.length - 1)
+            room = min(k, max_tokens - len(emitted) - 1, cache.max_len - cache.length - 1)
             if cache.length + 1 > cache.max_len:
                 finish = "length"
                 break

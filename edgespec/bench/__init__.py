@@ -1,0 +1,1 @@
+"""Benchmarks: the bench prompt set, CPU/GPU timing of plain and speculative decoding, peer comparisons."""

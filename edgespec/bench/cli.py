@@ -1,0 +1,115 @@
+"""``edgespec bench``: plain vs speculative decoding on the bench prompts, optionally beside transformers.
+
+For each prompt it runs edgespec plain and edgespec with the configured drafter (and with ``--compare-hf``,
+transformers' plain greedy ``generate`` and prompt-lookup generation on the same checkpoint, in the same process),
+after one warm-up, and prints decode tok/s and acceptance length. Decode speed counts the tokens after the first
+over the time after the first, for every runner alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from edgespec.bench.prompts import BenchPrompt, load_prompts
+from edgespec.config import load_settings
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompts", help="prompt set YAML (default: the packaged bench set)")
+    p.add_argument("--tokens", type=int, default=128, help="max new tokens per prompt")
+    p.add_argument("--repeats", type=int, default=1, help="timed runs per prompt (median reported)")
+    p.add_argument("--compare-hf", action="store_true", help="also run transformers plain and prompt lookup")
+    p.add_argument("--hf-lookup-tokens", type=int, default=10, help="transformers prompt_lookup_num_tokens")
+    p.add_argument("--out", help="write every figure as JSON here")
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def _run_edgespec(engine, ids: list[int], tokens: int, k: int | None) -> dict[str, Any]:
+    from edgespec.spec.acceptance import StrictGreedy
+
+    res = engine.session.generate(ids, max_tokens=tokens, policy=StrictGreedy(),
+                                  stop_ids=engine.tokenizer.stop_token_ids, k=k)
+    t = res.telemetry
+    return {"tokens": res.token_ids, "tok_s": t.decode_tok_s, "al": t.acceptance_length,
+            "telemetry": t.to_dict()}
+
+
+def _run_hf(model, ids: list[int], tokens: int, eos: list[int], lookup: int | None) -> dict[str, Any]:
+    inp = torch.tensor([ids])
+    kw: dict[str, Any] = dict(do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
+    if lookup:
+        kw["prompt_lookup_num_tokens"] = lookup
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        model.generate(inp, max_new_tokens=1, min_new_tokens=1, **kw)
+        t_first = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        out = model.generate(inp, max_new_tokens=tokens, **kw)
+        t_all = time.perf_counter() - t0
+    new = out[0, len(ids):].tolist()
+    n = len(new)
+    return {"tokens": new, "tok_s": (n - 1) / max(t_all - t_first, 1e-9) if n > 1 else 0.0}
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from edgespec.engine import Engine
+
+    settings = load_settings(cli=args)
+    if settings.drafter == "none":
+        settings = settings.with_overrides(drafter="ngram")
+    engine = Engine.from_settings(settings)
+    prompts = load_prompts(args.prompts)
+    hf = None
+    if args.compare_hf:
+        from transformers import AutoModelForCausalLM
+        hf = AutoModelForCausalLM.from_pretrained(engine.model_dir, dtype=engine.model.dtype).eval()
+    eos = engine.tokenizer.stop_token_ids
+    rows = []
+    header = f"{'prompt':<26} {'runner':<22} {'tok/s':>8} {'AL':>6} {'tokens':>6} same-as-plain"
+    print(f"device={engine.device} threads={torch.get_num_threads()} model={engine.model_dir.name} "
+          f"drafter={settings.drafter} K={engine.session.k}")
+    print(header)
+    for pr in prompts:
+        ids = engine.tokenizer.encode_chat([{"role": "user", "content": pr.user}], enable_thinking=pr.thinking)
+        runners = {
+            "edgespec plain": lambda ids=ids: _run_edgespec(engine, ids, args.tokens, 0),
+            f"edgespec {settings.drafter}": lambda ids=ids: _run_edgespec(engine, ids, args.tokens, None),
+        }
+        if hf is not None:
+            runners["hf plain"] = lambda ids=ids: _run_hf(hf, ids, args.tokens, eos, None)
+            runners["hf prompt-lookup"] = lambda ids=ids: _run_hf(hf, ids, args.tokens, eos, args.hf_lookup_tokens)
+        plain_tokens = None
+        for name, fn in runners.items():
+            fn()  # warm-up
+            runs = [fn() for _ in range(max(1, args.repeats))]
+            best = runs[0]
+            tok_s = _median([r["tok_s"] for r in runs])
+            if plain_tokens is None:
+                plain_tokens = best["tokens"]
+            same = best["tokens"] == plain_tokens
+            row = {"prompt": pr.id, "runner": name, "tok_s": round(tok_s, 2), "al": best.get("al"),
+                   "tokens": len(best["tokens"]), "same_as_plain": same, "telemetry": best.get("telemetry")}
+            rows.append(row)
+            al = f"{row['al']:.2f}" if row["al"] is not None else "-"
+            print(f"{pr.id:<26} {name:<22} {tok_s:>8.1f} {al:>6} {len(best['tokens']):>6} {same}", flush=True)
+    if args.out:
+        meta = {"device": str(engine.device), "cpu": platform.processor() or platform.machine(),
+                "threads": torch.get_num_threads(), "torch": torch.__version__, "model": str(engine.model_dir),
+                "settings": {"drafter": settings.drafter, "k": engine.session.k, "dtype": str(engine.model.dtype)},
+                "tokens": args.tokens, "repeats": args.repeats}
+        Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    return 0
+
+
+__all__ = ["BenchPrompt", "add_bench_arguments", "run_bench"]

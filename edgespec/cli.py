@@ -1,0 +1,120 @@
+"""``edgespec`` command line: serve | generate | bench | convert | doctor."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from edgespec.config import add_settings_arguments, load_settings
+from edgespec.errors import EdgespecError
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from edgespec.engine import Engine, Request
+    from edgespec.spec.sampling import SamplingParams
+
+    settings = load_settings(cli=args)
+    engine = Engine.from_settings(settings)
+    prompt = " ".join(args.prompt)
+    sampling = SamplingParams(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
+                              seed=settings.seed)
+    req = Request(max_tokens=settings.max_tokens, sampling=sampling, stop=args.stop or (),
+                  on_text=None if args.json else (lambda t: print(t, end="", flush=True)))
+    if args.raw:
+        req.prompt = prompt
+    else:
+        req.messages = [{"role": "user", "content": prompt}]
+        req.enable_thinking = args.thinking
+    out = engine.complete(req)
+    if args.json:
+        print(json.dumps({"text": out.text, "finish_reason": out.finish_reason, "prompt_tokens": out.prompt_tokens,
+                          "completion_tokens": out.completion_tokens, "telemetry": out.telemetry.to_dict()}))
+    else:
+        print()
+        print(f"[{out.finish_reason}] prompt={out.prompt_tokens} {out.telemetry.summary()}", file=sys.stderr)
+    return 0
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from edgespec.loading.gguf_demo import convert_demo, convert_gguf
+
+    if args.gguf:
+        if not args.out:
+            raise EdgespecError("--out is required with --gguf")
+        path = convert_gguf(args.gguf, args.out, force=args.force)
+    else:
+        path = convert_demo(args.out, force=args.force)
+    print(path)
+    return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from edgespec.doctor import report
+
+    for key, value in report().items():
+        print(f"{key:>22}: {value}")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from edgespec.serving.app import run_server
+
+    return run_server(load_settings(cli=args))
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from edgespec.bench.cli import run_bench
+
+    return run_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edgespec", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("generate", help="answer one prompt and print telemetry")
+    p.add_argument("prompt", nargs="+", help="user message (or raw text with --raw)")
+    p.add_argument("--raw", action="store_true", help="no chat template: continue the text")
+    p.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=None,
+                   help="chat template enable_thinking switch")
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    add_settings_arguments(p)
+    p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser("serve", help="run the OpenAI-compatible agent server")
+    add_settings_arguments(p)
+    p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("bench", help="measure plain and speculative decoding on the bench prompts")
+    from edgespec.bench.cli import add_bench_arguments
+    add_bench_arguments(p)
+    add_settings_arguments(p)
+    p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("convert", help="convert the embedded demo model (or a Llama GGUF) to an HF folder")
+    p.add_argument("--gguf", help="a Llama-architecture GGUF file (default: the embedded SmolLM2-135M)")
+    p.add_argument("--out", help="output folder (default: the user cache)")
+    p.add_argument("--force", action="store_true", help="convert again even if done")
+    p.set_defaults(func=_cmd_convert)
+
+    p = sub.add_parser("doctor", help="print versions, device and detected arch")
+    p.set_defaults(func=_cmd_doctor)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except EdgespecError as e:
+        print(f"edgespec: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""Build the proposer named by the settings, checked against the target before any device work."""
+
+from __future__ import annotations
+
+from edgespec.config import Settings
+from edgespec.drafters.base import Proposer
+from edgespec.drafters.ngram import NGramProposer
+from edgespec.errors import ConfigError
+from edgespec.models.decoder import TargetModel
+
+
+def build_proposer(settings: Settings, model: TargetModel) -> Proposer | None:
+    """``none`` -> None; ``ngram`` -> prompt lookup; ``dflash`` / ``mtp`` -> model-based drafters."""
+    name = settings.drafter
+    if name == "none":
+        return None
+    if name == "ngram":
+        if settings.ngram_min_match > settings.ngram_max_match:
+            raise ConfigError(f"ngram_min_match {settings.ngram_min_match} exceeds ngram_max_match "
+                              f"{settings.ngram_max_match}")
+        return NGramProposer(max_match=settings.ngram_max_match, min_match=settings.ngram_min_match,
+                             lookback=settings.ngram_lookback, gate=settings.ngram_gate,
+                             max_len=settings.max_seq_len + 64)
+    if name == "dflash":
+        from edgespec.drafters.dflash import load_dflash
+        return load_dflash(settings, model)
+    if name == "mtp":
+        from edgespec.drafters.mtp import MTPProposer
+        return MTPProposer.from_target(settings, model)
+    raise ConfigError(f"drafter {name!r} is not one of none, ngram, dflash, mtp")

