@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from edgespec.arch.graphs import StaticForward
 from edgespec.cache.model_cache import ModelCache
 from edgespec.models.decoder import ForwardOutput, TargetModel
 
@@ -39,6 +40,7 @@ class ArchHooks:
 
     def __init__(self) -> None:
         self.defaults = self.make_defaults()
+        self.static: dict[int, StaticForward] = {}   # row count -> static (graph-mode) forward
 
     def make_defaults(self) -> ArchDefaults:
         return ArchDefaults()
@@ -49,6 +51,18 @@ class ArchHooks:
         return model.new_cache(max_len, kv_fp8=kv_fp8,
                                checkpoint_rows=max_rows if rollback == "checkpoint" else 0)
 
+    def prepare(self, model: TargetModel, cache: ModelCache, verify_rows: int, taps: Sequence[int],
+                rollback: str, graphs: bool) -> None:
+        """Build the static decode (1 row) and verify (``verify_rows``) forwards; capture them as CUDA graphs when
+        ``graphs`` and the model is on CUDA. Leaves the cache reset. Without ``graphs`` stages run eagerly."""
+        self.static.clear()
+        if graphs:
+            checkpoint = rollback == "checkpoint" and cache.has_state
+            self.static[1] = StaticForward(model, cache, 1, taps, False, capture=True)
+            if verify_rows > 1:
+                self.static[verify_rows] = StaticForward(model, cache, verify_rows, taps, checkpoint, capture=True)
+        cache.reset()
+
     # -- stages -------------------------------------------------------------------------------------------------
     def prefill(self, model: TargetModel, cache: ModelCache, prompt: torch.Tensor, chunk: int,
                 taps: Sequence[int]) -> ForwardOutput:
@@ -57,17 +71,36 @@ class ArchHooks:
 
     def verify(self, model: TargetModel, cache: ModelCache, rows: torch.Tensor, taps: Sequence[int],
                rollback: str) -> ForwardOutput:
-        """One target forward over ``rows = [current, drafts...]``; saves what the rollback strategy needs."""
+        """One target forward over ``rows = [current, drafts...]``; saves what the rollback strategy needs.
+
+        With a static verify forward of R rows, shorter drafts are padded to R (a batch-1 forward costs the same
+        for any row count up to ~16: it reads the weights once); the returned output is cut to the real rows.
+        Padding rows sit after the real ones, so causality keeps them out of the real rows' results, and the
+        rollback drops them with the rejected drafts.
+        """
         if rollback == "replay":
             cache.snapshot()
-        return model.forward(rows, cache, taps=taps, checkpoint=rollback == "checkpoint" and cache.has_state,
-                             chunked=False)
+        n = rows.shape[0]
+        static = self._static_verify(n)
+        if static is None:
+            return model.forward(rows, cache, taps=taps, checkpoint=rollback == "checkpoint" and cache.has_state,
+                                 chunked=False)
+        if n < static.rows:
+            rows = torch.cat([rows, rows[-1:].expand(static.rows - n)])
+        out = static.run(rows, cache)
+        if n == static.rows:
+            return out
+        return ForwardOutput(out.logits[:n], out.hidden[:n], None if out.taps is None else out.taps[:n])
 
-    def rollback(self, model: TargetModel, cache: ModelCache, rows: torch.Tensor, keep: int, taps: Sequence[int],
-                 rollback: str) -> ForwardOutput | None:
-        """Keep the first ``keep`` verify rows in the cache. Returns a replay forward's output when one ran."""
-        start = cache.length - rows.shape[0]
-        if keep == rows.shape[0]:
+    def _static_verify(self, n: int) -> StaticForward | None:
+        candidates = [r for r in self.static if r >= n and r > 1]
+        return self.static[min(candidates)] if candidates else None
+
+    def rollback(self, model: TargetModel, cache: ModelCache, start: int, rows: torch.Tensor, keep: int,
+                 taps: Sequence[int], rollback: str) -> ForwardOutput | None:
+        """Keep the first ``keep`` of the verify rows written at ``start``. Returns a replay forward's output when
+        one ran (its taps then cover exactly the kept rows)."""
+        if start + keep == cache.length:
             return None
         if rollback == "replay" and cache.has_state:
             cache.restore_snapshot()
@@ -77,4 +110,7 @@ class ArchHooks:
 
     def decode(self, model: TargetModel, cache: ModelCache, token: torch.Tensor, taps: Sequence[int]) -> ForwardOutput:
         """A plain single-token step (no draft this cycle)."""
+        static = self.static.get(1)
+        if static is not None:
+            return static.run(token.view(1), cache)
         return model.forward(token.view(1), cache, taps=taps, chunked=False)

@@ -49,8 +49,26 @@ class KVCache:
             self.k_scale = torch.ones(max_len, n_kv_heads, dtype=torch.float32, device=device)
             self.v_scale = torch.ones(max_len, n_kv_heads, dtype=torch.float32, device=device)
 
-    def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store rows ``start .. start+T-1`` from ``k, v [T, n_kv_heads, head_dim]``."""
+    def write(self, start: int, k: torch.Tensor, v: torch.Tensor, pos_t: torch.Tensor | None = None) -> None:
+        """Store rows ``start .. start+T-1`` from ``k, v [T, n_kv_heads, head_dim]``.
+
+        With ``pos_t`` (the start as a device tensor) the rows are scattered with ``index_copy_``, so the same
+        captured CUDA graph writes wherever the sequence currently ends.
+        """
+        if pos_t is not None:
+            rows = pos_t + torch.arange(k.shape[0], device=k.device)
+            if self.fp8:
+                qk, sk = quantize_fp8(k)
+                qv, sv = quantize_fp8(v)
+                # index_copy_ has no float8 kernel: move the bytes as uint8.
+                self.k.view(torch.uint8).index_copy_(0, rows, qk.view(torch.uint8))
+                self.v.view(torch.uint8).index_copy_(0, rows, qv.view(torch.uint8))
+                self.k_scale.index_copy_(0, rows, sk)
+                self.v_scale.index_copy_(0, rows, sv)
+            else:
+                self.k.index_copy_(0, rows, k.to(self.k.dtype))
+                self.v.index_copy_(0, rows, v.to(self.v.dtype))
+            return
         end = start + k.shape[0]
         if self.fp8:
             self.k[start:end], self.k_scale[start:end] = quantize_fp8(k)

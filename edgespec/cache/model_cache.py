@@ -62,9 +62,17 @@ class ModelCache:
 
     def begin_checkpointed_forward(self, start: int, rows: int) -> None:
         """Called by a model before a forward that saves per-step GDN checkpoints (slot 0 = state before)."""
+        self.mark_checkpointed_forward(start, rows)
+        self.save_states()
+
+    def mark_checkpointed_forward(self, start: int, rows: int) -> None:
+        """Host-side bookkeeping of a checkpointed forward (a CUDA-graph replay does the device part itself)."""
         if rows > self.max_checkpoint_rows:
             raise ValueError(f"checkpointed forward of {rows} rows exceeds {self.max_checkpoint_rows} slots")
         self._ckpt_start, self._ckpt_rows = start, rows
+
+    def save_states(self) -> None:
+        """Device part: copy every live GDN state to slot 0."""
         for c in self.state_layers:
             c.save(0)
 

@@ -29,13 +29,26 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
     return out.transpose(0, 1)
 
 
-def cached_attention(q: torch.Tensor, cache: KVCache, start: int, scale: float) -> torch.Tensor:
-    """Attention of ``q`` over ``cache`` rows ``0 .. start+T-1``. Triton reads FP8 rows in place on CUDA."""
-    end = start + q.shape[0]
+def cached_attention(q: torch.Tensor, cache: KVCache, start: int, scale: float,
+                     pos_t: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of ``q`` over ``cache`` rows ``0 .. start+T-1``. Triton reads FP8 rows in place on CUDA.
+
+    ``pos_t``: the start as a device tensor (CUDA graphs). The torch path then attends over the whole
+    preallocated cache with a position mask: shape-static, so capturable, at the cost of reading every row.
+    """
+    T = q.shape[0]
     if q.is_cuda:
         from edgespec.kernels import triton_available
-        if triton_available() and q.shape[0] <= 32:
+        if triton_available() and T <= 32:
             from edgespec.kernels.triton_attention import cached_attention_triton
-            return cached_attention_triton(q, cache, start, scale)
-    k, v = cache.read(end)
-    return attention_ref(q, k, v, start, scale)
+            return cached_attention_triton(q, cache, start, scale, start_t=pos_t)
+    if pos_t is None:
+        k, v = cache.read(start + T)
+        return attention_ref(q, k, v, start, scale)
+    k, v = cache.read(cache.max_len)
+    pos_q = pos_t + torch.arange(T, device=q.device)
+    mask = torch.arange(cache.max_len, device=q.device)[None, :] <= pos_q[:, None]
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1).to(q.dtype),
+                                         v.transpose(0, 1).to(q.dtype), attn_mask=mask, scale=scale,
+                                         enable_gqa=True)
+    return out.transpose(0, 1)

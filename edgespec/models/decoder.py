@@ -47,10 +47,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norms)
 
     def forward(self, h: torch.Tensor, cache: KVCache | GDNState, start: int, rope: RotaryEmbedding,
-                chunked: bool, checkpoint: bool) -> torch.Tensor:
+                chunked: bool, checkpoint: bool, pos_t: torch.Tensor | None = None) -> torch.Tensor:
         x = self.input_layernorm(h)
         if self.kind == "full_attention":
-            x = self.self_attn(x, cache, start, rope)
+            x = self.self_attn(x, cache, start, rope, pos_t)
         else:
             x = self.linear_attn(x, cache, chunked=chunked, checkpoint=checkpoint)
         h = h + x
@@ -141,27 +141,36 @@ class TargetModel(nn.Module):
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: ModelCache, *, taps: Sequence[int] = (),
                 checkpoint: bool = False, chunked: bool | None = None,
-                logits: Literal["all", "last", "none"] = "all") -> ForwardOutput:
+                logits: Literal["all", "last", "none"] = "all",
+                pos_t: torch.Tensor | None = None) -> ForwardOutput:
         """Run ``tokens [T]`` at positions ``cache.length ..``; returns logits, final hidden and taps.
 
         ``taps``: layer ids whose OUTPUT is captured (id L = HF ``hidden_states[L+1]``).
         ``checkpoint``: save GDN state after every row so :meth:`ModelCache.rollback` is constant time.
+        ``pos_t``: graph mode -- the start position as a one-element device tensor. Nothing then depends on
+        host values, so the forward can be captured once per T and replayed at any position; the caller (see
+        ``edgespec.arch.graphs``) does the host bookkeeping (``cache.length``, checkpoint marks).
         """
         T = tokens.shape[0]
         start = cache.length
-        cache.check_room(start, T)
+        if pos_t is None:
+            cache.check_room(start, T)
         if chunked is None:
             chunked = T >= self.CHUNKED_MIN_ROWS
         if checkpoint:
-            cache.begin_checkpointed_forward(start, T)
+            if pos_t is None:
+                cache.begin_checkpointed_forward(start, T)
+            else:
+                cache.save_states()
         h = self.model.embed_tokens(tokens)
         tap_out = torch.empty(T, len(taps), h.shape[-1], dtype=h.dtype, device=h.device) if taps else None
         tap_index = {layer: i for i, layer in enumerate(taps)}
         for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers, strict=True)):
-            h = layer(h, layer_cache, start, self.rope, chunked, checkpoint)
+            h = layer(h, layer_cache, start, self.rope, chunked, checkpoint, pos_t)
             if tap_out is not None and i in tap_index:
                 tap_out[:, tap_index[i]] = h
-        cache.length = start + T
+        if pos_t is None:
+            cache.length = start + T
         hidden = self.model.norm(h)
         if logits == "all":
             out_logits = self.logits(hidden)

@@ -69,11 +69,16 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        """Rotate ``x [T, H, hd]`` for positions ``start .. start+T-1``."""
+    def forward(self, x: torch.Tensor, start: int, pos_t: torch.Tensor | None = None) -> torch.Tensor:
+        """Rotate ``x [T, H, hd]`` for positions ``start .. start+T-1`` (or ``pos_t[0] ..`` when given: graphs)."""
         T = x.shape[0]
-        cos = self.cos[start:start + T, None, :].to(x.dtype)
-        sin = self.sin[start:start + T, None, :].to(x.dtype)
+        if pos_t is None:
+            cos = self.cos[start:start + T, None, :].to(x.dtype)
+            sin = self.sin[start:start + T, None, :].to(x.dtype)
+        else:
+            idx = pos_t + torch.arange(T, device=x.device)
+            cos = self.cos.index_select(0, idx)[:, None, :].to(x.dtype)
+            sin = self.sin.index_select(0, idx)[:, None, :].to(x.dtype)
         d = self.rotary_dim
         rot, rest = x[..., :d], x[..., d:]
         half = d // 2
@@ -120,7 +125,9 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.scale = self.hd ** -0.5
 
-    def forward(self, x: torch.Tensor, cache: KVCache, start: int, rope: RotaryEmbedding) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache, start: int, rope: RotaryEmbedding,
+                pos_t: torch.Tensor | None = None) -> torch.Tensor:
+        """``pos_t``: the start position as a device tensor (CUDA-graph replay at any position); else ``start``."""
         T = x.shape[0]
         q = self.q_proj(x)
         gate = None
@@ -133,10 +140,10 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        q = rope(q, start)
-        k = rope(k, start)
-        cache.write(start, k, v)
-        out = cached_attention(q, cache, start, self.scale).reshape(T, self.n_heads * self.hd)
+        q = rope(q, start, pos_t)
+        k = rope(k, start, pos_t)
+        cache.write(start, k, v, pos_t)
+        out = cached_attention(q, cache, start, self.scale, pos_t).reshape(T, self.n_heads * self.hd)
         if gate is not None:
             out = out * torch.sigmoid(gate)
         return self.o_proj(out)

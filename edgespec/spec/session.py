@@ -56,7 +56,7 @@ class SpecSession:
 
     def __init__(self, model: TargetModel, hooks: ArchHooks, proposer: Proposer | None = None, *,
                  k: int | None = None, kv_fp8: bool | None = None, rollback: str | None = None,
-                 prefill_chunk: int | None = None, max_len: int = 4096) -> None:
+                 prefill_chunk: int | None = None, max_len: int = 4096, cuda_graphs: bool | None = None) -> None:
         d = hooks.defaults
         self.model, self.hooks, self.proposer = model, hooks, proposer
         self.k = 0 if proposer is None else (k or proposer.default_k)
@@ -69,6 +69,8 @@ class SpecSession:
         self.prefill_chunk = prefill_chunk or d.prefill_chunk
         self.taps: tuple[int, ...] = tuple(proposer.taps) if proposer is not None else ()
         self.cache = hooks.new_cache(model, max_len, self.kv_fp8, self.rollback_strategy, max_rows=self.k + 1)
+        self.cuda_graphs = d.cuda_graphs if cuda_graphs is None else cuda_graphs
+        hooks.prepare(model, self.cache, self.k + 1, self.taps, self.rollback_strategy, self.cuda_graphs)
 
     @property
     def drafter_name(self) -> str:
@@ -150,6 +152,7 @@ class SpecSession:
             else:
                 drafted = draft.tokens.shape[0]
                 rows = torch.cat([torch.tensor([last], device=device), draft.tokens])
+                start = cache.length
                 with tel.stage("verify"):
                     step = hooks.verify(model, cache, rows, self.taps, self.rollback_strategy)
                 with tel.stage("accept"):
@@ -158,7 +161,7 @@ class SpecSession:
                         logits = _masked(logits, constraint.row_masks(draft.tokens.tolist(), logits.shape[-1],
                                                                       device))
                     verdict = policy.accept(logits, draft.tokens, draft.probs)
-                    replayed = hooks.rollback(model, cache, rows, verdict.accepted + 1, self.taps,
+                    replayed = hooks.rollback(model, cache, start, rows, verdict.accepted + 1, self.taps,
                                               self.rollback_strategy)
                     fwd = replayed if replayed is not None else step
             tel.record_cycle(drafted, verdict.accepted)

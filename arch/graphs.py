@@ -1,0 +1,67 @@
+"""Static-shape forwards for decode and verify, captured as CUDA graphs keyed by row count (not by position).
+
+A :class:`StaticForward` owns device buffers for its tokens and start position. ``run`` copies the new tokens
+and position into them and replays the captured graph, so one graph serves every position of every request
+(FlashRT keys its verify graphs by position and is cold at each new one). Without CUDA it runs the same
+graph-mode forward eagerly, which is how the CPU tests prove the device-position path exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from edgespec.cache.model_cache import ModelCache
+from edgespec.models.decoder import ForwardOutput, TargetModel
+
+
+class StaticForward:
+    """A forward of exactly ``rows`` tokens at a device-held position, optionally captured as a CUDA graph."""
+
+    def __init__(self, model: TargetModel, cache: ModelCache, rows: int, taps: Sequence[int], checkpoint: bool,
+                 capture: bool) -> None:
+        self.model, self.cache, self.rows = model, cache, rows
+        self.taps, self.checkpoint = tuple(taps), checkpoint
+        device = model.device
+        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: ForwardOutput | None = None
+        if capture and device.type == "cuda":
+            self._capture()
+
+    def _forward(self) -> ForwardOutput:
+        return self.model.forward(self.tokens, self.cache, taps=self.taps, checkpoint=self.checkpoint,
+                                  chunked=False, pos_t=self.pos)
+
+    def _capture(self) -> None:
+        # Warm up on a side stream (Triton compiles, cuBLAS picks algorithms), then capture. The warm-up writes
+        # cache rows at position 0: callers capture before serving and reset the cache afterwards.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._forward()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = self._forward()
+
+    def run(self, tokens: torch.Tensor, cache: ModelCache) -> ForwardOutput:
+        """Forward ``tokens`` (exactly ``rows`` of them) at ``cache.length``; advances the cache."""
+        if cache is not self.cache or tokens.shape[0] != self.rows:
+            raise ValueError("StaticForward used with another cache or row count")
+        start = cache.length
+        cache.check_room(start, self.rows)
+        self.tokens.copy_(tokens, non_blocking=True)
+        self.pos.fill_(start)
+        if self.checkpoint:
+            cache.mark_checkpointed_forward(start, self.rows)
+        if self.graph is not None:
+            self.graph.replay()
+            out = self.out
+        else:
+            out = self._forward()
+        cache.length = start + self.rows
+        return out
