@@ -1,0 +1,31 @@
+"""``python -m edgespec.serving [--config FILE] [--knob VALUE ...]``: run the agent server.
+
+Same settings layers as ``edgespec serve`` (YAML < ``EDGESPEC_*`` environment < flags).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from edgespec.config import add_settings_arguments, load_settings
+from edgespec.errors import EdgespecError
+
+from .app import run_server
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m edgespec.serving", description=__doc__)
+    add_settings_arguments(parser)
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings(cli=args)
+        return run_server(settings, log_level=args.log_level)
+    except EdgespecError as exc:
+        print(f"edgespec: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,440 @@
+"""The OpenAI-compatible agent server: one engine, one worker thread, a bounded queue.
+
+:func:`create_app` builds the FastAPI app around an engine (or a factory that loads one in the background, so
+``/health`` answers ``loading`` and then ``ready``); :func:`run_server` serves it with uvicorn for
+``edgespec serve`` and the systemd unit (sd_notify READY/WATCHDOG/STOPPING, SIGTERM drains then exits 0).
+
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``,
+``GET /metrics``. See ``docs/service.md`` for the contract (status codes, timeouts, telemetry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from edgespec.config import Settings
+from edgespec.engine import Completion, Engine
+from edgespec.engine import Request as EngineRequest
+from edgespec.errors import ConfigError, EdgespecError, PromptTooLongError
+
+from . import protocol, systemd
+from .errors import APIError, error_body, install_error_handlers
+from .grammar import ANY_OBJECT, GrammarCompiler
+from .metrics import ServerMetrics
+from .middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from .schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    JsonObjectFormat,
+    JsonSchemaFormat,
+    unsupported_fields,
+)
+from .worker import END, EngineWorker, Job, JobError, QueueFull, WorkerStopped
+
+log = logging.getLogger("edgespec.serving")
+
+EngineSource = Engine | Callable[[], Engine]
+
+# A running job this far past its deadline means a hung device: the systemd watchdog stops being petted.
+STUCK_GRACE_S = 60.0
+
+
+class ServerState:
+    """Lifecycle and shared objects of one app: ``loading`` -> ``ready`` -> ``draining`` (or ``failed``)."""
+
+    def __init__(self, settings: Settings, source: EngineSource) -> None:
+        self.settings = settings
+        self.metrics = ServerMetrics()
+        self.status = "loading"
+        self.error: str | None = None
+        self.engine: Engine | None = None
+        self.worker: EngineWorker | None = None
+        self.grammar: GrammarCompiler | None = None
+        self.created = protocol.now()
+        self.on_fatal: Callable[[], None] | None = None   # run_server: stop uvicorn when loading fails
+        self.load_exception: BaseException | None = None
+        self._source = source
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        source = self._source
+        if callable(source) and not hasattr(source, "complete"):
+            systemd.notify("STATUS=loading model")
+            threading.Thread(target=self._load, args=(source,), name="edgespec-load", daemon=True).start()
+        else:
+            self._set_ready(source)  # type: ignore[arg-type]
+
+    def _load(self, factory: Callable[[], Engine]) -> None:
+        t0 = time.monotonic()
+        try:
+            engine = factory()
+        except Exception as exc:  # reported through /health and the exit status
+            self.load_exception = exc
+            self.error = f"{type(exc).__name__}: {exc}"
+            self.status = "failed"
+            if isinstance(exc, EdgespecError):
+                log.error("loading the model failed: %s", exc)
+            else:
+                log.exception("loading the model failed")
+            systemd.notify(f"STATUS=model load failed: {self.error}"[:200])
+            if self.on_fatal is not None:
+                self.on_fatal()
+            return
+        log.info("model %s loaded in %.1fs", engine.model_id, time.monotonic() - t0)
+        self._set_ready(engine)
+
+    def _set_ready(self, engine: Engine) -> None:
+        if self.status != "loading":  # shut down while the model was loading
+            log.info("model loaded after shutdown began; not serving it")
+            return
+        self.engine = engine
+        self.grammar = GrammarCompiler(engine.tokenizer, vocab_size(engine))
+        self.worker = EngineWorker(engine, self.settings.max_queue, self.metrics, STUCK_GRACE_S)
+        self.status = "ready"
+        self.metrics.ready.set(1)
+        where = f"{self.settings.host}:{self.settings.port}"
+        systemd.notify("READY=1", f"STATUS=serving {engine.model_id} on {where}")
+
+    def begin_drain(self) -> None:
+        """Stop taking new work; queued and running requests still finish (SIGTERM)."""
+        if self.status in ("draining", "stopped"):
+            return
+        self.status = "draining"
+        self.metrics.ready.set(0)
+        if self.worker is not None:
+            self.worker.close()
+        systemd.notify("STOPPING=1", "STATUS=draining")
+        log.info("draining: no new requests, finishing the ones in flight")
+
+    def shutdown(self, timeout: float) -> None:
+        self.begin_drain()
+        if self.worker is not None:
+            if not self.worker.stop(timeout):
+                log.warning("engine worker still busy after %.0fs; cancelling", timeout)
+                self.worker.cancel_all()
+                self.worker.stop(10.0)
+        self.status = "stopped"
+
+    def healthy(self) -> bool:
+        """For the watchdog: the event loop runs (we are called from it) and no job hangs the device."""
+        return self.worker is None or not self.worker.is_stuck()
+
+    # -- request helpers -------------------------------------------------------------------------------------
+    def ready_engine(self) -> tuple[Engine, EngineWorker]:
+        if self.status == "ready" and self.engine is not None and self.worker is not None:
+            return self.engine, self.worker
+        if self.status == "loading":
+            raise APIError(503, "the model is still loading", code="engine_loading",
+                           headers={"Retry-After": "5"})
+        if self.status == "failed":
+            raise APIError(503, f"the model failed to load: {self.error}", code="engine_failed")
+        raise APIError(503, "the server is shutting down", code="draining", headers={"Retry-After": "5"})
+
+
+def vocab_size(engine: Engine) -> int:
+    """Width of the model's logits (token ids a client may send / the grammar must mask)."""
+    model = getattr(engine, "model", None)
+    config = getattr(model, "config", None)
+    size = getattr(config, "vocab_size", None)
+    return int(size) if size else int(engine.tokenizer.vocab_size)
+
+
+def _check_model(engine: Engine, name: str | None) -> None:
+    if name and name != engine.model_id:
+        raise APIError(404, f"the model `{name}` does not exist; this server serves `{engine.model_id}`",
+                       param="model", code="model_not_found")
+
+
+def _check_fields(body: ChatCompletionRequest | CompletionRequest) -> None:
+    bad = unsupported_fields(body)
+    if bad:
+        raise APIError(400, f"unsupported field(s): {', '.join(bad)} (edgespec serves one text choice, no "
+                       "tools or logprobs)", param=bad[0], code="unsupported_field")
+    if body.stream_options is not None and not body.stream:
+        raise APIError(400, "stream_options is only allowed with stream: true", param="stream_options",
+                       code="invalid_request")
+
+
+def _prepare(state: ServerState, engine: Engine, req: EngineRequest,
+             body: ChatCompletionRequest | CompletionRequest) -> EngineRequest:
+    """Tokenise and validate before queueing (runs in a thread: templates and tokenisers are CPU work)."""
+    param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+    try:
+        ids = engine.check(req)
+    except PromptTooLongError as exc:
+        raise APIError(400, str(exc), param=param, code="context_length_exceeded") from None
+    except EdgespecError as exc:
+        p = "edgespec.num_draft_tokens" if "num_draft_tokens" in str(exc) else param
+        raise APIError(400, str(exc), param=p, code="invalid_request") from None
+    req.prompt_ids, req.messages, req.prompt = ids, None, None
+    fmt = body.response_format
+    if isinstance(fmt, (JsonObjectFormat, JsonSchemaFormat)):
+        assert state.grammar is not None
+        try:
+            if isinstance(fmt, JsonObjectFormat):
+                req.constraint = state.grammar.json_object()
+            else:
+                schema = fmt.json_schema.json_schema
+                req.constraint = state.grammar.json_schema(schema if schema is not None else ANY_OBJECT)
+        except EdgespecError as exc:
+            raise APIError(400, str(exc), param="response_format", code="invalid_schema") from None
+    return req
+
+
+def _sse(data: dict[str, Any] | str) -> str:
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {text}\n\n"
+
+
+async def _watch_disconnect(request: Request, job: Job, worker: EngineWorker, metrics: ServerMetrics) -> None:
+    """Cancel ``job`` when the client goes away (queued: withdrawn; running: stops at the next cycle)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            break
+    job.cancel()
+    if worker.withdraw(job):
+        metrics.fail("cancelled")
+        if not job.future.done():
+            job.future.set_exception(JobError(499, "client closed the request", "cancelled"))
+        if job.events is not None:
+            job.events.put_nowait(END)
+    log.info("client disconnected; request cancelled")
+
+
+def _job_error(exc: BaseException) -> APIError:
+    if isinstance(exc, JobError):
+        headers = {"Retry-After": "1"} if exc.status == 503 else None
+        return APIError(exc.status, exc.message, param=exc.param, code=exc.code, headers=headers)
+    return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")
+
+
+def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
+    """The FastAPI app serving ``engine`` (an Engine, or a zero-argument factory loaded in the background)."""
+    state = ServerState(settings, engine)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.start()
+        pinger = None
+        interval = systemd.watchdog_interval()
+        if interval:
+            pinger = asyncio.create_task(_watchdog(state, interval))
+        try:
+            yield
+        finally:
+            if pinger is not None:
+                pinger.cancel()
+            await run_in_threadpool(state.shutdown, 10.0 + settings.request_timeout_s)
+
+    app = FastAPI(title="edgespec agent server", version="0.1.0", lifespan=lifespan, docs_url=None,
+                  redoc_url=None)
+    app.state.edgespec = state
+    install_error_handlers(app)
+    if settings.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+
+    async def run_job(request: Request, body: ChatCompletionRequest | CompletionRequest,
+                      chat: bool) -> Response:
+        arrived = time.monotonic()
+        eng, worker = state.ready_engine()
+        _check_model(eng, body.model)
+        _check_fields(body)
+        req = protocol.engine_request(body, settings, vocab_size(eng))
+        req = await run_in_threadpool(_prepare, state, eng, req, body)
+        job = Job(req, asyncio.get_running_loop(), deadline=arrived + settings.request_timeout_s,
+                  stream=body.stream)
+        job.arrived = arrived
+        try:
+            worker.submit(job)
+        except QueueFull as exc:
+            state.metrics.fail("queue_full")
+            raise APIError(429, f"the engine is busy ({worker.max_queue} requests already waiting); retry "
+                           "later", code="queue_full",
+                           headers={"Retry-After": str(exc.retry_after)}) from None
+        except WorkerStopped:
+            raise APIError(503, "the server is shutting down", code="draining",
+                           headers={"Retry-After": "5"}) from None
+        watcher = asyncio.create_task(_watch_disconnect(request, job, worker, state.metrics))
+        rid = protocol.new_id("chatcmpl" if chat else "cmpl")
+        created = protocol.now()
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            maker = protocol.ChunkMaker(chat, rid, created, eng.model_id, include_usage)
+            return StreamingResponse(_stream(job, maker, watcher, worker), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            completion: Completion = await job.future
+        except Exception as exc:
+            raise _job_error(exc) from None
+        finally:
+            watcher.cancel()
+            if not job.future.done():
+                job.cancel()
+                worker.withdraw(job)
+        extra = protocol.telemetry(completion, queue_ms=job.queue_s * 1000.0, timed_out=job.timed_out)
+        build = protocol.chat_response if chat else protocol.text_response
+        return JSONResponse(build(rid, created, eng.model_id, completion, extra, job.timed_out))
+
+    async def _stream(job: Job, maker: protocol.ChunkMaker, watcher: asyncio.Task,
+                      worker: EngineWorker) -> AsyncIterator[str]:
+        assert job.events is not None
+        try:
+            first = maker.first()
+            if first is not None:
+                yield _sse(first)
+            while True:
+                item = await job.events.get()
+                if item is END:
+                    break
+                yield _sse(maker.text(item))
+            exc = job.future.exception()
+            if exc is not None:
+                err = _job_error(exc)
+                yield _sse(error_body(err.status, err.message, param=err.param, code=err.code))
+            else:
+                completion: Completion = job.future.result()
+                extra = protocol.telemetry(completion, queue_ms=job.queue_s * 1000.0, timed_out=job.timed_out)
+                yield _sse(maker.final(completion, extra, job.timed_out))
+                if maker.include_usage:
+                    yield _sse(maker.usage(completion, extra))
+            yield _sse("[DONE]")
+        finally:
+            watcher.cancel()
+            if not job.future.done():
+                job.cancel()
+                worker.withdraw(job)
+
+    @app.post("/v1/chat/completions", summary="Chat completion (OpenAI-compatible)")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await run_job(request, body, chat=True)
+
+    @app.post("/v1/completions", summary="Text completion of a raw prompt (OpenAI-compatible)")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await run_job(request, body, chat=False)
+
+    def _model_card(eng: Engine) -> dict[str, Any]:
+        return {"id": eng.model_id, "object": "model", "created": state.created, "owned_by": "edgespec",
+                "max_model_len": settings.max_seq_len}
+
+    @app.get("/v1/models", summary="The served model")
+    async def models() -> dict[str, Any]:
+        eng, _ = state.ready_engine()
+        return {"object": "list", "data": [_model_card(eng)]}
+
+    @app.get("/v1/models/{model:path}", summary="One model")
+    async def model(model: str) -> dict[str, Any]:
+        eng, _ = state.ready_engine()
+        _check_model(eng, model)
+        return _model_card(eng)
+
+    @app.get("/health", summary="loading | ready | draining | failed (503 unless ready)")
+    async def health() -> JSONResponse:
+        body: dict[str, Any] = {"status": state.status}
+        if state.engine is not None:
+            body["model"] = state.engine.model_id
+            body["drafter"] = state.engine.session.drafter_name
+        if state.worker is not None:
+            body["running"] = int(state.worker.busy)
+            body["waiting"] = state.worker.waiting
+        if state.error:
+            body["error"] = state.error
+        return JSONResponse(body, status_code=200 if state.status == "ready" else 503)
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=state.metrics.content_type)
+
+    return app
+
+
+async def _watchdog(state: ServerState, interval: float) -> None:
+    """Pet the systemd watchdog while the loop runs and the engine is not hung."""
+    while True:
+        if state.healthy():
+            systemd.notify("WATCHDOG=1")
+        else:
+            log.error("engine worker stuck past its deadline; not petting the watchdog")
+        await asyncio.sleep(interval)
+
+
+# ---- run_server --------------------------------------------------------------------------------------------
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback IP literals (127.0.0.0/8, ::1)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class _Server(uvicorn.Server):
+    """uvicorn with a drain hook on SIGTERM/SIGINT and a clean exit status afterwards."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self._state = state
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        first = not self.should_exit
+        super().handle_exit(sig, frame)
+        # uvicorn re-raises captured signals after shutdown (the process would die of SIGTERM); a drained
+        # shutdown is a clean exit, so forget them.
+        self._captured_signals.clear()
+        if first:
+            self._state.begin_drain()
+
+
+def run_server(settings: Settings, *, engine_factory: Callable[[], Engine] | None = None,
+               log_level: str = "info") -> int:
+    """Serve ``settings.model`` on ``settings.host:port`` until SIGTERM/SIGINT; returns the exit status.
+
+    The model loads in the background (``/health`` says ``loading``, then ``ready``; systemd gets READY=1).
+    Raises ConfigError before binding a non-loopback address without ``api_key``, and re-raises an
+    EdgespecError that made the model load fail (the CLI prints it on one line). Returns 0 after a drain,
+    1 when the model failed to load for another reason or the port could not be bound.
+    """
+    if not is_loopback(settings.host) and not settings.api_key:
+        raise ConfigError(f"host {settings.host!r} is not a loopback address: set api_key (EDGESPEC_API_KEY) "
+                          "before serving beyond this machine")
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("edgespec").setLevel(log_level.upper())
+    factory = engine_factory or (lambda: Engine.from_settings(settings))
+    app = create_app(factory, settings)
+    state: ServerState = app.state.edgespec
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level, lifespan="on",
+                            timeout_graceful_shutdown=settings.request_timeout_s + 15.0,
+                            timeout_keep_alive=5, server_header=False)
+    server = _Server(config, state)
+
+    def fatal() -> None:
+        server.should_exit = True
+
+    state.on_fatal = fatal
+    try:
+        server.run()
+    except SystemExit as exc:  # uvicorn exits on bind errors / lifespan failure after logging them
+        return int(exc.code) if isinstance(exc.code, int) else 1
+    if state.load_exception is not None:
+        if isinstance(state.load_exception, EdgespecError):
+            raise state.load_exception
+        return 1
+    return 0

@@ -1,0 +1,136 @@
+"""JSON mode: a :class:`~edgespec.spec.session.TokenConstraint` backed by an llguidance matcher.
+
+The session drives it once per cycle: :meth:`JsonConstraint.valid_prefix` truncates the drafts at the first
+token the grammar rejects, :meth:`JsonConstraint.row_masks` gives one allowed-token mask per verify row (the
+matcher is advanced through the drafts and rolled back), and :meth:`JsonConstraint.commit` advances it by
+exactly the tokens the target committed. Generation ends when the value is complete (:meth:`is_finished`);
+while the grammar is in an accepting state the masks also allow the end-of-sequence tokens, so a model may
+stop there.
+
+By default JSON is generated without free whitespace (``{"a": 1, "b": [2, 3]}`` style: one space after ``:``
+and ``,``, no newlines), so an undertrained or random model cannot spin in whitespace until ``max_tokens``. A
+schema can override this with llguidance's ``x-guidance`` options.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import llguidance
+import numpy as np
+import torch
+
+from edgespec.errors import RequestError
+from edgespec.loading.tokenizer import ChatTokenizer
+
+# Applied before a schema's own "x-guidance" options, which therefore win.
+JSON_DEFAULTS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+MAX_SCHEMA_BYTES = 64 * 1024
+
+
+class GrammarError(RequestError):
+    """The request's grammar failed mid-generation (e.g. a schema that recurses without end hits llguidance's
+    parser limits): the request's fault, answered 400, and the server carries on."""
+
+
+class JsonConstraint:
+    """One request's grammar state (not shared between requests; used from the worker thread only)."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+        self._m = matcher
+        self._vocab = vocab_size
+        self._words = (vocab_size + 31) // 32
+
+    def _check(self) -> None:
+        if self._m.is_error():
+            raise GrammarError(f"the JSON grammar failed during generation: {self._short_error()}")
+
+    def _short_error(self) -> str:
+        return self._m.get_error().split("\n", 1)[0][:300]
+
+    def valid_prefix(self, drafts: Sequence[int]) -> int:
+        """How many leading drafts the grammar accepts from the current state."""
+        if not drafts:
+            return 0
+        return int(self._m.validate_tokens([int(t) for t in drafts]))
+
+    def row_masks(self, drafts: Sequence[int], vocab_size: int, device: torch.device) -> torch.Tensor:
+        """Bool ``[len(drafts)+1, vocab_size]``: row i = tokens allowed after the first i drafts."""
+        self._check()
+        rows = len(drafts) + 1
+        bits = np.zeros((rows, self._words), dtype=np.int32)
+        consumed = 0
+        for i in range(rows):
+            if i > 0:
+                if self._m.is_stopped() or not self._m.consume_token(int(drafts[i - 1])):
+                    # Cannot happen after valid_prefix truncation; keep later rows equal to the last good one.
+                    self._check()
+                    bits[i:] = bits[i - 1]
+                    break
+                consumed += 1
+            self._m.unsafe_compute_mask_ptr(bits[i].ctypes.data, bits[i].nbytes)
+        if consumed:
+            self._m.rollback(consumed)
+        self._check()
+        mask = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")
+        out = torch.zeros((rows, vocab_size), dtype=torch.bool)
+        n = min(vocab_size, self._vocab)
+        out[:, :n] = torch.from_numpy(mask[:, :n].astype(np.bool_))
+        return out.to(device)
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """Advance by exactly the committed tokens."""
+        if not self._m.consume_tokens([int(t) for t in tokens]):
+            raise GrammarError(f"the JSON grammar failed during generation: {self._short_error()}")
+
+    def is_finished(self) -> bool:
+        """True once a complete JSON value has been produced (nothing but end-of-sequence may follow)."""
+        return self._m.is_stopped() and not self._m.is_error()
+
+
+class GrammarCompiler:
+    """Builds :class:`JsonConstraint` objects for one engine's tokenizer.
+
+    The llguidance tokenizer is built once, on first use (about 0.2-1 s), from the same ``tokenizer.json`` the
+    engine encodes with; ``vocab_size`` is the model's logits width, so masks cover every row of the logits.
+    """
+
+    def __init__(self, tokenizer: ChatTokenizer, vocab_size: int) -> None:
+        self._tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self._ll: llguidance.LLTokenizer | None = None
+        self._lock = threading.Lock()
+
+    def _ll_tokenizer(self) -> llguidance.LLTokenizer:
+        with self._lock:
+            if self._ll is None:
+                stop = self._tokenizer.stop_token_ids
+                self._ll = llguidance.LLTokenizer(self._tokenizer.tokenizer.to_str(), n_vocab=self.vocab_size,
+                                                  eos_token=stop or None)
+            return self._ll
+
+    def json_object(self) -> JsonConstraint:
+        """Any JSON object (``response_format: {"type": "json_object"}``)."""
+        return self.json_schema(ANY_OBJECT, param="response_format")
+
+    def json_schema(self, schema: Mapping[str, Any], param: str = "response_format.json_schema.schema"
+                    ) -> JsonConstraint:
+        """Output that validates against ``schema``; a schema llguidance cannot compile is a RequestError."""
+        try:
+            text = json.dumps(schema)
+        except (TypeError, ValueError) as exc:
+            raise RequestError(f"{param}: not serialisable JSON ({exc})") from None
+        if len(text) > MAX_SCHEMA_BYTES:
+            raise RequestError(f"{param}: schema of {len(text)} bytes exceeds {MAX_SCHEMA_BYTES}")
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_DEFAULTS)
+        except ValueError as exc:
+            raise RequestError(f"{param}: {exc}") from None
+        matcher = llguidance.LLMatcher(self._ll_tokenizer(), grammar, log_level=0)
+        if matcher.is_error():
+            raise RequestError(f"{param}: schema not supported: {matcher.get_error()}")
+        return JsonConstraint(matcher, self.vocab_size)

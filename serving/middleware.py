@@ -1,0 +1,92 @@
+"""ASGI middleware that runs before any body is parsed: the request size limit and the API key.
+
+Both answer in the OpenAI error shape. The size limit rejects on ``Content-Length`` at once and also counts
+the bytes of bodies sent without one (chunked), so no request can make the server buffer more than the limit.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+from fastapi import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .errors import error_body
+
+
+async def _send_error(send: Send, status: int, message: str, code: str,
+                      headers: dict[str, str] | None = None) -> None:
+    body = json.dumps(error_body(status, message, code=code)).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+class BodyLimitMiddleware:
+    """413 for bodies above ``max_bytes`` (declared or actually sent)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _header(scope, b"content-length")
+        if declared is not None:
+            try:
+                size = int(declared)
+            except ValueError:
+                await _send_error(send, 400, "invalid Content-Length header", "invalid_header")
+                return
+            if size > self.max_bytes:
+                await _send_error(send, 413, f"request body of {size} bytes exceeds the limit of "
+                                  f"{self.max_bytes} bytes", "body_too_large")
+                return
+        limit = self.max_bytes
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise HTTPException(413, f"request body exceeds the limit of {limit} bytes")
+            return message
+
+        await self.app(scope, limited, send)
+
+
+class ApiKeyMiddleware:
+    """``Authorization: Bearer <api_key>`` required under ``/v1``; others (health, metrics) stay open."""
+
+    def __init__(self, app: ASGIApp, api_key: str, prefix: str = "/v1") -> None:
+        self.app = app
+        self._key = api_key.encode()
+        self.prefix = prefix
+
+    def _authorised(self, scope: Scope) -> bool:
+        value = _header(scope, b"authorization") or ""
+        scheme, _, token = value.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._key)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope.get("path", "")
+        if scope["type"] == "http" and (path == self.prefix or path.startswith(self.prefix + "/")):
+            if not self._authorised(scope):
+                await _send_error(send, 401, "missing or invalid API key (Authorization: Bearer <key>)",
+                                  "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                return
+        await self.app(scope, receive, send)
+

@@ -1,0 +1,225 @@
+"""Translation between OpenAI request/response bodies and the engine's ``Request`` / ``Completion``.
+
+Everything here is pure (no I/O, no engine calls), so the shapes are easy to test and to read in one place.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from edgespec.config import Settings
+from edgespec.engine import Completion, Request
+from edgespec.errors import RequestError
+from edgespec.spec.sampling import SamplingParams
+
+from .errors import APIError
+from .schemas import ChatCompletionRequest, ChatMessage, CommonFields, CompletionRequest
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+# ---- requests ----------------------------------------------------------------------------------------------
+
+
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """Messages as the chat template expects them: role + string content (text parts joined)."""
+    out = []
+    for i, m in enumerate(messages):
+        content = m.content
+        if content is None:
+            text = ""
+        elif isinstance(content, str):
+            text = content
+        else:
+            pieces = []
+            for j, part in enumerate(content):
+                if part.type != "text" or part.text is None:
+                    raise APIError(400, f"content part of type {part.type!r} is not supported (text only)",
+                                   param=f"messages[{i}].content[{j}]", code="unsupported_content")
+                pieces.append(part.text)
+            text = "".join(pieces)
+        role = "system" if m.role == "developer" else m.role
+        msg = {"role": role, "content": text}
+        if m.name:
+            msg["name"] = m.name
+        out.append(msg)
+    return out
+
+
+def _stop_list(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
+
+
+# Temperatures below this are greedy (as in vLLM): dividing logits by ~1e-38 overflows to inf and NaN.
+GREEDY_BELOW = 1e-5
+
+
+def sampling_params(body: CommonFields, settings: Settings) -> SamplingParams:
+    """Request values over server defaults; an out-of-range combination is a 400."""
+    temperature = settings.temperature if body.temperature is None else body.temperature
+    if temperature < GREEDY_BELOW:
+        temperature = 0.0
+    try:
+        return SamplingParams(
+            temperature=temperature,
+            top_p=settings.top_p if body.top_p is None else body.top_p,
+            top_k=settings.top_k if body.top_k is None else body.top_k,
+            seed=settings.seed if body.seed is None else body.seed)
+    except RequestError as exc:
+        raise APIError(400, str(exc), code="invalid_sampling") from None
+
+
+def engine_request(body: ChatCompletionRequest | CompletionRequest, settings: Settings,
+                   vocab_size: int) -> Request:
+    """The engine request for a chat or completion body (prompt not yet tokenised, no constraint yet)."""
+    sampling = sampling_params(body, settings)
+    num_draft = body.edgespec.num_draft_tokens if body.edgespec is not None else None
+    stop = _stop_list(body.stop)
+    if isinstance(body, ChatCompletionRequest):
+        max_tokens = body.max_completion_tokens or body.max_tokens or settings.max_tokens
+        thinking = body.chat_template_kwargs.enable_thinking if body.chat_template_kwargs else None
+        return Request(messages=chat_messages(body.messages), max_tokens=max_tokens, sampling=sampling,
+                       stop=stop, enable_thinking=thinking, num_draft_tokens=num_draft)
+    max_tokens = body.max_tokens or settings.max_tokens
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+        bad = [p for p in prompt if not 0 <= p < vocab_size]
+        if bad:
+            raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})",
+                           param="prompt", code="invalid_token_id")
+        return Request(prompt_ids=list(prompt), max_tokens=max_tokens, sampling=sampling, stop=stop,
+                       num_draft_tokens=num_draft)
+    if isinstance(prompt, list):
+        if len(prompt) != 1:
+            raise APIError(400, f"prompt lists of {len(prompt)} strings are not supported (batch 1: send "
+                           "one)", param="prompt", code="unsupported_batch")
+        prompt = prompt[0]
+    return Request(prompt=str(prompt), max_tokens=max_tokens, sampling=sampling, stop=stop,
+                   num_draft_tokens=num_draft)
+
+
+# ---- responses ---------------------------------------------------------------------------------------------
+
+
+def finish_reason(completion: Completion, timed_out: bool) -> str:
+    """OpenAI finish reason: a deadline hit mid-generation reads as ``length`` (the text was cut short)."""
+    if timed_out or completion.finish_reason == "length":
+        return "length"
+    return "stop"
+
+
+def usage(completion: Completion) -> dict[str, Any]:
+    return {
+        "prompt_tokens": completion.prompt_tokens,
+        "completion_tokens": completion.completion_tokens,
+        "total_tokens": completion.prompt_tokens + completion.completion_tokens,
+        "completion_tokens_details": {"reasoning_tokens": completion.reasoning_tokens},
+    }
+
+
+def telemetry(completion: Completion, *, queue_ms: float, timed_out: bool) -> dict[str, Any]:
+    """The ``edgespec`` block: drafter, acceptance and timing of this request."""
+    t = completion.telemetry
+    stages = {k: round(v, 3) for k, v in t.stage_ms.items()}
+    return {
+        "drafter": t.drafter,
+        "cycles": t.cycles,
+        "drafts": t.drafts,
+        "draft_tokens": t.draft_tokens,
+        "accepted_tokens": t.accepted_tokens,
+        "acceptance_length": round(t.acceptance_length, 4),
+        "acceptance_rate": round(t.acceptance_rate, 4),
+        "accepted_per_pos": list(t.accepted_per_pos),
+        "per_position_rate": [round(x, 4) for x in t.per_position_rate],
+        "prefill_ms": round(t.stage_ms.get("prefill", 0.0), 3),
+        "decode_ms": round(t.decode_ms, 3),
+        "decode_tok_s": round(t.decode_tok_s, 2),
+        "queue_ms": round(queue_ms, 3),
+        "stage_ms": stages,
+        "timed_out": timed_out,
+    }
+
+
+def chat_response(rid: str, created: int, model: str, completion: Completion, extra: dict[str, Any],
+                  timed_out: bool) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": completion.text},
+            "logprobs": None,
+            "finish_reason": finish_reason(completion, timed_out),
+        }],
+        "usage": usage(completion),
+        "edgespec": extra,
+    }
+
+
+def text_response(rid: str, created: int, model: str, completion: Completion, extra: dict[str, Any],
+                  timed_out: bool) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": completion.text, "logprobs": None,
+                     "finish_reason": finish_reason(completion, timed_out)}],
+        "usage": usage(completion),
+        "edgespec": extra,
+    }
+
+
+class ChunkMaker:
+    """Builds the SSE chunks of one streamed response (chat or text completion)."""
+
+    def __init__(self, chat: bool, rid: str, created: int, model: str, include_usage: bool) -> None:
+        self.chat, self.rid, self.created, self.model = chat, rid, created, model
+        self.include_usage = include_usage
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        out: dict[str, Any] = {"id": self.rid, "object": kind, "created": self.created, "model": self.model,
+                               "choices": choices}
+        if self.include_usage:
+            out["usage"] = None
+        out.update(extra)
+        return out
+
+    def _choice(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+        if self.chat:
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+    def first(self) -> dict[str, Any] | None:
+        """Chat streams open with the assistant role (and empty content), as OpenAI's do."""
+        return self._chunk([self._choice("", None, role=True)]) if self.chat else None
+
+    def text(self, piece: str) -> dict[str, Any]:
+        return self._chunk([self._choice(piece, None)])
+
+    def final(self, completion: Completion, extra: dict[str, Any], timed_out: bool) -> dict[str, Any]:
+        return self._chunk([self._choice(None if self.chat else "", finish_reason(completion, timed_out))],
+                           edgespec=extra)
+
+    def usage(self, completion: Completion, extra: dict[str, Any]) -> dict[str, Any]:
+        out = self._chunk([], edgespec=extra)
+        out["usage"] = usage(completion)
+        return out
