@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import pytest
 import torch
-from edgespec.arch.detect import select_hooks
 
+from edgespec.arch.detect import select_hooks
 from edgespec.cache.model_cache import state_equal
 from edgespec.drafters.base import Draft, Proposer
 from edgespec.drafters.ngram import NGramProposer

@@ -22,6 +22,12 @@ from edgespec.config import load_settings
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shapes", help="GPU sweep over random-weight model shapes instead of the prompt benchmark "
+                   "(comma list of edgespec.loading.synthetic.SHAPES names)")
+    p.add_argument("--compare-hf-shapes", default="qwen3.5-4b", help="with --shapes: shapes also run in transformers")
+    p.add_argument("--context", type=int, default=512, help="with --shapes: KV context of decode and verify")
+    p.add_argument("--kv", default="model,fp8", help="with --shapes: KV formats")
+    p.add_argument("--sweep-out", default=".", help="with --shapes: folder for gpu_bench.json")
     p.add_argument("--prompts", help="prompt set YAML (default: the packaged bench set)")
     p.add_argument("--tokens", type=int, default=128, help="max new tokens per prompt")
     p.add_argument("--repeats", type=int, default=1, help="timed runs per prompt (median reported)")
@@ -64,6 +70,13 @@ def _run_hf(model, ids: list[int], tokens: int, eos: list[int], lookup: int | No
 
 def run_bench(args: argparse.Namespace) -> int:
     from edgespec.engine import Engine
+
+    if args.shapes:
+        from edgespec.bench.gpu import run_sweep
+
+        args.compare_hf = args.compare_hf_shapes
+        args.no_graphs = False
+        return run_sweep(args)
 
     settings = load_settings(cli=args)
     if settings.drafter == "none":

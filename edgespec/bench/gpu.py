@@ -1,0 +1,290 @@
+"""Device benchmark of one model shape: decode, verify, rollback, prefill, each next to its physical limit.
+
+Batch-1 decode reads every weight once per forward, so its floor is (weight bytes + KV bytes read) / bandwidth,
+with the bandwidth measured in the same run by a large device-to-device copy (bytes read + bytes written).
+Random weights of the real shape are enough: the speed does not depend on the values.
+Timings use CUDA events around many graph replays after warm-up; the median of several runs is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from edgespec.arch.detect import select_hooks
+from edgespec.loading.checkpoint import build_empty
+from edgespec.loading.hf_config import parse_config
+from edgespec.loading.synthetic import SHAPES, config_dict
+from edgespec.models.decoder import TargetModel
+from edgespec.spec.session import SpecSession
+
+
+def measure_copy_bandwidth(device: torch.device, nbytes: int = 2 << 30) -> float:
+    """Bytes/s of a device-to-device copy, counting bytes read plus bytes written."""
+    if device.type != "cuda":
+        n = nbytes // 16
+        a = torch.empty(n, dtype=torch.uint8)
+        b = torch.empty_like(a)
+        b.copy_(a)
+        t0 = time.perf_counter()
+        for _ in range(5):
+            b.copy_(a)
+        return 2 * n * 5 / (time.perf_counter() - t0)
+    a = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    ms = time_cuda(lambda: b.copy_(a), iters=10)
+    return 2 * nbytes / (ms / 1e3)
+
+
+def time_cuda(fn: Callable[[], Any], iters: int = 50, warmup: int = 5, repeats: int = 5) -> float:
+    """Median milliseconds per call of ``fn`` (CUDA events; host clock on CPU)."""
+    for _ in range(warmup):
+        fn()
+    results = []
+    cuda = torch.cuda.is_available()
+    for _ in range(repeats):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            end.synchronize()
+            results.append(start.elapsed_time(end) / iters)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            results.append((time.perf_counter() - t0) * 1e3 / iters)
+    return statistics.median(results)
+
+
+def random_model(shape: str, device: torch.device, dtype: torch.dtype, max_len: int) -> TargetModel:
+    """A model of a published shape with N(0, 0.02) weights, built directly on ``device``."""
+    cfg = parse_config(config_dict(**SHAPES[shape]))
+    model = build_empty(cfg, dtype, device, max_positions=max_len)
+    gen = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.fill_(0.0 if cfg.zero_centred_norms else 1.0)
+            elif name.endswith("A_log"):
+                p.uniform_(0.0, 2.7, generator=gen)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    return model.eval()
+
+
+def weight_bytes_per_token(model: TargetModel) -> int:
+    """Bytes of weights one forward reads: every matrix once; of the embedding only one row (unless tied, where
+    the matrix is read in full as the lm_head)."""
+    total = 0
+    emb = model.model.embed_tokens.weight
+    for name, p in model.named_parameters():
+        if p is emb:
+            continue
+        if name.startswith("mtp."):
+            continue
+        total += p.numel() * p.element_size()
+    total += emb.numel() * emb.element_size() if model.lm_head is None else emb.shape[1] * emb.element_size()
+    return total
+
+
+def kv_bytes_read(session: SpecSession, context: int) -> int:
+    per_row = 0
+    for c in session.cache.kv_layers:
+        per_row += (c.k[0].numel() * c.k.element_size()) * 2
+        if c.fp8:
+            per_row += c.k_scale[0].numel() * 4 * 2
+    state = sum(s.conv.nbytes + s.recurrent.nbytes for s in session.cache.state_layers) * 2  # read + write
+    return per_row * context + state
+
+
+def bench_shape(shape: str, *, device: torch.device, dtype: torch.dtype = torch.bfloat16, arch: str = "auto",
+                kv_fp8: bool | None = None, context: int = 512, verify_rows: tuple[int, ...] = (2, 4, 8, 16),
+                prefill_lengths: tuple[int, ...] = (512, 2048), graphs: bool = True,
+                bandwidth: float | None = None) -> dict[str, Any]:
+    """Measure one shape; returns a dict of figures (ms, tok/s, limits, ratios)."""
+    max_len = max(context + 64, max(prefill_lengths) + 64)
+    bw = bandwidth or measure_copy_bandwidth(device)
+    torch.cuda.reset_peak_memory_stats(device) if device.type == "cuda" else None
+    model = random_model(shape, device, dtype, max_len)
+    hooks = select_hooks(arch, device)
+    session = SpecSession(model, hooks, None, kv_fp8=kv_fp8, max_len=max_len, cuda_graphs=graphs)
+    wbytes = weight_bytes_per_token(model)
+    out: dict[str, Any] = {"shape": shape, "device": torch.cuda.get_device_name(device) if device.type == "cuda"
+                           else "cpu", "dtype": str(dtype).replace("torch.", ""), "arch": hooks.name,
+                           "kv": "fp8" if session.kv_fp8 else "model", "bandwidth_GBps": bw / 1e9,
+                           "weight_GB": wbytes / 1e9, "context": context}
+    cache = session.cache
+    prompt = torch.randint(0, model.config.vocab_size, (context,), device=device)
+
+    def reset_to_context() -> None:
+        cache.reset()
+        hooks.prefill(model, cache, prompt, session.prefill_chunk, ())
+
+    # Plain decode: one graph replay per token at a fixed context (decode at position `context`).
+    reset_to_context()
+    tok = torch.tensor([1], device=device)
+
+    def decode_step() -> None:
+        hooks.decode(model, cache, tok, ())
+        cache.length -= 1                       # stay at the same context: O(1) truncation
+
+    decode_ms = time_cuda(decode_step)
+    limit_ms = (wbytes + kv_bytes_read(session, context)) / bw * 1e3
+    out.update(decode_ms=decode_ms, decode_tok_s=1e3 / decode_ms, decode_limit_ms=limit_ms,
+               decode_limit_tok_s=1e3 / limit_ms, decode_fraction_of_limit=limit_ms / decode_ms)
+
+    # Verify of R rows (each its own session so the graph has exactly R rows), checkpointed as in serving.
+    verify = {}
+    for rows in verify_rows:
+        vs = SpecSession(model, select_hooks(arch, device), _FixedDraft(rows - 1), k=rows - 1, kv_fp8=kv_fp8,
+                         rollback="checkpoint", max_len=max_len, cuda_graphs=graphs)
+        vs.cache.reset()
+        vs.hooks.prefill(model, vs.cache, prompt, vs.prefill_chunk, ())
+        toks = torch.randint(0, model.config.vocab_size, (rows,), device=device)
+
+        def verify_step(vs=vs, toks=toks) -> None:
+            start = vs.cache.length
+            vs.hooks.verify(model, vs.cache, toks, (), vs.rollback_strategy)
+            vs.cache.rollback(start)
+
+        v_ms = time_cuda(verify_step)
+        # Rollback alone: restore one checkpoint slot (state copies) + set lengths.
+        start = vs.cache.length
+        vs.hooks.verify(model, vs.cache, toks, (), vs.rollback_strategy)
+
+        def rollback_step(vs=vs, start=start, rows=rows) -> None:
+            vs.cache.length = start + rows
+            vs.cache.rollback(start + 1)
+
+        r_ms = time_cuda(rollback_step)
+        verify[rows] = {"ms": v_ms, "x_decode": v_ms / decode_ms, "rollback_ms": r_ms}
+        del vs
+    out["verify"] = verify
+
+    prefill = {}
+    for n in prefill_lengths:
+        ids = torch.randint(0, model.config.vocab_size, (n,), device=device)
+
+        def prefill_step(ids=ids) -> None:
+            cache.reset()
+            hooks.prefill(model, cache, ids, session.prefill_chunk, ())
+
+        p_ms = time_cuda(prefill_step, iters=3, warmup=1, repeats=3)
+        prefill[n] = {"ms": p_ms, "tok_s": n / p_ms * 1e3}
+    out["prefill"] = prefill
+    if device.type == "cuda":
+        out["peak_memory_GB"] = torch.cuda.max_memory_allocated(device) / 1e9
+    return out
+
+
+class _FixedDraft:
+    """Stand-in proposer used only to size verify graphs (the benchmark calls hooks.verify directly)."""
+
+    name = "fixed"
+    taps: tuple[int, ...] = ()
+    default_k = 1
+    max_k = 31
+
+    def __init__(self, k: int) -> None:
+        self.default_k = k
+
+
+def bench_hf(shape: str, device: torch.device, dtype: torch.dtype, context: int, tokens: int = 64) -> dict[str, Any]:
+    """transformers' own decode speed on the same shape (random weights), for the peer column."""
+    import transformers
+
+    cfg_dict = config_dict(**SHAPES[shape])
+    cfg = transformers.AutoConfig.for_model(**cfg_dict)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+    ids = torch.randint(0, cfg_dict.get("vocab_size", 1000), (1, context), device=device)
+    with torch.inference_mode():
+        model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False)
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+    per_tok = ((t2 - t1) - (t1 - t0)) / (tokens - 1)
+    del model
+    torch.cuda.empty_cache()
+    return {"hf_decode_tok_s": 1.0 / per_tok}
+
+
+THOR_BW = 273e9
+DEFAULT_SHAPES = "smollm2-135m,qwen3.5-0.8b,qwen3.5-4b,qwen3-4b,qwen3.5-27b"
+
+
+
+def add_sweep_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES)
+    ap.add_argument("--compare-hf", default="qwen3.5-4b", help="shapes also run with transformers (comma list)")
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--kv", default="model,fp8", help="KV formats to run decode with")
+    ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--sweep-out", default=os.environ.get("OUT", "."), help="folder for gpu_bench.json")
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    """Every shape x KV format: decode / verify / rollback / prefill vs the limit; table last, JSON to a file."""
+    device = torch.device("cuda")
+    bw = measure_copy_bandwidth(device)
+    print(f"device {torch.cuda.get_device_name(device)}  copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
+    results = []
+    for shape in args.shapes.split(","):
+        for kv in args.kv.split(","):
+            try:
+                r = bench_shape(shape, device=device, kv_fp8=kv == "fp8", context=args.context,
+                                graphs=not args.no_graphs, bandwidth=bw,
+                                verify_rows=(2, 4, 8, 16) if kv == "model" else (16,),
+                                prefill_lengths=(512, 2048) if kv == "model" else ())
+            except Exception as e:  # one shape failing (e.g. out of memory) must not lose the others
+                traceback.print_exc()
+                gc.collect()
+                torch.cuda.empty_cache()
+                results.append({"shape": shape, "kv": kv, "error": repr(e)})
+                continue
+            if kv == "model" and shape in args.compare_hf.split(","):
+                try:
+                    r.update(bench_hf(shape, device, torch.bfloat16, args.context))
+                except Exception as e:
+                    r["hf_error"] = repr(e)
+            thor_limit_ms = r["decode_limit_ms"] * r["bandwidth_GBps"] * 1e9 / THOR_BW
+            r["thor_projected_decode_tok_s_at_limit"] = 1e3 / thor_limit_ms
+            results.append(r)
+            print(json.dumps(r), flush=True)
+            gc.collect()                 # free this shape's weights and graphs before the next one
+            torch.cuda.empty_cache()
+    out = Path(args.sweep_out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_bench.json").write_text(json.dumps({"bandwidth_GBps": bw / 1e9, "results": results}, indent=2))
+    print()
+    print(f"{'shape':<14} {'kv':<5} {'weights GB':>10} {'decode ms':>9} {'limit ms':>8} {'% limit':>7} "
+          f"{'tok/s':>7} {'v16/dec':>7} {'rb16 ms':>7} {'HF tok/s':>8} {'Thor proj':>9}")
+    for r in results:
+        if "error" in r:
+            print(f"{r['shape']:<14} {r['kv']:<5} ERROR {r['error'][:80]}")
+            continue
+        v16 = r["verify"].get(16, {})
+        print(f"{r['shape']:<14} {r['kv']:<5} {r['weight_GB']:>10.2f} {r['decode_ms']:>9.3f} "
+              f"{r['decode_limit_ms']:>8.3f} {100 * r['decode_fraction_of_limit']:>6.1f}% {r['decode_tok_s']:>7.1f} "
+              f"{v16.get('x_decode', float('nan')):>7.2f} {v16.get('rollback_ms', float('nan')):>7.3f} "
+              f"{r.get('hf_decode_tok_s', float('nan')):>8.1f} {r['thor_projected_decode_tok_s_at_limit']:>9.1f}")
+    return 0
+
