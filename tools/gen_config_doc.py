@@ -1,0 +1,30 @@
+"""Regenerate docs/configuration.md from the Settings dataclass (run after adding or changing a knob)."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+from edgespec.config import Settings
+
+HEADER = """# Configuration
+
+Every knob of edgespec, with its default. Sources, lowest to highest priority: a YAML file (`--config FILE` or
+`EDGESPEC_CONFIG`), `EDGESPEC_<NAME>` environment variables, then `--<name>` command-line flags (underscores become
+dashes). Unknown keys in any source are rejected by name; values are type- and range-checked.
+A value of `None`/`auto` takes the arch default (`arch/base.py`, `arch/rtx`, `arch/thor`).
+
+This table is generated from `edgespec/config.py` by `python tools/gen_config_doc.py`.
+
+| setting | default | meaning |
+|---|---|---|
+"""
+
+
+def render() -> str:
+    rows = [f"| `{f.name}` | `{f.default}` | {f.metadata['help']} |" for f in fields(Settings)]
+    return HEADER + "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    Path(__file__).resolve().parents[1].joinpath("docs/configuration.md").write_text(render())
