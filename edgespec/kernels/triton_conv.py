@@ -1,0 +1,108 @@
+"""Depthwise causal conv1d + SiLU over T new rows with per-step state saves, in Triton.
+
+Contract: :func:`edgespec.kernels.conv.causal_conv1d_ref`. The conv has no recurrence: output row t reads
+``seq = [state | x^T]`` at columns ``t .. t+K-1`` only. So the grid covers (channel block, row block) and
+each program builds its ``[BLOCK_T, BLOCK_C]`` tile from K shifted loads (taps reaching before row 0 read
+the old state); the checkpoint slots ``slot[t+1] = seq[:, t+1 : t+K]`` are those same taps and are stored as
+they are loaded. The state is updated in place, so only the first row block (the only one that reads the
+old state, as ``BLOCK_T >= K-1``) writes the new one, after a barrier.
+
+Rounding follows the reference step by step: x is cast to the state dtype (``torch.cat`` does that), the
+sequence to the weight dtype, the conv sum is rounded to the weight dtype before SiLU (``F.conv1d`` returns it
+so), and SiLU's result is rounded to the weight dtype (``F.silu`` keeps it), then to x's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _seq_rows(x_ptr, state_ptr, c, c_ok, rows, T, stride_xt, KM1: tl.constexpr):
+    """``seq`` values at x-row indices ``rows`` (a [BLOCK_T] vector; negative = old state column
+    ``KM1 + row``) for channels c, as a [BLOCK_T, BLOCK_C] tile in the state dtype."""
+    from_x = c_ok[None, :] & (rows[:, None] >= 0) & (rows[:, None] < T)
+    from_s = c_ok[None, :] & (rows[:, None] < 0)
+    xv = tl.load(x_ptr + rows[:, None] * stride_xt + c[None, :], mask=from_x, other=0.0)
+    sv = tl.load(state_ptr + c[None, :] * KM1 + (KM1 + rows[:, None]), mask=from_s, other=0.0)
+    return tl.where(from_x, xv.to(sv.dtype), sv)
+
+
+@triton.jit
+def _causal_conv1d_kernel(
+    x_ptr, state_ptr, w_ptr, slots_ptr, out_ptr,
+    T, C, stride_xt, stride_ot, stride_slot,
+    K: tl.constexpr, KM1_P2: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+    SAVE_SLOTS: tl.constexpr,
+):
+    pid_c = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = c < C
+    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = t < T
+    acc = tl.zeros([BLOCK_T, BLOCK_C], tl.float32)
+    w_ty = w_ptr.dtype.element_ty
+    for j in tl.static_range(K):
+        # Tap j of output row t reads seq column t + j, i.e. x row t + j - (K-1).
+        val = _seq_rows(x_ptr, state_ptr, c, c_ok, t + j - (K - 1), T, stride_xt, K - 1)
+        w = tl.load(w_ptr + c * K + j, mask=c_ok, other=0.0)
+        acc += w.to(tl.float32)[None, :] * val.to(w_ty).to(tl.float32)
+        if SAVE_SLOTS:
+            if j >= 1:
+                # Slot t+1 (state after row t) column j-1 = seq column t + j: the tap just loaded.
+                tl.store(slots_ptr + (t[:, None] + 1) * stride_slot + c[None, :] * (K - 1) + (j - 1),
+                         val.to(slots_ptr.dtype.element_ty), mask=t_ok[:, None] & c_ok[None, :])
+    acc = acc.to(w_ty).to(tl.float32)
+    y = acc / (1.0 + tl.exp(-acc))
+    tl.store(out_ptr + t[:, None] * stride_ot + c[None, :], y.to(w_ty).to(out_ptr.dtype.element_ty),
+             mask=t_ok[:, None] & c_ok[None, :])
+    if pid_t == 0:
+        # New state = seq columns T .. T+K-2. Only this row block read the old state (BLOCK_T >= K-1), so
+        # overwriting it here, after a barrier that finishes this program's reads, races with nobody.
+        jj = tl.arange(0, KM1_P2)
+        rows = T - (K - 1) + jj
+        from_x = c_ok[:, None] & (jj[None, :] < K - 1) & (rows[None, :] >= 0)
+        from_s = c_ok[:, None] & (jj[None, :] < K - 1) & (rows[None, :] < 0)
+        xv = tl.load(x_ptr + rows[None, :] * stride_xt + c[:, None], mask=from_x, other=0.0)
+        sv = tl.load(state_ptr + c[:, None] * (K - 1) + (K - 1 + rows[None, :]), mask=from_s, other=0.0)
+        new_state = tl.where(from_x, xv.to(sv.dtype), sv)
+        tl.debug_barrier()
+        tl.store(state_ptr + c[:, None] * (K - 1) + jj[None, :], new_state,
+                 mask=c_ok[:, None] & (jj[None, :] < K - 1))
+
+
+def causal_conv1d_triton(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor,
+                         slots: torch.Tensor | None = None) -> torch.Tensor:
+    """``silu(causal depthwise conv)`` of ``x [T, C]`` continuing from ``state [C, K-1]`` (updated in place).
+
+    With ``slots [>=T+1, C, K-1]`` the state after row i goes to slot i+1. Returns ``[T, C]`` in x's dtype.
+    """
+    T, C = x.shape
+    K = weight.shape[1]
+    if K < 2 or state.shape != (C, K - 1) or weight.shape[0] != C:
+        raise ValueError(f"conv shapes: x{tuple(x.shape)} state{tuple(state.shape)} "
+                         f"weight{tuple(weight.shape)}")
+    if not state.is_contiguous():
+        raise ValueError("conv state must be contiguous (it is updated in place)")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    weight = weight.contiguous()
+    if slots is not None and (slots.shape[0] < T + 1 or slots.shape[1:] != state.shape
+                              or not slots.is_contiguous()):
+        raise ValueError("slots must be a contiguous [>=T+1, C, K-1] tensor")
+    out = torch.empty((T, C), dtype=x.dtype, device=x.device)
+    if T == 0:
+        return out
+    # Outputs do not depend on each other (no recurrence), so rows are spread over the grid too.
+    block_t = max(2, triton.next_power_of_2(K - 1), min(16, triton.next_power_of_2(T)))
+    block_c = 128 if block_t >= 8 else 256
+    _causal_conv1d_kernel[(triton.cdiv(C, block_c), triton.cdiv(T, block_t))](
+        x, state, weight, slots if slots is not None else state, out,
+        T, C, x.stride(0), out.stride(0), slots.stride(0) if slots is not None else 0,
+        K=K, KM1_P2=max(2, triton.next_power_of_2(K - 1)), BLOCK_T=block_t, BLOCK_C=block_c,
+        SAVE_SLOTS=slots is not None, num_warps=4,
+    )
+    return out

@@ -1,0 +1,288 @@
+"""Triton kernels against their pure-torch references, on CUDA (skipped cleanly without a GPU or Triton).
+
+Every check draws fresh random inputs (never zeros), poisons outputs with NaN before the run (in-place state
+and slot tensors directly, freshly allocated outputs through the caching allocator), and compares by relative
+error ``||out - ref|| / ||ref||``: fp32 paths to ~1e-4, bf16/fp16 paths to 1e-2. State and checkpoint slots
+are checked as well as outputs. ``tools/kernel_bench.py`` runs this file before timing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import zlib
+
+import pytest
+import torch
+
+from edgespec.cache.kv import KVCache
+from edgespec.kernels.attention import attention_ref, cached_attention
+from edgespec.kernels.conv import causal_conv1d_ref
+from edgespec.kernels.gdn import gdn_chunked_ref, gdn_recurrent_ref
+from edgespec.kernels.norm import gated_rms_norm_ref, rms_norm_ref
+
+_READY = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _READY, reason="needs a CUDA device and Triton")]
+
+DEV = "cuda"
+TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1e-2}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||out - ref|| / ||ref||`` in float64; NaN anywhere gives NaN, which fails every ``<`` check."""
+    out, ref = out.double(), ref.double()
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def poison_allocator() -> None:
+    """Fill freed blocks of torch's caching allocator with NaN so the next outputs start as NaN, not zeros.
+
+    Large (>1 MB) and small allocations come from different pools; poison both. Any element a kernel forgets
+    to write then shows up as NaN in the comparison.
+    """
+    big = [torch.full((64 << 18,), float("nan"), device=DEV) for _ in range(2)]         # 2 x 64 MB
+    small = [torch.full((n,), float("nan"), device=DEV)
+             for n in (1 << 17, 1 << 14, 1 << 10) for _ in range(16)]
+    del big, small
+
+
+@pytest.fixture(autouse=True)
+def _fresh_seed(request: pytest.FixtureRequest) -> None:
+    torch.manual_seed(zlib.crc32(request.node.name.encode()))
+
+
+# ------------------------------------------------------------------------------------------- attention
+
+def make_cache(max_len: int, n_kv: int, hd: int, length: int, dtype: torch.dtype, fp8: bool) -> KVCache:
+    """A cache holding ``length`` random rows, with outlier tokens and heads (which FP8 scales absorb)."""
+    cache = KVCache(max_len, n_kv, hd, dtype, DEV, fp8=fp8)
+    k = torch.randn(length, n_kv, hd, device=DEV)
+    v = torch.randn(length, n_kv, hd, device=DEV)
+    k[:: 17] *= 8.0
+    v[:, 0] *= 0.1
+    cache.write(0, k.to(dtype), v.to(dtype))
+    return cache
+
+
+def attention_oracle(q: torch.Tensor, cache: KVCache, start: int, scale: float) -> torch.Tensor:
+    """The torch reference in fp32 over exactly the values the kernel reads (dequantised FP8 included)."""
+    k, v = cache.read(start + q.shape[0])
+    return attention_ref(q.float(), k.float(), v.float(), start, scale)
+
+
+ATTN_CASES = [
+    # (T, Hq, Hkv, hd, start, kv, q dtype)
+    (1, 24, 4, 256, 0, "fp8", torch.bfloat16),
+    (1, 24, 4, 256, 5000, "fp8", torch.bfloat16),
+    (1, 16, 4, 256, 777, "bf16", torch.bfloat16),
+    (16, 24, 4, 256, 3000, "fp8", torch.bfloat16),
+    (16, 16, 4, 256, 129, "bf16", torch.bfloat16),
+    (32, 24, 4, 256, 64, "fp8", torch.bfloat16),
+    (7, 32, 8, 128, 1000, "fp8", torch.bfloat16),
+    (16, 32, 8, 128, 2047, "bf16", torch.bfloat16),
+    (32, 32, 8, 128, 0, "bf16", torch.bfloat16),
+    (3, 8, 8, 64, 45, "fp8", torch.float16),
+    (5, 9, 3, 64, 300, "fp16", torch.float16),
+    (4, 8, 2, 128, 500, "fp32", torch.float32),
+    (2, 6, 2, 64, 91, "fp8", torch.float32),
+]
+
+
+@pytest.mark.parametrize("T,n_q,n_kv,hd,start,kv,dtype", ATTN_CASES)
+def test_attention_matches_reference(T, n_q, n_kv, hd, start, kv, dtype) -> None:
+    from edgespec.kernels.triton_attention import cached_attention_triton
+    fp8 = kv == "fp8"
+    cache_dtype = {"fp8": dtype, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[kv]
+    cache = make_cache(start + T + 50, n_kv, hd, start + T, cache_dtype, fp8)
+    q = torch.randn(T, n_q, hd, device=DEV).to(dtype)
+    scale = hd ** -0.5
+    ref = attention_oracle(q, cache, start, scale)
+    poison_allocator()
+    out = cached_attention_triton(q, cache, start, scale)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert torch.isfinite(out).all()
+    assert rel_err(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("n_splits", [1, 3, 64])
+def test_attention_split_counts(n_splits: int) -> None:
+    """Any split count (including more splits than key tiles: empty splits) gives the same answer."""
+    from edgespec.kernels.triton_attention import cached_attention_triton
+    T, n_q, n_kv, hd, start = 5, 16, 4, 256, 300
+    cache = make_cache(1024, n_kv, hd, start + T, torch.bfloat16, True)
+    q = torch.randn(T, n_q, hd, device=DEV, dtype=torch.bfloat16)
+    poison_allocator()
+    out = cached_attention_triton(q, cache, start, hd ** -0.5, config={"n_splits": n_splits})
+    assert rel_err(out, attention_oracle(q, cache, start, hd ** -0.5)) < 1e-2
+
+
+def test_attention_strided_query_and_dispatcher() -> None:
+    """q as the gated-attention view ([q_h | gate_h] per head, chunked) through the public dispatcher."""
+    T, n_q, n_kv, hd, start = 4, 16, 4, 256, 123
+    cache = make_cache(512, n_kv, hd, start + T, torch.bfloat16, True)
+    q, _gate = torch.randn(T, n_q, 2 * hd, device=DEV, dtype=torch.bfloat16).chunk(2, dim=-1)
+    assert not q.is_contiguous()
+    poison_allocator()
+    out = cached_attention(q, cache, start, hd ** -0.5)
+    assert rel_err(out, attention_oracle(q, cache, start, hd ** -0.5)) < 1e-2
+
+
+@pytest.mark.parametrize("fp8", [True, False])
+def test_attention_start_tensor_and_cuda_graph(fp8: bool) -> None:
+    """Capture once with the start in a device tensor, replay at other positions: every replay is right."""
+    from edgespec.kernels.triton_attention import cached_attention_triton
+    T, n_q, n_kv, hd, max_len = 4, 24, 4, 256, 4096
+    cache = make_cache(max_len, n_kv, hd, max_len, torch.bfloat16, fp8)
+    scale = hd ** -0.5
+    q = torch.randn(T, n_q, hd, device=DEV, dtype=torch.bfloat16)
+    start_t = torch.tensor([17], dtype=torch.int32, device=DEV)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):                       # compile and warm up outside the capture
+        cached_attention_triton(q, cache, 17, scale, start_t=start_t)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = cached_attention_triton(q, cache, 17, scale, start_t=start_t)
+    for start in (0, 17, 1000, 2500, max_len - T):
+        q.copy_(torch.randn_like(q))
+        start_t.fill_(start)
+        out.fill_(float("nan"))
+        graph.replay()
+        assert rel_err(out, attention_oracle(q, cache, start, scale)) < 1e-2, start
+    # Eager with start_t equals eager with the int start.
+    start_t.fill_(1234)
+    a = cached_attention_triton(q, cache, 0, scale, start_t=start_t)
+    b = cached_attention_triton(q, cache, 1234, scale)
+    assert rel_err(a, b) < 1e-2
+
+
+# -------------------------------------------------------------------------------------- Gated DeltaNet
+
+def gdn_inputs(T: int, n_k: int, n_v: int, dk: int, dv: int, dtype: torch.dtype):
+    """q/k/v as strided views of one fused conv output (as the model passes them), g < 0, beta in (0, 1)."""
+    fused = torch.randn(T, 2 * n_k * dk + n_v * dv, device=DEV).to(dtype)
+    q = fused[:, : n_k * dk].view(T, n_k, dk)
+    k = fused[:, n_k * dk: 2 * n_k * dk].view(T, n_k, dk)
+    v = fused[:, 2 * n_k * dk:].view(T, n_v, dv)
+    g = -torch.rand(T, n_v, device=DEV) * 0.5 - 0.01
+    beta = torch.rand(T, n_v, device=DEV) * 0.9 + 0.05
+    state = torch.randn(n_v, dk, dv, device=DEV) * 0.3
+    return q, k, v, g, beta, state
+
+
+GDN_SHAPES = [(16, 48, 128, 128), (16, 16, 128, 128), (2, 4, 64, 32)]
+
+
+@pytest.mark.parametrize("n_k,n_v,dk,dv", GDN_SHAPES)
+@pytest.mark.parametrize("T", [1, 4, 16])
+@pytest.mark.parametrize("with_slots", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gdn_recurrent_matches_reference(n_k, n_v, dk, dv, T, with_slots, dtype) -> None:
+    from edgespec.kernels.triton_gdn import gdn_recurrent_triton
+    q, k, v, g, beta, state = gdn_inputs(T, n_k, n_v, dk, dv, dtype)
+    s_ref, s_out = state.clone(), state.clone()
+    slots_ref = torch.full((T + 2, n_v, dk, dv), float("nan"), device=DEV) if with_slots else None
+    slots_out = slots_ref.clone() if with_slots else None
+    ref = gdn_recurrent_ref(q, k, v, g, beta, s_ref, slots_ref)
+    poison_allocator()
+    out = gdn_recurrent_triton(q, k, v, g, beta, s_out, slots_out)
+    assert out.dtype == torch.float32 and out.shape == ref.shape
+    assert rel_err(out, ref) < 1e-4
+    assert rel_err(s_out, s_ref) < 1e-4
+    if with_slots:
+        assert rel_err(slots_out[1: T + 1], slots_ref[1: T + 1]) < 1e-4
+        assert torch.isnan(slots_out[0]).all() and torch.isnan(slots_out[T + 1]).all()   # not written
+
+
+@pytest.mark.parametrize("n_k,n_v,dk,dv", [GDN_SHAPES[0], GDN_SHAPES[2]])
+@pytest.mark.parametrize("T,chunk", [(1, 64), (63, 64), (64, 64), (65, 64), (300, 64), (100, 32)])
+def test_gdn_chunked_matches_reference(n_k, n_v, dk, dv, T, chunk) -> None:
+    from edgespec.kernels.triton_gdn import gdn_chunked_triton, gdn_recurrent_triton
+    q, k, v, g, beta, state = gdn_inputs(T, n_k, n_v, dk, dv, torch.bfloat16)
+    s_ref, s_out, s_rec = state.clone(), state.clone(), state.clone()
+    ref = gdn_chunked_ref(q, k, v, g, beta, s_ref, chunk)
+    poison_allocator()
+    out = gdn_chunked_triton(q, k, v, g, beta, s_out, chunk)
+    assert rel_err(out, ref) < 1e-4
+    assert rel_err(s_out, s_ref) < 1e-4
+    rec = gdn_recurrent_triton(q, k, v, g, beta, s_rec)           # the two Triton forms agree too
+    assert rel_err(out, rec) < 1e-4
+    assert rel_err(s_out, s_rec) < 1e-4
+
+
+# ------------------------------------------------------------------------------------------------ conv
+
+@pytest.mark.parametrize("C,K", [(10240, 4), (300, 4), (77, 2)])
+@pytest.mark.parametrize("T", [1, 5, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("with_slots", [True, False])
+def test_conv_matches_reference(C, K, T, dtype, with_slots) -> None:
+    from edgespec.kernels.triton_conv import causal_conv1d_triton
+    x = torch.randn(T, C, device=DEV).to(dtype)
+    state = torch.randn(C, K - 1, device=DEV).to(dtype)
+    w = torch.randn(C, K, device=DEV).to(dtype)
+    s_ref, s_out = state.clone(), state.clone()
+    slots_ref = torch.full((T + 2, C, K - 1), float("nan"), device=DEV, dtype=dtype) if with_slots else None
+    slots_out = slots_ref.clone() if with_slots else None
+    ref = causal_conv1d_ref(x, s_ref, w, slots_ref)
+    poison_allocator()
+    out = causal_conv1d_triton(x, s_out, w, slots_out)
+    assert out.dtype == ref.dtype and torch.isfinite(out).all()
+    assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 1e-2)
+    assert torch.equal(s_out, s_ref)
+    if with_slots:
+        assert torch.equal(slots_out[1: T + 1], slots_ref[1: T + 1])
+        assert torch.isnan(slots_out[0]).all()
+
+
+def test_conv_strided_input() -> None:
+    """x as a column slice of a wider activation (row stride != C)."""
+    from edgespec.kernels.triton_conv import causal_conv1d_triton
+    T, C, K = 6, 200, 4
+    x = torch.randn(T, C + 56, device=DEV, dtype=torch.bfloat16)[:, 10: 10 + C]
+    state = torch.randn(C, K - 1, device=DEV, dtype=torch.bfloat16)
+    w = torch.randn(C, K, device=DEV, dtype=torch.bfloat16)
+    s_ref, s_out = state.clone(), state.clone()
+    ref = causal_conv1d_ref(x, s_ref, w)
+    out = causal_conv1d_triton(x, s_out, w)
+    assert rel_err(out, ref) < 1e-2 and torch.equal(s_out, s_ref)
+
+
+# ------------------------------------------------------------------------------------------------ norm
+
+@pytest.mark.parametrize("shape", [(1, 5120), (16, 5120), (16, 48, 128), (3, 1000), (2, 4, 256)])
+@pytest.mark.parametrize("dtype,wdtype", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                          (torch.float32, torch.float32)])
+@pytest.mark.parametrize("zero_centred", [False, True])
+def test_rms_norm_matches_reference(shape, dtype, wdtype, zero_centred) -> None:
+    from edgespec.kernels.triton_norm import rms_norm_triton
+    x = (torch.randn(shape, device=DEV) * 3.0).to(dtype)
+    w = (torch.randn(shape[-1], device=DEV) * 0.2 + (0.0 if zero_centred else 1.0)).to(wdtype)
+    ref = rms_norm_ref(x, w, 1e-6, zero_centred)
+    poison_allocator()
+    out = rms_norm_triton(x, w, 1e-6, zero_centred)
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    assert rel_err(out, ref) < (1e-5 if ref.dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("shape", [(1, 48, 128), (16, 48, 128), (5, 3, 64)])
+@pytest.mark.parametrize("dtype,wdtype", [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                          (torch.float32, torch.float32)])
+def test_gated_rms_norm_matches_reference(shape, dtype, wdtype) -> None:
+    from edgespec.kernels.triton_norm import gated_rms_norm_triton
+    x = torch.randn(shape, device=DEV).to(dtype)
+    gate = (torch.randn(shape, device=DEV) * 2.0).to(dtype)
+    w = (torch.randn(shape[-1], device=DEV) * 0.2 + 1.0).to(wdtype)
+    ref = gated_rms_norm_ref(x, gate, w, 1e-6)
+    poison_allocator()
+    out = gated_rms_norm_triton(x, gate, w, 1e-6)
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def test_norm_strided_rows() -> None:
+    """q_norm runs on the chunked q view of gated attention: non-contiguous rows."""
+    from edgespec.kernels.triton_norm import rms_norm_triton
+    q, _ = torch.randn(4, 16, 512, device=DEV, dtype=torch.bfloat16).chunk(2, dim=-1)
+    w = torch.randn(256, device=DEV, dtype=torch.bfloat16) * 0.1
+    assert rel_err(rms_norm_triton(q, w, 1e-6, True), rms_norm_ref(q, w, 1e-6, True)) < 1e-2

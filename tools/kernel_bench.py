@@ -1,0 +1,390 @@
+#!/usr/bin/env python3
+"""Check and time the Triton kernels against their torch references on one GPU.
+
+Run from the repository root on a CUDA machine:  ``PYTHONPATH=. python3 tools/kernel_bench.py``
+
+1. Runs ``tests/test_kernels_gpu.py`` (the correctness checks; ``--skip-tests`` to leave them out).
+2. Measures the device-to-device copy bandwidth (bytes read + bytes written) as the ceiling for this run.
+3. Times every kernel and its torch reference with ``triton.testing.do_bench`` (median; do_bench flushes L2
+   before each repetition, so long-context numbers are DRAM numbers, as in a real decode step) and reports
+   the achieved bandwidth: the fewest bytes the op must move over the measured time, and that as a share of
+   the copy.
+   Attention covers FP8 vs bf16 KV at 1k/8k/32k context for Qwen3.5 (Hq 16/24, Hkv 4, hd 256) and Qwen3
+   (Hq 32, Hkv 8, hd 128), at T=1 (decode) and T=16 (verify).
+4. ``--sweep`` also tries a few attention launch configurations at 32k and prints the best per case.
+
+Writes everything as JSON to ``$OUT/kernel_bench.json`` when ``OUT`` is set. Prints the table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import triton  # noqa: E402
+from triton.testing import do_bench  # noqa: E402
+
+from edgespec.cache.kv import KVCache  # noqa: E402
+from edgespec.kernels.attention import attention_ref  # noqa: E402
+from edgespec.kernels.conv import causal_conv1d_ref  # noqa: E402
+from edgespec.kernels.gdn import gdn_chunked_ref, gdn_recurrent_ref  # noqa: E402
+from edgespec.kernels.norm import gated_rms_norm_ref, rms_norm_ref  # noqa: E402
+from edgespec.kernels.triton_attention import attention_bytes, cached_attention_triton  # noqa: E402
+from edgespec.kernels.triton_conv import causal_conv1d_triton  # noqa: E402
+from edgespec.kernels.triton_gdn import _chunk_prep, gdn_chunked_triton, gdn_recurrent_triton  # noqa: E402
+from edgespec.kernels.triton_norm import gated_rms_norm_triton, rms_norm_triton  # noqa: E402
+
+DEV = "cuda"
+ATTN_MODELS = [("qwen3.5-9B", 16, 4, 256), ("qwen3.5-27B", 24, 4, 256), ("qwen3-8B", 32, 8, 128)]
+CONTEXTS = [1024, 8192, 32768]
+
+
+def bench_ms(fn: Callable[[], Any], quick: bool = False) -> float:
+    """Median milliseconds of ``fn`` (events, warm-up first, L2 flushed before each repetition)."""
+    return float(do_bench(fn, warmup=10 if quick else 25, rep=40 if quick else 100, return_mode="median"))
+
+
+_FLUSH: list[torch.Tensor] = []
+
+
+def graph_us(fn: Callable[[], Any], reps: int = 10, rep_ms: int = 60) -> float:
+    """GPU microseconds per call, free of host launch overhead: ``reps`` calls, each after an L2 flush, are
+    captured in one CUDA graph and timed by replay; a graph of the flushes alone is timed and subtracted."""
+    if not _FLUSH:
+        _FLUSH.append(torch.empty(64 << 20, dtype=torch.int32, device=DEV))    # 256 MB, > L2
+    flush = _FLUSH[0]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):                          # compile and warm up outside the capture
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    work, flush_only = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(work):
+        for _ in range(reps):
+            flush.zero_()
+            fn()
+    with torch.cuda.graph(flush_only):
+        for _ in range(reps):
+            flush.zero_()
+    t_work = do_bench(work.replay, warmup=10, rep=rep_ms, return_mode="median")
+    t_flush = do_bench(flush_only.replay, warmup=10, rep=rep_ms, return_mode="median")
+    del work, flush_only
+    return max(t_work - t_flush, 0.0) / reps * 1e3
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def copy_bandwidth() -> float:
+    """GB/s of a 1 GiB device-to-device copy, counting bytes read plus bytes written."""
+    n = 1 << 28
+    src = torch.randn(n, device=DEV)
+    dst = torch.empty_like(src)
+    ms = bench_ms(partial(dst.copy_, src))
+    del src, dst
+    return 2 * n * 4 / ms * 1e-6
+
+
+class Table:
+    """Rows of results; prints them aligned and keeps them for the JSON."""
+
+    def __init__(self, copy_gbs: float) -> None:
+        self.copy_gbs = copy_gbs
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, kernel: str, shape: str, gpu_us: float, eager_ms: float | None, ref_ms: float | None,
+            nbytes: int, err: float | None = None, **extra: Any) -> dict[str, Any]:
+        """``gpu_us``: graph-replay time (bandwidth is computed from it); ``eager_ms``/``ref_ms``: do_bench of
+        the Triton call and of the torch reference as called from Python (host overhead included)."""
+        gbs = nbytes / gpu_us * 1e-3
+        row = {"kernel": kernel, "shape": shape, "gpu_us": gpu_us,
+               "eager_us": eager_ms * 1e3 if eager_ms is not None else None,
+               "torch_us": ref_ms * 1e3 if ref_ms is not None else None,
+               "speedup": ref_ms / eager_ms if ref_ms and eager_ms else None, "bytes": nbytes, "GBps": gbs,
+               "pct_copy": 100 * gbs / self.copy_gbs, "rel_err": err, **extra}
+        self.rows.append(row)
+        print(f"  {kernel:<14} {shape:<40} {gpu_us:9.1f} us  {gbs:7.0f} GB/s", flush=True)
+        return row
+
+    def render(self) -> str:
+        head = (f"{'kernel':<14} {'shape':<40} {'gpu us':>8} {'eager us':>9} {'torch us':>9} {'speedup':>8} "
+                f"{'GB/s':>6} {'%copy':>6} {'rel err':>8}")
+        lines = [head, "-" * len(head)]
+
+        def opt(v: float | None, fmt: str, width: int) -> str:
+            return format(v, fmt) if v is not None else f"{'-':>{width}}"
+
+        for r in self.rows:
+            lines.append(f"{r['kernel']:<14} {r['shape']:<40} {r['gpu_us']:8.1f} "
+                         f"{opt(r['eager_us'], '9.1f', 9)} {opt(r['torch_us'], '9.1f', 9)} "
+                         f"{opt(r['speedup'], '7.1f', 7)}x {r['GBps']:6.0f} "
+                         f"{r['pct_copy']:5.0f}% {opt(r['rel_err'], '8.1e', 8)}")
+        return "\n".join(lines)
+
+
+def make_cache(max_len: int, n_kv: int, hd: int, fp8: bool) -> KVCache:
+    cache = KVCache(max_len, n_kv, hd, torch.bfloat16, DEV, fp8=fp8)
+    step = 8192                         # write in slices: quantising 32k rows at once needs a big fp32 temp
+    for s0 in range(0, max_len, step):
+        n = min(step, max_len - s0)
+        cache.write(s0, torch.randn(n, n_kv, hd, device=DEV, dtype=torch.bfloat16),
+                    torch.randn(n, n_kv, hd, device=DEV, dtype=torch.bfloat16))
+    return cache
+
+
+def _attention_ref_from_cache(q: torch.Tensor, cache: KVCache, start: int, scale: float) -> torch.Tensor:
+    """The torch path as the dispatcher runs it off-GPU: read (dequantise) the rows, then SDPA."""
+    k, v = cache.read(start + q.shape[0])
+    return attention_ref(q, k, v, start, scale)
+
+
+def bench_attention(table: Table, quick: bool) -> list[dict[str, Any]]:
+    ratios = []
+    for name, n_q, n_kv, hd in ATTN_MODELS:
+        for ctx in CONTEXTS:
+            caches = {fp8: make_cache(ctx, n_kv, hd, fp8) for fp8 in (True, False)}
+            for T in (1, 16):
+                start = ctx - T
+                q = torch.randn(T, n_q, hd, device=DEV, dtype=torch.bfloat16)
+                scale = hd ** -0.5
+                times = {}
+                for fp8, cache in caches.items():
+                    out = cached_attention_triton(q, cache, start, scale)
+                    k, v = cache.read(ctx)
+                    err = rel_err(out, attention_ref(q.float(), k.float(), v.float(), start, scale))
+                    fn = partial(cached_attention_triton, q, cache, start, scale)
+                    gpu = graph_us(fn)
+                    t = bench_ms(fn, True)
+                    r = None
+                    if not quick or ctx == CONTEXTS[-1]:
+                        r = bench_ms(partial(_attention_ref_from_cache, q, cache, start, scale), quick)
+                    kv = "fp8" if fp8 else "bf16"
+                    table.add(f"attn-{kv}", f"{name} T={T} ctx={ctx}", gpu, t, r,
+                              attention_bytes(T, n_q, n_kv, hd, ctx, fp8), err,
+                              kv=kv, T=T, ctx=ctx, model=name)
+                    times[kv] = gpu
+                ratios.append({"model": name, "T": T, "ctx": ctx,
+                               "bf16_over_fp8": times["bf16"] / times["fp8"]})
+            del caches
+            torch.cuda.empty_cache()
+    return ratios
+
+
+def sweep_attention(quick: bool) -> list[dict[str, Any]]:
+    """Try launch configurations at 32k for Qwen3.5-27B attention (graph-timed, each checked against the
+    reference); returns every timing (or the compile error)."""
+    from edgespec.kernels.triton_attention import _sm_count, attention_launch_config
+    results: list[dict[str, Any]] = []
+    ctx = 32768
+    name, n_q, n_kv, hd = ATTN_MODELS[1]
+    for fp8 in (True, False):
+        cache = make_cache(ctx, n_kv, hd, fp8)
+        for T in (1, 16):
+            q = torch.randn(T, n_q, hd, device=DEV, dtype=torch.bfloat16)
+            base = attention_launch_config(T, n_q, n_kv, hd, ctx, _sm_count(q.device), cache.k.element_size())
+            grid: list[dict[str, int]] = []
+            if T == 1:
+                grid += [{"BLOCK_M": 16, "BLOCK_N": bn, "num_warps": 4, "num_stages": st}
+                         for bn in (32, 64, 128) for st in (2, 3, 4)]
+            else:
+                grid += [{"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 8, "num_stages": st}
+                         for bm in (64, 128) for bn in (32, 64) for st in (2, 3)]
+            keys = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+            default = {k: base[k] for k in keys}
+            grid = [{**c, "n_splits": base["n_splits"]} for c in grid]
+            grid += [{**default, "n_splits": max(1, base["n_splits"] * m // 2)} for m in (1, 2, 4)]
+            best: tuple[float, dict[str, int]] | None = None
+            ref = _attention_ref_from_cache(q.float(), cache, ctx - T, hd ** -0.5)
+            for cfg in grid:
+                row: dict[str, Any] = {"model": name, "fp8": fp8, "T": T, **cfg}
+                try:
+                    fn = partial(cached_attention_triton, q, cache, ctx - T, hd ** -0.5, config=cfg)
+                    row["rel_err"] = rel_err(fn(), ref)
+                    t = graph_us(fn, reps=10, rep_ms=30) / 1e3
+                    row["us"] = t * 1e3
+                    if row["rel_err"] < 1e-2 and (best is None or t < best[0]):
+                        best = (t, cfg)
+                except Exception as exc:  # e.g. out of shared memory for big tiles
+                    row["error"] = f"{type(exc).__name__}: {str(exc)[:80]}"
+                results.append(row)
+            base_us = next((r["us"] for r in results if r["fp8"] == fp8 and r["T"] == T and "us" in r
+                            and all(r[k] == base[k] for k in (*keys, "n_splits"))), float("nan"))
+            best_txt = f"{best[0] * 1e3:.1f} us {best[1]}" if best else "none ran"
+            print(f"  sweep {name} {'fp8' if fp8 else 'bf16'} T={T}: default {base_us:.1f} us "
+                  f"{ {k: base[k] for k in (*keys, 'n_splits')} }, best {best_txt}", flush=True)
+        del cache
+        torch.cuda.empty_cache()
+    return results
+
+
+def bench_gdn(table: Table, quick: bool) -> None:
+    n_k, n_v, dk, dv = 16, 48, 128, 128                     # Qwen3.5-27B
+    state_bytes = n_v * dk * dv * 4
+    for T, with_slots in ((1, False), (4, True), (16, True)):
+        fused = torch.randn(T, 2 * n_k * dk + n_v * dv, device=DEV, dtype=torch.bfloat16)
+        q = fused[:, : n_k * dk].view(T, n_k, dk)
+        k = fused[:, n_k * dk: 2 * n_k * dk].view(T, n_k, dk)
+        v = fused[:, 2 * n_k * dk:].view(T, n_v, dv)
+        g = -torch.rand(T, n_v, device=DEV) * 0.5
+        beta = torch.rand(T, n_v, device=DEV)
+        state = torch.randn(n_v, dk, dv, device=DEV) * 0.1
+        slots = torch.empty((T + 1, n_v, dk, dv), device=DEV) if with_slots else None
+        s1, s2 = state.clone(), state.clone()
+        err = rel_err(gdn_recurrent_triton(q, k, v, g, beta, s1, slots),
+                      gdn_recurrent_ref(q, k, v, g, beta, s2, slots.clone() if with_slots else None))
+        fn = partial(gdn_recurrent_triton, q, k, v, g, beta, s1, slots)
+        gpu = graph_us(fn)
+        t = bench_ms(fn, True)
+        r = bench_ms(partial(gdn_recurrent_ref, q, k, v, g, beta, s2, slots), quick)
+        nbytes = 2 * state_bytes + (T * state_bytes if with_slots else 0) + fused.nbytes + T * n_v * dv * 4
+        table.add("gdn-recurrent", f"27B Hv={n_v} T={T}{' +slots' if with_slots else ''}", gpu, t, r, nbytes,
+                  err)
+    for T in (512, 2048):
+        fused = torch.randn(T, 2 * n_k * dk + n_v * dv, device=DEV, dtype=torch.bfloat16)
+        q = fused[:, : n_k * dk].view(T, n_k, dk)
+        k = fused[:, n_k * dk: 2 * n_k * dk].view(T, n_k, dk)
+        v = fused[:, 2 * n_k * dk:].view(T, n_v, dv)
+        g = -torch.rand(T, n_v, device=DEV) * 0.5
+        beta = torch.rand(T, n_v, device=DEV)
+        state = torch.randn(n_v, dk, dv, device=DEV) * 0.1
+        s1, s2 = state.clone(), state.clone()
+        err = rel_err(gdn_chunked_triton(q, k, v, g, beta, s1), gdn_chunked_ref(q, k, v, g, beta, s2))
+        fn = partial(gdn_chunked_triton, q, k, v, g, beta, s1)
+        gpu = graph_us(fn, reps=2)
+        t = bench_ms(fn, True)
+        r = bench_ms(partial(gdn_chunked_ref, q, k, v, g, beta, s2), quick)
+        nbytes = 2 * state_bytes + fused.nbytes + T * n_v * dv * 4
+        table.add("gdn-chunked", f"27B Hv={n_v} T={T} chunk=64", gpu, t, r, nbytes, err)
+        prep = graph_us(partial(_chunk_prep, q, k, v, g, beta, 64), reps=2)
+        table.add("  of which prep", f"torch intra-chunk prep T={T}", prep, None, None, nbytes)
+
+
+def bench_conv(table: Table, quick: bool) -> None:
+    C, K = 10240, 4                                          # Qwen3.5-27B conv_dim, kernel 4
+    for T, with_slots in ((1, False), (16, True), (64, False)):
+        x = torch.randn(T, C, device=DEV, dtype=torch.bfloat16)
+        w = torch.randn(C, K, device=DEV, dtype=torch.bfloat16)
+        state = torch.randn(C, K - 1, device=DEV, dtype=torch.bfloat16)
+        slots = torch.empty((T + 1, C, K - 1), device=DEV, dtype=torch.bfloat16) if with_slots else None
+        s1, s2 = state.clone(), state.clone()
+        err = rel_err(causal_conv1d_triton(x, s1, w, slots),
+                      causal_conv1d_ref(x, s2, w, slots.clone() if with_slots else None))
+        fn = partial(causal_conv1d_triton, x, s1, w, slots)
+        gpu = graph_us(fn)
+        t = bench_ms(fn, True)
+        r = bench_ms(partial(causal_conv1d_ref, x, s2, w, slots), quick)
+        nbytes = 2 * x.nbytes + w.nbytes + 2 * state.nbytes + (T * state.nbytes if with_slots else 0)
+        table.add("conv", f"C={C} K={K} T={T}{' +slots' if with_slots else ''}", gpu, t, r, nbytes, err)
+
+
+def bench_norm(table: Table, quick: bool) -> None:
+    for T in (1, 16, 2048):
+        x = torch.randn(T, 5120, device=DEV, dtype=torch.bfloat16)
+        w = torch.randn(5120, device=DEV, dtype=torch.bfloat16) * 0.1
+        err = rel_err(rms_norm_triton(x, w, 1e-6, True), rms_norm_ref(x, w, 1e-6, True))
+        fn = partial(rms_norm_triton, x, w, 1e-6, True)
+        gpu = graph_us(fn)
+        t = bench_ms(fn, True)
+        r = bench_ms(partial(rms_norm_ref, x, w, 1e-6, True), quick)
+        table.add("rms-norm", f"[{T}, 5120] bf16 zero-centred", gpu, t, r, 2 * x.nbytes + w.nbytes, err)
+    for T in (1, 16, 2048):
+        x = torch.randn(T, 48, 128, device=DEV, dtype=torch.bfloat16)
+        gate = torch.randn(T, 48, 128, device=DEV, dtype=torch.bfloat16)
+        w = torch.randn(128, device=DEV, dtype=torch.float32)
+        err = rel_err(gated_rms_norm_triton(x, gate, w, 1e-6), gated_rms_norm_ref(x, gate, w, 1e-6))
+        fn = partial(gated_rms_norm_triton, x, gate, w, 1e-6)
+        gpu = graph_us(fn)
+        t = bench_ms(fn, True)
+        r = bench_ms(partial(gated_rms_norm_ref, x, gate, w, 1e-6), quick)
+        table.add("gated-norm", f"[{T}, 48, 128] bf16", gpu, t, r, 3 * x.nbytes + w.nbytes, err)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--skip-tests", action="store_true", help="do not run tests/test_kernels_gpu.py first")
+    ap.add_argument("--sweep", action="store_true", help="also sweep attention launch configs at 32k")
+    ap.add_argument("--quick", action="store_true", help="shorter timings; torch attention only at 32k")
+    ap.add_argument("--tests-k", default=None, help="pytest -k expression to run a subset of the GPU tests")
+    ap.add_argument("--only", default="attn,gdn,conv,norm", help="comma list of kernel groups to time")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to benchmark")
+        return 1
+    report: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                              "triton": triton.__version__}
+    t0 = time.time()
+    if not args.skip_tests:
+        import pytest
+        extra = ["-k", args.tests_k] if args.tests_k else []
+        rc = pytest.main(["-q", "-rf", "--tb=short", "-p", "no:cacheprovider", *extra,
+                          str(ROOT / "tests" / "test_kernels_gpu.py")])
+        report["tests_exit_code"] = int(rc)
+        report["tests_s"] = time.time() - t0
+        print(f"tests: exit code {int(rc)} in {report['tests_s']:.0f} s", flush=True)
+    torch.backends.cuda.matmul.allow_tf32 = False             # references stay true fp32
+    copy = copy_bandwidth()
+    report["copy_GBps"] = copy
+    print(f"device-to-device copy: {copy:.0f} GB/s (read + write)", flush=True)
+    table = Table(copy)
+    groups = set(args.only.split(","))
+    ratios: list[dict[str, Any]] = []
+    benches: list[tuple[str, Callable[[], Any]]] = [
+        ("attn", lambda: ratios.extend(bench_attention(table, args.quick))),
+        ("gdn", lambda: bench_gdn(table, args.quick)),
+        ("conv", lambda: bench_conv(table, args.quick)),
+        ("norm", lambda: bench_norm(table, args.quick)),
+    ]
+    errors = []
+    for group, run in benches:
+        if group not in groups:
+            continue
+        try:
+            run()
+        except Exception:  # keep timing the other kernels; the failure is in the report
+            errors.append(f"{group}: {traceback.format_exc()}")
+            print(errors[-1], flush=True)
+    report.update(rows=table.rows, fp8_vs_bf16=ratios, errors=errors)
+    write_report(report)
+    print()
+    print(f"{report['device']}  torch {report['torch']}  triton {report['triton']}  "
+          f"copy {copy:.0f} GB/s  tests rc={report.get('tests_exit_code', 'skipped')}")
+    print(table.render())
+    if ratios:
+        print("\nFP8-KV speedup over bf16-KV attention (bf16 / fp8 GPU time; target >= 1.6x at 32k):")
+        for r in ratios:
+            mark = "  <- below 1.6x" if r["ctx"] == 32768 and r["bf16_over_fp8"] < 1.6 else ""
+            print(f"  {r['model']:<12} T={r['T']:<3} ctx={r['ctx']:<6} {r['bf16_over_fp8']:5.2f}x{mark}")
+    if args.sweep:
+        print("\nattention launch-config sweep at 32k:", flush=True)
+        report["sweep"] = sweep_attention(args.quick)
+    report["total_s"] = time.time() - t0
+    write_report(report)
+    print(f"total {report['total_s']:.0f} s")
+    return 0
+
+
+def write_report(report: dict[str, Any]) -> None:
+    """JSON to ``$OUT/kernel_bench.json`` when OUT is set (rewritten as results accumulate)."""
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "kernel_bench.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
