@@ -1,4 +1,4 @@
-"""``edgespec`` command line: serve | generate | bench | convert | doctor."""
+"""``edgespec`` command line: serve | generate | bench | profile | convert | doctor."""
 
 from __future__ import annotations
 
@@ -64,6 +64,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return run_server(load_settings(cli=args))
 
 
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from edgespec.profile.cli import run_profile
+
+    return run_profile(args)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from edgespec.bench.cli import run_bench
 
@@ -93,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_arguments(p)
     add_settings_arguments(p)
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("profile", help="tune drafter, K, KV format, rollback, graphs on this device; write the YAML")
+    from edgespec.profile.cli import add_profile_arguments
+    add_profile_arguments(p)   # adds --config and every settings flag itself
+    p.set_defaults(func=_cmd_profile)
 
     p = sub.add_parser("convert", help="convert the embedded demo model (or a Llama GGUF) to an HF folder")
     p.add_argument("--gguf", help="a Llama-architecture GGUF file (default: the embedded SmolLM2-135M)")

