@@ -115,7 +115,7 @@ def bench_shape(shape: str, *, device: torch.device, dtype: torch.dtype = torch.
                 prefill_lengths: tuple[int, ...] = (512, 2048), graphs: bool = True,
                 bandwidth: float | None = None) -> dict[str, Any]:
     """Measure one shape; returns a dict of figures (ms, tok/s, limits, ratios)."""
-    max_len = max(context + 64, max(prefill_lengths) + 64)
+    max_len = max(context + 64, max(prefill_lengths, default=0) + 64)
     bw = bandwidth or measure_copy_bandwidth(device)
     torch.cuda.reset_peak_memory_stats(device) if device.type == "cuda" else None
     model = random_model(shape, device, dtype, max_len)

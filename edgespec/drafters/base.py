@@ -45,7 +45,8 @@ class Proposer(ABC):
     def commit(self, tokens: Sequence[int], accepted: int, verify: ForwardOutput | None,
                drafted: int = 0) -> None:
         """The target emitted ``tokens`` (``accepted`` of ``drafted`` drafts, then the next token). ``verify``
-        is the forward whose rows ``0 .. accepted`` are now in the cache (None after prefill)."""
+        is the forward whose rows ``0 .. accepted`` are now in the cache (None after prefill). It may hold views
+        of static CUDA-graph output buffers that the next forward overwrites: copy what must outlive this call."""
 
     def reset(self) -> None:
         """Drop per-request state."""
