@@ -8,7 +8,6 @@ tests can exercise queueing, streaming, JSON mode and speculation without a real
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -23,56 +22,22 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-THINK = ["<think>", "</think>"]
-
-CHAT_TEMPLATE = """\
-{%- for message in messages %}
-{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
-{%- endfor %}
-{%- if add_generation_prompt %}
-{{- '<|im_start|>assistant\\n' }}
-{%- if enable_thinking is defined and enable_thinking is false %}
-{{- '<think>\\n\\n</think>\\n\\n' }}
-{%- else %}
-{{- '<think>\\n' }}
-{%- endif %}
-{%- endif %}
-"""
-
 
 def write_tiny_chat_model(folder: str | Path, seed: int = 0, vocab_size: int = 272, hidden: int = 64,
                           layers: int = 2) -> Path:
     """Write a random tiny Llama + byte-level tokenizer + chat template into ``folder`` and return it."""
-    from tokenizers import Tokenizer, decoders, pre_tokenizers
-    from tokenizers.models import BPE
-
-    from edgespec.loading.synthetic import config_dict, write_random_checkpoint
+    from edgespec.loading.synthetic import _byte_tokenizer, config_dict, write_chat_tokenizer, write_random_checkpoint
 
     folder = Path(folder)
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIALS)
-    tok.add_tokens(THINK)
+    tok = _byte_tokenizer()
     if tok.get_vocab_size(with_added_tokens=True) > vocab_size:
         raise ValueError(f"vocab_size {vocab_size} is below the tokenizer's {tok.get_vocab_size()}")
-    im_end, eot = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
+    im_end = tok.token_to_id("<|im_end|>")
     cfg = config_dict(model_type="llama", vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, intermediate_size=2 * hidden,
                       tie_word_embeddings=True, bos_token_id=None, eos_token_id=im_end)
     write_random_checkpoint(folder, cfg, seed=seed)
-    tok.save(str(folder / "tokenizer.json"))
-    tok_cfg = {
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
-        "added_tokens_decoder": {str(tok.token_to_id(s)): {"content": s, "special": True} for s in SPECIALS},
-        "chat_template": CHAT_TEMPLATE,
-    }
-    (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
-    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [im_end, eot]}))
-    return folder
+    return write_chat_tokenizer(folder)
 
 
 def free_socket(host: str = "127.0.0.1") -> socket.socket:

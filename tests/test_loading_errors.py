@@ -79,7 +79,7 @@ def test_shape_mismatch(ckpt):
     tensors = load_file(ckpt / "model.safetensors")
     tensors["model.layers.0.mlp.down_proj.weight"] = torch.zeros(3, 3)
     save_file(tensors, ckpt / "model.safetensors")
-    with pytest.raises(CheckpointError, match=r"down_proj.weight.*\(3, 3\).*expects"):
+    with pytest.raises(CheckpointError, match=r"down_proj.weight.*\(3, 3\).*expected"):
         load_target(ckpt)
 
 

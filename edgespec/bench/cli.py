@@ -65,6 +65,8 @@ def _run_hf(model, ids: list[int], tokens: int, eos: list[int], lookup: int | No
         t_all = time.perf_counter() - t0
     new = out[0, len(ids):].tolist()
     n = len(new)
+    while new and new[-1] in eos:      # transformers keeps the stop token; edgespec drops it
+        new.pop()
     return {"tokens": new, "tok_s": (n - 1) / max(t_all - t_first, 1e-9) if n > 1 else 0.0}
 
 

@@ -17,7 +17,8 @@ import torch
 
 
 class GDNState:
-    """Live and checkpointed state of one Gated DeltaNet layer (batch 1)."""
+    """Live and checkpointed state of one Gated DeltaNet layer (batch 1). ``ModelCache`` copies between the live
+    tensors and the slots for all layers at once."""
 
     def __init__(self, conv_dim: int, conv_kernel: int, n_v_heads: int, k_head_dim: int, v_head_dim: int,
                  dtype: torch.dtype, device: torch.device | str, checkpoint_slots: int = 1) -> None:
@@ -35,14 +36,6 @@ class GDNState:
     def reset(self) -> None:
         self.conv.zero_()
         self.recurrent.zero_()
-
-    def save(self, slot: int) -> None:
-        self.conv_slots[slot].copy_(self.conv)
-        self.recurrent_slots[slot].copy_(self.recurrent)
-
-    def restore(self, slot: int) -> None:
-        self.conv.copy_(self.conv_slots[slot])
-        self.recurrent.copy_(self.recurrent_slots[slot])
 
     def nbytes(self) -> int:
         return sum(t.nbytes for t in (self.conv, self.recurrent, self.conv_slots, self.recurrent_slots))

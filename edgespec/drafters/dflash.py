@@ -47,7 +47,7 @@ from edgespec.drafters.base import Draft, Proposer
 from edgespec.drafters.window import FeatureWindow
 from edgespec.errors import CheckpointError, ConfigError, UnsupportedModelError
 from edgespec.loading.hf_config import read_json
-from edgespec.loading.weights import iter_tensors, weight_files
+from edgespec.loading.weights import load_parameters, weight_files
 from edgespec.models.config import ModelConfig
 from edgespec.models.decoder import ForwardOutput, TargetModel
 from edgespec.models.layers import MLP, RMSNorm, RotaryEmbedding
@@ -586,35 +586,9 @@ def load_dflash_checkpoint(folder: str | Path, target: TargetModel, *, window_si
     with torch.device("meta"):
         drafter = DFlashDraftModel(cfg, target.config.hidden_size, embed_vocab, head_vocab)
     drafter = drafter.to_empty(device=device).to(dtype)
-    params = dict(drafter.named_parameters())
-    seen: set[str] = set()
-    unexpected, mismatched = [], []
-    for key, path, tensor in iter_tensors(files):
-        name = key_names.get(key)
-        if name is None:
-            continue
-        param = params.get(name)
-        if param is None:
-            unexpected.append(f"{key} (in {path.name})")
-            continue
-        if tuple(param.shape) != tuple(tensor.shape):
-            hint = (f" (= {len(cfg.target_layer_ids)} taps x target hidden {target.config.hidden_size})"
-                    if name == "fc.weight" else "")
-            mismatched.append(f"{key} in {path.name}: checkpoint {tuple(tensor.shape)}, expected "
-                              f"{tuple(param.shape)}{hint}")
-            continue
-        with torch.no_grad():
-            param.copy_(tensor.to(param.dtype))
-        seen.add(name)
-    missing = sorted(set(params) - seen)
-    problems = []
-    if mismatched:
-        problems.append("shape mismatch: " + "; ".join(mismatched))
-    if missing:
-        problems.append("missing key(s): " + ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else ""))
-    if unexpected:
-        problems.append("unexpected key(s): " + ", ".join(unexpected[:20])
-                        + (" ..." if len(unexpected) > 20 else ""))
+    fc_hint = f" (= {len(cfg.target_layer_ids)} taps x target hidden {target.config.hidden_size})"
+    problems = load_parameters(dict(drafter.named_parameters()), files, key_names.get,
+                               lambda name: fc_hint if name == "fc.weight" else "")
     if problems:
         raise CheckpointError(f"DFlash drafter {folder} does not fit its config: " + " | ".join(problems))
     return DFlashProposer(drafter, target, window_size=window_size, window_seed=window_seed, cuda_graphs=cuda_graphs)

@@ -9,7 +9,7 @@ from safetensors import safe_open
 
 from edgespec.errors import CheckpointError
 from edgespec.loading.hf_config import load_config
-from edgespec.loading.weights import iter_tensors, weight_files
+from edgespec.loading.weights import load_parameters, weight_files
 from edgespec.models.config import ModelConfig
 from edgespec.models.decoder import TargetModel
 from edgespec.models.layers import RotaryEmbedding
@@ -46,36 +46,14 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
     has_mtp = _has_mtp_keys(files)
     device = torch.device(device)
     model = build_empty(cfg, dtype, device, max_positions, with_mtp=has_mtp)
-    params = dict(model.named_parameters())
-    seen: set[str] = set()
-    unexpected: list[str] = []
-    mismatched: list[str] = []
-    for key, path, tensor in iter_tensors(files):
+
+    def name_of(key: str) -> str | None:
         name = normalise_key(key)
-        if name is None:
-            continue
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
-            continue  # tied: the embedding serves as the head
-        param = params.get(name)
-        if param is None:
-            unexpected.append(f"{key} (in {path.name})")
-            continue
-        if tuple(param.shape) != tuple(tensor.shape):
-            mismatched.append(f"{key} in {path.name}: checkpoint {tuple(tensor.shape)}, model expects "
-                              f"{tuple(param.shape)}")
-            continue
-        with torch.no_grad():
-            param.copy_(tensor.to(param.dtype))
-        seen.add(name)
-    missing = sorted(set(params) - seen)
-    problems = []
-    if mismatched:
-        problems.append("shape mismatch: " + "; ".join(mismatched))
-    if missing:
-        problems.append("missing key(s): " + ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else ""))
-    if unexpected:
-        problems.append("unexpected key(s): " + ", ".join(unexpected[:20]) + (" ..." if len(unexpected) > 20
-                                                                              else ""))
+            return None  # tied: the embedding serves as the head
+        return name
+
+    problems = load_parameters(dict(model.named_parameters()), files, name_of)
     if problems:
         raise CheckpointError(f"checkpoint {folder} does not fit model_type {cfg.model_type!r}: "
                               + " | ".join(problems))

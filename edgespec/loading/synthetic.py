@@ -144,3 +144,54 @@ def write_random_checkpoint(folder: str | Path, cfg: dict[str, Any], seed: int =
     index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}, "weight_map": weight_map}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     return folder
+
+
+# -- a byte-level chat tokenizer for random-weight models ----------------------------------------------------
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+THINK = ["<think>", "</think>"]
+
+CHAT_TEMPLATE = """\
+{%- for message in messages %}
+{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|im_start|>assistant\\n' }}
+{%- if enable_thinking is defined and enable_thinking is false %}
+{{- '<think>\\n\\n</think>\\n\\n' }}
+{%- else %}
+{{- '<think>\\n' }}
+{%- endif %}
+{%- endif %}
+"""
+
+
+
+def _byte_tokenizer():
+    from tokenizers import Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIALS)
+    tok.add_tokens(THINK)
+    return tok
+
+
+def write_chat_tokenizer(folder: str | Path) -> Path:
+    """Write a byte-level tokenizer (261 ids, with <think> tokens) and a Qwen-style chat template into ``folder``,
+    next to any checkpoint whose vocabulary is at least that large (random-weight benchmark models)."""
+    folder = Path(folder)
+    tok = _byte_tokenizer()
+    im_end, eot = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
+    tok.save(str(folder / "tokenizer.json"))
+    tok_cfg = {
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "added_tokens_decoder": {str(tok.token_to_id(s)): {"content": s, "special": True} for s in SPECIALS},
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [im_end, eot]}))
+    return folder

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -42,3 +42,38 @@ def iter_tensors(files: list[Path]) -> Iterator[tuple[str, Path, torch.Tensor]]:
                     yield key, path, f.get_tensor(key)
         except (SafetensorError, OSError, RuntimeError) as e:
             raise CheckpointError(f"cannot read weights from {path}: {e} (truncated or corrupt file?)") from None
+
+
+def load_parameters(params: dict[str, torch.Tensor], files: list[Path], name_of: Callable[[str], str | None],
+                    shape_hint: Callable[[str], str] = lambda name: "") -> list[str]:
+    """Copy every checkpoint tensor into the parameter ``name_of(key)`` (None: ignored key), checking shapes.
+
+    Returns the problems found (shape mismatches, missing and unexpected keys), each naming key and file, so the
+    caller reports them all at once: a partly loaded model would produce plausible-looking garbage.
+    """
+    seen: set[str] = set()
+    unexpected: list[str] = []
+    mismatched: list[str] = []
+    for key, path, tensor in iter_tensors(files):
+        name = name_of(key)
+        if name is None:
+            continue
+        param = params.get(name)
+        if param is None:
+            unexpected.append(f"{key} (in {path.name})")
+            continue
+        if tuple(param.shape) != tuple(tensor.shape):
+            mismatched.append(f"{key} in {path.name}: checkpoint {tuple(tensor.shape)}, expected "
+                              f"{tuple(param.shape)}{shape_hint(name)}")
+            continue
+        with torch.no_grad():
+            param.copy_(tensor.to(param.dtype))
+        seen.add(name)
+    missing = sorted(set(params) - seen)
+    problems = []
+    if mismatched:
+        problems.append("shape mismatch: " + "; ".join(mismatched))
+    for label, keys in (("missing", missing), ("unexpected", unexpected)):
+        if keys:
+            problems.append(f"{label} key(s): " + ", ".join(keys[:20]) + (" ..." if len(keys) > 20 else ""))
+    return problems
