@@ -63,6 +63,8 @@ class Settings:
     ngram_gate: float = _knob(0.1, "n-gram proposer: stop drafting below this accepted/drafted ratio", min=0.0, max=1.0)
     cuda_graphs: bool | None = _knob(None, "capture decode/verify/drafter as CUDA graphs; None = arch default")
     prefill_chunk: int | None = _knob(None, "prefill chunk length in tokens; None = arch default", min=16)
+    stage_timing: Literal["host", "device"] = _knob(
+        "host", "telemetry stage times: host (no extra syncs) or device (sync per stage; for profiling)")
     # --- generation defaults -----------------------------------------------------------------------------------
     max_tokens: int = _knob(256, "default completion length", min=1)
     temperature: float = _knob(0.0, "default temperature; 0 = greedy", min=0.0, max=5.0)
@@ -178,7 +180,7 @@ def read_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
 
 
 # Variables with the prefix that are not settings (paths the CLI or tests use directly).
-_ENV_IGNORED = frozenset({"EDGESPEC_CACHE_DIR", "EDGESPEC_CONFIG"})
+_ENV_IGNORED = frozenset({"EDGESPEC_CACHE_DIR", "EDGESPEC_CONFIG", "EDGESPEC_REQUIRE_DEMO", "EDGESPEC_NO_TRITON"})
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:

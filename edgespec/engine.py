@@ -86,7 +86,8 @@ class Engine:
         self.session = SpecSession(
             model, self.hooks, self.proposer, k=settings.num_draft_tokens,
             kv_fp8=None if kv == "auto" else kv == "fp8", rollback=settings.rollback,
-            prefill_chunk=settings.prefill_chunk, max_len=settings.max_seq_len, cuda_graphs=settings.cuda_graphs)
+            prefill_chunk=settings.prefill_chunk, max_len=settings.max_seq_len, cuda_graphs=settings.cuda_graphs,
+            stage_timing=settings.stage_timing)
         self.think_ids = tokenizer.think_token_ids
         if settings.acceptance == "relaxed_thinking" and self.think_ids is None:
             raise ConfigError("acceptance relaxed_thinking needs <think> and </think> tokens, and the tokenizer of "

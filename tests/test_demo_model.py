@@ -185,3 +185,33 @@ def test_transformers_generates_a_json_plan(demo_model_dir: Path) -> None:
     print(f"\nSmolLM2 (converted demo) answer:\n{answer}")
     assert "{" in answer
     assert any(word in answer for word in ("action", "target", "cube", "tray"))
+
+
+def test_edgespec_logits_match_transformers_on_the_demo_model(demo_model_dir: Path) -> None:
+    """Our Llama path on the converted demo checkpoint equals transformers' LlamaForCausalLM on the same folder:
+    prefill logits of a bench prompt and 8 cached decode steps (fp32)."""
+    import torch
+    import transformers
+
+    from edgespec.loading.checkpoint import load_target
+    from edgespec.loading.tokenizer import ChatTokenizer
+
+    ours = load_target(demo_model_dir, max_positions=512)
+    hf = transformers.LlamaForCausalLM.from_pretrained(demo_model_dir, dtype=torch.float32).eval()
+    tok = ChatTokenizer.from_folder(demo_model_dir)
+    messages = [{"role": "user", "content": "Plan robot navigation from the dock to shelf B."}]
+    ids = torch.tensor(tok.encode_chat(messages))
+    cache = ours.new_cache(256)
+    mine = ours.forward(ids, cache).logits
+    with torch.no_grad():
+        ref = hf(ids[None], use_cache=True)
+    scale = ref.logits.abs().max().item()
+    assert (mine - ref.logits[0]).abs().max().item() < 1e-4 * scale
+    past, token = ref.past_key_values, ref.logits[0, -1].argmax()
+    for _ in range(8):
+        step = ours.decode(token.view(1), cache)
+        with torch.no_grad():
+            ref = hf(token.view(1, 1), past_key_values=past, use_cache=True)
+        past = ref.past_key_values
+        assert (step - ref.logits[0, -1]).abs().max().item() < 1e-4 * scale
+        token = ref.logits[0, -1].argmax()

@@ -56,7 +56,8 @@ class SpecSession:
 
     def __init__(self, model: TargetModel, hooks: ArchHooks, proposer: Proposer | None = None, *,
                  k: int | None = None, kv_fp8: bool | None = None, rollback: str | None = None,
-                 prefill_chunk: int | None = None, max_len: int = 4096, cuda_graphs: bool | None = None) -> None:
+                 prefill_chunk: int | None = None, max_len: int = 4096, cuda_graphs: bool | None = None,
+                 stage_timing: str = "host") -> None:
         d = hooks.defaults
         self.model, self.hooks, self.proposer = model, hooks, proposer
         self.k = 0 if proposer is None else (k or proposer.default_k)
@@ -70,6 +71,7 @@ class SpecSession:
         self.taps: tuple[int, ...] = tuple(proposer.taps) if proposer is not None else ()
         self.cache = hooks.new_cache(model, max_len, self.kv_fp8, self.rollback_strategy, max_rows=self.k + 1)
         self.cuda_graphs = d.cuda_graphs if cuda_graphs is None else cuda_graphs
+        self.stage_timing = stage_timing
         hooks.prepare(model, self.cache, self.k + 1, self.taps, self.rollback_strategy, self.cuda_graphs)
 
     @property
@@ -102,6 +104,8 @@ class SpecSession:
         self.check_prompt(len(prompt_ids), max_tokens)
         model, hooks, cache, proposer = self.model, self.hooks, self.cache, self.proposer
         tel = RequestTelemetry(drafter=self.drafter_name, prompt_tokens=len(prompt_ids))
+        if self.stage_timing == "device" and model.device.type == "cuda":
+            tel._sync = torch.cuda.synchronize
         stop_set = set(stop_ids)
         device = model.device
         cache.reset()
