@@ -81,6 +81,10 @@ def test_sampling_params_validated():
             SamplingParams(**bad)
 
 
+def test_tiny_temperature_is_greedy_not_nan():
+    assert SamplingParams(temperature=1e-9).greedy and not SamplingParams(temperature=0.1).greedy
+
+
 def test_target_probs_top_k_top_p():
     logits = torch.tensor([3.0, 2.0, 1.0, 0.0])
     p = target_probs(logits, SamplingParams(temperature=1.0, top_k=2))

@@ -26,9 +26,12 @@ class SamplingParams:
         if self.top_k < 0:
             raise RequestError(f"top_k {self.top_k} must be >= 0")
 
+    # Below this, logits / temperature overflow to inf and softmax gives NaN; the limit of sampling is argmax.
+    GREEDY_BELOW = 1e-5
+
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < self.GREEDY_BELOW
 
     def generator(self, device: torch.device) -> torch.Generator:
         gen = torch.Generator(device=device)
