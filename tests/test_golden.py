@@ -107,3 +107,17 @@ def test_vlm_key_prefix_and_shards_load_identically(tmp_path, tiny_models):
     assert torch.equal(a, b)
     assert model.mtp is not None and ref.mtp is not None
     shutil.rmtree(path)
+
+
+def test_merged_projections_compute_the_same_model(tiny_checkpoints):
+    """q/k/v, gate/up and GDN input projections merged into one Linear each (the GPU layout) give the same logits
+    up to fp32 rounding of the different matrix shapes (amplified by the random hybrid's depth, as for chunking)."""
+    for family, path in tiny_checkpoints.items():
+        plain = load_target(path, max_positions=256)
+        merged = load_target(path, max_positions=256).merge_projections()
+        assert not hasattr(merged.model.layers[0].mlp, "gate_proj")
+        ids = torch.randint(0, 320, (70,))
+        a = plain.forward(ids, plain.new_cache(80)).logits
+        b = merged.forward(ids, merged.new_cache(80)).logits
+        tol = 1e-3 if family == "qwen3_5" else TOL
+        assert (a - b).abs().max().item() < tol, family

@@ -82,7 +82,7 @@ def random_model(shape: str, device: torch.device, dtype: torch.dtype, max_len: 
                 p.uniform_(0.0, 2.7, generator=gen)
             else:
                 p.normal_(0.0, 0.02, generator=gen)
-    return model.eval()
+    return model.merge_projections().eval()     # the layout load_target serves on CUDA
 
 
 def weight_bytes_per_token(model: TargetModel) -> int:

@@ -120,6 +120,13 @@ class TargetModel(nn.Module):
         """Project final post-norm hidden states ``[T, H]`` to float32 logits ``[T, V]``."""
         return (hidden @ self.lm_head_weight.t()).float()
 
+    def merge_projections(self) -> TargetModel:
+        """Merge q/k/v, gate/up and the four GDN input projections into one GEMV each (after loading)."""
+        for module in list(self.modules()):
+            if module is not self and hasattr(module, "merge_projections"):
+                module.merge_projections()
+        return self
+
     # -- caches -------------------------------------------------------------------------------------------------
     def new_cache(self, max_len: int, kv_fp8: bool = False, checkpoint_rows: int = 0) -> ModelCache:
         """Allocate every layer's cache once. ``checkpoint_rows``: largest verify that keeps per-step states."""

@@ -15,6 +15,7 @@ from edgespec.kernels.conv import causal_conv1d
 from edgespec.kernels.gdn import gdn_chunked, gdn_recurrent
 from edgespec.kernels.norm import gated_rms_norm
 from edgespec.models.config import ModelConfig
+from edgespec.models.layers import merge_linears
 
 
 class GatedDeltaNet(nn.Module):
@@ -39,24 +40,33 @@ class GatedDeltaNet(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(self.hv))
         self.norm = _GatedNormWeight(self.dv, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
+        self.in_proj: nn.Linear | None = None
+        self._in_split = [conv_dim, self.value_dim, self.hv, self.hv]
+
+    def merge_projections(self) -> None:
+        self.in_proj = merge_linears(self, ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"])
 
     def forward(self, x: torch.Tensor, state: GDNState, *, chunked: bool, checkpoint: bool) -> torch.Tensor:
         """Mix ``x [T, hidden]``. ``chunked``: prefill form. ``checkpoint``: save state after each row (slot i+1)."""
         T = x.shape[0]
         conv_slots = state.conv_slots if checkpoint else None
         rec_slots = state.recurrent_slots if checkpoint else None
-        qkv = causal_conv1d(self.in_proj_qkv(x), state.conv, self.conv1d.weight[:, 0, :], conv_slots)
+        if self.in_proj is not None:
+            mixed, z, b, a = self.in_proj(x).split(self._in_split, dim=-1)
+        else:
+            mixed, z, b, a = self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
+        qkv = causal_conv1d(mixed, state.conv, self.conv1d.weight[:, 0, :], conv_slots)
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(T, self.hk, self.dk)
         k = k.reshape(T, self.hk, self.dk)
         v = v.reshape(T, self.hv, self.dv)
-        beta = torch.sigmoid(self.in_proj_b(x)).float()
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        beta = torch.sigmoid(b).float()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         if chunked and not checkpoint:
             o = gdn_chunked(q, k, v, g, beta, state.recurrent)
         else:
             o = gdn_recurrent(q, k, v, g, beta, state.recurrent, rec_slots)
-        z = self.in_proj_z(x).reshape(T, self.hv, self.dv)
+        z = z.reshape(T, self.hv, self.dv)
         o = gated_rms_norm(o.to(x.dtype), z, self.norm.weight, self.norm.eps)
         return self.out_proj(o.reshape(T, self.value_dim))
 
