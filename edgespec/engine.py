@@ -133,12 +133,8 @@ class Engine:
 
     def check(self, req: Request) -> list[int]:
         """Validate a request and tokenise its prompt, before any device work."""
-        if req.max_tokens < 1:
-            raise RequestError(f"max_tokens {req.max_tokens} must be >= 1")
         ids = self.prompt_ids(req)
-        self.session.check_prompt(len(ids))
-        if req.num_draft_tokens is not None and not (0 <= req.num_draft_tokens <= self.session.k):
-            raise RequestError(f"num_draft_tokens {req.num_draft_tokens} out of range 0..{self.session.k}")
+        self.session.check_request(len(ids), req.max_tokens, req.num_draft_tokens)
         return ids
 
     def complete(self, req: Request) -> Completion:

@@ -78,8 +78,13 @@ class SpecSession:
     def drafter_name(self) -> str:
         return "none" if self.proposer is None else self.proposer.name
 
-    def check_prompt(self, n_prompt: int, max_tokens: int = 1) -> None:
-        """Raise before any device work when the prompt cannot fit."""
+    def check_request(self, n_prompt: int, max_tokens: int, k: int | None = None) -> None:
+        """Raise before any device work when a request cannot run: empty or over-long prompt, max_tokens < 1, or
+        a per-request K outside 0..K of this session (K sized the checkpoint slots)."""
+        if max_tokens < 1:
+            raise RequestError(f"max_tokens {max_tokens} must be >= 1")
+        if k is not None and not (0 <= k <= self.k):
+            raise RequestError(f"num_draft_tokens {k} out of range 0..{self.k} for this server")
         if n_prompt == 0:
             raise RequestError("prompt is empty")
         if n_prompt + 1 > self.cache.max_len:
@@ -96,12 +101,8 @@ class SpecSession:
         ``k`` lowers the drafts per cycle for this request (0 = plain decoding); it cannot exceed the session's K,
         which sized the checkpoint slots.
         """
-        if max_tokens < 1:
-            raise RequestError(f"max_tokens {max_tokens} must be >= 1")
-        if k is not None and not (0 <= k <= self.k):
-            raise RequestError(f"num_draft_tokens {k} out of range 0..{self.k} for this server")
+        self.check_request(len(prompt_ids), max_tokens, k)
         k = self.k if k is None else k
-        self.check_prompt(len(prompt_ids), max_tokens)
         model, hooks, cache, proposer = self.model, self.hooks, self.cache, self.proposer
         tel = RequestTelemetry(drafter=self.drafter_name, prompt_tokens=len(prompt_ids))
         if self.stage_timing == "device" and model.device.type == "cuda":
