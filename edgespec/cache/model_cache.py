@@ -121,20 +121,6 @@ class ModelCache:
         self.length = self._ckpt_start
         return self.length
 
-    def copy_from(self, other: ModelCache) -> None:
-        """Make this cache an exact copy of ``other`` (tests and the replay oracle)."""
-        for mine, theirs in zip(self.layers, other.layers, strict=True):
-            if isinstance(mine, KVCache):
-                mine.k.copy_(theirs.k)
-                mine.v.copy_(theirs.v)
-                if mine.fp8:
-                    mine.k_scale.copy_(theirs.k_scale)
-                    mine.v_scale.copy_(theirs.v_scale)
-            else:
-                mine.conv.copy_(theirs.conv)
-                mine.recurrent.copy_(theirs.recurrent)
-        self.length = other.length
-
 
 def state_equal(a: ModelCache, b: ModelCache, atol: float = 0.0) -> bool:
     """True when both caches hold the same committed content (valid attention rows and GDN states)."""

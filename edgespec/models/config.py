@@ -55,14 +55,6 @@ class ModelConfig:
         return dim - dim % 2
 
     @property
-    def full_attention_layers(self) -> list[int]:
-        return [i for i, t in enumerate(self.layer_types) if t == "full_attention"]
-
-    @property
-    def linear_attention_layers(self) -> list[int]:
-        return [i for i, t in enumerate(self.layer_types) if t == "linear_attention"]
-
-    @property
     def zero_centred_norms(self) -> bool:
         """Qwen3.5 norms scale by (1 + w); Llama/Qwen3 by w."""
         return self.family == "qwen3_5"
