@@ -48,7 +48,8 @@ class Settings:
     drafter_path: str | None = _knob(None, "DFlash drafter checkpoint folder")
     num_draft_tokens: int | None = _knob(
         None, "K drafts per cycle (verify K+1 rows); None = drafter default", min=1, max=31)
-    window_size: int = _knob(128, "DFlash per-token context window W", min=1, max=4096)
+    window_size: int | None = _knob(None, "DFlash per-token context window W; None = arch default (128)", min=1,
+                                    max=4096)
     window_seed: bool | None = _knob(None, "seed the DFlash window from the prompt tail; None = arch default")
     rollback: Literal["auto", "checkpoint", "replay"] = _knob(
         "auto", "partial-accept rollback: per-step state checkpoints or snapshot+replay; auto = arch default")

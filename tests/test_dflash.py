@@ -290,6 +290,7 @@ def test_settings_and_factory(tiny_models, drafters):
         defaults = select_hooks(arch, CPU).defaults
         assert (prop.window_seed, prop.cuda_graphs, prop.window_size) == (defaults.window_seed,
                                                                           defaults.cuda_graphs, 128)
+        assert defaults.window_size == 128
 
 
 def test_make_drafter_cli(tiny_checkpoints, tiny_models, tmp_path):

@@ -605,7 +605,7 @@ def load_dflash(settings: Settings, model: TargetModel) -> DFlashProposer:
     defaults = select_hooks(settings.arch, model.device).defaults
     seed = defaults.window_seed if settings.window_seed is None else settings.window_seed
     graphs = defaults.cuda_graphs if settings.cuda_graphs is None else settings.cuda_graphs
-    # window_size has a concrete default today; None (should it become "arch default") is honoured too.
+    # None: the arch default, like window_seed and cuda_graphs.
     size = defaults.window_size if settings.window_size is None else settings.window_size
     proposer = load_dflash_checkpoint(settings.drafter_path, model, window_size=size, window_seed=seed,
                                       cuda_graphs=graphs)

@@ -102,6 +102,8 @@ def start_candidate(base: Settings, defaults: ArchDefaults) -> Candidate:
         c["kv_dtype"] = "fp8" if defaults.kv_fp8 else "model"
     if c["rollback"] == "auto":
         c["rollback"] = defaults.rollback
+    if c["window_size"] is None:
+        c["window_size"] = defaults.window_size
     if c["window_seed"] is None:
         c["window_seed"] = defaults.window_seed
     if c["prefill_chunk"] is None:
