@@ -31,3 +31,15 @@ def test_bad_settings_exit_2_with_a_message(capsys):
     assert "kv_dtype" in capsys.readouterr().err
     assert main(["generate", "--model", "/nonexistent/model", "hello"]) == 2
     assert "/nonexistent/model" in capsys.readouterr().err
+
+
+def test_bench_shape_sweep_rejects_bad_input_before_any_work(capsys):
+    assert main(["bench", "--shapes", "qwen3.5-4b,gpt-5"]) == 2
+    assert "gpt-5" in capsys.readouterr().err
+    assert main(["bench", "--shapes", "qwen3.5-4b", "--kv", "int4"]) == 2
+    assert "int4" in capsys.readouterr().err
+    import torch
+
+    if not torch.cuda.is_available():
+        assert main(["bench", "--shapes", "qwen3.5-4b"]) == 2
+        assert "CUDA" in capsys.readouterr().err

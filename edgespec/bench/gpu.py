@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from edgespec.arch.detect import select_hooks
+from edgespec.errors import ConfigError
 from edgespec.loading.checkpoint import build_empty
 from edgespec.loading.hf_config import parse_config
 from edgespec.loading.synthetic import SHAPES, config_dict
@@ -243,12 +244,21 @@ def add_sweep_arguments(ap: argparse.ArgumentParser) -> None:
 
 def run_sweep(args: argparse.Namespace) -> int:
     """Every shape x KV format: decode / verify / rollback / prefill vs the limit; table last, JSON to a file."""
+    shapes = [s for s in args.shapes.split(",") if s]
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        raise ConfigError(f"unknown shape(s) {', '.join(unknown)}; known: {', '.join(sorted(SHAPES))}")
+    kvs = [k for k in args.kv.split(",") if k]
+    if not kvs or any(k not in ("model", "fp8") for k in kvs):
+        raise ConfigError(f"--kv {args.kv!r}: give model and/or fp8, comma-separated")
+    if not torch.cuda.is_available():
+        raise ConfigError("the shape sweep measures GPU bandwidth and CUDA graphs: it needs a CUDA device")
     device = torch.device("cuda")
     bw = measure_copy_bandwidth(device)
     print(f"device {torch.cuda.get_device_name(device)}  copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
     results = []
-    for shape in args.shapes.split(","):
-        for kv in args.kv.split(","):
+    for shape in shapes:
+        for kv in kvs:
             try:
                 r = bench_shape(shape, device=device, kv_fp8=kv == "fp8", context=args.context,
                                 graphs=not args.no_graphs, bandwidth=bw,
