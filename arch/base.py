@@ -31,6 +31,10 @@ class ArchDefaults:
     window_size: int = 128
     window_seed: bool = True
     cuda_graphs: bool = False
+    # Adapt the drafts per cycle to recent acceptance. On CPU every verify row costs (a multi-row product is
+    # compute-heavy on a few cores), so drafting only as far as drafts are being accepted pays; on a GPU the
+    # verify runs as a static graph of K+1 rows whatever is drafted, so shorter drafts would only lose tokens.
+    adaptive_k: bool = True
 
 
 class ArchHooks:

@@ -18,6 +18,7 @@ from edgespec.arch.detect import select_hooks
 from edgespec.config import Settings
 from edgespec.drafters.factory import build_proposer
 from edgespec.errors import ConfigError, RequestError
+from edgespec.kernels.linear import configure_cpu
 from edgespec.loading.checkpoint import load_target, resolve_dtype
 from edgespec.loading.tokenizer import ChatTokenizer
 from edgespec.spec.acceptance import AcceptancePolicy, RejectionSampling, RelaxedThinking, StrictGreedy
@@ -87,7 +88,7 @@ class Engine:
             model, self.hooks, self.proposer, k=settings.num_draft_tokens,
             kv_fp8=None if kv == "auto" else kv == "fp8", rollback=settings.rollback,
             prefill_chunk=settings.prefill_chunk, max_len=settings.max_seq_len, cuda_graphs=settings.cuda_graphs,
-            stage_timing=settings.stage_timing)
+            stage_timing=settings.stage_timing, adaptive_k=settings.adaptive_k)
         self.think_ids = tokenizer.think_token_ids
         if settings.acceptance == "relaxed_thinking" and self.think_ids is None:
             raise ConfigError("acceptance relaxed_thinking needs <think> and </think> tokens, and the tokenizer of "
@@ -105,6 +106,8 @@ class Engine:
             model_dir = Path(settings.model).expanduser()
         dtype = resolve_dtype(settings.dtype, device)
         model = load_target(model_dir, dtype=dtype, device=device, max_positions=settings.max_seq_len)
+        if device.type == "cpu" and dtype == torch.float32 and settings.cpu_blas:
+            configure_cpu()   # 1.4-2x faster decode on CPU; see edgespec.kernels.linear
         tokenizer = ChatTokenizer.from_folder(model_dir)
         if tokenizer.vocab_size > model.config.vocab_size:
             raise ConfigError(f"tokenizer of {model_dir} has {tokenizer.vocab_size} tokens but the model's "

@@ -49,6 +49,20 @@ def tiny_models(tiny_checkpoints):
 
 
 @pytest.fixture(autouse=True)
+def _cpu_matmul_isolated():
+    """An Engine on CPU switches the process to its OpenBLAS linear path with torch single-threaded
+    (``edgespec.kernels.linear.configure_cpu``); undo that after each test so no test depends on the order."""
+    import torch
+
+    from edgespec.kernels import linear
+
+    threads, enabled = torch.get_num_threads(), linear._enabled
+    yield
+    linear._enabled = enabled
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
 def _seed_torch():
     """Every test draws the same random inputs on every run: a tolerance check must not pass or fail by luck."""
     import torch

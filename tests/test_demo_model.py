@@ -188,15 +188,19 @@ def test_transformers_generates_a_json_plan(demo_model_dir: Path) -> None:
 
 
 def test_edgespec_logits_match_transformers_on_the_demo_model(demo_model_dir: Path) -> None:
-    """Our Llama path on the converted demo checkpoint equals transformers' LlamaForCausalLM on the same folder:
-    prefill logits of a bench prompt and 8 cached decode steps (fp32)."""
+    """Our Llama path on the converted demo checkpoint, as served on CPU (merged projections, OpenBLAS linears),
+    equals transformers' LlamaForCausalLM on the same folder: prefill logits of a bench prompt and 8 cached decode
+    steps (fp32)."""
     import torch
     import transformers
 
+    from edgespec.kernels.linear import configure_cpu, cpu_blas_active
     from edgespec.loading.checkpoint import load_target
     from edgespec.loading.tokenizer import ChatTokenizer
 
     ours = load_target(demo_model_dir, max_positions=512)
+    configure_cpu()
+    assert cpu_blas_active()
     hf = transformers.LlamaForCausalLM.from_pretrained(demo_model_dir, dtype=torch.float32).eval()
     tok = ChatTokenizer.from_folder(demo_model_dir)
     messages = [{"role": "user", "content": "Plan robot navigation from the dock to shelf B."}]

@@ -23,9 +23,16 @@ def _hf_model(path):
     return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
+@pytest.fixture(scope="module")
+def hf_layout_models(tiny_checkpoints):
+    """The tiny checkpoints in their own (unmerged) projection layout and torch's matmul: the same roundings as
+    transformers, so the comparison tests the math. The served layout is checked against this one below."""
+    return {fam: load_target(path, max_positions=1024, merge=False) for fam, path in tiny_checkpoints.items()}
+
+
 @pytest.mark.parametrize("family", sorted(TINY_SHAPES))
-def test_prefill_and_decode_match_transformers(family, tiny_checkpoints, tiny_models):
-    ours, hf = tiny_models[family], _hf_model(tiny_checkpoints[family])
+def test_prefill_and_decode_match_transformers(family, tiny_checkpoints, hf_layout_models):
+    ours, hf = hf_layout_models[family], _hf_model(tiny_checkpoints[family])
     gen = torch.Generator().manual_seed(11)
     prompt = torch.randint(0, ours.config.vocab_size, (80,), generator=gen)
     cache = ours.new_cache(256)
@@ -77,9 +84,9 @@ def test_prefill_in_chunks_equals_one_pass(tiny_models):
     assert pieces.taps.shape == (100, 2, model.config.hidden_size)
 
 
-def test_taps_are_layer_outputs(tiny_checkpoints, tiny_models):
+def test_taps_are_layer_outputs(tiny_checkpoints, hf_layout_models):
     """Tap id L is the output of decoder layer L = transformers' hidden_states[L + 1]."""
-    ours, hf = tiny_models["qwen3"], _hf_model(tiny_checkpoints["qwen3"])
+    ours, hf = hf_layout_models["qwen3"], _hf_model(tiny_checkpoints["qwen3"])
     ids = torch.randint(0, 320, (20,))
     out = ours.forward(ids, ours.new_cache(32), taps=(0, 2))
     with torch.no_grad():
@@ -110,11 +117,11 @@ def test_vlm_key_prefix_and_shards_load_identically(tmp_path, tiny_models):
 
 
 def test_merged_projections_compute_the_same_model(tiny_checkpoints):
-    """q/k/v, gate/up and GDN input projections merged into one Linear each (the GPU layout) give the same logits
+    """q/k/v, gate/up and GDN input projections merged into one Linear each (the served layout) give the same logits
     up to fp32 rounding of the different matrix shapes (amplified by the random hybrid's depth, as for chunking)."""
     for family, path in tiny_checkpoints.items():
-        plain = load_target(path, max_positions=256)
-        merged = load_target(path, max_positions=256).merge_projections()
+        plain = load_target(path, max_positions=256, merge=False)
+        merged = load_target(path, max_positions=256)
         assert not hasattr(merged.model.layers[0].mlp, "gate_proj")
         ids = torch.randint(0, 320, (70,))
         a = plain.forward(ids, plain.new_cache(80)).logits

@@ -15,4 +15,4 @@ class RtxHooks(ArchHooks):
 
     def make_defaults(self) -> ArchDefaults:
         return ArchDefaults(kv_fp8=False, rollback="checkpoint", prefill_chunk=2048, window_size=128,
-                            window_seed=True, cuda_graphs=True)
+                            window_seed=True, cuda_graphs=True, adaptive_k=False)

@@ -14,4 +14,4 @@ class ThorHooks(ArchHooks):
 
     def make_defaults(self) -> ArchDefaults:
         return ArchDefaults(kv_fp8=True, rollback="checkpoint", prefill_chunk=256, window_size=128,
-                            window_seed=True, cuda_graphs=True)
+                            window_seed=True, cuda_graphs=True, adaptive_k=False)

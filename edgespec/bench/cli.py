@@ -12,6 +12,8 @@ import argparse
 import json
 import platform
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +53,25 @@ def _run_edgespec(engine, ids: list[int], tokens: int, k: int | None) -> dict[st
             "telemetry": t.to_dict()}
 
 
-def _run_hf(model, ids: list[int], tokens: int, eos: list[int], lookup: int | None) -> dict[str, Any]:
+@contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    """Run transformers with torch's usual intra-op threads (edgespec's CPU path runs torch single-threaded and
+    lets OpenBLAS use the cores; see edgespec.kernels.linear), so the peer gets the setup it is tuned for."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run_hf(model, ids: list[int], tokens: int, eos: list[int], lookup: int | None,
+            threads: int) -> dict[str, Any]:
     inp = torch.tensor([ids])
     kw: dict[str, Any] = dict(do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
     if lookup:
         kw["prompt_lookup_num_tokens"] = lookup
-    with torch.inference_mode():
+    with torch.inference_mode(), _torch_threads(threads):
         t0 = time.perf_counter()
         model.generate(inp, max_new_tokens=1, min_new_tokens=1, **kw)
         t_first = time.perf_counter() - t0
@@ -80,6 +95,7 @@ def run_bench(args: argparse.Namespace) -> int:
         args.no_graphs = False
         return run_sweep(args)
 
+    hf_threads = torch.get_num_threads()   # torch's default, before the engine configures its CPU path
     settings = load_settings(cli=args)
     if settings.drafter == "none":
         settings = settings.with_overrides(drafter="ngram")
@@ -92,8 +108,8 @@ def run_bench(args: argparse.Namespace) -> int:
     eos = engine.tokenizer.stop_token_ids
     rows = []
     header = f"{'prompt':<26} {'runner':<22} {'tok/s':>8} {'AL':>6} {'tokens':>6} same-as-plain"
-    print(f"device={engine.device} threads={torch.get_num_threads()} model={engine.model_dir.name} "
-          f"drafter={settings.drafter} K={engine.session.k}")
+    print(f"device={engine.device} threads={torch.get_num_threads()} hf_threads={hf_threads} "
+          f"model={engine.model_dir.name} drafter={settings.drafter} K={engine.session.k}")
     print(header)
     for pr in prompts:
         ids = engine.tokenizer.encode_chat([{"role": "user", "content": pr.user}], enable_thinking=pr.thinking)
@@ -102,8 +118,9 @@ def run_bench(args: argparse.Namespace) -> int:
             f"edgespec {settings.drafter}": lambda ids=ids: _run_edgespec(engine, ids, args.tokens, None),
         }
         if hf is not None:
-            runners["hf plain"] = lambda ids=ids: _run_hf(hf, ids, args.tokens, eos, None)
-            runners["hf prompt-lookup"] = lambda ids=ids: _run_hf(hf, ids, args.tokens, eos, args.hf_lookup_tokens)
+            runners["hf plain"] = lambda ids=ids: _run_hf(hf, ids, args.tokens, eos, None, hf_threads)
+            runners["hf prompt-lookup"] = lambda ids=ids: _run_hf(hf, ids, args.tokens, eos, args.hf_lookup_tokens,
+                                                                 hf_threads)
         plain_tokens = None
         for name, fn in runners.items():
             fn()  # warm-up
@@ -120,7 +137,8 @@ def run_bench(args: argparse.Namespace) -> int:
             print(f"{pr.id:<26} {name:<22} {tok_s:>8.1f} {al:>6} {len(best['tokens']):>6} {same}", flush=True)
     if args.out:
         meta = {"device": str(engine.device), "cpu": platform.processor() or platform.machine(),
-                "threads": torch.get_num_threads(), "torch": torch.__version__, "model": str(engine.model_dir),
+                "threads": torch.get_num_threads(), "hf_threads": hf_threads, "torch": torch.__version__,
+                "model": str(engine.model_dir),
                 "settings": {"drafter": settings.drafter, "k": engine.session.k, "dtype": str(engine.model.dtype)},
                 "tokens": args.tokens, "repeats": args.repeats}
         Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))

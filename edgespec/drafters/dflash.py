@@ -46,11 +46,12 @@ from edgespec.config import Settings
 from edgespec.drafters.base import Draft, Proposer
 from edgespec.drafters.window import FeatureWindow
 from edgespec.errors import CheckpointError, ConfigError, UnsupportedModelError
+from edgespec.kernels.linear import linear
 from edgespec.loading.hf_config import read_json
 from edgespec.loading.weights import load_parameters, weight_files
 from edgespec.models.config import ModelConfig
 from edgespec.models.decoder import ForwardOutput, TargetModel
-from edgespec.models.layers import MLP, RMSNorm, RotaryEmbedding
+from edgespec.models.layers import MLP, Linear, RMSNorm, RotaryEmbedding
 
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -195,10 +196,10 @@ class DFlashAttention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         H, bias = cfg.hidden_size, cfg.attention_bias
-        self.q_proj = nn.Linear(H, self.n_heads * self.hd, bias=bias)
-        self.k_proj = nn.Linear(H, self.n_kv * self.hd, bias=bias)
-        self.v_proj = nn.Linear(H, self.n_kv * self.hd, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * self.hd, H, bias=bias)
+        self.q_proj = Linear(H, self.n_heads * self.hd, bias=bias)
+        self.k_proj = Linear(H, self.n_kv * self.hd, bias=bias)
+        self.v_proj = Linear(H, self.n_kv * self.hd, bias=bias)
+        self.o_proj = Linear(self.n_heads * self.hd, H, bias=bias)
         self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps, zero_centred=False)
         self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps, zero_centred=False)
         self.scale = self.hd ** -0.5
@@ -245,12 +246,12 @@ class DFlashDraftModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         H = cfg.hidden_size
-        self.fc = nn.Linear(len(cfg.target_layer_ids) * target_hidden, H, bias=False)
+        self.fc = Linear(len(cfg.target_layer_ids) * target_hidden, H, bias=False)
         self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps, zero_centred=False)
         self.layers = nn.ModuleList([DFlashLayer(cfg, i) for i in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(H, cfg.rms_norm_eps, zero_centred=False)
         self.embed_tokens = nn.Embedding(embed_vocab, H) if embed_vocab else None
-        self.lm_head = nn.Linear(H, head_vocab, bias=False) if head_vocab else None
+        self.lm_head = Linear(H, head_vocab, bias=False) if head_vocab else None
 
     def context_features(self, taps: torch.Tensor) -> torch.Tensor:
         """``taps [T, n_taps, H_target]`` in ``target_layer_ids`` order -> context features ``[T, H]``."""
@@ -364,7 +365,7 @@ class DFlashProposer(Proposer):
     # -- drafter forward ------------------------------------------------------------------------------------------
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-normed block rows -> float32 logits with the head in use (own or the target's)."""
-        return (hidden.to(self._head_weight.dtype) @ self._head_weight.t()).float()
+        return linear(hidden.to(self._head_weight.dtype), self._head_weight).float()
 
     @torch.inference_mode()
     def block_hidden(self, anchor: int) -> torch.Tensor:

@@ -18,9 +18,10 @@ from torch import nn
 from edgespec.cache.kv import KVCache
 from edgespec.cache.model_cache import ModelCache
 from edgespec.cache.state import GDNState
+from edgespec.kernels.linear import linear
 from edgespec.models.config import ModelConfig
 from edgespec.models.gdn import GatedDeltaNet
-from edgespec.models.layers import MLP, Attention, RMSNorm, RotaryEmbedding
+from edgespec.models.layers import MLP, Attention, Linear, RMSNorm, RotaryEmbedding
 
 
 @dataclass
@@ -67,7 +68,7 @@ class MTPHead(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         H = cfg.hidden_size
-        self.fc = nn.Linear(2 * H, H, bias=False)
+        self.fc = Linear(2 * H, H, bias=False)
         self.pre_fc_norm_embedding = RMSNorm(H, cfg.rms_norm_eps, cfg.zero_centred_norms)
         self.pre_fc_norm_hidden = RMSNorm(H, cfg.rms_norm_eps, cfg.zero_centred_norms)
         self.layers = nn.ModuleList(
@@ -96,7 +97,7 @@ class TargetModel(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = _Backbone(cfg)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.mtp = MTPHead(cfg) if with_mtp and cfg.mtp_num_hidden_layers > 0 else None
         self.rope = RotaryEmbedding(cfg, max_positions or cfg.max_position_embeddings)
 
@@ -118,7 +119,7 @@ class TargetModel(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project final post-norm hidden states ``[T, H]`` to float32 logits ``[T, V]``."""
-        return (hidden @ self.lm_head_weight.t()).float()
+        return linear(hidden, self.lm_head_weight).float()
 
     def merge_projections(self) -> TargetModel:
         """Merge q/k/v, gate/up and the four GDN input projections into one GEMV each (after loading)."""

@@ -15,7 +15,7 @@ from edgespec.kernels.conv import causal_conv1d
 from edgespec.kernels.gdn import gdn_chunked, gdn_recurrent
 from edgespec.kernels.norm import gated_rms_norm
 from edgespec.models.config import ModelConfig
-from edgespec.models.layers import merge_linears
+from edgespec.models.layers import Linear, merge_linears
 
 
 class GatedDeltaNet(nn.Module):
@@ -30,17 +30,17 @@ class GatedDeltaNet(nn.Module):
         self.key_dim = self.hk * self.dk
         self.value_dim = self.hv * self.dv
         conv_dim = cfg.gdn_conv_dim
-        self.in_proj_qkv = nn.Linear(cfg.hidden_size, conv_dim, bias=False)
-        self.in_proj_z = nn.Linear(cfg.hidden_size, self.value_dim, bias=False)
-        self.in_proj_b = nn.Linear(cfg.hidden_size, self.hv, bias=False)
-        self.in_proj_a = nn.Linear(cfg.hidden_size, self.hv, bias=False)
+        self.in_proj_qkv = Linear(cfg.hidden_size, conv_dim, bias=False)
+        self.in_proj_z = Linear(cfg.hidden_size, self.value_dim, bias=False)
+        self.in_proj_b = Linear(cfg.hidden_size, self.hv, bias=False)
+        self.in_proj_a = Linear(cfg.hidden_size, self.hv, bias=False)
         # Depthwise conv stored as nn.Conv1d so checkpoint keys and shapes ([C, 1, K]) match.
         self.conv1d = nn.Conv1d(conv_dim, conv_dim, cfg.linear_conv_kernel_dim, groups=conv_dim, bias=False)
         self.A_log = nn.Parameter(torch.zeros(self.hv))
         self.dt_bias = nn.Parameter(torch.ones(self.hv))
         self.norm = _GatedNormWeight(self.dv, cfg.rms_norm_eps)
-        self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
-        self.in_proj: nn.Linear | None = None
+        self.out_proj = Linear(self.value_dim, cfg.hidden_size, bias=False)
+        self.in_proj: Linear | None = None
         self._in_split = [conv_dim, self.value_dim, self.hv, self.hv]
 
     def merge_projections(self) -> None:

@@ -13,6 +13,7 @@ from torch import nn
 
 from edgespec.cache.kv import KVCache
 from edgespec.kernels.attention import cached_attention
+from edgespec.kernels.linear import linear
 from edgespec.kernels.norm import rms_norm
 from edgespec.models.config import ModelConfig
 
@@ -87,7 +88,14 @@ class RotaryEmbedding(nn.Module):
         return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
 
 
-def merge_linears(parent: nn.Module, names: list[str]) -> nn.Linear:
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters and checkpoint keys) computed by :func:`edgespec.kernels.linear.linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+def merge_linears(parent: nn.Module, names: list[str]) -> Linear:
     """Replace the Linears ``names`` of ``parent`` by one whose output is their outputs concatenated.
 
     A batch-1 forward is weight-read bound and each projection is a separate GEMV launch; one GEMV over the stacked
@@ -95,7 +103,7 @@ def merge_linears(parent: nn.Module, names: list[str]) -> nn.Linear:
     costs no memory once done (checkpoints still load under the original names: merge after loading).
     """
     parts = [getattr(parent, n) for n in names]
-    merged = nn.Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=parts[0].bias is not None,
+    merged = Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=parts[0].bias is not None,
                        device=parts[0].weight.device, dtype=parts[0].weight.dtype)
     with torch.no_grad():
         merged.weight.copy_(torch.cat([p.weight for p in parts]))
@@ -111,10 +119,10 @@ class MLP(nn.Module):
 
     def __init__(self, hidden: int, inter: int, bias: bool = False) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, inter, bias=bias)
-        self.up_proj = nn.Linear(hidden, inter, bias=bias)
-        self.down_proj = nn.Linear(inter, hidden, bias=bias)
-        self.gate_up_proj: nn.Linear | None = None
+        self.gate_proj = Linear(hidden, inter, bias=bias)
+        self.up_proj = Linear(hidden, inter, bias=bias)
+        self.down_proj = Linear(inter, hidden, bias=bias)
+        self.gate_up_proj: Linear | None = None
 
     def merge_projections(self) -> None:
         self.gate_up_proj = merge_linears(self, ["gate_proj", "up_proj"])
@@ -141,17 +149,17 @@ class Attention(nn.Module):
         self.hd = cfg.head_dim
         self.gated = cfg.gated_attention
         q_out = self.n_heads * self.hd * (2 if self.gated else 1)
-        self.q_proj = nn.Linear(cfg.hidden_size, q_out, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.hd, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.hd, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.n_heads * self.hd, cfg.hidden_size, bias=cfg.attention_bias)
+        self.q_proj = Linear(cfg.hidden_size, q_out, bias=cfg.attention_bias)
+        self.k_proj = Linear(cfg.hidden_size, self.n_kv * self.hd, bias=cfg.attention_bias)
+        self.v_proj = Linear(cfg.hidden_size, self.n_kv * self.hd, bias=cfg.attention_bias)
+        self.o_proj = Linear(self.n_heads * self.hd, cfg.hidden_size, bias=cfg.attention_bias)
         if cfg.has_qk_norm:
             self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps, cfg.zero_centred_norms)
             self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps, cfg.zero_centred_norms)
         else:
             self.q_norm = self.k_norm = None
         self.scale = self.hd ** -0.5
-        self.qkv_proj: nn.Linear | None = None
+        self.qkv_proj: Linear | None = None
         self._qkv_split = [q_out, self.n_kv * self.hd, self.n_kv * self.hd]
 
     def merge_projections(self) -> None:

@@ -57,7 +57,7 @@ class SpecSession:
     def __init__(self, model: TargetModel, hooks: ArchHooks, proposer: Proposer | None = None, *,
                  k: int | None = None, kv_fp8: bool | None = None, rollback: str | None = None,
                  prefill_chunk: int | None = None, max_len: int = 4096, cuda_graphs: bool | None = None,
-                 stage_timing: str = "host") -> None:
+                 stage_timing: str = "host", adaptive_k: bool | None = None) -> None:
         d = hooks.defaults
         self.model, self.hooks, self.proposer = model, hooks, proposer
         self.k = 0 if proposer is None else (k or proposer.default_k)
@@ -72,6 +72,7 @@ class SpecSession:
         self.cache = hooks.new_cache(model, max_len, self.kv_fp8, self.rollback_strategy, max_rows=self.k + 1)
         self.cuda_graphs = d.cuda_graphs if cuda_graphs is None else cuda_graphs
         self.stage_timing = stage_timing
+        self.adaptive_k = d.adaptive_k if adaptive_k is None else adaptive_k
         hooks.prepare(model, self.cache, self.k + 1, self.taps, self.rollback_strategy, self.cuda_graphs)
 
     @property
@@ -125,13 +126,14 @@ class SpecSession:
                 proposer.begin(prompt_ids, out)
                 proposer.commit([first], 0, None)
 
+        draft_len = DraftLength(k, self.adaptive_k)
         emitted: list[int] = []
         finish = self._emit([first], emitted, max_tokens, stop_set, on_tokens, constraint, policy)
         while finish is None:
             if cancelled is not None and cancelled():
                 finish = "cancelled"
                 break
-            room = min(k, max_tokens - len(emitted) - 1, cache.max_len - cache.length - 1)
+            room = min(draft_len.k, max_tokens - len(emitted) - 1, cache.max_len - cache.length - 1)
             if cache.length + 1 > cache.max_len:
                 finish = "length"
                 break
@@ -170,6 +172,7 @@ class SpecSession:
                                               self.rollback_strategy)
                     fwd = replayed if replayed is not None else step
             tel.record_cycle(drafted, verdict.accepted)
+            draft_len.update(drafted, verdict.accepted)
             if proposer is not None:
                 with tel.stage("draft"):
                     proposer.commit(verdict.tokens, verdict.accepted, fwd, drafted)
@@ -200,6 +203,19 @@ class SpecSession:
         if on_tokens is not None and tokens and on_tokens(tokens):
             finish = "stop"
         return finish
+
+
+class DraftLength:
+    """Drafts asked for per cycle. Fixed at K, or adaptive: +2 after a cycle whose drafts were all accepted, -1
+    after one with a rejection, within 1..K (the schedule transformers uses for assistant models). Starts at K."""
+
+    def __init__(self, k: int, adaptive: bool) -> None:
+        self.max_k, self.adaptive, self.k = k, adaptive, k
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if not self.adaptive or drafted == 0:
+            return
+        self.k = min(self.max_k, self.k + 2) if accepted == drafted else max(1, self.k - 1)
 
 
 def _masked(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

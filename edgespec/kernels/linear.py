@@ -1,0 +1,83 @@
+"""Linear layers ``y = x W^T + b``, with a CPU path that streams the weights at DRAM speed.
+
+A batch-1 forward on CPU is a chain of matrix-vector products: it should cost the bytes of the weights over the
+memory bandwidth. torch's fp32 CPU matmul goes through MKL, which on the AMD (AVX2) CPUs we run CI and the demo on
+streams only 8-13 GB/s for one row and 4-8 GB/s for 2-11 rows, against ~32 GB/s the same cores read with a plain
+reduction. The OpenBLAS that numpy bundles runs the same one-row product at 22-30 GB/s
+(``tools/cpu_matmul_bench.py`` prints the comparison). So on CPU in fp32:
+
+* up to :data:`ROWS_MAX` rows (decode and short verifies) run as one OpenBLAS GEMV per row over blocks of the
+  weight small enough to stay in the last-level cache, so the weight comes from DRAM once per forward however many
+  rows there are. Each row is then the very same GEMV whatever the row count, so a verify row rounds exactly like a
+  plain decode step of the same token (speculative output equals plain output bit for bit on this path);
+* more rows (prefill, long verifies) run as one OpenBLAS GEMM.
+
+OpenBLAS runs its own threads. Two thread pools spinning on two cores fight (a forward got 8x slower in our
+measurements), so the BLAS path is taken only while torch's intra-op pool is single-threaded:
+:func:`configure_cpu` sets that up, and anything that raises torch's thread count again falls back to torch's
+matmul automatically. :func:`linear_ref` is the torch reference the tests compare against.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+# Up to this many rows, one GEMV per row beats a GEMM on small-M shapes (measured on a 2-core EPYC, AVX2).
+ROWS_MAX = 8
+# Weight block of a multi-row GEMV pass: stays in cache while every row reads it.
+BLOCK_BYTES = 4 << 20
+
+_enabled = False
+
+
+def configure_cpu(enabled: bool = True) -> None:
+    """Route fp32 CPU linears through OpenBLAS (``enabled``) and make torch's intra-op pool single-threaded so the
+    two pools never compete for the cores. ``enabled=False`` restores torch's matmul (thread count untouched)."""
+    global _enabled
+    _enabled = enabled
+    if enabled:
+        torch.set_num_threads(1)
+
+
+def cpu_blas_active() -> bool:
+    """True when fp32 CPU linears currently take the OpenBLAS path."""
+    return _enabled and torch.get_num_threads() == 1
+
+
+def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The torch reference."""
+    return F.linear(x, weight, bias)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [..., in] @ weight[out, in]^T (+ bias)``; OpenBLAS on CPU fp32 when active, torch otherwise."""
+    if (x.device.type != "cpu" or weight.dtype != torch.float32 or x.dtype != torch.float32
+            or torch.is_grad_enabled() or not cpu_blas_active()):
+        return F.linear(x, weight, bias)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    out = torch.from_numpy(blas_matmul_t(x2.contiguous().numpy(), weight.detach().numpy()))
+    if bias is not None:
+        out += bias
+    return out.reshape(*lead, weight.shape[0])
+
+
+def blas_matmul_t(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``x [M, K] @ w[N, K]^T`` in fp32 with numpy's BLAS: per-row GEMVs over cache-sized blocks up to
+    :data:`ROWS_MAX` rows, one GEMM beyond."""
+    M = x.shape[0]
+    if M > ROWS_MAX:
+        return x @ w.T
+    N, K = w.shape
+    out = np.empty((M, N), dtype=np.float32)
+    if M == 1:
+        np.dot(w, x[0], out=out[0])
+        return out
+    block = max(1, BLOCK_BYTES // (K * w.itemsize))
+    for s in range(0, N, block):
+        wb = w[s:s + block]
+        for m in range(M):
+            np.dot(wb, x[m], out=out[m, s:s + block])
+    return out
