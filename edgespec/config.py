@@ -62,8 +62,8 @@ class Settings:
     ngram_min_match: int = _knob(1, "n-gram proposer: shortest suffix accepted", min=1, max=64)
     ngram_lookback: int = _knob(4096, "n-gram proposer: tokens of history searched", min=8)
     ngram_gate: float = _knob(0.1, "n-gram proposer: stop drafting below this accepted/drafted ratio", min=0.0, max=1.0)
-    adaptive_k: bool | None = _knob(None, "adapt drafts per cycle to acceptance (+2 after a full accept, -1 "
-                                    "after a rejection, within 1..K); None = arch default (on for CPU)")
+    adaptive_k: bool | None = _knob(None, "adapt drafts per cycle to acceptance (+2 after a full accept, "
+                                    "accepted+1 after a rejection, within 1..K); None = arch default (on for CPU)")
     cuda_graphs: bool | None = _knob(None, "capture decode/verify/drafter as CUDA graphs; None = arch default")
     prefill_chunk: int | None = _knob(None, "prefill chunk length in tokens; None = arch default", min=16)
     cpu_blas: bool = _knob(True, "CPU fp32: linears through numpy's OpenBLAS GEMV, torch intra-op threads set to 1")

@@ -87,8 +87,10 @@ ATTN_CASES = [
 ]
 
 
+@pytest.mark.parametrize("fp16_dot", [0, 1])
 @pytest.mark.parametrize("T,n_q,n_kv,hd,start,kv,dtype", ATTN_CASES)
-def test_attention_matches_reference(T, n_q, n_kv, hd, start, kv, dtype) -> None:
+def test_attention_matches_reference(T, n_q, n_kv, hd, start, kv, dtype, fp16_dot) -> None:
+    """Against the oracle; bf16 queries over FP8 caches both with bf16 and with fp16 products."""
     from edgespec.kernels.triton_attention import cached_attention_triton
     fp8 = kv == "fp8"
     cache_dtype = {"fp8": dtype, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[kv]
@@ -97,7 +99,7 @@ def test_attention_matches_reference(T, n_q, n_kv, hd, start, kv, dtype) -> None
     scale = hd ** -0.5
     ref = attention_oracle(q, cache, start, scale)
     poison_allocator()
-    out = cached_attention_triton(q, cache, start, scale)
+    out = cached_attention_triton(q, cache, start, scale, config={"FP16_DOT": fp16_dot})
     assert out.shape == q.shape and out.dtype == q.dtype
     assert torch.isfinite(out).all()
     assert rel_err(out, ref) < TOL[dtype]

@@ -11,15 +11,20 @@ from __future__ import annotations
 import torch
 
 from edgespec.cache.kv import KVCache
-from edgespec.cache.state import GDNState
+from edgespec.cache.state import GDNState, GDNStateBank
 from edgespec.errors import PromptTooLongError
 
 
 class ModelCache:
     """Per-request cache of every layer plus the committed length."""
 
-    def __init__(self, layers: list[KVCache | GDNState], max_len: int) -> None:
+    def __init__(self, layers: list[KVCache | GDNState], max_len: int, states: GDNStateBank | None = None) -> None:
         self.layers = layers
+        self.states = states
+        self._kv_layers = [c for c in layers if isinstance(c, KVCache)]
+        self._state_layers = [c for c in layers if isinstance(c, GDNState)]
+        if self._state_layers and states is None:
+            raise ValueError("GDN layers need their GDNStateBank (the stacked tensors every state copy goes through)")
         self.max_len = max_len
         self.length = 0
         # Start position and row count of the last forward that wrote per-step checkpoints (None: no such forward).
@@ -29,15 +34,15 @@ class ModelCache:
     # -- queries ------------------------------------------------------------------------------------------------
     @property
     def kv_layers(self) -> list[KVCache]:
-        return [c for c in self.layers if isinstance(c, KVCache)]
+        return self._kv_layers
 
     @property
     def state_layers(self) -> list[GDNState]:
-        return [c for c in self.layers if isinstance(c, GDNState)]
+        return self._state_layers
 
     @property
     def has_state(self) -> bool:
-        return any(isinstance(c, GDNState) for c in self.layers)
+        return bool(self._state_layers)
 
     @property
     def max_checkpoint_rows(self) -> int:
@@ -76,21 +81,13 @@ class ModelCache:
         self._copy_states(to_slot=0)
 
     def _copy_states(self, *, to_slot: int | None = None, from_slot: int | None = None) -> None:
-        """Copy every GDN layer's live state to or from one checkpoint slot with fused multi-tensor copies.
-
-        A per-layer loop would launch two small copies per layer (96 on Qwen3.5-27B) and be launch-bound on a
-        GPU; ``torch._foreach_copy_`` moves them all in a couple of launches.
-        """
-        layers = self.state_layers
-        if not layers:
+        """Copy every GDN layer's live state to or from one checkpoint slot (one copy per tensor kind)."""
+        if self.states is None:
             return
-        live = [t for c in layers for t in (c.conv, c.recurrent)]
         if to_slot is not None:
-            slots = [t for c in layers for t in (c.conv_slots[to_slot], c.recurrent_slots[to_slot])]
-            torch._foreach_copy_(slots, live)
+            self.states.save(to_slot)
         else:
-            slots = [t for c in layers for t in (c.conv_slots[from_slot], c.recurrent_slots[from_slot])]
-            torch._foreach_copy_(live, slots)
+            self.states.restore(from_slot)
 
     def rollback(self, length: int) -> None:
         """Make the cache hold exactly ``length`` positions after a longer forward.

@@ -54,6 +54,7 @@ def _attn_split_kernel(
     stride_ls, stride_lt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_FP8: tl.constexpr, START_FROM_PTR: tl.constexpr, DOT_IEEE: tl.constexpr, V_SCALE_ROWS: tl.constexpr,
+    FP16_DOT: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -74,6 +75,10 @@ def _attn_split_kernel(
     d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None], other=0.0)
+    if FP16_DOT:
+        # e4m3 -> fp16 is one instruction per pair, e4m3 -> bf16 several: run the products in fp16 (finer than
+        # bf16; queries are clamped to fp16's range, far beyond normed q values).
+        q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
     dot_ty = q.dtype
 
     m_i = tl.full([BLOCK_M], _NEG_BIG, tl.float32)
@@ -237,6 +242,9 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
     if cache.fp8:
         assert cache.k_scale.stride() == cache.v_scale.stride()
     s_strides = (ks.stride(0), ks.stride(1)) if cache.fp8 else (0, 0)
+    # bf16 queries over an FP8 cache: fp16 products (H200, 32k keys, hd 256: 42.5 -> 35.1 us at T=1,
+    # 104.7 -> 81.5 us at T=16; docs/measurements/attn_sweep_h200.txt).
+    fp16_dot = cache.fp8 and q.dtype == torch.bfloat16 and cfg.get("FP16_DOT", 1) == 1
     _attn_split_kernel[(cfg["m_blocks"], n_splits, n_kv)](
         q, k, v, ks, vs, start_t if start_t is not None else q, o_part, lse_part,
         int(start), T, n_splits, float(scale) * _LOG2E,
@@ -248,7 +256,7 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
         GROUP=group, HEAD_DIM=hd, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         IS_FP8=cache.fp8, START_FROM_PTR=start_t is not None, DOT_IEEE=q.dtype == torch.float32,
         # fp16 has too little exponent range for p * v_scale (both small): scale the V rows instead.
-        V_SCALE_ROWS=q.dtype == torch.float16,
+        V_SCALE_ROWS=q.dtype == torch.float16 or fp16_dot, FP16_DOT=fp16_dot,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     splits_p2 = max(2, triton.next_power_of_2(n_splits))

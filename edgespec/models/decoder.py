@@ -17,7 +17,7 @@ from torch import nn
 
 from edgespec.cache.kv import KVCache
 from edgespec.cache.model_cache import ModelCache
-from edgespec.cache.state import GDNState
+from edgespec.cache.state import GDNState, GDNStateBank
 from edgespec.kernels.linear import linear
 from edgespec.models.config import ModelConfig
 from edgespec.models.gdn import GatedDeltaNet
@@ -134,16 +134,19 @@ class TargetModel(nn.Module):
         cfg = self.config
         if max_len > self.rope.cos.shape[0]:
             raise ValueError(f"max_len {max_len} exceeds the rotary table ({self.rope.cos.shape[0]} positions)")
+        n_gdn = sum(kind != "full_attention" for kind in cfg.layer_types)
+        bank = GDNStateBank(n_gdn, cfg.gdn_conv_dim, cfg.linear_conv_kernel_dim, cfg.linear_num_value_heads,
+                            cfg.linear_key_head_dim, cfg.linear_value_head_dim, self.dtype, self.device,
+                            checkpoint_slots=checkpoint_rows + 1) if n_gdn else None
+        states = iter(bank.layers if bank is not None else [])
         layers: list[KVCache | GDNState] = []
         for kind in cfg.layer_types:
             if kind == "full_attention":
                 layers.append(KVCache(max_len, cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device,
                                       fp8=kv_fp8))
             else:
-                layers.append(GDNState(cfg.gdn_conv_dim, cfg.linear_conv_kernel_dim, cfg.linear_num_value_heads,
-                                       cfg.linear_key_head_dim, cfg.linear_value_head_dim, self.dtype,
-                                       self.device, checkpoint_slots=checkpoint_rows + 1))
-        return ModelCache(layers, max_len)
+                layers.append(next(states))
+        return ModelCache(layers, max_len, bank)
 
     # -- forwards -----------------------------------------------------------------------------------------------
     @torch.inference_mode()

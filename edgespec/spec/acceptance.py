@@ -60,10 +60,10 @@ class StrictGreedy(AcceptancePolicy):
         targets = logits.argmax(-1)                                     # [K+1]
         match = (drafts == targets[:-1]).int()
         n = match.cumprod(0).sum()
-        # One host transfer per cycle: the count and all target ids together.
+        # One host transfer per cycle: the count and all target ids together (accepted drafts equal their targets).
         host = torch.cat([n.view(1), targets]).tolist()
         n = host[0]
-        return Verdict(n, [int(t) for t in drafts[:n].tolist()] + [host[1 + n]])
+        return Verdict(n, host[1:2 + n])
 
 
 class RelaxedThinking(StrictGreedy):
@@ -102,9 +102,9 @@ class RelaxedThinking(StrictGreedy):
         draft_scores = scores[:-1].gather(1, drafts.view(-1, 1))[:, 0]
         in_top = (top_ids[:-1] == drafts.view(-1, 1)).any(-1)
         close = (top_vals[:-1, 0] - draft_scores) <= self.delta
-        host_drafts = drafts.tolist()
-        host_ok = (in_top & close).tolist()
-        host_best = top_ids[:, 0].tolist()
+        # One host transfer: drafts, their relaxed verdicts and the best ids of every row.
+        host = torch.cat([drafts, (in_top & close).long(), top_ids[:, 0]]).tolist()
+        host_drafts, host_ok, host_best = host[:K], host[K:2 * K], host[2 * K:]
         n = 0
         thinking = True
         for i in range(K):

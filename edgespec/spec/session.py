@@ -206,8 +206,9 @@ class SpecSession:
 
 
 class DraftLength:
-    """Drafts asked for per cycle. Fixed at K, or adaptive: +2 after a cycle whose drafts were all accepted, -1
-    after one with a rejection, within 1..K (the schedule transformers uses for assistant models). Starts at K."""
+    """Drafts asked for per cycle. Fixed at K, or adaptive: +2 after a cycle whose drafts were all accepted; after
+    a rejection, one more than were accepted (the length that would just have paid); always within 1..K. Starts
+    at K."""
 
     def __init__(self, k: int, adaptive: bool) -> None:
         self.max_k, self.adaptive, self.k = k, adaptive, k
@@ -215,7 +216,7 @@ class DraftLength:
     def update(self, drafted: int, accepted: int) -> None:
         if not self.adaptive or drafted == 0:
             return
-        self.k = min(self.max_k, self.k + 2) if accepted == drafted else max(1, self.k - 1)
+        self.k = min(self.max_k, self.k + 2) if accepted == drafted else max(1, min(self.k, accepted + 1))
 
 
 def _masked(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
