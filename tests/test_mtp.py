@@ -40,7 +40,8 @@ def naive_mtp_logits(model, history: list[int], drafts: list[int]) -> torch.Tens
             for layer in head.layers:
                 fresh = KVCache(len(tokens) + 1, model.config.num_key_value_heads, model.config.head_dim,
                                 model.dtype, CPU)
-                u = layer(u, fresh, 0, model.rope, False, False)
+                u, delta = layer(u, None, fresh, 0, model.rope, False, False)
+                u = u + delta                      # the layer's output (it returns the residual as (h, delta))
             m = head.norm(u)
             out.append(model.logits(m[-1:])[0])
             tokens.append(drafts[j])               # the next chained row: (m, previous draft)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session: GPU correctness tests, the attention launch sweep, the shape sweep and the cycle split.
 # Usage on the GPU machine, from the repository root:  OUT=/some/dir bash tools/gpu_sweep.sh [stage ...]
-# Stages: tests, attn-sweep, kernels, shapes, cycle (default: all). Every output lands in $OUT.
+# Stages: tests, profile, attn-sweep, kernels, shapes, cycle (default: all). Every output lands in $OUT.
 set -uo pipefail
 OUT=${OUT:-.}
 stages=${*:-tests attn-sweep kernels shapes cycle}
@@ -12,11 +12,12 @@ for s in $stages; do
   case $s in
     tests) python3 -m pytest -q -x -p no:cacheprovider tests/test_kernels_gpu.py tests/test_gpu_session.py \
              2>&1 | tail -5 | tee "$OUT/tests.txt" ;;
+    profile) python3 tools/step_profile.py 2>&1 | tee "$OUT/step_profile.txt" ;;
     attn-sweep) python3 tools/kernel_bench.py --skip-tests --only none --sweep 2>&1 | tee "$OUT/attn_sweep.txt" \
              | grep -E "sweep|best|copy" ;;
     kernels) python3 tools/kernel_bench.py --skip-tests --only attn --quick 2>&1 > "$OUT/kernel_bench.txt";
              grep -A20 "FP8-KV speedup" "$OUT/kernel_bench.txt" ;;
-    shapes) python3 tools/gpu_bench.py --shapes qwen3.5-4b,qwen3.5-27b --kv model --compare-hf none \
+    shapes) python3 tools/gpu_bench.py --shapes smollm2-135m,qwen3.5-4b,qwen3-4b,qwen3.5-27b --kv model --compare-hf none \
              --sweep-out "$OUT" 2>&1 | tail -12 | tee "$OUT/gpu_bench.txt" ;;
     cycle) python3 tools/cycle_bench.py --shape qwen3.5-27b --k 15 --tokens 128 2>&1 | tail -20 \
              | tee "$OUT/cycle_bench.txt" ;;

@@ -382,15 +382,20 @@ class DFlashProposer(Proposer):
             h = h * self.cfg.input_embedding_scale
         masks = self._masks(start, pos_t)
         keys, values = self.window.keys, self.window.values
+        delta = None     # the residual stream as (h, delta), adds fused with the next norm (see DecoderLayer)
         for i, layer in enumerate(self.drafter.layers):
-            x = layer.input_layernorm(h)
+            if delta is None:
+                x = layer.input_layernorm(h)
+            else:
+                h, x = layer.input_layernorm.add_forward(delta, h)
             kb, vb = layer.self_attn.project_kv(x, start, self.rope, pos_t)
             keys[i, W:] = kb             # the block's own keys go to the scratch rows after the ring
             values[i, W:] = vb
-            h = h + layer.self_attn(x, keys[i], values[i], start, self.rope,
-                                    masks[(layer.causal, layer.sliding_window)], pos_t)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self.drafter.norm(h)
+            attn = layer.self_attn(x, keys[i], values[i], start, self.rope,
+                                   masks[(layer.causal, layer.sliding_window)], pos_t)
+            h, y = layer.post_attention_layernorm.add_forward(attn, h)
+            delta = layer.mlp(y)
+        return self.drafter.norm.add_forward(delta, h)[1]
 
     # -- graph mode ---------------------------------------------------------------------------------------------
     def _static_draft(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -592,6 +597,8 @@ def load_dflash_checkpoint(folder: str | Path, target: TargetModel, *, window_si
                                lambda name: fc_hint if name == "fc.weight" else "")
     if problems:
         raise CheckpointError(f"DFlash drafter {folder} does not fit its config: " + " | ".join(problems))
+    for layer in drafter.layers:
+        layer.mlp.merge_projections()       # one gate/up GEMM and a fused SiLU product, as in the target
     return DFlashProposer(drafter, target, window_size=window_size, window_seed=window_seed, cuda_graphs=cuda_graphs)
 
 

@@ -119,9 +119,10 @@ class MTPProposer(Proposer):
         head = self.head
         e = head.pre_fc_norm_embedding(self.target.embed(tokens))
         u = head.fc(torch.cat([e, head.pre_fc_norm_hidden(hidden.to(e.dtype))], dim=-1))
+        delta = None
         for layer, cache in zip(head.layers, self.caches, strict=True):
-            u = layer(u, cache, start, self.target.rope, False, False)
-        return head.norm(u)
+            u, delta = layer(u, delta, cache, start, self.target.rope, False, False)
+        return head.norm.add_forward(delta, u)[1]
 
     def _ensure_capacity(self, rows: int) -> None:
         """Grow the MTP caches when a session runs longer than the settings promised (rare; copies once)."""

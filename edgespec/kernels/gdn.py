@@ -31,8 +31,10 @@ def _prepare(q: torch.Tensor, k: torch.Tensor, n_v_heads: int) -> tuple[torch.Te
 
 
 def gdn_recurrent_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                      state: torch.Tensor, slots: torch.Tensor | None = None) -> torch.Tensor:
-    """Step the recurrence over T rows. With ``slots [>=T+1, Hv, dk, dv]`` the state after row i goes to slot i+1."""
+                      state: torch.Tensor, slots: torch.Tensor | None = None,
+                      out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Step the recurrence over T rows. With ``slots [>=T+1, Hv, dk, dv]`` the state after row i goes to slot i+1.
+    Returns ``o [T, Hv, dv]`` computed in fp32, in ``out_dtype``."""
     q, k = _prepare(q, k, v.shape[1])
     v = v.float()
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
@@ -45,7 +47,7 @@ def gdn_recurrent_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
         out[t] = torch.einsum("hkv,hk->hv", s, q[t])
         if slots is not None:
             slots[t + 1].copy_(s)
-    return out
+    return out.to(out_dtype)
 
 
 def gdn_chunked_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -90,14 +92,15 @@ def gdn_chunked_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
 
 
 def gdn_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                  state: torch.Tensor, slots: torch.Tensor | None = None) -> torch.Tensor:
+                  state: torch.Tensor, slots: torch.Tensor | None = None,
+                  out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Dispatch: Triton on CUDA, else the torch reference. Same contract as :func:`gdn_recurrent_ref`."""
     if v.is_cuda:
         from edgespec.kernels import triton_available
         if triton_available():
             from edgespec.kernels.triton_gdn import gdn_recurrent_triton
-            return gdn_recurrent_triton(q, k, v, g, beta, state, slots)
-    return gdn_recurrent_ref(q, k, v, g, beta, state, slots)
+            return gdn_recurrent_triton(q, k, v, g, beta, state, slots, out_dtype)
+    return gdn_recurrent_ref(q, k, v, g, beta, state, slots, out_dtype)
 
 
 def gdn_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

@@ -23,6 +23,24 @@ def gated_rms_norm_ref(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor
     return (y * F.silu(gate.float())).to(x.dtype)
 
 
+def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                     zero_centred: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pre-norm residual step: ``s = residual + x`` (in x's dtype), returns ``(s, rms_norm(s))``."""
+    s = residual + x
+    return s, rms_norm_ref(s, weight, eps, zero_centred)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 zero_centred: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add fused with the next RMSNorm (one kernel on CUDA instead of two); see :func:`add_rms_norm_ref`."""
+    if x.is_cuda:
+        from edgespec.kernels import triton_available
+        if triton_available():
+            from edgespec.kernels.triton_norm import add_rms_norm_triton
+            return add_rms_norm_triton(x, residual, weight, eps, zero_centred)
+    return add_rms_norm_ref(x, residual, weight, eps, zero_centred)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred: bool) -> torch.Tensor:
     if x.is_cuda:
         from edgespec.kernels import triton_available

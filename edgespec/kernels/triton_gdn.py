@@ -194,16 +194,16 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b
 
 def gdn_recurrent_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                          beta: torch.Tensor, state: torch.Tensor,
-                         slots: torch.Tensor | None = None) -> torch.Tensor:
+                         slots: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Recurrent GDN over T rows; same contract as :func:`edgespec.kernels.gdn.gdn_recurrent_ref`.
 
     Updates ``state`` in place and, with ``slots [>=T+1, Hv, dk, dv]``, writes the state after row i to
-    slot i+1. Returns ``o [T, Hv, dv]`` fp32.
+    slot i+1. Returns ``o [T, Hv, dv]`` in ``out_dtype`` (rounded from fp32 by the store).
     """
     q, k, v = _check(q, k, v, g, beta, state)
     T, n_k, dk = q.shape
     n_v, dv = v.shape[1], v.shape[2]
-    out = torch.empty((T, n_v, dv), dtype=torch.float32, device=v.device)
+    out = torch.empty((T, n_v, dv), dtype=out_dtype, device=v.device)
     if slots is not None:
         if slots.shape[0] < T + 1 or slots.shape[1:] != state.shape or not slots.is_contiguous():
             raise ValueError("slots must be a contiguous [>=T+1, Hv, dk, dv] fp32 tensor")

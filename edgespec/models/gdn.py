@@ -7,10 +7,10 @@ Weights follow the Qwen3.5 checkpoint layout (``in_proj_qkv``, ``in_proj_z``, ``
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from edgespec.cache.state import GDNState
+from edgespec.kernels.activation import gdn_gates
 from edgespec.kernels.conv import causal_conv1d
 from edgespec.kernels.gdn import gdn_chunked, gdn_recurrent
 from edgespec.kernels.norm import gated_rms_norm
@@ -60,14 +60,13 @@ class GatedDeltaNet(nn.Module):
         q = q.reshape(T, self.hk, self.dk)
         k = k.reshape(T, self.hk, self.dk)
         v = v.reshape(T, self.hv, self.dv)
-        beta = torch.sigmoid(b).float()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        g, beta = gdn_gates(a, b, self.A_log, self.dt_bias)
         if chunked and not checkpoint:
-            o = gdn_chunked(q, k, v, g, beta, state.recurrent)
+            o = gdn_chunked(q, k, v, g, beta, state.recurrent).to(x.dtype)
         else:
-            o = gdn_recurrent(q, k, v, g, beta, state.recurrent, rec_slots)
+            o = gdn_recurrent(q, k, v, g, beta, state.recurrent, rec_slots, out_dtype=x.dtype)
         z = z.reshape(T, self.hv, self.dv)
-        o = gated_rms_norm(o.to(x.dtype), z, self.norm.weight, self.norm.eps)
+        o = gated_rms_norm(o, z, self.norm.weight, self.norm.eps)
         return self.out_proj(o.reshape(T, self.value_dim))
 
 

@@ -12,9 +12,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgespec.cache.kv import KVCache
+from edgespec.kernels.activation import silu_mul
 from edgespec.kernels.attention import cached_attention
 from edgespec.kernels.linear import linear
-from edgespec.kernels.norm import rms_norm
+from edgespec.kernels.norm import add_rms_norm, rms_norm
 from edgespec.models.config import ModelConfig
 
 
@@ -29,6 +30,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps, self.zero_centred)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``s = residual + x`` and its norm, fused on CUDA: returns ``(s, norm(s))``."""
+        return add_rms_norm(x, residual, self.weight, self.eps, self.zero_centred)
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -129,10 +134,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is not None:
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+            return self.down_proj(silu_mul(self.gate_up_proj(x)))
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Attention(nn.Module):

@@ -1,0 +1,136 @@
+"""Where a decode step and a verify go on the GPU: CUDA-graph replays under the torch profiler, kernels grouped.
+
+    python tools/step_profile.py [--shapes qwen3.5-4b,qwen3.5-27b] [--rows 1,16] [--context 512]
+
+For each shape and row count it replays the captured forward (as served: merged projections, CUDA graphs) and
+prints the GPU time per step split into kernel groups (matmul, attention, GDN, conv, norms, elementwise, copies),
+each with its share and kernel count, next to the weight-read limit. Writes step_profile.json to $OUT when set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from edgespec.arch.detect import select_hooks  # noqa: E402
+from edgespec.bench.gpu import measure_copy_bandwidth, random_model, weight_bytes_per_token  # noqa: E402
+from edgespec.spec.session import SpecSession  # noqa: E402
+
+# Kernel name patterns -> group (first match wins).
+GROUPS = [
+    ("matmul", r"gemm|gemv|cutlass|sm90_xmma|nvjet|splitK|Kernel2"),
+    ("attention", r"_attn_"),
+    ("gdn", r"gdn|delta"),
+    ("conv", r"conv"),
+    ("norm", r"norm"),
+    ("copy", r"copy|Memcpy|memcpy|index_copy|fill"),
+    ("reduce", r"reduce|argmax|softmax"),
+    ("elementwise", r"elementwise|vectorized|unrolled|Elementwise"),
+]
+
+
+def group_of(name: str) -> str:
+    for group, pattern in GROUPS:
+        if re.search(pattern, name, re.IGNORECASE):
+            return group
+    return "other"
+
+
+def profile_rows(session: SpecSession, model, rows: int, steps: int = 20) -> dict:
+    device = model.device
+    toks = torch.randint(0, model.config.vocab_size, (rows,), device=device)
+    hooks, cache = session.hooks, session.cache
+    start = cache.length
+
+    def step() -> None:
+        if rows == 1:
+            hooks.decode(model, cache, toks, ())
+            cache.length = start
+        else:
+            hooks.verify(model, cache, toks, (), session.rollback_strategy)
+            cache.rollback(start)
+
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0.record()
+    for _ in range(steps):
+        step()
+    t1.record()
+    torch.cuda.synchronize()
+    step_us = t0.elapsed_time(t1) * 1e3 / steps
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    per_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            rec = per_kernel[ev.name]
+            rec[0] += ev.device_time / steps
+            rec[1] += 1 / steps
+    groups: dict[str, dict] = defaultdict(lambda: {"us": 0.0, "kernels": 0.0})
+    for name, (us, n) in per_kernel.items():
+        g = groups[group_of(name)]
+        g["us"] += us
+        g["kernels"] += n
+    total = sum(g["us"] for g in groups.values())
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:12]
+    return {"rows": rows, "step_us": step_us, "gpu_us": total, "groups": dict(groups),
+            "top": [{"name": n[:90], "us": us, "count": c} for n, (us, c) in top]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="qwen3.5-4b,qwen3.5-27b")
+    ap.add_argument("--rows", default="1,16")
+    ap.add_argument("--context", type=int, default=512)
+    args = ap.parse_args()
+    device = torch.device("cuda")
+    bw = measure_copy_bandwidth(device)
+    print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
+    report = {"device": torch.cuda.get_device_name(), "bandwidth_GBps": bw / 1e9, "shapes": []}
+    for shape in args.shapes.split(","):
+        row_counts = [int(r) for r in args.rows.split(",")]
+        model = random_model(shape, device, torch.bfloat16, args.context + 64)
+        limit_us = weight_bytes_per_token(model) / bw * 1e6
+        for rows in row_counts:
+            session = SpecSession(model, select_hooks("auto", device), None, k=None, max_len=args.context + 64,
+                                  cuda_graphs=True)
+            if rows > 1:
+                from edgespec.drafters.ngram import NGramProposer
+                session = SpecSession(model, select_hooks("auto", device), NGramProposer(), k=rows - 1,
+                                      max_len=args.context + 64, cuda_graphs=True)
+            prompt = torch.randint(0, model.config.vocab_size, (args.context,), device=device)
+            session.hooks.prefill(model, session.cache, prompt, session.prefill_chunk, ())
+            res = profile_rows(session, model, rows)
+            res.update(shape=shape, weight_limit_us=limit_us)
+            report["shapes"].append(res)
+            print(f"\n{shape} rows={rows}: step {res['step_us']:.0f} us, {res['gpu_us']:.0f} us of it in kernels "
+                  f"(gaps {res['step_us'] - res['gpu_us']:.0f} us); weight-read limit {limit_us:.0f} us = "
+                  f"{limit_us / res['step_us']:.0%} of the step")
+            for g, v in sorted(res["groups"].items(), key=lambda kv: -kv[1]["us"]):
+                print(f"  {g:<12} {v['us']:>9.1f} us {v['us'] / res['gpu_us']:>6.1%}  {v['kernels']:>6.0f} kernels")
+            for t in res["top"][:8]:
+                print(f"    {t['us']:>8.1f} us x{t['count']:<5.0f} {t['name']}")
+            del session
+            torch.cuda.empty_cache()
+        del model
+        torch.cuda.empty_cache()
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "step_profile.json").write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
