@@ -205,19 +205,21 @@ class DFlashAttention(nn.Module):
         self.scale = self.hd ** -0.5
 
     def project_kv(self, x: torch.Tensor, start: int, rope: RotaryEmbedding,
-                   pos_t: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   pos_t: torch.Tensor | None = None, cs: tuple[torch.Tensor, torch.Tensor] | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys (k_norm, then RoPE at positions ``start ..``, or ``pos_t[0] ..`` when given) and values of rows
-        ``x [T, H]``."""
+        ``x [T, H]``. ``cs``: the rotary angles of those positions, when the caller shares them over layers."""
         T = x.shape[0]
-        k = rope(self.k_norm(self.k_proj(x).view(T, self.n_kv, self.hd)), start, pos_t)
+        k = rope(self.k_norm(self.k_proj(x).view(T, self.n_kv, self.hd)), start, pos_t, cs)
         return k, self.v_proj(x).view(T, self.n_kv, self.hd)
 
     def forward(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
-                rope: RotaryEmbedding, mask: torch.Tensor, pos_t: torch.Tensor | None = None) -> torch.Tensor:
+                rope: RotaryEmbedding, mask: torch.Tensor, pos_t: torch.Tensor | None = None,
+                cs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """``x [bs, H]`` at positions ``start ..`` (or ``pos_t[0] ..``); ``keys``/``values [W+bs, Hkv, hd]`` whose
         last ``bs`` rows the caller has just filled with this block's own K/V; ``mask [bs, W+bs]`` (True = attend)."""
         T = x.shape[0]
-        q = rope(self.q_norm(self.q_proj(x).view(T, self.n_heads, self.hd)), start, pos_t)
+        q = rope(self.q_norm(self.q_proj(x).view(T, self.n_heads, self.hd)), start, pos_t, cs)
         out = F.scaled_dot_product_attention(q.transpose(0, 1), keys.transpose(0, 1).to(q.dtype),
                                              values.transpose(0, 1).to(q.dtype), attn_mask=mask,
                                              scale=self.scale, enable_gqa=True)
@@ -383,16 +385,17 @@ class DFlashProposer(Proposer):
         masks = self._masks(start, pos_t)
         keys, values = self.window.keys, self.window.values
         delta = None     # the residual stream as (h, delta), adds fused with the next norm (see DecoderLayer)
+        cs = self.rope.angles(start, h.shape[0], pos_t, h.dtype)      # block rows: queries and own keys alike
         for i, layer in enumerate(self.drafter.layers):
             if delta is None:
                 x = layer.input_layernorm(h)
             else:
                 h, x = layer.input_layernorm.add_forward(delta, h)
-            kb, vb = layer.self_attn.project_kv(x, start, self.rope, pos_t)
+            kb, vb = layer.self_attn.project_kv(x, start, self.rope, pos_t, cs)
             keys[i, W:] = kb             # the block's own keys go to the scratch rows after the ring
             values[i, W:] = vb
             attn = layer.self_attn(x, keys[i], values[i], start, self.rope,
-                                   masks[(layer.causal, layer.sliding_window)], pos_t)
+                                   masks[(layer.causal, layer.sliding_window)], pos_t, cs)
             h, y = layer.post_attention_layernorm.add_forward(attn, h)
             delta = layer.mlp(y)
         return self.drafter.norm.add_forward(delta, h)[1]
@@ -424,7 +427,8 @@ class DFlashProposer(Proposer):
         if self._tap_order is not None:
             taps = taps[:, self._tap_order]
         feats = self.drafter.context_features(taps.to(self.dtype))
-        kv = [layer.self_attn.project_kv(feats, 0, self.rope, self._append_pos) for layer in self.drafter.layers]
+        cs = self.rope.angles(0, rows, self._append_pos, feats.dtype)
+        kv = [layer.self_attn.project_kv(feats, 0, self.rope, self._append_pos, cs) for layer in self.drafter.layers]
         positions = self._append_pos + torch.arange(rows, device=feats.device)
         self.window.write(positions, feats, torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv]))
 

@@ -54,15 +54,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norms)
 
     def forward(self, h: torch.Tensor, delta: torch.Tensor | None, cache: KVCache | GDNState, start: int,
-                rope: RotaryEmbedding, chunked: bool, checkpoint: bool,
-                pos_t: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns ``(h, delta)``: this layer's output is ``h + delta`` (see the class doc)."""
+                rope: RotaryEmbedding, chunked: bool, checkpoint: bool, pos_t: torch.Tensor | None = None,
+                cs: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns ``(h, delta)``: this layer's output is ``h + delta`` (see the class doc). ``cs``: the
+        forward's rotary angles, shared by its attention layers."""
         if delta is None:
             x = self.input_layernorm(h)
         else:
             h, x = self.input_layernorm.add_forward(delta, h)
         if self.kind == "full_attention":
-            x = self.self_attn(x, cache, start, rope, pos_t)
+            x = self.self_attn(x, cache, start, rope, pos_t, cs)
         else:
             x = self.linear_attn(x, cache, chunked=chunked, checkpoint=checkpoint)
         h, y = self.post_attention_layernorm.add_forward(x, h)
@@ -188,8 +189,9 @@ class TargetModel(nn.Module):
         tap_out = torch.empty(T, len(taps), h.shape[-1], dtype=h.dtype, device=h.device) if taps else None
         tap_index = {layer: i for i, layer in enumerate(taps)}
         delta = None
+        cs = self.rope.angles(start, T, pos_t, h.dtype) if cache.kv_layers else None
         for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers, strict=True)):
-            h, delta = layer(h, delta, layer_cache, start, self.rope, chunked, checkpoint, pos_t)
+            h, delta = layer(h, delta, layer_cache, start, self.rope, chunked, checkpoint, pos_t, cs)
             if tap_out is not None and i in tap_index:
                 tap_out[:, tap_index[i]] = h + delta
         if pos_t is None:

@@ -75,16 +75,27 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor, start: int, pos_t: torch.Tensor | None = None) -> torch.Tensor:
-        """Rotate ``x [T, H, hd]`` for positions ``start .. start+T-1`` (or ``pos_t[0] ..`` when given: graphs)."""
-        T = x.shape[0]
+    def angles(self, start: int, T: int, pos_t: torch.Tensor | None, dtype: torch.dtype
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin) [T, 1, rotary_dim]`` in ``dtype`` for positions ``start ..`` (or ``pos_t[0] ..``).
+
+        A forward computes them once and hands them to every layer: per layer and per q/k they were four small
+        gathers and casts each (on a GPU ~120 kernels of a Qwen3.5-4B decode step, and a slow index_select on
+        16-row verifies)."""
         if pos_t is None:
-            cos = self.cos[start:start + T, None, :].to(x.dtype)
-            sin = self.sin[start:start + T, None, :].to(x.dtype)
+            cos = self.cos[start:start + T, None, :]
+            sin = self.sin[start:start + T, None, :]
         else:
-            idx = pos_t + torch.arange(T, device=x.device)
-            cos = self.cos.index_select(0, idx)[:, None, :].to(x.dtype)
-            sin = self.sin.index_select(0, idx)[:, None, :].to(x.dtype)
+            idx = pos_t + torch.arange(T, device=pos_t.device)
+            cos = self.cos.index_select(0, idx)[:, None, :]
+            sin = self.sin.index_select(0, idx)[:, None, :]
+        return cos.to(dtype), sin.to(dtype)
+
+    def forward(self, x: torch.Tensor, start: int, pos_t: torch.Tensor | None = None,
+                cs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Rotate ``x [T, H, hd]`` for positions ``start .. start+T-1`` (or ``pos_t[0] ..`` when given: graphs);
+        ``cs``: the forward's :meth:`angles`, when the caller has them."""
+        cos, sin = cs if cs is not None else self.angles(start, x.shape[0], pos_t, x.dtype)
         d = self.rotary_dim
         rot, rest = x[..., :d], x[..., d:]
         half = d // 2
@@ -169,8 +180,10 @@ class Attention(nn.Module):
         self.qkv_proj = merge_linears(self, ["q_proj", "k_proj", "v_proj"])
 
     def forward(self, x: torch.Tensor, cache: KVCache, start: int, rope: RotaryEmbedding,
-                pos_t: torch.Tensor | None = None) -> torch.Tensor:
-        """``pos_t``: the start position as a device tensor (CUDA-graph replay at any position); else ``start``."""
+                pos_t: torch.Tensor | None = None, cs: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> torch.Tensor:
+        """``pos_t``: the start position as a device tensor (CUDA-graph replay at any position); else ``start``.
+        ``cs``: the forward's rotary angles (:meth:`RotaryEmbedding.angles`), computed here when not given."""
         T = x.shape[0]
         if self.qkv_proj is not None:
             q, k, v = self.qkv_proj(x).split(self._qkv_split, dim=-1)
@@ -186,8 +199,10 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        q = rope(q, start, pos_t)
-        k = rope(k, start, pos_t)
+        if cs is None:
+            cs = rope.angles(start, T, pos_t, q.dtype)
+        q = rope(q, start, pos_t, cs)
+        k = rope(k, start, pos_t, cs)
         cache.write(start, k, v, pos_t)
         out = cached_attention(q, cache, start, self.scale, pos_t).reshape(T, self.n_heads * self.hd)
         if gate is not None:
