@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session: GPU correctness tests, the attention launch sweep, the shape sweep and the cycle split.
 # Usage on the GPU machine, from the repository root:  OUT=/some/dir bash tools/gpu_sweep.sh [stage ...]
-# Stages: tests, profile, attn-sweep, kernels, shapes, cycle (default: all). Every output lands in $OUT.
+# Stages: tests, gemv, profile, attn-sweep, kernels, shapes, cycle (default: all). Every output lands in $OUT.
 set -uo pipefail
 OUT=${OUT:-.}
 stages=${*:-tests attn-sweep kernels shapes cycle}
@@ -12,6 +12,7 @@ for s in $stages; do
   case $s in
     tests) python3 -m pytest -q -x -p no:cacheprovider tests/test_kernels_gpu.py tests/test_gpu_session.py \
              2>&1 | tail -5 | tee "$OUT/tests.txt" ;;
+    gemv) python3 tools/gemv_bench.py --sweep 2>&1 | tee "$OUT/gemv_bench.txt" ;;
     profile) python3 tools/step_profile.py 2>&1 | tee "$OUT/step_profile.txt" ;;
     attn-sweep) python3 tools/kernel_bench.py --skip-tests --only none --sweep 2>&1 | tee "$OUT/attn_sweep.txt" \
              | grep -E "sweep|best|copy" ;;

@@ -1,4 +1,5 @@
-"""Linear layers ``y = x W^T + b``, with a CPU path that streams the weights at DRAM speed.
+"""Linear layers ``y = x W^T + b``: a one-row Triton GEMV on CUDA, and a CPU path that streams the weights at DRAM
+speed. (The GPU side is described in ``edgespec.kernels.triton_gemv``; the rest of this note is the CPU side.)
 
 A batch-1 forward on CPU is a chain of matrix-vector products: it should cost the bytes of the weights over the
 memory bandwidth. torch's fp32 CPU matmul goes through MKL, which on the AMD (AVX2) CPUs we run CI and the demo on
@@ -52,8 +53,18 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x [..., in] @ weight[out, in]^T (+ bias)``; OpenBLAS on CPU fp32 when active, torch otherwise."""
-    if (x.device.type != "cpu" or weight.dtype != torch.float32 or x.dtype != torch.float32
+    """``x [..., in] @ weight[out, in]^T (+ bias)``: on CUDA one row in bf16/fp16 goes to the Triton GEMV
+    (``edgespec.kernels.triton_gemv``, faster than cuBLAS on a decode step's matrices), on CPU fp32 to OpenBLAS
+    when active; everything else to torch."""
+    if x.is_cuda:
+        if (x.numel() == x.shape[-1] and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
+                and weight.stride(-1) == 1 and not torch.is_grad_enabled()):
+            from edgespec.kernels import triton_available
+            if triton_available():
+                from edgespec.kernels.triton_gemv import gemv_triton
+                return gemv_triton(x.reshape(1, -1), weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+        return F.linear(x, weight, bias)
+    if (weight.dtype != torch.float32 or x.dtype != torch.float32
             or torch.is_grad_enabled() or not cpu_blas_active()):
         return F.linear(x, weight, bias)
     lead = x.shape[:-1]

@@ -1,0 +1,141 @@
+"""cuBLAS vs the Triton GEMV on the one-row products of a decode step (bf16, weights streamed from DRAM).
+
+    python tools/gemv_bench.py [--shapes qwen3.5-4b,qwen3.5-27b] [--sweep]
+
+For every distinct weight matrix of each model shape (merged projections, as served) it times ``F.linear`` and
+``gemv_triton`` on one row, cycling through enough copies of the matrix to keep it out of L2, inside a CUDA graph,
+and prints the weight bandwidth of each next to the copy bandwidth; then the decode step's matmul time both ways
+(matrices weighted by how often a step uses them). ``--sweep`` also tries launch configurations per matrix and
+reports the best. Writes gemv_bench.json to $OUT when set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from edgespec.bench.gpu import measure_copy_bandwidth  # noqa: E402
+from edgespec.kernels.triton_gemv import gemv_config, gemv_triton  # noqa: E402
+from edgespec.loading.hf_config import parse_config  # noqa: E402
+from edgespec.loading.synthetic import SHAPES, config_dict  # noqa: E402
+from edgespec.models.decoder import TargetModel  # noqa: E402
+
+
+def matrix_counts(shape: str) -> Counter:
+    """``(N, K) -> uses per decode step`` of a shape's merged model (built on the meta device: no memory)."""
+    cfg = parse_config(config_dict(**SHAPES[shape]))
+    with torch.device("meta"):
+        model = TargetModel(cfg, max_positions=16).merge_projections()
+    counts: Counter = Counter()
+    for name, p in model.named_parameters():
+        if p.dim() == 2 and not name.startswith("mtp.") and "embed_tokens" not in name:
+            counts[tuple(p.shape)] += 1
+    if model.lm_head is None:
+        counts[tuple(model.model.embed_tokens.weight.shape)] += 1
+    return counts
+
+
+def time_us(fn, reps: int = 20) -> float:
+    """Per-call microseconds of ``fn`` captured ``reps`` times in one CUDA graph."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(5):
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) * 1e3 / reps)
+    return best
+
+
+def bench_matrix(n: int, k: int, sweep: bool, bw: float) -> dict:
+    copies = max(2, (768 << 20) // (n * k * 2))             # > L2 many times over
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    nbytes = n * k * 2
+
+    def cycle(call):
+        def run():
+            for w in ws:
+                call(w)
+        return run
+
+    ref = F.linear(x, ws[0]).float()
+    t_cublas = time_us(cycle(lambda w: F.linear(x, w)), reps=2) / copies
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    configs = [gemv_config(n, k, sm)]
+    if sweep:
+        configs += [{"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": nw, "num_stages": st}
+                    for bn, bk, nw, st in itertools.product((2, 4, 8, 16), (256, 512, 1024), (4, 8), (2, 4))]
+    results = []
+    for cfg in configs:
+        try:
+            err = ((gemv_triton(x, ws[0], config=cfg).float() - ref).norm() / ref.norm()).item()
+            t = time_us(cycle(lambda w, cfg=cfg: gemv_triton(x, w, config=cfg)), reps=2) / copies
+            results.append({**cfg, "us": t, "rel_err": err})
+        except Exception as exc:       # e.g. a tile too large for the registers
+            results.append({**cfg, "error": f"{type(exc).__name__}: {str(exc)[:60]}"})
+    ok = [r for r in results if "us" in r and r["rel_err"] < 1e-2]
+    best = min(ok, key=lambda r: r["us"]) if ok else None
+    default = results[0]
+    ws.clear()
+    torch.cuda.empty_cache()
+    return {"N": n, "K": k, "MB": nbytes / 1e6, "cublas_us": t_cublas, "cublas_pct": nbytes / t_cublas / bw * 1e8,
+            "triton_default": default, "triton_best": best,
+            "default_pct": nbytes / default["us"] / bw * 1e8 if "us" in default else None,
+            "best_pct": nbytes / best["us"] / bw * 1e8 if best else None}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="qwen3.5-4b,qwen3.5-27b")
+    ap.add_argument("--sweep", action="store_true")
+    args = ap.parse_args()
+    bw = measure_copy_bandwidth(torch.device("cuda"))
+    print(f"copy bandwidth {bw / 1e9:.0f} GB/s  (% below = weight bytes / time / copy bandwidth)")
+    report = {"device": torch.cuda.get_device_name(), "bandwidth_GBps": bw / 1e9, "shapes": {}}
+    done: dict[tuple[int, int], dict] = {}
+    for shape in args.shapes.split(","):
+        counts = matrix_counts(shape)
+        totals = {"cublas": 0.0, "default": 0.0, "best": 0.0}
+        print(f"\n{shape}: {'N x K':>14} {'uses':>4} {'MB':>7} {'cuBLAS':>8} {'triton':>8} {'best':>8}  best config")
+        for (n, k), uses in sorted(counts.items(), key=lambda kv: -kv[0][0] * kv[0][1] * kv[1]):
+            r = done.get((n, k)) or bench_matrix(n, k, args.sweep, bw)
+            done[(n, k)] = r
+            totals["cublas"] += uses * r["cublas_us"]
+            totals["default"] += uses * r["triton_default"].get("us", float("nan"))
+            totals["best"] += uses * (r["triton_best"]["us"] if r["triton_best"] else float("nan"))
+            best_cfg = {key: r["triton_best"][key] for key in ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages")} \
+                if r["triton_best"] else None
+            print(f"  {n:>7}x{k:<6} {uses:>4} {r['MB']:>7.1f} {r['cublas_pct']:>7.1f}% "
+                  f"{(r['default_pct'] or float('nan')):>7.1f}% {(r['best_pct'] or float('nan')):>7.1f}%  {best_cfg}",
+                  flush=True)
+        print(f"  matmul per decode step: cuBLAS {totals['cublas']:.0f} us, Triton default {totals['default']:.0f} us,"
+              f" Triton best-per-matrix {totals['best']:.0f} us")
+        report["shapes"][shape] = {"totals_us": totals,
+                                   "matrices": [{**done[nk], "uses": u} for nk, u in counts.items()]}
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "gemv_bench.json").write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
