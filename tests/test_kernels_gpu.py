@@ -370,14 +370,34 @@ def test_gemv_matches_reference(n, k, bias, config) -> None:
     assert rel_err(out, ref) < 1e-2
 
 
+@pytest.mark.parametrize("m", [2, 5, 16])
+@pytest.mark.parametrize("n,k", [(2560, 9216), (18432, 2560), (1000, 300), (7, 64), (5120, 17408)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_skinny_gemm_matches_reference(m, n, k, bias) -> None:
+    """2-16 rows, with and without the K split (narrow matrices), against the fp32 reference; deterministic."""
+    from edgespec.kernels.linear import linear_ref
+    from edgespec.kernels.triton_gemv import skinny_gemm_triton
+    x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+    w = torch.randn(n, k, device=DEV, dtype=torch.bfloat16) * 0.05
+    b = torch.randn(n, device=DEV, dtype=torch.bfloat16) if bias else None
+    ref = linear_ref(x.float(), w.float(), None if b is None else b.float())
+    poison_allocator()
+    out = skinny_gemm_triton(x, w, b)
+    assert out.shape == (m, n) and out.dtype == torch.bfloat16
+    assert rel_err(out, ref) < 1e-2
+    assert torch.equal(out, skinny_gemm_triton(x, w, b))
+
+
 def test_linear_dispatch_one_row_to_gemv() -> None:
-    """``linear``: one bf16 row (any leading dims) takes the GEMV, several rows cuBLAS; both match the reference."""
+    """``linear``: one bf16 row (any leading dims) takes the GEMV, 2-16 rows the skinny GEMM, more rows cuBLAS;
+    all match the reference."""
     from edgespec.kernels.linear import linear, linear_ref
     w = torch.randn(3000, 1024, device=DEV, dtype=torch.bfloat16) * 0.05
     b = torch.randn(3000, device=DEV, dtype=torch.bfloat16)
     with torch.inference_mode():
         for x in (torch.randn(1, 1024, device=DEV), torch.randn(1, 1, 1024, device=DEV), torch.randn(1024, device=DEV),
-                  torch.randn(5, 1024, device=DEV)):
+                  torch.randn(5, 1024, device=DEV), torch.randn(2, 8, 1024, device=DEV),
+                  torch.randn(40, 1024, device=DEV)):
             x = x.to(torch.bfloat16)
             out = linear(x, w, b)
             ref = linear_ref(x.float(), w.float(), b.float())

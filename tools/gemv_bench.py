@@ -25,7 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgespec.bench.gpu import measure_copy_bandwidth  # noqa: E402
-from edgespec.kernels.triton_gemv import gemv_config, gemv_triton  # noqa: E402
+from edgespec.kernels.triton_gemv import gemv_config, gemv_triton, skinny_gemm_triton  # noqa: E402
 from edgespec.loading.hf_config import parse_config  # noqa: E402
 from edgespec.loading.synthetic import SHAPES, config_dict  # noqa: E402
 from edgespec.models.decoder import TargetModel  # noqa: E402
@@ -104,10 +104,34 @@ def bench_matrix(n: int, k: int, sweep: bool, bw: float) -> dict:
             "best_pct": nbytes / best["us"] / bw * 1e8 if best else None}
 
 
+def bench_rows(n: int, k: int, rows: int, bw: float) -> dict:
+    """cuBLAS vs the skinny GEMM for ``rows`` rows (a verify) on one matrix, weights streamed from DRAM."""
+    copies = max(2, (768 << 20) // (n * k * 2))
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    ref = F.linear(x, ws[0]).float()
+    err = ((skinny_gemm_triton(x, ws[0]).float() - ref).norm() / ref.norm()).item()
+
+    def cycle(call):
+        def run():
+            for w in ws:
+                call(w)
+        return run
+
+    t_cublas = time_us(cycle(lambda w: F.linear(x, w)), reps=2) / copies
+    t_skinny = time_us(cycle(lambda w: skinny_gemm_triton(x, w)), reps=2) / copies
+    ws.clear()
+    torch.cuda.empty_cache()
+    nbytes = n * k * 2
+    return {"N": n, "K": k, "rows": rows, "cublas_us": t_cublas, "skinny_us": t_skinny, "rel_err": err,
+            "cublas_pct": nbytes / t_cublas / bw * 1e8, "skinny_pct": nbytes / t_skinny / bw * 1e8}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="qwen3.5-4b,qwen3.5-27b")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--rows", type=int, default=16, help="also compare cuBLAS and the skinny GEMM at this row count")
     args = ap.parse_args()
     bw = measure_copy_bandwidth(torch.device("cuda"))
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s  (% below = weight bytes / time / copy bandwidth)")
@@ -132,6 +156,16 @@ def main() -> int:
               f" Triton best-per-matrix {totals['best']:.0f} us")
         report["shapes"][shape] = {"totals_us": totals,
                                    "matrices": [{**done[nk], "uses": u} for nk, u in counts.items()]}
+        if args.rows > 1:
+            multi = {nk: bench_rows(*nk, args.rows, bw) for nk in counts}
+            cub = sum(u * multi[nk]["cublas_us"] for nk, u in counts.items())
+            sk = sum(u * multi[nk]["skinny_us"] for nk, u in counts.items())
+            for (n, k), r in multi.items():
+                print(f"  {args.rows} rows {n:>7}x{k:<6} cuBLAS {r['cublas_pct']:>6.1f}%  "
+                      f"skinny {r['skinny_pct']:>6.1f}%  rel err {r['rel_err']:.1e}")
+            print(f"  matmul per {args.rows}-row verify: cuBLAS {cub:.0f} us, skinny GEMM {sk:.0f} us", flush=True)
+            report["shapes"][shape]["rows"] = {"rows": args.rows, "cublas_us": cub, "skinny_us": sk,
+                                               "matrices": list(multi.values())}
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "gemv_bench.json").write_text(json.dumps(report, indent=2))
     return 0
