@@ -388,12 +388,13 @@ def test_skinny_gemm_matches_reference(m, n, k, bias) -> None:
     assert torch.equal(out, skinny_gemm_triton(x, w, b))
 
 
-def test_linear_dispatch_one_row_to_gemv() -> None:
-    """``linear``: one bf16 row (any leading dims) takes the GEMV, 2-16 rows the skinny GEMM, more rows cuBLAS;
-    all match the reference."""
+@pytest.mark.parametrize("n_out", [3000, 20000])
+def test_linear_dispatch(n_out: int) -> None:
+    """``linear``: one bf16 row (any leading dims) takes the GEMV; 2-16 rows the skinny GEMM on wide matrices and
+    cuBLAS on narrow ones; more rows cuBLAS. All match the reference."""
     from edgespec.kernels.linear import linear, linear_ref
-    w = torch.randn(3000, 1024, device=DEV, dtype=torch.bfloat16) * 0.05
-    b = torch.randn(3000, device=DEV, dtype=torch.bfloat16)
+    w = torch.randn(n_out, 1024, device=DEV, dtype=torch.bfloat16) * 0.05
+    b = torch.randn(n_out, device=DEV, dtype=torch.bfloat16)
     with torch.inference_mode():
         for x in (torch.randn(1, 1024, device=DEV), torch.randn(1, 1, 1024, device=DEV), torch.randn(1024, device=DEV),
                   torch.randn(5, 1024, device=DEV), torch.randn(2, 8, 1024, device=DEV),

@@ -53,18 +53,22 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x [..., in] @ weight[out, in]^T (+ bias)``: on CUDA 1-16 rows in bf16/fp16 go to the Triton GEMV /
-    skinny GEMM (``edgespec.kernels.triton_gemv``, faster than cuBLAS on decode and verify matrices), on CPU fp32
-    to OpenBLAS when active; everything else to torch."""
+    """``x [..., in] @ weight[out, in]^T (+ bias)``: on CUDA one bf16/fp16 row goes to the Triton GEMV and 2-16
+    rows on wide matrices to the skinny GEMM (``edgespec.kernels.triton_gemv``: both faster than cuBLAS there),
+    on CPU fp32 to OpenBLAS when active; everything else to torch."""
     if x.is_cuda:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         if (1 <= rows <= 16 and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
                 and weight.stride(-1) == 1 and not torch.is_grad_enabled()):
             from edgespec.kernels import triton_available
             if triton_available():
-                from edgespec.kernels.triton_gemv import gemv_triton, skinny_gemm_triton
-                fn = gemv_triton if rows == 1 else skinny_gemm_triton
-                return fn(x.reshape(rows, -1), weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+                from edgespec.kernels.triton_attention import _sm_count
+                from edgespec.kernels.triton_gemv import gemv_triton, skinny_gemm_triton, skinny_pays
+                if rows == 1:
+                    return gemv_triton(x.reshape(1, -1), weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+                if skinny_pays(weight.shape[0], _sm_count(x.device)):
+                    return skinny_gemm_triton(x.reshape(rows, -1), weight, bias).reshape(
+                        *x.shape[:-1], weight.shape[0])
         return F.linear(x, weight, bias)
     if (weight.dtype != torch.float32 or x.dtype != torch.float32
             or torch.is_grad_enabled() or not cpu_blas_active()):

@@ -85,6 +85,14 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 SKINNY_MAX_ROWS = 16
 
 
+def skinny_pays(N: int, sm_count: int) -> bool:
+    """Whether the skinny GEMM beats cuBLAS for this output width: when it runs unsplit (at least one 64-row
+    block per SM). On narrow matrices its K split lost to cuBLAS's on the H200 (tools/gemv_bench.py --rows 16:
+    5120x6144 at 71% vs 82% of copy bandwidth), on wide ones it won (248320x5120 102% vs 95%, 14336x5120 93% vs
+    87%)."""
+    return triton.cdiv(N, 64) >= sm_count
+
+
 @triton.jit
 def _skinny_kernel(x_ptr, w_ptr, part_ptr, b_ptr, y_ptr, M, N, K, k_per_split, stride_xm, stride_wn, stride_ps,
                    stride_pm, stride_ym,
