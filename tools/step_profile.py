@@ -27,7 +27,7 @@ from edgespec.spec.session import SpecSession  # noqa: E402
 
 # Kernel name patterns -> group (first match wins).
 GROUPS = [
-    ("matmul", r"gemm|gemv|cutlass|sm90_xmma|nvjet|splitK|Kernel2"),
+    ("matmul", r"gemm|gemv|skinny|split_sum|cutlass|sm90_xmma|nvjet|splitK|Kernel2"),
     ("attention", r"_attn_"),
     ("gdn", r"gdn|delta"),
     ("conv", r"conv"),
