@@ -99,3 +99,4 @@ def test_served_model_on_blas_matches_torch_path(tiny_models):
         got = model.forward(ids, model.new_cache(32)).logits
         tol = 1e-3 if family == "qwen3_5" else 1e-4   # the random hybrid amplifies rounding (see test_golden)
         assert (got - ref).abs().max().item() < tol, family
+

@@ -1,7 +1,8 @@
 """Compute kernels. Each op has a pure-torch reference (CPU and oracle) and, where it pays, a Triton version.
 
 The public function of each op dispatches: Triton when the tensors are on CUDA and Triton imports, the torch
-reference otherwise. Tests compare the two on fresh random inputs. See ``docs/kernels.md``.
+reference otherwise. Tests compare the two on fresh random inputs. See ``docs/architecture.md`` and
+``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
