@@ -1,11 +1,12 @@
-"""Linear layers ``y = x W^T + b``: a one-row Triton GEMV on CUDA, and a CPU path that streams the weights at DRAM
-speed. (The GPU side is described in ``edgespec.kernels.triton_gemv``; the rest of this note is the CPU side.)
+"""Linear layers ``y = x W^T + b``: Triton GEMV / skinny GEMM for few rows on CUDA, and a CPU path that streams the
+weights at DRAM speed. (The GPU side is described in ``edgespec.kernels.triton_gemv``; this note is the CPU side.)
 
 A batch-1 forward on CPU is a chain of matrix-vector products: it should cost the bytes of the weights over the
 memory bandwidth. torch's fp32 CPU matmul goes through MKL, which on the AMD (AVX2) CPUs we run CI and the demo on
-streams only 8-13 GB/s for one row and 4-8 GB/s for 2-11 rows, against ~32 GB/s the same cores read with a plain
-reduction. The OpenBLAS that numpy bundles runs the same one-row product at 22-30 GB/s
-(``tools/cpu_matmul_bench.py`` prints the comparison). So on CPU in fp32:
+streams only 8-14 GB/s for one row and 4-8 GB/s for 2-11 rows, against ~30 GB/s the same cores read with a plain
+reduction. The OpenBLAS that numpy bundles runs the same one-row product at roughly twice that, 17-30 GB/s
+depending on the shape and the machine's load (``tools/cpu_matmul_bench.py`` prints the comparison). So on CPU
+in fp32:
 
 * up to :data:`ROWS_MAX` rows (decode and short verifies) run as one OpenBLAS GEMV per row over blocks of the
   weight small enough to stay in the last-level cache, so the weight comes from DRAM once per forward however many
