@@ -204,22 +204,19 @@ class DFlashAttention(nn.Module):
         self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps, zero_centred=False)
         self.scale = self.hd ** -0.5
 
-    def project_kv(self, x: torch.Tensor, start: int, rope: RotaryEmbedding,
-                   pos_t: torch.Tensor | None = None, cs: tuple[torch.Tensor, torch.Tensor] | None = None
+    def project_kv(self, x: torch.Tensor, rope: RotaryEmbedding, cs: tuple[torch.Tensor, torch.Tensor]
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys (k_norm, then RoPE at positions ``start ..``, or ``pos_t[0] ..`` when given) and values of rows
-        ``x [T, H]``. ``cs``: the rotary angles of those positions, when the caller shares them over layers."""
+        """Keys (k_norm, then RoPE by the angles ``cs`` of the rows' positions) and values of rows ``x [T, H]``."""
         T = x.shape[0]
-        k = rope(self.k_norm(self.k_proj(x).view(T, self.n_kv, self.hd)), start, pos_t, cs)
+        k = rope(self.k_norm(self.k_proj(x).view(T, self.n_kv, self.hd)), cs)
         return k, self.v_proj(x).view(T, self.n_kv, self.hd)
 
-    def forward(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
-                rope: RotaryEmbedding, mask: torch.Tensor, pos_t: torch.Tensor | None = None,
-                cs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """``x [bs, H]`` at positions ``start ..`` (or ``pos_t[0] ..``); ``keys``/``values [W+bs, Hkv, hd]`` whose
+    def forward(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rope: RotaryEmbedding,
+                mask: torch.Tensor, cs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """``x [bs, H]`` with the rotary angles ``cs`` of its positions; ``keys``/``values [W+bs, Hkv, hd]`` whose
         last ``bs`` rows the caller has just filled with this block's own K/V; ``mask [bs, W+bs]`` (True = attend)."""
         T = x.shape[0]
-        q = rope(self.q_norm(self.q_proj(x).view(T, self.n_heads, self.hd)), start, pos_t, cs)
+        q = rope(self.q_norm(self.q_proj(x).view(T, self.n_heads, self.hd)), cs)
         out = F.scaled_dot_product_attention(q.transpose(0, 1), keys.transpose(0, 1).to(q.dtype),
                                              values.transpose(0, 1).to(q.dtype), attn_mask=mask,
                                              scale=self.scale, enable_gqa=True)
@@ -391,11 +388,10 @@ class DFlashProposer(Proposer):
                 x = layer.input_layernorm(h)
             else:
                 h, x = layer.input_layernorm.add_forward(delta, h)
-            kb, vb = layer.self_attn.project_kv(x, start, self.rope, pos_t, cs)
+            kb, vb = layer.self_attn.project_kv(x, self.rope, cs)
             keys[i, W:] = kb             # the block's own keys go to the scratch rows after the ring
             values[i, W:] = vb
-            attn = layer.self_attn(x, keys[i], values[i], start, self.rope,
-                                   masks[(layer.causal, layer.sliding_window)], pos_t, cs)
+            attn = layer.self_attn(x, keys[i], values[i], self.rope, masks[(layer.causal, layer.sliding_window)], cs)
             h, y = layer.post_attention_layernorm.add_forward(attn, h)
             delta = layer.mlp(y)
         return self.drafter.norm.add_forward(delta, h)[1]
@@ -423,14 +419,9 @@ class DFlashProposer(Proposer):
 
     def _append_body(self, rows: int) -> None:
         """Graph body of an append of ``rows`` tap rows from the static input at the device position."""
-        taps = self._append_in[rows]
-        if self._tap_order is not None:
-            taps = taps[:, self._tap_order]
-        feats = self.drafter.context_features(taps.to(self.dtype))
-        cs = self.rope.angles(0, rows, self._append_pos, feats.dtype)
-        kv = [layer.self_attn.project_kv(feats, 0, self.rope, self._append_pos, cs) for layer in self.drafter.layers]
+        feats, keys, values = self._context_kv(self._append_in[rows], 0, self._append_pos)
         positions = self._append_pos + torch.arange(rows, device=feats.device)
-        self.window.write(positions, feats, torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv]))
+        self.window.write(positions, feats, keys, values)
 
     def _append_static(self, taps: torch.Tensor, start: int) -> None:
         rows = taps.shape[0]
@@ -484,11 +475,18 @@ class DFlashProposer(Proposer):
         if taps.shape[0] > W:          # only the newest W survive the append: skip computing the rest
             start += taps.shape[0] - W
             taps = taps[-W:]
+        self.window.append(start, *self._context_kv(taps, start))
+
+    def _context_kv(self, taps: torch.Tensor, start: int, pos_t: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Tap rows of positions ``start ..`` (or ``pos_t[0] ..``) -> context features ``[T, H]`` and every drafter
+        layer's keys and values ``[layers, T, Hkv, hd]``, with one set of rotary angles for all layers."""
         if self._tap_order is not None:
             taps = taps[:, self._tap_order]
         feats = self.drafter.context_features(taps.to(self.dtype))
-        kv = [layer.self_attn.project_kv(feats, start, self.rope) for layer in self.drafter.layers]
-        self.window.append(start, feats, torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv]))
+        cs = self.rope.angles(start, feats.shape[0], pos_t, feats.dtype)
+        kv = [layer.self_attn.project_kv(feats, self.rope, cs) for layer in self.drafter.layers]
+        return feats, torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv])
 
     def _require_taps(self, out: ForwardOutput, rows: int, what: str) -> torch.Tensor:
         if out.taps is None or out.taps.shape[1] != len(self.taps):

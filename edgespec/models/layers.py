@@ -91,11 +91,9 @@ class RotaryEmbedding(nn.Module):
             sin = self.sin.index_select(0, idx)[:, None, :]
         return cos.to(dtype), sin.to(dtype)
 
-    def forward(self, x: torch.Tensor, start: int, pos_t: torch.Tensor | None = None,
-                cs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """Rotate ``x [T, H, hd]`` for positions ``start .. start+T-1`` (or ``pos_t[0] ..`` when given: graphs);
-        ``cs``: the forward's :meth:`angles`, when the caller has them."""
-        cos, sin = cs if cs is not None else self.angles(start, x.shape[0], pos_t, x.dtype)
+    def forward(self, x: torch.Tensor, cs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Rotate ``x [T, H, hd]`` by the angles ``cs`` of its rows' positions (from :meth:`angles`)."""
+        cos, sin = cs
         d = self.rotary_dim
         rot, rest = x[..., :d], x[..., d:]
         half = d // 2
@@ -201,8 +199,8 @@ class Attention(nn.Module):
             k = self.k_norm(k)
         if cs is None:
             cs = rope.angles(start, T, pos_t, q.dtype)
-        q = rope(q, start, pos_t, cs)
-        k = rope(k, start, pos_t, cs)
+        q = rope(q, cs)
+        k = rope(k, cs)
         cache.write(start, k, v, pos_t)
         out = cached_attention(q, cache, start, self.scale, pos_t).reshape(T, self.n_heads * self.hd)
         if gate is not None:
