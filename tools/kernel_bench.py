@@ -192,7 +192,8 @@ def sweep_attention(quick: bool) -> list[dict[str, Any]]:
 
     A key-major form of the kernel (KV tiles as the left operands, 2026-11-22) never beat the query-major one in
     this sweep and was dropped."""
-    from edgespec.kernels.triton_attention import _sm_count, attention_launch_config
+    from edgespec.kernels import sm_count
+    from edgespec.kernels.triton_attention import attention_launch_config
     results: list[dict[str, Any]] = []
     ctx = 32768
     name, n_q, n_kv, hd = ATTN_MODELS[1]
@@ -202,7 +203,7 @@ def sweep_attention(quick: bool) -> list[dict[str, Any]]:
         cache = make_cache(ctx, n_kv, hd, fp8)
         for T in (1, 16):
             q_bf16 = torch.randn(T, n_q, hd, device=DEV, dtype=torch.bfloat16)
-            base = attention_launch_config(T, n_q, n_kv, hd, ctx, _sm_count(q_bf16.device), cache.k.element_size())
+            base = attention_launch_config(T, n_q, n_kv, hd, ctx, sm_count(q_bf16.device), cache.k.element_size())
             grid: list[dict[str, int]] = []
             if T == 1:
                 grid += [{"BLOCK_M": 16, "BLOCK_N": bn, "num_warps": w, "num_stages": st}

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @functools.cache
@@ -22,3 +26,23 @@ def triton_available() -> bool:
     except Exception:
         return False
     return torch.cuda.is_available()
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """The test every dispatcher makes: ``x`` lives on CUDA and the Triton kernels can run."""
+    return x.is_cuda and triton_available()
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of ``device`` (a nominal 132 off CUDA, e.g. TRITON_INTERPRET=1 on CPU tensors): launch
+    heuristics size their grids by it."""
+    import torch
+    if device.type != "cuda":
+        return 132
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _cuda_sm_count(index: int) -> int:
+    import torch
+    return torch.cuda.get_device_properties(index).multi_processor_count

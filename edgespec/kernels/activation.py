@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from edgespec.kernels import use_triton
+
 
 def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` for ``gate_up [..., 2I]`` = ``[gate | up]``, in its dtype."""
@@ -30,15 +32,8 @@ def gdn_gates_ref(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
     return g, beta
 
 
-def _use_triton(x: torch.Tensor) -> bool:
-    if not x.is_cuda:
-        return False
-    from edgespec.kernels import triton_available
-    return triton_available()
-
-
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    if _use_triton(gate_up):
+    if use_triton(gate_up):
         from edgespec.kernels.triton_activation import silu_mul_triton
         return silu_mul_triton(gate_up)
     return silu_mul_ref(gate_up)
@@ -46,7 +41,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
               dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    if _use_triton(a):
+    if use_triton(a):
         from edgespec.kernels.triton_activation import gdn_gates_triton
         return gdn_gates_triton(a, b, A_log, dt_bias)
     return gdn_gates_ref(a, b, A_log, dt_bias)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from edgespec.cache.kv import KVCache
+from edgespec.kernels import use_triton
 
 
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float,
@@ -46,11 +47,9 @@ def cached_attention(q: torch.Tensor, cache: KVCache, start: int, scale: float,
     preallocated cache with a position mask: shape-static, so capturable, at the cost of reading every row.
     """
     T = q.shape[0]
-    if q.is_cuda:
-        from edgespec.kernels import triton_available
-        if triton_available() and T <= 32:
-            from edgespec.kernels.triton_attention import cached_attention_triton
-            return cached_attention_triton(q, cache, start, scale, start_t=pos_t)
+    if T <= 32 and use_triton(q):
+        from edgespec.kernels.triton_attention import cached_attention_triton
+        return cached_attention_triton(q, cache, start, scale, start_t=pos_t)
     if pos_t is None:
         k, v = cache.read(start + T)
         return attention_ref(q, k, v, start, scale)

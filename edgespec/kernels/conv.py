@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from edgespec.kernels import use_triton
+
 
 def causal_conv1d_ref(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor,
                       slots: torch.Tensor | None = None) -> torch.Tensor:
@@ -26,9 +28,7 @@ def causal_conv1d_ref(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor
 def causal_conv1d(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor,
                   slots: torch.Tensor | None = None) -> torch.Tensor:
     """Dispatch: Triton on CUDA for short (decode/verify) inputs, else the torch reference."""
-    if x.is_cuda and x.shape[0] <= 64:
-        from edgespec.kernels import triton_available
-        if triton_available():
-            from edgespec.kernels.triton_conv import causal_conv1d_triton
-            return causal_conv1d_triton(x, state, weight, slots)
+    if x.shape[0] <= 64 and use_triton(x):
+        from edgespec.kernels.triton_conv import causal_conv1d_triton
+        return causal_conv1d_triton(x, state, weight, slots)
     return causal_conv1d_ref(x, state, weight, slots)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from edgespec.kernels import use_triton
+
 
 def _prepare(q: torch.Tensor, k: torch.Tensor, n_v_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """l2-normalise q and k in fp32, scale q, and repeat key heads up to the value heads."""
@@ -95,20 +97,16 @@ def gdn_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
                   state: torch.Tensor, slots: torch.Tensor | None = None,
                   out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Dispatch: Triton on CUDA, else the torch reference. Same contract as :func:`gdn_recurrent_ref`."""
-    if v.is_cuda:
-        from edgespec.kernels import triton_available
-        if triton_available():
-            from edgespec.kernels.triton_gdn import gdn_recurrent_triton
-            return gdn_recurrent_triton(q, k, v, g, beta, state, slots, out_dtype)
+    if use_triton(v):
+        from edgespec.kernels.triton_gdn import gdn_recurrent_triton
+        return gdn_recurrent_triton(q, k, v, g, beta, state, slots, out_dtype)
     return gdn_recurrent_ref(q, k, v, g, beta, state, slots, out_dtype)
 
 
 def gdn_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                 state: torch.Tensor, chunk: int = 64) -> torch.Tensor:
     """Dispatch: Triton on CUDA, else the torch reference. Same contract as :func:`gdn_chunked_ref`."""
-    if v.is_cuda:
-        from edgespec.kernels import triton_available
-        if triton_available():
-            from edgespec.kernels.triton_gdn import gdn_chunked_triton
-            return gdn_chunked_triton(q, k, v, g, beta, state, chunk)
+    if use_triton(v):
+        from edgespec.kernels.triton_gdn import gdn_chunked_triton
+        return gdn_chunked_triton(q, k, v, g, beta, state, chunk)
     return gdn_chunked_ref(q, k, v, g, beta, state, chunk)

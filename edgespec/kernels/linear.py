@@ -26,6 +26,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from edgespec.kernels import sm_count, triton_available
+
 # Up to this many rows, one GEMV per row beats a GEMM on small-M shapes (measured on a 2-core EPYC, AVX2).
 ROWS_MAX = 8
 # Weight block of a multi-row GEMV pass: stays in cache while every row reads it.
@@ -61,13 +63,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         if (1 <= rows <= 16 and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
                 and weight.stride(-1) == 1 and not torch.is_grad_enabled()):
-            from edgespec.kernels import triton_available
             if triton_available():
-                from edgespec.kernels.triton_attention import _sm_count
                 from edgespec.kernels.triton_gemv import gemv_triton, skinny_gemm_triton, skinny_pays
                 if rows == 1:
                     return gemv_triton(x.reshape(1, -1), weight, bias).reshape(*x.shape[:-1], weight.shape[0])
-                if skinny_pays(weight.shape[0], _sm_count(x.device)):
+                if skinny_pays(weight.shape[0], sm_count(x.device)):
                     return skinny_gemm_triton(x.reshape(rows, -1), weight, bias).reshape(
                         *x.shape[:-1], weight.shape[0])
         return F.linear(x, weight, bias)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from edgespec.kernels import use_triton
+
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred: bool) -> torch.Tensor:
     """Normalise the last dim in fp32. Standard form casts back before the weight (as Llama does)."""
@@ -33,27 +35,21 @@ def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tens
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                  zero_centred: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Residual add fused with the next RMSNorm (one kernel on CUDA instead of two); see :func:`add_rms_norm_ref`."""
-    if x.is_cuda:
-        from edgespec.kernels import triton_available
-        if triton_available():
-            from edgespec.kernels.triton_norm import add_rms_norm_triton
-            return add_rms_norm_triton(x, residual, weight, eps, zero_centred)
+    if use_triton(x):
+        from edgespec.kernels.triton_norm import add_rms_norm_triton
+        return add_rms_norm_triton(x, residual, weight, eps, zero_centred)
     return add_rms_norm_ref(x, residual, weight, eps, zero_centred)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred: bool) -> torch.Tensor:
-    if x.is_cuda:
-        from edgespec.kernels import triton_available
-        if triton_available():
-            from edgespec.kernels.triton_norm import rms_norm_triton
-            return rms_norm_triton(x, weight, eps, zero_centred)
+    if use_triton(x):
+        from edgespec.kernels.triton_norm import rms_norm_triton
+        return rms_norm_triton(x, weight, eps, zero_centred)
     return rms_norm_ref(x, weight, eps, zero_centred)
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if x.is_cuda:
-        from edgespec.kernels import triton_available
-        if triton_available():
-            from edgespec.kernels.triton_norm import gated_rms_norm_triton
-            return gated_rms_norm_triton(x, gate, weight, eps)
+    if use_triton(x):
+        from edgespec.kernels.triton_norm import gated_rms_norm_triton
+        return gated_rms_norm_triton(x, gate, weight, eps)
     return gated_rms_norm_ref(x, gate, weight, eps)

@@ -30,13 +30,12 @@ graph per T replays correctly at every position.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from edgespec.cache.kv import KVCache
+from edgespec.kernels import sm_count
 
 _LOG2E = 1.4426950408889634
 # Finite stand-in for -inf in the running max, so fully masked rows give exp2(-inf - m) = 0 and never NaN.
@@ -162,18 +161,6 @@ def _attn_combine_kernel(
     tl.store(out_ptr + t * stride_ot + h * stride_oh + d, acc.to(out_ptr.dtype.element_ty))
 
 
-def _sm_count(device: torch.device) -> int:
-    """Multiprocessors of ``device`` (a nominal 132 off CUDA, e.g. TRITON_INTERPRET=1 on CPU tensors)."""
-    if device.type != "cuda":
-        return 132
-    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.cache
-def _cuda_sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def attention_launch_config(T: int, n_q_heads: int, n_kv_heads: int, head_dim: int, key_len_hint: int,
                             sm_count: int, kv_bytes: int, q_bytes: int = 2) -> dict[str, int]:
     """Pick tile sizes, warps, pipeline depth and the number of sequence splits.
@@ -226,7 +213,7 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
         q = q.contiguous()
     group = n_q // n_kv
     hint = cache.max_len if start_t is not None else start + T
-    cfg = attention_launch_config(T, n_q, n_kv, hd, hint, _sm_count(q.device), cache.k.element_size(),
+    cfg = attention_launch_config(T, n_q, n_kv, hd, hint, sm_count(q.device), cache.k.element_size(),
                                   q.element_size())
     if config:
         cfg.update(config)

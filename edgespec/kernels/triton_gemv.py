@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from edgespec.kernels import sm_count
+
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn,
@@ -67,8 +69,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         raise ValueError("gemv: weight rows must be contiguous")
     N, K = weight.shape
     x = x.contiguous()
-    from edgespec.kernels.triton_attention import _sm_count
-    cfg = gemv_config(N, K, _sm_count(x.device))
+    cfg = gemv_config(N, K, sm_count(x.device))
     if config:
         cfg.update(config)
     y = torch.empty((1, N), dtype=x.dtype, device=x.device)
@@ -155,8 +156,7 @@ def skinny_gemm_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     if not 1 <= M <= SKINNY_MAX_ROWS or weight.shape[1] != K or weight.stride(1) != 1:
         raise ValueError(f"skinny gemm: x {tuple(x.shape)}, weight {tuple(weight.shape)} (rows 1..16, contiguous)")
     x = x.contiguous()
-    from edgespec.kernels.triton_attention import _sm_count
-    cfg = skinny_config(N, K, _sm_count(x.device))
+    cfg = skinny_config(N, K, sm_count(x.device))
     if config:
         cfg.update(config)
     splits = cfg["SPLIT_K"]
