@@ -15,8 +15,11 @@ def test_model_cache_needs_its_state_bank():
     with pytest.raises(ValueError, match="GDNStateBank"):
         ModelCache(bank.layers, 16)
     cache = ModelCache(bank.layers, 16, bank)
+    assert cache.max_checkpoint_rows == 2
     bank.layers[1].recurrent.fill_(2.0)
-    cache.save_states()
+    cache.snapshot()
     bank.layers[1].recurrent.zero_()
-    cache._copy_states(from_slot=0)
+    cache.restore_snapshot()
     assert torch.all(bank.layers[1].recurrent == 2.0) and torch.all(bank.recurrent_slots[1, 0] == 2.0)
+    cache.reset()
+    assert torch.all(bank.recurrent == 0) and torch.all(bank.conv == 0)

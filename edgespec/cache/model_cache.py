@@ -42,13 +42,12 @@ class ModelCache:
 
     @property
     def has_state(self) -> bool:
-        return bool(self._state_layers)
+        return self.states is not None
 
     @property
     def max_checkpoint_rows(self) -> int:
         """Largest multi-row forward that can save per-step checkpoints (slots minus the 'before' slot)."""
-        slots = [c.checkpoint_slots for c in self.state_layers]
-        return min(slots) - 1 if slots else 1 << 30
+        return self.states.checkpoint_slots - 1 if self.states is not None else 1 << 30
 
     def nbytes(self) -> int:
         return sum(c.nbytes() for c in self.layers)
@@ -62,8 +61,8 @@ class ModelCache:
     def reset(self) -> None:
         self.length = 0
         self._ckpt_start = None
-        for c in self.state_layers:
-            c.reset()
+        if self.states is not None:
+            self.states.reset()
 
     def begin_checkpointed_forward(self, start: int, rows: int) -> None:
         """Called by a model before a forward that saves per-step GDN checkpoints (slot 0 = state before)."""
@@ -78,16 +77,8 @@ class ModelCache:
 
     def save_states(self) -> None:
         """Device part: copy every live GDN state to slot 0."""
-        self._copy_states(to_slot=0)
-
-    def _copy_states(self, *, to_slot: int | None = None, from_slot: int | None = None) -> None:
-        """Copy every GDN layer's live state to or from one checkpoint slot (one copy per tensor kind)."""
-        if self.states is None:
-            return
-        if to_slot is not None:
-            self.states.save(to_slot)
-        else:
-            self.states.restore(from_slot)
+        if self.states is not None:
+            self.states.save(0)
 
     def rollback(self, length: int) -> None:
         """Make the cache hold exactly ``length`` positions after a longer forward.
@@ -102,19 +93,20 @@ class ModelCache:
             if start is None or not (start <= length <= start + self._ckpt_rows):
                 raise ValueError(f"no state checkpoint for length {length} (last checkpointed forward: "
                                  f"start {start}, rows {self._ckpt_rows})")
-            self._copy_states(from_slot=length - start)
+            self.states.restore(length - start)
         self.length = length
 
     def snapshot(self) -> None:
         """Save the live GDN state in slot 0 (replay strategy); the attention rows need no copy."""
         self._ckpt_start, self._ckpt_rows = self.length, 0
-        self._copy_states(to_slot=0)
+        self.save_states()
 
     def restore_snapshot(self) -> int:
         """Put back the state saved by :meth:`snapshot` and return the length it was taken at."""
         if self._ckpt_start is None:
             raise ValueError("restore_snapshot without a snapshot")
-        self._copy_states(from_slot=0)
+        if self.states is not None:
+            self.states.restore(0)
         self.length = self._ckpt_start
         return self.length
 

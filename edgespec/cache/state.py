@@ -28,14 +28,6 @@ class GDNState:
         self.conv_slots = conv_slots            # [slots, conv_dim, kernel-1]
         self.recurrent_slots = recurrent_slots  # [slots, Hv, dk, dv] fp32
 
-    @property
-    def checkpoint_slots(self) -> int:
-        return self.conv_slots.shape[0]
-
-    def reset(self) -> None:
-        self.conv.zero_()
-        self.recurrent.zero_()
-
     def nbytes(self) -> int:
         return sum(t.nbytes for t in (self.conv, self.recurrent, self.conv_slots, self.recurrent_slots))
 
@@ -57,6 +49,15 @@ class GDNStateBank:
                                            dtype=torch.float32, device=device)
         self.layers = [GDNState(self.conv[i], self.recurrent[i], self.conv_slots[i], self.recurrent_slots[i])
                        for i in range(n_layers)]
+
+    @property
+    def checkpoint_slots(self) -> int:
+        return self.conv_slots.shape[1]
+
+    def reset(self) -> None:
+        """Zero every layer's live state (a new request)."""
+        self.conv.zero_()
+        self.recurrent.zero_()
 
     def save(self, slot: int) -> None:
         """Copy every layer's live state into ``slot``."""
