@@ -51,7 +51,7 @@ from edgespec.loading.hf_config import read_json
 from edgespec.loading.weights import load_parameters, weight_files
 from edgespec.models.config import ModelConfig
 from edgespec.models.decoder import ForwardOutput, TargetModel
-from edgespec.models.layers import MLP, Linear, RMSNorm, RotaryEmbedding
+from edgespec.models.layers import MLP, Linear, RMSNorm, RotaryEmbedding, merge_all_projections
 
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -599,8 +599,7 @@ def load_dflash_checkpoint(folder: str | Path, target: TargetModel, *, window_si
                                lambda name: fc_hint if name == "fc.weight" else "")
     if problems:
         raise CheckpointError(f"DFlash drafter {folder} does not fit its config: " + " | ".join(problems))
-    for layer in drafter.layers:
-        layer.mlp.merge_projections()       # one gate/up GEMM and a fused SiLU product, as in the target
+    merge_all_projections(drafter)          # one gate/up GEMM and a fused SiLU product, as in the target
     return DFlashProposer(drafter, target, window_size=window_size, window_seed=window_seed, cuda_graphs=cuda_graphs)
 
 

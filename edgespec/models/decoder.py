@@ -21,7 +21,7 @@ from edgespec.cache.state import GDNState, GDNStateBank
 from edgespec.kernels.linear import linear
 from edgespec.models.config import ModelConfig
 from edgespec.models.gdn import GatedDeltaNet
-from edgespec.models.layers import MLP, Attention, Linear, RMSNorm, RotaryEmbedding
+from edgespec.models.layers import MLP, Attention, Linear, RMSNorm, RotaryEmbedding, merge_all_projections
 
 
 @dataclass
@@ -135,9 +135,7 @@ class TargetModel(nn.Module):
 
     def merge_projections(self) -> TargetModel:
         """Merge q/k/v, gate/up and the four GDN input projections into one GEMV each (after loading)."""
-        for module in list(self.modules()):
-            if module is not self and hasattr(module, "merge_projections"):
-                module.merge_projections()
+        merge_all_projections(self)
         return self
 
     # -- caches -------------------------------------------------------------------------------------------------

@@ -128,6 +128,13 @@ def merge_linears(parent: nn.Module, names: list[str]) -> Linear:
     return merged
 
 
+def merge_all_projections(root: nn.Module) -> None:
+    """Merge the projections of every submodule of ``root`` that can (attention q/k/v, MLP gate/up, GDN inputs)."""
+    for module in list(root.modules()):
+        if module is not root and hasattr(module, "merge_projections"):
+            module.merge_projections()
+
+
 class MLP(nn.Module):
     """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
 
