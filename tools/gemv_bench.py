@@ -25,6 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgespec.bench.gpu import measure_copy_bandwidth  # noqa: E402
+from edgespec.kernels import sm_count  # noqa: E402
 from edgespec.kernels.triton_gemv import gemv_config, gemv_triton, skinny_gemm_triton  # noqa: E402
 from edgespec.loading.hf_config import parse_config  # noqa: E402
 from edgespec.loading.synthetic import SHAPES, config_dict  # noqa: E402
@@ -66,22 +67,28 @@ def time_us(fn, reps: int = 20) -> float:
     return best
 
 
+def streamed_weights(n: int, k: int) -> list[torch.Tensor]:
+    """Enough bf16 copies of an ``[n, k]`` matrix to exceed L2 many times over: cycling through them makes every
+    product read its weights from DRAM, as a decode step does."""
+    copies = max(2, (768 << 20) // (n * k * 2))
+    return [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+
+
+def per_matrix_us(ws: list[torch.Tensor], call) -> float:
+    """Microseconds of ``call(w)`` per matrix, cycling through ``ws`` inside a CUDA graph."""
+    def run() -> None:
+        for w in ws:
+            call(w)
+    return time_us(run, reps=2) / len(ws)
+
+
 def bench_matrix(n: int, k: int, sweep: bool, bw: float) -> dict:
-    copies = max(2, (768 << 20) // (n * k * 2))             # > L2 many times over
-    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    ws = streamed_weights(n, k)
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
     nbytes = n * k * 2
-
-    def cycle(call):
-        def run():
-            for w in ws:
-                call(w)
-        return run
-
     ref = F.linear(x, ws[0]).float()
-    t_cublas = time_us(cycle(lambda w: F.linear(x, w)), reps=2) / copies
-    sm = torch.cuda.get_device_properties(0).multi_processor_count
-    configs = [gemv_config(n, k, sm)]
+    t_cublas = per_matrix_us(ws, lambda w: F.linear(x, w))
+    configs = [gemv_config(n, k, sm_count(x.device))]
     if sweep:
         configs += [{"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": nw, "num_stages": st}
                     for bn, bk, nw, st in itertools.product((2, 4, 8, 16), (256, 512, 1024), (4, 8), (2, 4))]
@@ -89,7 +96,7 @@ def bench_matrix(n: int, k: int, sweep: bool, bw: float) -> dict:
     for cfg in configs:
         try:
             err = ((gemv_triton(x, ws[0], config=cfg).float() - ref).norm() / ref.norm()).item()
-            t = time_us(cycle(lambda w, cfg=cfg: gemv_triton(x, w, config=cfg)), reps=2) / copies
+            t = per_matrix_us(ws, lambda w, cfg=cfg: gemv_triton(x, w, config=cfg))
             results.append({**cfg, "us": t, "rel_err": err})
         except Exception as exc:       # e.g. a tile too large for the registers
             results.append({**cfg, "error": f"{type(exc).__name__}: {str(exc)[:60]}"})
@@ -106,20 +113,12 @@ def bench_matrix(n: int, k: int, sweep: bool, bw: float) -> dict:
 
 def bench_rows(n: int, k: int, rows: int, bw: float) -> dict:
     """cuBLAS vs the skinny GEMM for ``rows`` rows (a verify) on one matrix, weights streamed from DRAM."""
-    copies = max(2, (768 << 20) // (n * k * 2))
-    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    ws = streamed_weights(n, k)
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     ref = F.linear(x, ws[0]).float()
     err = ((skinny_gemm_triton(x, ws[0]).float() - ref).norm() / ref.norm()).item()
-
-    def cycle(call):
-        def run():
-            for w in ws:
-                call(w)
-        return run
-
-    t_cublas = time_us(cycle(lambda w: F.linear(x, w)), reps=2) / copies
-    t_skinny = time_us(cycle(lambda w: skinny_gemm_triton(x, w)), reps=2) / copies
+    t_cublas = per_matrix_us(ws, lambda w: F.linear(x, w))
+    t_skinny = per_matrix_us(ws, lambda w: skinny_gemm_triton(x, w))
     ws.clear()
     torch.cuda.empty_cache()
     nbytes = n * k * 2

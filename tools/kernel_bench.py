@@ -247,17 +247,23 @@ def sweep_attention(quick: bool) -> list[dict[str, Any]]:
     return results
 
 
+def _gdn_inputs(T: int, n_k: int, n_v: int, dk: int, dv: int):
+    """q/k/v as views of one fused bf16 conv output (as the model passes them), g < 0, beta in (0, 1), a state."""
+    fused = torch.randn(T, 2 * n_k * dk + n_v * dv, device=DEV, dtype=torch.bfloat16)
+    q = fused[:, : n_k * dk].view(T, n_k, dk)
+    k = fused[:, n_k * dk: 2 * n_k * dk].view(T, n_k, dk)
+    v = fused[:, 2 * n_k * dk:].view(T, n_v, dv)
+    g = -torch.rand(T, n_v, device=DEV) * 0.5
+    beta = torch.rand(T, n_v, device=DEV)
+    state = torch.randn(n_v, dk, dv, device=DEV) * 0.1
+    return fused, q, k, v, g, beta, state
+
+
 def bench_gdn(table: Table, quick: bool) -> None:
     n_k, n_v, dk, dv = 16, 48, 128, 128                     # Qwen3.5-27B
     state_bytes = n_v * dk * dv * 4
     for T, with_slots in ((1, False), (4, True), (16, True)):
-        fused = torch.randn(T, 2 * n_k * dk + n_v * dv, device=DEV, dtype=torch.bfloat16)
-        q = fused[:, : n_k * dk].view(T, n_k, dk)
-        k = fused[:, n_k * dk: 2 * n_k * dk].view(T, n_k, dk)
-        v = fused[:, 2 * n_k * dk:].view(T, n_v, dv)
-        g = -torch.rand(T, n_v, device=DEV) * 0.5
-        beta = torch.rand(T, n_v, device=DEV)
-        state = torch.randn(n_v, dk, dv, device=DEV) * 0.1
+        fused, q, k, v, g, beta, state = _gdn_inputs(T, n_k, n_v, dk, dv)
         slots = torch.empty((T + 1, n_v, dk, dv), device=DEV) if with_slots else None
         s1, s2 = state.clone(), state.clone()
         err = rel_err(gdn_recurrent_triton(q, k, v, g, beta, s1, slots),
@@ -270,13 +276,7 @@ def bench_gdn(table: Table, quick: bool) -> None:
         table.add("gdn-recurrent", f"27B Hv={n_v} T={T}{' +slots' if with_slots else ''}", gpu, t, r, nbytes,
                   err)
     for T in (512, 2048):
-        fused = torch.randn(T, 2 * n_k * dk + n_v * dv, device=DEV, dtype=torch.bfloat16)
-        q = fused[:, : n_k * dk].view(T, n_k, dk)
-        k = fused[:, n_k * dk: 2 * n_k * dk].view(T, n_k, dk)
-        v = fused[:, 2 * n_k * dk:].view(T, n_v, dv)
-        g = -torch.rand(T, n_v, device=DEV) * 0.5
-        beta = torch.rand(T, n_v, device=DEV)
-        state = torch.randn(n_v, dk, dv, device=DEV) * 0.1
+        fused, q, k, v, g, beta, state = _gdn_inputs(T, n_k, n_v, dk, dv)
         s1, s2 = state.clone(), state.clone()
         err = rel_err(gdn_chunked_triton(q, k, v, g, beta, s1), gdn_chunked_ref(q, k, v, g, beta, s2))
         fn = partial(gdn_chunked_triton, q, k, v, g, beta, s1)

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgespec.arch.detect import select_hooks  # noqa: E402
 from edgespec.bench.gpu import measure_copy_bandwidth, random_model, weight_bytes_per_token  # noqa: E402
+from edgespec.drafters.ngram import NGramProposer  # noqa: E402
 from edgespec.spec.session import SpecSession  # noqa: E402
 
 # Kernel name patterns -> group (first match wins).
@@ -105,12 +106,10 @@ def main() -> int:
         model = random_model(shape, device, torch.bfloat16, args.context + 64)
         limit_us = weight_bytes_per_token(model) / bw * 1e6
         for rows in row_counts:
-            session = SpecSession(model, select_hooks("auto", device), None, k=None, max_len=args.context + 64,
-                                  cuda_graphs=True)
-            if rows > 1:
-                from edgespec.drafters.ngram import NGramProposer
-                session = SpecSession(model, select_hooks("auto", device), NGramProposer(), k=rows - 1,
-                                      max_len=args.context + 64, cuda_graphs=True)
+            # A proposer only sizes the verify graph (rows - 1 drafts); the profile feeds the rows itself.
+            proposer = NGramProposer() if rows > 1 else None
+            session = SpecSession(model, select_hooks("auto", device), proposer, k=rows - 1 if rows > 1 else None,
+                                  max_len=args.context + 64, cuda_graphs=True)
             prompt = torch.randint(0, model.config.vocab_size, (args.context,), device=device)
             session.hooks.prefill(model, session.cache, prompt, session.prefill_chunk, ())
             res = profile_rows(session, model, rows)
