@@ -150,36 +150,31 @@ def telemetry(completion: Completion, *, queue_ms: float, timed_out: bool) -> di
     }
 
 
-def chat_response(rid: str, created: int, model: str, completion: Completion, extra: dict[str, Any],
-                  timed_out: bool) -> dict[str, Any]:
+def _response(rid: str, created: int, model: str, obj: str, content: dict[str, Any], completion: Completion,
+              extra: dict[str, Any], timed_out: bool) -> dict[str, Any]:
+    """The envelope chat and text completions share; ``content`` is the choice's message or text field."""
     return {
         "id": rid,
-        "object": "chat.completion",
+        "object": obj,
         "created": created,
         "model": model,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": completion.text},
-            "logprobs": None,
-            "finish_reason": finish_reason(completion, timed_out),
-        }],
-        "usage": usage(completion),
-        "edgespec": extra,
-    }
-
-
-def text_response(rid: str, created: int, model: str, completion: Completion, extra: dict[str, Any],
-                  timed_out: bool) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "text": completion.text, "logprobs": None,
+        "choices": [{"index": 0, **content, "logprobs": None,
                      "finish_reason": finish_reason(completion, timed_out)}],
         "usage": usage(completion),
         "edgespec": extra,
     }
+
+
+def chat_response(rid: str, created: int, model: str, completion: Completion, extra: dict[str, Any],
+                  timed_out: bool) -> dict[str, Any]:
+    return _response(rid, created, model, "chat.completion",
+                     {"message": {"role": "assistant", "content": completion.text}}, completion, extra, timed_out)
+
+
+def text_response(rid: str, created: int, model: str, completion: Completion, extra: dict[str, Any],
+                  timed_out: bool) -> dict[str, Any]:
+    return _response(rid, created, model, "text_completion", {"text": completion.text}, completion, extra,
+                     timed_out)
 
 
 class ChunkMaker:
