@@ -100,3 +100,38 @@ def test_served_model_on_blas_matches_torch_path(tiny_models):
         tol = 1e-3 if family == "qwen3_5" else 1e-4   # the random hybrid amplifies rounding (see test_golden)
         assert (got - ref).abs().max().item() < tol, family
 
+
+
+def test_gpu_product_kernels_reject_bad_shapes_before_launching():
+    """The Triton GEMV / skinny GEMM check their operands first (runs wherever Triton imports; no GPU needed)."""
+    pytest.importorskip("triton")
+    from edgespec.kernels.triton_gemv import gemv_triton, skinny_gemm_triton
+
+    w = torch.randn(8, 16)
+    with pytest.raises(ValueError, match="not \\[1, K\\]"):
+        gemv_triton(torch.randn(2, 16), w)                  # two rows
+    with pytest.raises(ValueError, match="not \\[1, K\\]"):
+        gemv_triton(torch.randn(1, 15), w)                  # K mismatch
+    with pytest.raises(ValueError, match="contiguous"):
+        gemv_triton(torch.randn(1, 16), torch.randn(16, 8).t())  # column-major [8, 16] weight
+    with pytest.raises(ValueError, match="rows 1..16"):
+        skinny_gemm_triton(torch.randn(17, 16), w)          # too many rows
+    with pytest.raises(ValueError, match="rows 1..16"):
+        skinny_gemm_triton(torch.randn(4, 15), w)
+
+
+def test_fused_pointwise_kernels_reject_bad_shapes_before_launching():
+    pytest.importorskip("triton")
+    from edgespec.kernels.triton_activation import gdn_gates_triton, silu_mul_triton
+    from edgespec.kernels.triton_norm import add_rms_norm_triton
+
+    with pytest.raises(ValueError, match="not even"):
+        silu_mul_triton(torch.randn(2, 7))
+    with pytest.raises(ValueError, match="do not fit"):
+        gdn_gates_triton(torch.randn(2, 4), torch.randn(2, 3), torch.randn(4), torch.randn(4))
+    with pytest.raises(ValueError, match="do not fit"):
+        gdn_gates_triton(torch.randn(2, 4), torch.randn(2, 4), torch.randn(3), torch.randn(4))
+    with pytest.raises(ValueError, match="must match"):
+        add_rms_norm_triton(torch.randn(2, 8), torch.randn(2, 9), torch.randn(8), 1e-6, False)
+    with pytest.raises(ValueError, match="must match"):
+        add_rms_norm_triton(torch.randn(2, 8), torch.randn(2, 8).bfloat16(), torch.randn(8), 1e-6, False)
