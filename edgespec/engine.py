@@ -107,7 +107,7 @@ class Engine:
         dtype = resolve_dtype(settings.dtype, device)
         model = load_target(model_dir, dtype=dtype, device=device, max_positions=settings.max_seq_len)
         if device.type == "cpu" and dtype == torch.float32 and settings.cpu_blas:
-            configure_cpu()   # ~1.4x faster decode of the demo model on CPU; see edgespec.kernels.linear
+            configure_cpu()   # OpenBLAS GEMVs, torch single-threaded: see edgespec.kernels.linear
         tokenizer = ChatTokenizer.from_folder(model_dir)
         if tokenizer.vocab_size > model.config.vocab_size:
             raise ConfigError(f"tokenizer of {model_dir} has {tokenizer.vocab_size} tokens but the model's "
