@@ -5,8 +5,13 @@ Rollback strategies (both available on every arch, chosen by the ``rollback`` se
 
 * ``checkpoint``: verify saves the GDN state after every row; rollback copies one slot back (constant time).
 * ``replay``: snapshot the GDN state before verify; on a partial accept restore it and re-run the accepted rows
-  (a second, shorter forward; needs no per-row slots). Attention-only models never replay: truncating their
-  KV cache is O(1), so both strategies reduce to setting the length.
+  (a second, shorter forward; needs no per-row slots).
+* ``deferred``: verify leaves the GDN state untouched and keeps each row's inputs (a few KB); the accept stage
+  advances the state by the accepted rows in one launch for all layers. Fewest state bytes of the three: one read
+  in the verify, one read + write in the commit (checkpoints write the state once per verify row).
+
+Attention-only models never replay or defer: truncating their KV cache is O(1), so every strategy reduces to
+setting the length.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ import torch
 from edgespec.arch.graphs import StaticForward
 from edgespec.cache.model_cache import ModelCache
 from edgespec.models.decoder import ForwardOutput, TargetModel
+
+# The rollback strategies every arch offers (see the module doc).
+ROLLBACK_STRATEGIES: tuple[str, ...] = ("checkpoint", "replay", "deferred")
 
 
 @dataclass
@@ -51,9 +59,11 @@ class ArchHooks:
 
     # -- cache --------------------------------------------------------------------------------------------------
     def new_cache(self, model: TargetModel, max_len: int, kv_fp8: bool, rollback: str, max_rows: int) -> ModelCache:
-        """Allocate the request cache; checkpoint rollback needs one state slot per verify row."""
+        """Allocate the request cache; checkpoint rollback needs one state slot per verify row, deferred rollback
+        room for each verify row's inputs."""
         return model.new_cache(max_len, kv_fp8=kv_fp8,
-                               checkpoint_rows=max_rows if rollback == "checkpoint" else 0)
+                               checkpoint_rows=max_rows if rollback == "checkpoint" else 0,
+                               defer_rows=max_rows if rollback == "deferred" else 0)
 
     def prepare(self, model: TargetModel, cache: ModelCache, verify_rows: int, taps: Sequence[int],
                 rollback: str, graphs: bool) -> None:
@@ -62,9 +72,11 @@ class ArchHooks:
         self.static.clear()
         if graphs:
             checkpoint = rollback == "checkpoint" and cache.has_state
+            defer = rollback == "deferred" and cache.has_state
             self.static[1] = StaticForward(model, cache, 1, taps, False, capture=True)
             if verify_rows > 1:
-                self.static[verify_rows] = StaticForward(model, cache, verify_rows, taps, checkpoint, capture=True)
+                self.static[verify_rows] = StaticForward(model, cache, verify_rows, taps, checkpoint, capture=True,
+                                                         defer=defer)
         cache.reset()
 
     # -- stages -------------------------------------------------------------------------------------------------
@@ -88,7 +100,7 @@ class ArchHooks:
         static = self._static_verify(n)
         if static is None:
             return model.forward(rows, cache, taps=taps, checkpoint=rollback == "checkpoint" and cache.has_state,
-                                 chunked=False)
+                                 defer=rollback == "deferred", chunked=False)
         if n < static.rows:
             rows = torch.cat([rows, rows[-1:].expand(static.rows - n)])
         out = static.run(rows, cache)
@@ -104,11 +116,12 @@ class ArchHooks:
                  taps: Sequence[int], rollback: str) -> ForwardOutput | None:
         """Keep the first ``keep`` of the verify rows written at ``start``. Returns a replay forward's output when
         one ran (its taps then cover exactly the kept rows)."""
-        if start + keep == cache.length:
-            return None
         if rollback == "replay" and cache.has_state:
+            if start + keep == cache.length:
+                return None
             cache.restore_snapshot()
             return model.forward(rows[:keep], cache, taps=taps, chunked=False, logits="none")
+        # Also when every row is kept: a deferred verify's rows are committed here.
         cache.rollback(start + keep)
         return None
 

@@ -20,9 +20,9 @@ class StaticForward:
     """A forward of exactly ``rows`` tokens at a device-held position, optionally captured as a CUDA graph."""
 
     def __init__(self, model: TargetModel, cache: ModelCache, rows: int, taps: Sequence[int], checkpoint: bool,
-                 capture: bool) -> None:
+                 capture: bool, defer: bool = False) -> None:
         self.model, self.cache, self.rows = model, cache, rows
-        self.taps, self.checkpoint = tuple(taps), checkpoint
+        self.taps, self.checkpoint, self.defer = tuple(taps), checkpoint, defer
         device = model.device
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
@@ -33,7 +33,7 @@ class StaticForward:
 
     def _forward(self) -> ForwardOutput:
         return self.model.forward(self.tokens, self.cache, taps=self.taps, checkpoint=self.checkpoint,
-                                  chunked=False, pos_t=self.pos)
+                                  defer=self.defer, chunked=False, pos_t=self.pos)
 
     def _capture(self) -> None:
         # Warm up on a side stream (Triton compiles, cuBLAS picks algorithms), then capture. The warm-up writes
@@ -58,6 +58,8 @@ class StaticForward:
         self.pos.fill_(start)
         if self.checkpoint:
             cache.mark_checkpointed_forward(start, self.rows)
+        elif self.defer:
+            cache.begin_deferred_forward(start, self.rows)
         if self.graph is not None:
             self.graph.replay()
             out = self.out

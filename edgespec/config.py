@@ -51,8 +51,9 @@ class Settings:
     window_size: int | None = _knob(None, "DFlash per-token context window W; None = arch default (128)", min=1,
                                     max=4096)
     window_seed: bool | None = _knob(None, "seed the DFlash window from the prompt tail; None = arch default")
-    rollback: Literal["auto", "checkpoint", "replay"] = _knob(
-        "auto", "partial-accept rollback: per-step state checkpoints or snapshot+replay; auto = arch default")
+    rollback: Literal["auto", "checkpoint", "replay", "deferred"] = _knob(
+        "auto", "partial-accept rollback of GDN state: per-step checkpoints, snapshot+replay, or deferred (verify "
+        "keeps row inputs, accept advances the state); auto = arch default")
     acceptance: Literal["strict", "relaxed_thinking"] = _knob(
         "strict", "greedy acceptance: strict (lossless) or relaxed inside <think> blocks (opt-in, lossy)")
     relaxed_top_k: int = _knob(3, "relaxed thinking: draft must be in the verify top-k", min=1, max=64)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from edgespec.arch.base import ROLLBACK_STRATEGIES
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
@@ -29,7 +31,7 @@ def test_graph_spec_equals_plain_on_cuda(tmp_path, family, dtype):
         plain = SpecSession(model, select_hooks("rtx", dev), None, kv_fp8=kv_fp8, max_len=256,
                             cuda_graphs=False).generate(prompt, max_tokens=40, policy=StrictGreedy())
         for arch in ("rtx", "thor"):
-            for rollback in ("checkpoint", "replay"):
+            for rollback in ROLLBACK_STRATEGIES:
                 graphed = SpecSession(model, select_hooks(arch, dev), NGramProposer(), k=7, kv_fp8=kv_fp8,
                                       rollback=rollback, max_len=256, cuda_graphs=True)
                 assert graphed.hooks.static[8].graph is not None

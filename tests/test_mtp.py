@@ -10,6 +10,7 @@ import pytest
 import torch
 from test_dflash import MixedProposer, make_drafter, plain_greedy, prompt_ids
 
+from edgespec.arch.base import ROLLBACK_STRATEGIES
 from edgespec.arch.detect import select_hooks
 from edgespec.cache.kv import KVCache
 from edgespec.config import Settings
@@ -72,7 +73,7 @@ def test_add_mtp_weights_tool(tmp_path):
     assert session.generate(prompt, max_tokens=8, policy=StrictGreedy()).token_ids == plain
 
 
-@pytest.mark.parametrize("rollback", ["checkpoint", "replay"])
+@pytest.mark.parametrize("rollback", ROLLBACK_STRATEGIES)
 def test_cached_chain_equals_full_recompute(tiny_models, rollback):
     model = tiny_models["qwen3_5"]
     prompt = prompt_ids(320, n=15)
@@ -104,7 +105,7 @@ def test_greedy_mtp_equals_plain(tiny_models, kv_fp8):
     prompt = prompt_ids(320, n=19, seed=9)
     n = 18
     plain = plain_greedy(model, prompt, n, kv_fp8)
-    for arch, rollback in itertools.product(("base", "rtx", "thor"), ("checkpoint", "replay")):
+    for arch, rollback in itertools.product(("base", "rtx", "thor"), ROLLBACK_STRATEGIES):
         mtp = MTPProposer(model, max_len=128)
         mixed = MixedProposer(mtp, plain, 320, seed=len(arch) * 3 + len(rollback))
         session = SpecSession(model, select_hooks(arch, CPU), mixed, k=3, kv_fp8=kv_fp8, rollback=rollback,

@@ -108,7 +108,7 @@ def test_group_plans_explain_skips() -> None:
     assert relaxed[0] == cur and all(c["acceptance"] == "relaxed_thinking" for c in relaxed[1:])
     assert "GPU" in GROUPS["graphs"].plan(cur, _ctx()).note
     assert "attention-only" in GROUPS["rollback"].plan(cur, _ctx()).note
-    assert len(GROUPS["rollback"].plan(cur, _ctx(has_state=True)).candidates) == 2
+    assert len(GROUPS["rollback"].plan(cur, _ctx(has_state=True)).candidates) == 3   # checkpoint, replay, deferred
     ks = [c["num_draft_tokens"] for c in GROUPS["k"].plan(cur, _ctx(resolved_k=4)).candidates]
     assert ks == [None, 2, 3, 6, 8]          # K=4 is what the start ran with (the n-gram default)
     drafters = GROUPS["drafter"].plan({**cur, "num_draft_tokens": 6}, _ctx()).candidates

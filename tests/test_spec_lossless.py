@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from edgespec.arch.base import ROLLBACK_STRATEGIES
 from edgespec.arch.detect import select_hooks
 from edgespec.cache.model_cache import state_equal
 from edgespec.drafters.base import Draft, Proposer
@@ -72,7 +73,7 @@ def test_greedy_spec_equals_plain(tiny_models, family, kv_fp8):
     vocab = model.config.vocab_size
     for prompt, n in zip(_prompts(vocab), (40, 24, 33), strict=True):
         plain = _plain(model, prompt, n, kv_fp8)
-        for arch, rollback, kind in itertools.product(("base", "rtx", "thor"), ("checkpoint", "replay"),
+        for arch, rollback, kind in itertools.product(("base", "rtx", "thor"), ROLLBACK_STRATEGIES,
                                                       ("ngram", "oracle")):
             proposer = NGramProposer() if kind == "ngram" else OracleProposer(plain, vocab, seed=n)
             session = SpecSession(model, select_hooks(arch, CPU), proposer, k=5, kv_fp8=kv_fp8,
@@ -85,13 +86,13 @@ def test_greedy_spec_equals_plain(tiny_models, family, kv_fp8):
 
 
 def test_rollback_state_equals_plain_replay(tiny_models):
-    """After partial accepts, every cache and state equals plain decoding of the committed tokens; the checkpoint
-    and replay strategies agree."""
+    """After partial accepts, every cache and state equals plain decoding of the committed tokens; the checkpoint,
+    replay and deferred strategies agree (checkpoint and deferred bit for bit: same steps, same inputs)."""
     model = tiny_models["qwen3_5"]
     prompt = _prompts(model.config.vocab_size)[1]
     plain_tokens = _plain(model, prompt, 30, False)
     caches = {}
-    for rollback in ("checkpoint", "replay"):
+    for rollback in ROLLBACK_STRATEGIES:
         session = SpecSession(model, select_hooks("base", CPU), OracleProposer(plain_tokens, 320, seed=3), k=6,
                               rollback=rollback, max_len=256)
         out = session.generate(prompt, max_tokens=30, policy=StrictGreedy())
@@ -108,6 +109,7 @@ def test_rollback_state_equals_plain_replay(tiny_models):
         assert cache.length == ref.length, rollback
         assert state_equal(cache, ref, atol=1e-3), rollback
     assert state_equal(caches["checkpoint"], caches["replay"], atol=1e-3)
+    assert state_equal(caches["checkpoint"], caches["deferred"], atol=0.0)
 
 
 def test_checkpoint_rollback_is_constant_copy(tiny_models):
@@ -123,6 +125,45 @@ def test_checkpoint_rollback_is_constant_copy(tiny_models):
         ref = model.new_cache(64)
         model.prefill(torch.cat([ids, rows[:keep]]), ref)
         assert state_equal(cache, ref, atol=1e-3), keep
+
+
+def test_deferred_commit_equals_checkpoint_rollback(tiny_models):
+    """A deferred forward leaves the GDN state untouched; committing any number of its rows gives exactly the
+    state a checkpointed forward saved after that row (and the state plain prefill of those rows reaches)."""
+    model = tiny_models["qwen3_5"]
+    ids = torch.randint(0, 320, (20,))
+    rows = torch.randint(0, 320, (6,))
+    for keep in range(0, 7):
+        ckpt = model.new_cache(64, checkpoint_rows=6)
+        model.prefill(ids, ckpt)
+        out_ckpt = model.forward(rows, ckpt, checkpoint=True, chunked=False)
+        ckpt.rollback(20 + keep)
+        deferred = model.new_cache(64, defer_rows=6)
+        model.prefill(ids, deferred)
+        before = [s.recurrent.clone() for s in deferred.state_layers]
+        out_def = model.forward(rows, deferred, defer=True, chunked=False)
+        assert all(torch.equal(b, s.recurrent) for b, s in zip(before, deferred.state_layers, strict=True))
+        assert torch.equal(out_def.logits, out_ckpt.logits)
+        with pytest.raises(ValueError, match="not committed"):
+            model.forward(rows[:1], deferred)                     # the state is stale until the commit
+        deferred.rollback(20 + keep)
+        assert state_equal(deferred, ckpt, atol=0.0), keep
+        ref = model.new_cache(64)
+        model.prefill(torch.cat([ids, rows[:keep]]), ref)
+        assert state_equal(deferred, ref, atol=1e-3), keep
+
+
+def test_deferred_forward_bad_input(tiny_models):
+    """More rows than the cache keeps, or a deferred forward that also checkpoints, is refused by name."""
+    model = tiny_models["qwen3_5"]
+    cache = model.new_cache(64, defer_rows=3)
+    model.prefill(torch.randint(0, 320, (8,)), cache)
+    with pytest.raises(ValueError, match="exceeds the 3 rows kept"):
+        model.forward(torch.randint(0, 320, (4,)), cache, defer=True, chunked=False)
+    with pytest.raises(ValueError, match="not both"):
+        model.forward(torch.randint(0, 320, (2,)), cache, defer=True, checkpoint=True, chunked=False)
+    with pytest.raises(ValueError, match="advance by 5"):
+        cache.states.advance(5)
 
 
 def test_demo_model_greedy_spec_equals_plain(demo_model_dir):

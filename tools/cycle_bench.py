@@ -50,6 +50,7 @@ def main() -> int:
     ap.add_argument("--shape", default="qwen3.5-27b", choices=sorted(SHAPES))
     ap.add_argument("--k", type=int, default=15)
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rollback", default=None, help="rollback strategy (default: the arch default)")
     args = ap.parse_args()
     device = torch.device("cuda")
     model = random_model(args.shape, device, torch.bfloat16, max_len=2048)
@@ -62,7 +63,8 @@ def main() -> int:
         for name, proposer in proposers.items():
             k = min(args.k, proposer.max_k)
             session = SpecSession(model, select_hooks("auto", device), proposer, k=k, max_len=2048,
-                                  cuda_graphs=True, stage_timing="device")
+                                  cuda_graphs=True, stage_timing="device", rollback=args.rollback)
+            out["rollback"] = session.rollback_strategy
             session.generate(prompt, max_tokens=16, policy=StrictGreedy())          # warm-up
             res = session.generate(prompt, max_tokens=args.tokens, policy=StrictGreedy())
             out[name] = split(res.telemetry)

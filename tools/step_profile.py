@@ -87,8 +87,13 @@ def profile_rows(session: SpecSession, model, rows: int, steps: int = 20) -> dic
         g["kernels"] += n
     total = sum(g["us"] for g in groups.values())
     top = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:12]
+    # The kernels of the first replayed step, in launch order (what one layer of each kind runs).
+    cuda_events = sorted((ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA),
+                         key=lambda ev: ev.time_range.start)
+    per_step = len(cuda_events) // steps
+    sequence = [{"name": ev.name[:90], "us": ev.device_time} for ev in cuda_events[:per_step]]
     return {"rows": rows, "step_us": step_us, "gpu_us": total, "groups": dict(groups),
-            "top": [{"name": n[:90], "us": us, "count": c} for n, (us, c) in top]}
+            "top": [{"name": n[:90], "us": us, "count": c} for n, (us, c) in top], "sequence": sequence}
 
 
 def main() -> int:
@@ -96,6 +101,8 @@ def main() -> int:
     ap.add_argument("--shapes", default="qwen3.5-4b,qwen3.5-27b")
     ap.add_argument("--rows", default="1,16")
     ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--rollback", default=None, help="verify rollback strategy (default: the arch default)")
+    ap.add_argument("--sequence", type=int, default=0, help="also print the first N kernels of one step in order")
     args = ap.parse_args()
     device = torch.device("cuda")
     bw = measure_copy_bandwidth(device)
@@ -109,7 +116,7 @@ def main() -> int:
             # A proposer only sizes the verify graph (rows - 1 drafts); the profile feeds the rows itself.
             proposer = NGramProposer() if rows > 1 else None
             session = SpecSession(model, select_hooks("auto", device), proposer, k=rows - 1 if rows > 1 else None,
-                                  max_len=args.context + 64, cuda_graphs=True)
+                                  max_len=args.context + 64, cuda_graphs=True, rollback=args.rollback)
             prompt = torch.randint(0, model.config.vocab_size, (args.context,), device=device)
             session.hooks.prefill(model, session.cache, prompt, session.prefill_chunk, ())
             res = profile_rows(session, model, rows)
@@ -122,6 +129,8 @@ def main() -> int:
                 print(f"  {g:<12} {v['us']:>9.1f} us {v['us'] / res['gpu_us']:>6.1%}  {v['kernels']:>6.0f} kernels")
             for t in res["top"][:8]:
                 print(f"    {t['us']:>8.1f} us x{t['count']:<5.0f} {t['name']}")
+            for i, ev in enumerate(res["sequence"][:args.sequence]):
+                print(f"    [{i:3d}] {ev['us']:>7.1f} us  {ev['name']}")
             del session
             torch.cuda.empty_cache()
         del model

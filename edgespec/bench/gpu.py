@@ -114,8 +114,9 @@ def kv_bytes_read(session: SpecSession, context: int) -> int:
 def bench_shape(shape: str, *, device: torch.device, dtype: torch.dtype = torch.bfloat16, arch: str = "auto",
                 kv_fp8: bool | None = None, context: int = 512, verify_rows: tuple[int, ...] = (2, 4, 8, 16),
                 prefill_lengths: tuple[int, ...] = (512, 2048), graphs: bool = True,
-                bandwidth: float | None = None) -> dict[str, Any]:
-    """Measure one shape; returns a dict of figures (ms, tok/s, limits, ratios)."""
+                bandwidth: float | None = None, rollback: str | None = None) -> dict[str, Any]:
+    """Measure one shape; returns a dict of figures (ms, tok/s, limits, ratios). ``rollback``: the verify's
+    strategy (None: the arch default, as served)."""
     max_len = max(context + 64, max(prefill_lengths, default=0) + 64)
     bw = bandwidth or measure_copy_bandwidth(device)
     torch.cuda.reset_peak_memory_stats(device) if device.type == "cuda" else None
@@ -147,11 +148,12 @@ def bench_shape(shape: str, *, device: torch.device, dtype: torch.dtype = torch.
     out.update(decode_ms=decode_ms, decode_tok_s=1e3 / decode_ms, decode_limit_ms=limit_ms,
                decode_limit_tok_s=1e3 / limit_ms, decode_fraction_of_limit=limit_ms / decode_ms)
 
-    # Verify of R rows (each its own session so the graph has exactly R rows), checkpointed as in serving.
+    # Verify of R rows (each its own session so the graph has exactly R rows), with the rollback as served.
     verify = {}
     for rows in verify_rows:
         vs = SpecSession(model, select_hooks(arch, device), _FixedDraft(rows - 1), k=rows - 1, kv_fp8=kv_fp8,
-                         rollback="checkpoint", max_len=max_len, cuda_graphs=graphs)
+                         rollback=rollback, max_len=max_len, cuda_graphs=graphs)
+        out["rollback"] = vs.rollback_strategy
         vs.cache.reset()
         vs.hooks.prefill(model, vs.cache, prompt, vs.prefill_chunk, ())
         toks = torch.randint(0, model.config.vocab_size, (rows,), device=device)
@@ -162,13 +164,18 @@ def bench_shape(shape: str, *, device: torch.device, dtype: torch.dtype = torch.
             vs.cache.rollback(start)
 
         v_ms = time_cuda(verify_step)
-        # Rollback alone: restore one checkpoint slot (state copies) + set lengths.
+        # Rollback alone, at its dearest: a checkpoint restore costs the same for any kept row (one slot copy); a
+        # deferred commit advances the state by the kept rows, so it is timed keeping all of them.
         start = vs.cache.length
         vs.hooks.verify(model, vs.cache, toks, (), vs.rollback_strategy)
+        deferred = vs.cache.deferred_pending
+        keep = rows if deferred else 1
 
-        def rollback_step(vs=vs, start=start, rows=rows) -> None:
+        def rollback_step(vs=vs, start=start, rows=rows, keep=keep, deferred=deferred) -> None:
             vs.cache.length = start + rows
-            vs.cache.rollback(start + 1)
+            if deferred:
+                vs.cache.begin_deferred_forward(start, rows)      # host mark only: the kept inputs stay valid
+            vs.cache.rollback(start + keep)
 
         r_ms = time_cuda(rollback_step)
         verify[rows] = {"ms": v_ms, "x_decode": v_ms / decode_ms, "rollback_ms": r_ms}
@@ -239,6 +246,7 @@ def add_sweep_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--kv", default="model,fp8", help="KV formats to run decode with")
     ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--rollback", default=None, help="verify rollback strategy (default: the arch default)")
     ap.add_argument("--sweep-out", default=os.environ.get("OUT", "."), help="folder for gpu_bench.json")
 
 
@@ -261,7 +269,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         for kv in kvs:
             try:
                 r = bench_shape(shape, device=device, kv_fp8=kv == "fp8", context=args.context,
-                                graphs=not args.no_graphs, bandwidth=bw,
+                                graphs=not args.no_graphs, bandwidth=bw, rollback=args.rollback,
                                 verify_rows=(2, 4, 8, 16) if kv == "model" else (16,),
                                 prefill_lengths=(512, 2048) if kv == "model" else ())
             except Exception as e:  # one shape failing (e.g. out of memory) must not lose the others

@@ -3,7 +3,8 @@
 ``length`` is the number of positions whose K/V and state are valid. Attention rows past ``length`` are garbage
 that the next write overwrites, which makes truncating an attention-only cache O(1). For GDN layers the state
 must be put back explicitly: :meth:`rollback` does it from the per-step checkpoints of the last multi-row
-forward (constant time), :meth:`snapshot` / :meth:`restore_snapshot` serve the replay strategy.
+forward (constant time) or, after a deferred forward, commits the kept rows into the untouched state;
+:meth:`snapshot` / :meth:`restore_snapshot` serve the replay strategy.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class ModelCache:
         # Start position and row count of the last forward that wrote per-step checkpoints (None: no such forward).
         self._ckpt_start: int | None = None
         self._ckpt_rows = 0
+        # Start position and row count of a deferred forward whose rows are not committed yet (None: none).
+        self._defer_start: int | None = None
+        self._defer_rows = 0
 
     # -- queries ------------------------------------------------------------------------------------------------
     @property
@@ -49,10 +53,23 @@ class ModelCache:
         """Largest multi-row forward that can save per-step checkpoints (slots minus the 'before' slot)."""
         return self.states.checkpoint_slots - 1 if self.states is not None else 1 << 30
 
+    @property
+    def max_deferred_rows(self) -> int:
+        """Largest forward that can defer its GDN state update (rows of kept inputs)."""
+        return self.states.defer_rows if self.states is not None else 1 << 30
+
+    @property
+    def deferred_pending(self) -> bool:
+        """True between a deferred forward and the rollback/commit that settles it."""
+        return self._defer_start is not None
+
     def nbytes(self) -> int:
         return sum(c.nbytes() for c in self.layers)
 
     def check_room(self, start: int, rows: int) -> None:
+        if self._defer_start is not None:
+            # A forward now would read GDN states that are missing the deferred rows.
+            raise ValueError(f"a deferred forward at {self._defer_start} is not committed: call rollback first")
         if start + rows > self.max_len:
             raise PromptTooLongError(
                 f"sequence of {start + rows} tokens exceeds max_seq_len {self.max_len}")
@@ -61,6 +78,7 @@ class ModelCache:
     def reset(self) -> None:
         self.length = 0
         self._ckpt_start = None
+        self._defer_start = None
         if self.states is not None:
             self.states.reset()
 
@@ -75,6 +93,12 @@ class ModelCache:
             raise ValueError(f"checkpointed forward of {rows} rows exceeds {self.max_checkpoint_rows} slots")
         self._ckpt_start, self._ckpt_rows = start, rows
 
+    def begin_deferred_forward(self, start: int, rows: int) -> None:
+        """Host bookkeeping of a forward whose GDN layers keep their state and stash each row's inputs."""
+        if rows > self.max_deferred_rows:
+            raise ValueError(f"deferred forward of {rows} rows exceeds the {self.max_deferred_rows} rows kept")
+        self._defer_start, self._defer_rows = start, rows
+
     def save_states(self) -> None:
         """Device part: copy every live GDN state to slot 0."""
         if self.states is not None:
@@ -83,12 +107,21 @@ class ModelCache:
     def rollback(self, length: int) -> None:
         """Make the cache hold exactly ``length`` positions after a longer forward.
 
-        Attention layers: O(1). GDN layers: copy the checkpoint saved after row ``length - start - 1`` of the
-        last checkpointed forward; a rollback outside that forward's rows is impossible and raises.
+        Attention layers: O(1). GDN layers: after a deferred forward, advance the state by its first
+        ``length - start`` rows (also when every row is kept: the state has not moved yet); otherwise copy the
+        checkpoint saved after row ``length - start - 1`` of the last checkpointed forward. A rollback outside
+        that forward's rows is impossible and raises.
         """
         if length > self.length:
             raise ValueError(f"cannot roll back forward from {self.length} to {length}")
-        if self.has_state and length != self.length:
+        if self._defer_start is not None:
+            start = self._defer_start
+            if not start <= length <= start + self._defer_rows:
+                raise ValueError(f"cannot commit length {length} of the deferred forward at {start} "
+                                 f"({self._defer_rows} rows)")
+            self.states.advance(length - start)
+            self._defer_start = None
+        elif self.has_state and length != self.length:
             start = self._ckpt_start
             if start is None or not (start <= length <= start + self._ckpt_rows):
                 raise ValueError(f"no state checkpoint for length {length} (last checkpointed forward: "

@@ -9,11 +9,19 @@ so speculative decoding needs one of two rollback strategies (see ``arch``):
   time, costs ``(K+2)`` state copies of memory.
 * replay: the caller snapshots the live state (slot 0) before the forward, restores it, and re-runs the accepted
   rows. Needs one slot only.
+* deferred: a multi-row forward called with ``defer=True`` leaves the live state as it was and keeps each row's
+  inputs (the pre-conv row as the window stores it, the conv output, the decay and write strength: a few KB per
+  row); the accept stage then advances every layer by the accepted rows (:meth:`GDNStateBank.advance`: one
+  launch for all layers, the same recurrence kernel decode runs, so the state ends exactly as plain decoding
+  leaves it). Per verify that is one state read in the forward and one read + write in the commit, where
+  checkpoints write the whole state once per row (16 state writes for K=15).
 """
 
 from __future__ import annotations
 
 import torch
+
+from edgespec.kernels.gdn import gdn_advance
 
 
 class GDNState:
@@ -21,15 +29,29 @@ class GDNState:
     which copies between the live tensors and the slots for all layers at once."""
 
     def __init__(self, conv: torch.Tensor, recurrent: torch.Tensor, conv_slots: torch.Tensor,
-                 recurrent_slots: torch.Tensor) -> None:
+                 recurrent_slots: torch.Tensor, pending: PendingRows | None = None) -> None:
         self.conv = conv                        # [conv_dim, kernel-1]
         self.recurrent = recurrent              # [Hv, dk, dv] fp32
         # Slot 0 = state before the last checkpointed forward; slot i+1 = state after its row i.
         self.conv_slots = conv_slots            # [slots, conv_dim, kernel-1]
         self.recurrent_slots = recurrent_slots  # [slots, Hv, dk, dv] fp32
+        self.pending = pending                  # inputs of a deferred forward's rows (None: no deferral)
 
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in (self.conv, self.recurrent, self.conv_slots, self.recurrent_slots))
+        tensors = [self.conv, self.recurrent, self.conv_slots, self.recurrent_slots]
+        if self.pending is not None:
+            tensors += [self.pending.x, self.pending.qkv, self.pending.g, self.pending.beta]
+        return sum(t.nbytes for t in tensors)
+
+
+class PendingRows:
+    """Per-row inputs a deferred forward keeps for its commit (views of one layer's rows, ``R`` = max rows)."""
+
+    def __init__(self, x: torch.Tensor, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> None:
+        self.x = x          # [R, conv_dim] pre-conv inputs in the conv window's dtype
+        self.qkv = qkv      # [R, conv_dim] conv outputs (q | k | v), the recurrence's inputs
+        self.g = g          # [R, Hv] fp32 log decay
+        self.beta = beta    # [R, Hv] fp32 write strength
 
 
 class GDNStateBank:
@@ -39,7 +61,8 @@ class GDNStateBank:
     H200 (0.54 ms instead of ~0.08 ms for the 151 MB of Qwen3.5-27B state)."""
 
     def __init__(self, n_layers: int, conv_dim: int, conv_kernel: int, n_v_heads: int, k_head_dim: int,
-                 v_head_dim: int, dtype: torch.dtype, device: torch.device | str, checkpoint_slots: int = 1) -> None:
+                 v_head_dim: int, dtype: torch.dtype, device: torch.device | str, checkpoint_slots: int = 1,
+                 defer_rows: int = 0) -> None:
         self.conv = torch.zeros(n_layers, conv_dim, conv_kernel - 1, dtype=dtype, device=device)
         self.recurrent = torch.zeros(n_layers, n_v_heads, k_head_dim, v_head_dim, dtype=torch.float32,
                                      device=device)
@@ -47,7 +70,17 @@ class GDNStateBank:
                                       device=device)
         self.recurrent_slots = torch.zeros(n_layers, checkpoint_slots, n_v_heads, k_head_dim, v_head_dim,
                                            dtype=torch.float32, device=device)
-        self.layers = [GDNState(self.conv[i], self.recurrent[i], self.conv_slots[i], self.recurrent_slots[i])
+        # Deferred forwards: each row's inputs, layer-major so one launch advances every layer.
+        self.key_dim = (conv_dim - n_v_heads * v_head_dim) // 2
+        self.head_dims = (k_head_dim, v_head_dim)
+        self.defer_rows = defer_rows
+        self.pending_x = torch.zeros(n_layers, defer_rows, conv_dim, dtype=dtype, device=device)
+        self.pending_qkv = torch.zeros(n_layers, defer_rows, conv_dim, dtype=dtype, device=device)
+        self.pending_g = torch.zeros(n_layers, defer_rows, n_v_heads, dtype=torch.float32, device=device)
+        self.pending_beta = torch.zeros(n_layers, defer_rows, n_v_heads, dtype=torch.float32, device=device)
+        self.layers = [GDNState(self.conv[i], self.recurrent[i], self.conv_slots[i], self.recurrent_slots[i],
+                                PendingRows(self.pending_x[i], self.pending_qkv[i], self.pending_g[i],
+                                            self.pending_beta[i]) if defer_rows else None)
                        for i in range(n_layers)]
 
     @property
@@ -68,3 +101,20 @@ class GDNStateBank:
         """Copy ``slot`` of every layer back into the live state."""
         self.conv.copy_(self.conv_slots[:, slot])
         self.recurrent.copy_(self.recurrent_slots[:, slot])
+
+    def advance(self, n: int) -> None:
+        """Commit the first ``n`` rows of the last deferred forward: every layer's conv window and recurrent state
+        move on by those rows, as ``n`` decode steps would have moved them."""
+        if not 0 <= n <= self.defer_rows:
+            raise ValueError(f"cannot advance by {n} rows: a deferred forward keeps at most {self.defer_rows}")
+        if n == 0:
+            return
+        # The window holds the last K-1 inputs: drop the n oldest, append the n accepted rows.
+        seq = torch.cat([self.conv, self.pending_x[:, :n].transpose(1, 2)], dim=2)
+        self.conv.copy_(seq[:, :, n:])
+        kd = self.key_dim
+        dk, dv = self.head_dims
+        rows = self.pending_qkv[:, :n]
+        k = rows[..., kd:2 * kd].unflatten(-1, (kd // dk, dk))
+        v = rows[..., 2 * kd:].unflatten(-1, (-1, dv))
+        gdn_advance(k, v, self.pending_g[:, :n], self.pending_beta[:, :n], self.recurrent)

@@ -39,9 +39,15 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return silu_mul_ref(gate_up)
 
 
-def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
-              dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+              out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``out``: preallocated contiguous fp32 ``(g, beta)`` to write (a deferred verify keeps them for its commit)."""
     if use_triton(a):
         from edgespec.kernels.triton_activation import gdn_gates_triton
-        return gdn_gates_triton(a, b, A_log, dt_bias)
-    return gdn_gates_ref(a, b, A_log, dt_bias)
+        return gdn_gates_triton(a, b, A_log, dt_bias, out)
+    g, beta = gdn_gates_ref(a, b, A_log, dt_bias)
+    if out is None:
+        return g, beta
+    out[0].copy_(g)
+    out[1].copy_(beta)
+    return out

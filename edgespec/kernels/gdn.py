@@ -1,4 +1,5 @@
-"""Gated DeltaNet: the recurrent form (decode and verify, with per-step checkpoints) and the chunked form (prefill).
+"""Gated DeltaNet: the recurrent form (decode and verify, with per-step checkpoints or a deferred state update), the
+multi-layer advance (the deferred commit) and the chunked form (prefill).
 
 Shapes (batch 1, one layer):
   q, k  [T, Hk, dk]  raw post-conv activations (l2-normalised here, q also scaled by dk^-0.5)
@@ -93,14 +94,32 @@ def gdn_chunked_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     return out
 
 
+def gdn_advance_ref(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                    states: torch.Tensor) -> None:
+    """Advance L layers' states by n rows: ``k [L, n, Hk, dk]``, ``v [L, n, Hv, dv]``, ``g, beta [L, n, Hv]``,
+    ``states [L, Hv, dk, dv]`` (in place). Each layer steps exactly as :func:`gdn_recurrent_ref` does."""
+    for layer in range(states.shape[0]):
+        gdn_recurrent_ref(k[layer], k[layer], v[layer], g[layer], beta[layer], states[layer])
+
+
 def gdn_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                   state: torch.Tensor, slots: torch.Tensor | None = None,
-                  out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Dispatch: Triton on CUDA, else the torch reference. Same contract as :func:`gdn_recurrent_ref`."""
+                  out_dtype: torch.dtype = torch.float32, update_state: bool = True) -> torch.Tensor:
+    """Dispatch: Triton on CUDA, else the torch reference. Same contract as :func:`gdn_recurrent_ref`;
+    ``update_state=False`` leaves ``state`` as it was (a deferred verify: :func:`gdn_advance` commits later)."""
     if use_triton(v):
         from edgespec.kernels.triton_gdn import gdn_recurrent_triton
-        return gdn_recurrent_triton(q, k, v, g, beta, state, slots, out_dtype)
-    return gdn_recurrent_ref(q, k, v, g, beta, state, slots, out_dtype)
+        return gdn_recurrent_triton(q, k, v, g, beta, state, slots, out_dtype, update_state)
+    return gdn_recurrent_ref(q, k, v, g, beta, state if update_state else state.clone(), slots, out_dtype)
+
+
+def gdn_advance(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, states: torch.Tensor) -> None:
+    """Dispatch: one Triton launch for all layers on CUDA, else :func:`gdn_advance_ref`."""
+    if use_triton(v):
+        from edgespec.kernels.triton_gdn import gdn_advance_triton
+        gdn_advance_triton(k, v, g, beta, states)
+    else:
+        gdn_advance_ref(k, v, g, beta, states)
 
 
 def gdn_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

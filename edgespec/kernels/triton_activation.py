@@ -58,8 +58,8 @@ def _gdn_gates_kernel(a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, N, H, st
     tl.store(beta_ptr + i, beta, mask=ok)
 
 
-def gdn_gates_triton(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
-                     dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gdn_gates_triton(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+                     out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     if a.shape != b.shape or a.dim() != 2 or A_log.shape != (a.shape[1],) or dt_bias.shape != A_log.shape:
         raise ValueError(f"gdn gates: a {tuple(a.shape)}, b {tuple(b.shape)}, A_log {tuple(A_log.shape)}, "
                          f"dt_bias {tuple(dt_bias.shape)} do not fit [T, Hv] / [Hv]")
@@ -68,8 +68,14 @@ def gdn_gates_triton(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
     if b.stride(-1) != 1:
         b = b.contiguous()
     N, H = a.shape
-    g = torch.empty((N, H), dtype=torch.float32, device=a.device)
-    beta = torch.empty((N, H), dtype=torch.float32, device=a.device)
+    if out is None:
+        g = torch.empty((N, H), dtype=torch.float32, device=a.device)
+        beta = torch.empty((N, H), dtype=torch.float32, device=a.device)
+    else:
+        g, beta = out
+        for t in (g, beta):
+            if t.shape != (N, H) or t.dtype != torch.float32 or not t.is_contiguous():
+                raise ValueError(f"gdn gates out must be contiguous fp32 [{N}, {H}] tensors")
     block = min(1024, triton.next_power_of_2(max(N * H, 1)))
     if N:
         _gdn_gates_kernel[(triton.cdiv(N * H, block),)](a, b, A_log, dt_bias, g, beta, N, H, a.stride(0),

@@ -32,10 +32,10 @@ def _seq_rows(x_ptr, state_ptr, c, c_ok, rows, T, stride_xt, KM1: tl.constexpr):
 
 @triton.jit
 def _causal_conv1d_kernel(
-    x_ptr, state_ptr, w_ptr, slots_ptr, out_ptr,
-    T, C, stride_xt, stride_ot, stride_slot,
+    x_ptr, state_ptr, w_ptr, slots_ptr, out_ptr, xs_ptr,
+    T, C, stride_xt, stride_ot, stride_slot, stride_xst,
     K: tl.constexpr, KM1_P2: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
-    SAVE_SLOTS: tl.constexpr,
+    SAVE_SLOTS: tl.constexpr, UPDATE_STATE: tl.constexpr, SAVE_X: tl.constexpr,
 ):
     pid_c = tl.program_id(0)
     pid_t = tl.program_id(1)
@@ -55,30 +55,38 @@ def _causal_conv1d_kernel(
                 # Slot t+1 (state after row t) column j-1 = seq column t + j: the tap just loaded.
                 tl.store(slots_ptr + (t[:, None] + 1) * stride_slot + c[None, :] * (K - 1) + (j - 1),
                          val.to(slots_ptr.dtype.element_ty), mask=t_ok[:, None] & c_ok[None, :])
+        if SAVE_X:
+            if j == K - 1:
+                # The last tap reads x row t itself (as the window stores it): the deferred commit's input.
+                tl.store(xs_ptr + t[:, None] * stride_xst + c[None, :], val, mask=t_ok[:, None] & c_ok[None, :])
     acc = acc.to(w_ty).to(tl.float32)
     y = acc / (1.0 + tl.exp(-acc))
     tl.store(out_ptr + t[:, None] * stride_ot + c[None, :], y.to(w_ty).to(out_ptr.dtype.element_ty),
              mask=t_ok[:, None] & c_ok[None, :])
-    if pid_t == 0:
-        # New state = seq columns T .. T+K-2. Only this row block read the old state (BLOCK_T >= K-1), so
-        # overwriting it here, after a barrier that finishes this program's reads, races with nobody.
-        jj = tl.arange(0, KM1_P2)
-        rows = T - (K - 1) + jj
-        from_x = c_ok[:, None] & (jj[None, :] < K - 1) & (rows[None, :] >= 0)
-        from_s = c_ok[:, None] & (jj[None, :] < K - 1) & (rows[None, :] < 0)
-        xv = tl.load(x_ptr + rows[None, :] * stride_xt + c[:, None], mask=from_x, other=0.0)
-        sv = tl.load(state_ptr + c[:, None] * (K - 1) + (K - 1 + rows[None, :]), mask=from_s, other=0.0)
-        new_state = tl.where(from_x, xv.to(sv.dtype), sv)
-        tl.debug_barrier()
-        tl.store(state_ptr + c[:, None] * (K - 1) + jj[None, :], new_state,
-                 mask=c_ok[:, None] & (jj[None, :] < K - 1))
+    if UPDATE_STATE:
+        if pid_t == 0:
+            # New state = seq columns T .. T+K-2. Only this row block read the old state (BLOCK_T >= K-1), so
+            # overwriting it here, after a barrier that finishes this program's reads, races with nobody.
+            jj = tl.arange(0, KM1_P2)
+            rows = T - (K - 1) + jj
+            from_x = c_ok[:, None] & (jj[None, :] < K - 1) & (rows[None, :] >= 0)
+            from_s = c_ok[:, None] & (jj[None, :] < K - 1) & (rows[None, :] < 0)
+            xv = tl.load(x_ptr + rows[None, :] * stride_xt + c[:, None], mask=from_x, other=0.0)
+            sv = tl.load(state_ptr + c[:, None] * (K - 1) + (K - 1 + rows[None, :]), mask=from_s, other=0.0)
+            new_state = tl.where(from_x, xv.to(sv.dtype), sv)
+            tl.debug_barrier()
+            tl.store(state_ptr + c[:, None] * (K - 1) + jj[None, :], new_state,
+                     mask=c_ok[:, None] & (jj[None, :] < K - 1))
 
 
 def causal_conv1d_triton(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor,
-                         slots: torch.Tensor | None = None) -> torch.Tensor:
-    """``silu(causal depthwise conv)`` of ``x [T, C]`` continuing from ``state [C, K-1]`` (updated in place).
+                         slots: torch.Tensor | None = None, *, update_state: bool = True,
+                         out: torch.Tensor | None = None, x_save: torch.Tensor | None = None) -> torch.Tensor:
+    """``silu(causal depthwise conv)`` of ``x [T, C]`` continuing from ``state [C, K-1]`` (updated in place unless
+    ``update_state`` is False).
 
-    With ``slots [>=T+1, C, K-1]`` the state after row i goes to slot i+1. Returns ``[T, C]`` in x's dtype.
+    With ``slots [>=T+1, C, K-1]`` the state after row i goes to slot i+1; ``x_save [T, C]`` (state dtype)
+    receives x as the state stores it; ``out [T, C]`` (x's dtype) takes the result. Returns ``[T, C]`` in x's dtype.
     """
     T, C = x.shape
     K = weight.shape[1]
@@ -93,16 +101,22 @@ def causal_conv1d_triton(x: torch.Tensor, state: torch.Tensor, weight: torch.Ten
     if slots is not None and (slots.shape[0] < T + 1 or slots.shape[1:] != state.shape
                               or not slots.is_contiguous()):
         raise ValueError("slots must be a contiguous [>=T+1, C, K-1] tensor")
-    out = torch.empty((T, C), dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty((T, C), dtype=x.dtype, device=x.device)
+    elif out.shape != (T, C) or out.dtype != x.dtype or out.stride(1) != 1:
+        raise ValueError(f"conv out must be a [{T}, {C}] {x.dtype} tensor with unit column stride")
+    if x_save is not None and (x_save.shape != (T, C) or x_save.dtype != state.dtype or x_save.stride(1) != 1):
+        raise ValueError(f"conv x_save must be a [{T}, {C}] {state.dtype} tensor with unit column stride")
     if T == 0:
         return out
     # Outputs do not depend on each other (no recurrence), so rows are spread over the grid too.
     block_t = max(2, triton.next_power_of_2(K - 1), min(16, triton.next_power_of_2(T)))
     block_c = 128 if block_t >= 8 else 256
     _causal_conv1d_kernel[(triton.cdiv(C, block_c), triton.cdiv(T, block_t))](
-        x, state, weight, slots if slots is not None else state, out,
+        x, state, weight, slots if slots is not None else state, out, x_save if x_save is not None else state,
         T, C, x.stride(0), out.stride(0), slots.stride(0) if slots is not None else 0,
+        x_save.stride(0) if x_save is not None else 0,
         K=K, KM1_P2=max(2, triton.next_power_of_2(K - 1)), BLOCK_T=block_t, BLOCK_C=block_c,
-        SAVE_SLOTS=slots is not None, num_warps=4,
+        SAVE_SLOTS=slots is not None, UPDATE_STATE=update_state, SAVE_X=x_save is not None, num_warps=4,
     )
     return out

@@ -32,10 +32,23 @@ def _gdn_recurrent_kernel(
     T, q_scale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt,
     stride_ot, stride_oh, stride_slot,
+    stride_ql, stride_kl, stride_vl, stride_gl, stride_bl, stride_sl, stride_ol,
     RATIO: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr, SAVE_SLOTS: tl.constexpr,
+    WRITE_STATE: tl.constexpr,
 ):
+    # Grid: (value head, dv tile, layer). One launch can advance the states of every layer of a model at once
+    # (``gdn_advance_triton``: stacked inputs, layer strides); a forward passes one layer and zero strides. The
+    # commit runs this very code, outputs included (into scratch), so its state rounds exactly like decode's.
     j = tl.program_id(0)
     vb = tl.program_id(1)
+    layer = tl.program_id(2)
+    q_ptr += layer * stride_ql
+    o_ptr += layer * stride_ol
+    k_ptr += layer * stride_kl
+    v_ptr += layer * stride_vl
+    g_ptr += layer * stride_gl
+    b_ptr += layer * stride_bl
+    s_ptr += layer * stride_sl
     hk = j // RATIO
     ik = tl.arange(0, DK)
     iv = vb * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -70,7 +83,8 @@ def _gdn_recurrent_kernel(
         tl.store(o_ptr + t * stride_ot + j * stride_oh + iv, o)
         if SAVE_SLOTS:
             tl.store(slots_ptr + (t + 1) * stride_slot + s_off, S)
-    tl.store(s_ptr + s_off, S)
+    if WRITE_STATE:
+        tl.store(s_ptr + s_off, S)
 
 
 @triton.jit
@@ -192,13 +206,21 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b
     return q, k, v
 
 
+def _block_v(n_v: int, dv: int) -> int:
+    """dv tile of the recurrent kernel: enough programs to cover the chip at decode (a narrower tile when there
+    are few heads). Every call for one model must use the same tile -- the reductions' order depends on it, and
+    decode, verify and the deferred commit have to round alike."""
+    return min(32 if n_v * (dv // 32) >= 96 else 16, dv)
+
+
 def gdn_recurrent_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                          beta: torch.Tensor, state: torch.Tensor,
-                         slots: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                         slots: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32,
+                         update_state: bool = True) -> torch.Tensor:
     """Recurrent GDN over T rows; same contract as :func:`edgespec.kernels.gdn.gdn_recurrent_ref`.
 
-    Updates ``state`` in place and, with ``slots [>=T+1, Hv, dk, dv]``, writes the state after row i to
-    slot i+1. Returns ``o [T, Hv, dv]`` in ``out_dtype`` (rounded from fp32 by the store).
+    Updates ``state`` in place (unless ``update_state`` is False) and, with ``slots [>=T+1, Hv, dk, dv]``, writes
+    the state after row i to slot i+1. Returns ``o [T, Hv, dv]`` in ``out_dtype`` (rounded from fp32 by the store).
     """
     q, k, v = _check(q, k, v, g, beta, state)
     T, n_k, dk = q.shape
@@ -209,19 +231,54 @@ def gdn_recurrent_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
             raise ValueError("slots must be a contiguous [>=T+1, Hv, dk, dv] fp32 tensor")
     if T == 0:
         return out
-    # Enough programs to cover the chip at decode: a narrower dv tile when there are few heads.
-    block_v = 32 if n_v * (dv // 32) >= 96 else 16
-    block_v = min(block_v, dv)
-    _gdn_recurrent_kernel[(n_v, dv // block_v)](
+    block_v = _block_v(n_v, dv)
+    _gdn_recurrent_kernel[(n_v, dv // block_v, 1)](
         q, k, v, g, beta, state, slots if slots is not None else state, out,
         T, dk ** -0.5,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), beta.stride(0),
         out.stride(0), out.stride(1), slots.stride(0) if slots is not None else 0,
+        0, 0, 0, 0, 0, 0, 0,
         RATIO=n_v // n_k, DK=dk, DV=dv, BLOCK_V=block_v, SAVE_SLOTS=slots is not None,
+        WRITE_STATE=update_state,
         num_warps=4,
     )
     return out
+
+
+def gdn_advance_triton(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                       states: torch.Tensor) -> None:
+    """Advance the states of L layers by n rows in ONE launch (the deferred commit of a verify).
+
+    ``k [L, n, Hk, dk]``, ``v [L, n, Hv, dv]`` (strided views are fine, last dim contiguous), ``g, beta [L, n, Hv]``
+    fp32, ``states [L, Hv, dk, dv]`` fp32 contiguous, updated in place. The kernel is the decode/verify kernel,
+    run whole (its outputs go to a scratch tensor): a variant without them would be compiled differently and
+    need not round alike, while this one leaves each state exactly as n single-row steps would.
+    """
+    L, n, n_k, dk = k.shape
+    n_v, dv = v.shape[2], v.shape[3]
+    if (v.shape[:2] != (L, n) or g.shape != (L, n, n_v) or beta.shape != g.shape
+            or states.shape != (L, n_v, dk, dv)):
+        raise ValueError(f"GDN advance shapes: k{tuple(k.shape)} v{tuple(v.shape)} g{tuple(g.shape)} "
+                         f"beta{tuple(beta.shape)} states{tuple(states.shape)}")
+    if states.dtype != torch.float32 or not states.is_contiguous():
+        raise ValueError("GDN states must be a contiguous fp32 [L, Hv, dk, dv] tensor")
+    if k.stride(-1) != 1 or v.stride(-1) != 1 or g.stride(-1) != 1 or beta.stride(-1) != 1:
+        raise ValueError("GDN advance inputs need a unit-stride last dim")
+    if n == 0 or L == 0:
+        return
+    block_v = _block_v(n_v, dv)
+    scratch = torch.empty((L, n, n_v, dv), dtype=torch.float32, device=v.device)
+    _gdn_recurrent_kernel[(n_v, dv // block_v, L)](
+        k, k, v, g, beta, states, states, scratch,
+        n, dk ** -0.5,
+        k.stride(1), k.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
+        g.stride(1), beta.stride(1),
+        scratch.stride(1), scratch.stride(2), 0,
+        k.stride(0), k.stride(0), v.stride(0), g.stride(0), beta.stride(0), states.stride(0), scratch.stride(0),
+        RATIO=n_v // n_k, DK=dk, DV=dv, BLOCK_V=block_v, SAVE_SLOTS=False, WRITE_STATE=True,
+        num_warps=4,
+    )
 
 
 def gdn_chunked_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,

@@ -55,7 +55,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, delta: torch.Tensor | None, cache: KVCache | GDNState, start: int,
                 rope: RotaryEmbedding, chunked: bool, checkpoint: bool, pos_t: torch.Tensor | None = None,
-                cs: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                cs: tuple[torch.Tensor, torch.Tensor] | None = None, defer: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns ``(h, delta)``: this layer's output is ``h + delta`` (see the class doc). ``cs``: the
         forward's rotary angles, shared by its attention layers."""
         if delta is None:
@@ -65,7 +66,7 @@ class DecoderLayer(nn.Module):
         if self.kind == "full_attention":
             x = self.self_attn(x, cache, start, rope, pos_t, cs)
         else:
-            x = self.linear_attn(x, cache, chunked=chunked, checkpoint=checkpoint)
+            x = self.linear_attn(x, cache, chunked=chunked, checkpoint=checkpoint, defer=defer)
         h, y = self.post_attention_layernorm.add_forward(x, h)
         return h, self.mlp(y)
 
@@ -139,15 +140,17 @@ class TargetModel(nn.Module):
         return self
 
     # -- caches -------------------------------------------------------------------------------------------------
-    def new_cache(self, max_len: int, kv_fp8: bool = False, checkpoint_rows: int = 0) -> ModelCache:
-        """Allocate every layer's cache once. ``checkpoint_rows``: largest verify that keeps per-step states."""
+    def new_cache(self, max_len: int, kv_fp8: bool = False, checkpoint_rows: int = 0,
+                  defer_rows: int = 0) -> ModelCache:
+        """Allocate every layer's cache once. ``checkpoint_rows``: largest verify that keeps per-step states;
+        ``defer_rows``: largest verify that defers its GDN state update (keeps per-row inputs instead)."""
         cfg = self.config
         if max_len > self.rope.cos.shape[0]:
             raise ValueError(f"max_len {max_len} exceeds the rotary table ({self.rope.cos.shape[0]} positions)")
         n_gdn = sum(kind != "full_attention" for kind in cfg.layer_types)
         bank = GDNStateBank(n_gdn, cfg.gdn_conv_dim, cfg.linear_conv_kernel_dim, cfg.linear_num_value_heads,
                             cfg.linear_key_head_dim, cfg.linear_value_head_dim, self.dtype, self.device,
-                            checkpoint_slots=checkpoint_rows + 1) if n_gdn else None
+                            checkpoint_slots=checkpoint_rows + 1, defer_rows=defer_rows) if n_gdn else None
         states = iter(bank.layers if bank is not None else [])
         layers: list[KVCache | GDNState] = []
         for kind in cfg.layer_types:
@@ -161,13 +164,15 @@ class TargetModel(nn.Module):
     # -- forwards -----------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: ModelCache, *, taps: Sequence[int] = (),
-                checkpoint: bool = False, chunked: bool | None = None,
+                checkpoint: bool = False, defer: bool = False, chunked: bool | None = None,
                 logits: Literal["all", "last", "none"] = "all",
                 pos_t: torch.Tensor | None = None) -> ForwardOutput:
         """Run ``tokens [T]`` at positions ``cache.length ..``; returns logits, final hidden and taps.
 
         ``taps``: layer ids whose OUTPUT is captured (id L = HF ``hidden_states[L+1]``).
         ``checkpoint``: save GDN state after every row so :meth:`ModelCache.rollback` is constant time.
+        ``defer``: leave GDN states untouched and keep each row's inputs; :meth:`ModelCache.rollback` (which must
+        follow before the next forward) then advances them by the kept rows.
         ``pos_t``: graph mode -- the start position as a one-element device tensor. Nothing then depends on
         host values, so the forward can be captured once per T and replayed at any position; the caller (see
         ``edgespec.arch.graphs``) does the host bookkeeping (``cache.length``, checkpoint marks).
@@ -178,18 +183,23 @@ class TargetModel(nn.Module):
             cache.check_room(start, T)
         if chunked is None:
             chunked = T >= self.CHUNKED_MIN_ROWS
+        if checkpoint and defer:
+            raise ValueError("a forward either checkpoints or defers its GDN states, not both")
+        defer = defer and cache.has_state
         if checkpoint:
             if pos_t is None:
                 cache.begin_checkpointed_forward(start, T)
             else:
                 cache.save_states()
+        elif defer and pos_t is None:
+            cache.begin_deferred_forward(start, T)
         h = self.model.embed_tokens(tokens)
         tap_out = torch.empty(T, len(taps), h.shape[-1], dtype=h.dtype, device=h.device) if taps else None
         tap_index = {layer: i for i, layer in enumerate(taps)}
         delta = None
         cs = self.rope.angles(start, T, pos_t, h.dtype) if cache.kv_layers else None
         for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers, strict=True)):
-            h, delta = layer(h, delta, layer_cache, start, self.rope, chunked, checkpoint, pos_t, cs)
+            h, delta = layer(h, delta, layer_cache, start, self.rope, chunked, checkpoint, pos_t, cs, defer=defer)
             if tap_out is not None and i in tap_index:
                 tap_out[:, tap_index[i]] = h + delta
         if pos_t is None:

@@ -46,25 +46,36 @@ class GatedDeltaNet(nn.Module):
     def merge_projections(self) -> None:
         self.in_proj = merge_linears(self, ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"])
 
-    def forward(self, x: torch.Tensor, state: GDNState, *, chunked: bool, checkpoint: bool) -> torch.Tensor:
-        """Mix ``x [T, hidden]``. ``chunked``: prefill form. ``checkpoint``: save state after each row (slot i+1)."""
+    def forward(self, x: torch.Tensor, state: GDNState, *, chunked: bool, checkpoint: bool,
+                defer: bool = False) -> torch.Tensor:
+        """Mix ``x [T, hidden]``. ``chunked``: prefill form. ``checkpoint``: save state after each row (slot i+1).
+        ``defer``: leave the state as it was and keep the rows' inputs in ``state.pending`` for the commit."""
         T = x.shape[0]
+        pending = state.pending if defer else None
+        if defer and (pending is None or T > pending.x.shape[0]):
+            raise ValueError(f"deferred GDN forward of {T} rows without room to keep them")
         conv_slots = state.conv_slots if checkpoint else None
         rec_slots = state.recurrent_slots if checkpoint else None
         if self.in_proj is not None:
             mixed, z, b, a = self.in_proj(x).split(self._in_split, dim=-1)
         else:
             mixed, z, b, a = self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
-        qkv = causal_conv1d(mixed, state.conv, self.conv1d.weight[:, 0, :], conv_slots)
+        if pending is None:
+            qkv = causal_conv1d(mixed, state.conv, self.conv1d.weight[:, 0, :], conv_slots)
+            g, beta = gdn_gates(a, b, self.A_log, self.dt_bias)
+        else:
+            qkv = causal_conv1d(mixed, state.conv, self.conv1d.weight[:, 0, :], update_state=False,
+                                out=pending.qkv[:T], x_save=pending.x[:T])
+            g, beta = gdn_gates(a, b, self.A_log, self.dt_bias, out=(pending.g[:T], pending.beta[:T]))
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(T, self.hk, self.dk)
         k = k.reshape(T, self.hk, self.dk)
         v = v.reshape(T, self.hv, self.dv)
-        g, beta = gdn_gates(a, b, self.A_log, self.dt_bias)
-        if chunked and not checkpoint:
+        if chunked and not (checkpoint or defer):
             o = gdn_chunked(q, k, v, g, beta, state.recurrent).to(x.dtype)
         else:
-            o = gdn_recurrent(q, k, v, g, beta, state.recurrent, rec_slots, out_dtype=x.dtype)
+            o = gdn_recurrent(q, k, v, g, beta, state.recurrent, rec_slots, out_dtype=x.dtype,
+                              update_state=not defer)
         z = z.reshape(T, self.hv, self.dv)
         o = gated_rms_norm(o, z, self.norm.weight, self.norm.eps)
         return self.out_proj(o.reshape(T, self.value_dim))

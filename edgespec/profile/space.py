@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import TYPE_CHECKING, Any
 
+from edgespec.arch.base import ROLLBACK_STRATEGIES
 from edgespec.config import Settings
 from edgespec.errors import ConfigError
 
@@ -49,7 +50,7 @@ RELAXED_TOP_K: tuple[int, ...] = (3, 5)
 RELAXED_DELTA: tuple[float, ...] = (1.0, 2.0)
 RELAXED_MARGIN: tuple[str, ...] = ("logit",)
 KV_DTYPES: tuple[str, ...] = ("model", "fp8")
-ROLLBACKS: tuple[str, ...] = ("checkpoint", "replay")
+ROLLBACKS: tuple[str, ...] = ROLLBACK_STRATEGIES
 GRAPHS: tuple[bool, ...] = (False, True)
 PREFILL_CHUNKS: tuple[int, ...] = (256, 512, 1024, 2048)
 
@@ -211,7 +212,7 @@ def _plan_rollback(cur: Candidate, ctx: SpaceContext) -> GroupPlan:
     if cur["drafter"] == "none":
         return GroupPlan([cur], "no drafter: plain decoding never rolls back")
     if not ctx.has_state:
-        return GroupPlan([cur], "attention-only model: both strategies truncate the KV cache the same way")
+        return GroupPlan([cur], "attention-only model: every strategy truncates the KV cache the same way")
     return GroupPlan(_variants(cur, [{"rollback": v} for v in _vals(ctx, "rollback", ROLLBACKS)]))
 
 
@@ -244,7 +245,7 @@ GROUPS: dict[str, Group] = {g.name: g for g in (
     Group("relaxed", "relaxed thinking acceptance (lossy, --allow-lossy) with top-k and margin",
           ("acceptance", "relaxed_top_k", "relaxed_delta", "relaxed_margin"), _plan_relaxed),
     Group("kv", "KV cache format: model dtype or fp8", ("kv_dtype",), _plan_kv),
-    Group("rollback", "partial-accept rollback: checkpoint or replay", ("rollback",), _plan_rollback),
+    Group("rollback", "partial-accept rollback: checkpoint, replay or deferred", ("rollback",), _plan_rollback),
     Group("graphs", "CUDA graphs on/off (GPU only)", ("cuda_graphs",), _plan_graphs),
     Group("prefill", "prefill chunk length (judged on time to first token)", ("prefill_chunk",), _plan_prefill,
           metric="ttft"),

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from edgespec.arch.base import ArchHooks
+from edgespec.arch.base import ROLLBACK_STRATEGIES, ArchHooks
 from edgespec.drafters.base import Proposer
 from edgespec.errors import ConfigError, PromptTooLongError, RequestError
 from edgespec.models.decoder import TargetModel
@@ -65,8 +65,8 @@ class SpecSession:
             raise ConfigError(f"num_draft_tokens {self.k} out of range 1..{proposer.max_k} for {proposer.name}")
         self.kv_fp8 = d.kv_fp8 if kv_fp8 is None else kv_fp8
         self.rollback_strategy = d.rollback if rollback in (None, "auto") else rollback
-        if self.rollback_strategy not in ("checkpoint", "replay"):
-            raise ConfigError(f"rollback {self.rollback_strategy!r} is not 'checkpoint' or 'replay'")
+        if self.rollback_strategy not in ROLLBACK_STRATEGIES:
+            raise ConfigError(f"rollback {self.rollback_strategy!r} is not one of {', '.join(ROLLBACK_STRATEGIES)}")
         self.prefill_chunk = prefill_chunk or d.prefill_chunk
         self.taps: tuple[int, ...] = tuple(proposer.taps) if proposer is not None else ()
         self.cache = hooks.new_cache(model, max_len, self.kv_fp8, self.rollback_strategy, max_rows=self.k + 1)
