@@ -149,3 +149,25 @@ def test_graph_deferred_commit_equals_checkpoint(tmp_path, arch) -> None:
         assert a.length == b.length == 20 + keep
         for sa, sb in zip(a.state_layers, b.state_layers, strict=True):
             assert torch.equal(sa.recurrent, sb.recurrent) and torch.equal(sa.conv, sb.conv), keep
+
+
+@pytest.mark.parametrize("T", [1, 16, 64])
+def test_conv_with_fused_gates(T) -> None:
+    """The conv launch that also computes the GDN gates gives the values of the two separate kernels."""
+    from edgespec.kernels.conv import causal_conv1d_gates
+    from edgespec.kernels.triton_activation import gdn_gates_triton
+    from edgespec.kernels.triton_conv import causal_conv1d_triton
+    C, K, H = 1024, 4, 48
+    proj = torch.randn(T, C + 2 * H, device=DEV, dtype=torch.bfloat16)            # [mixed | b | a] as projected
+    x, b, a = proj[:, :C], proj[:, C:C + H], proj[:, C + H:]
+    state = torch.randn(C, K - 1, device=DEV, dtype=torch.bfloat16)
+    w = torch.randn(C, K, device=DEV, dtype=torch.bfloat16)
+    A_log, dt_bias = torch.randn(H, device=DEV), torch.randn(H, device=DEV)
+    s_fused, s_sep = state.clone(), state.clone()
+    y, g, beta = causal_conv1d_gates(x, s_fused, w, a, b, A_log, dt_bias)
+    y_ref = causal_conv1d_triton(x, s_sep, w)
+    g_ref, beta_ref = gdn_gates_triton(a, b, A_log, dt_bias)
+    assert torch.equal(y, y_ref) and torch.equal(s_fused, s_sep)
+    assert torch.equal(g, g_ref) and torch.equal(beta, beta_ref)
+    with pytest.raises(ValueError, match="do not fit"):
+        causal_conv1d_gates(x, s_fused, w, a[:, :5], b, A_log, dt_bias)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from edgespec.kernels import use_triton
+from edgespec.kernels.activation import gdn_gates
 
 
 def causal_conv1d_ref(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor,
@@ -48,3 +49,23 @@ def causal_conv1d(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor,
         from edgespec.kernels.triton_conv import causal_conv1d_triton
         return causal_conv1d_triton(x, state, weight, slots, update_state=update_state, out=out, x_save=x_save)
     return causal_conv1d_ref(x, state, weight, slots, update_state=update_state, out=out, x_save=x_save)
+
+
+def causal_conv1d_gates(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, a: torch.Tensor,
+                        b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+                        slots: torch.Tensor | None = None, *, update_state: bool = True,
+                        out: torch.Tensor | None = None, x_save: torch.Tensor | None = None,
+                        gates_out: tuple[torch.Tensor, torch.Tensor] | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The GDN layer's conv (:func:`causal_conv1d`) and its gates (:func:`edgespec.kernels.activation.gdn_gates`)
+    together: one launch on CUDA for decode/verify inputs. Returns ``(conv output, g, beta)``."""
+    if x.shape[0] <= 64 and use_triton(x):
+        from edgespec.kernels.triton_activation import check_gates
+        from edgespec.kernels.triton_conv import causal_conv1d_triton
+        a, b, g, beta = check_gates(a, b, A_log, dt_bias, gates_out)
+        y = causal_conv1d_triton(x, state, weight, slots, update_state=update_state, out=out, x_save=x_save,
+                                 gates=(a, b, A_log, dt_bias, g, beta))
+        return y, g, beta
+    y = causal_conv1d(x, state, weight, slots, update_state=update_state, out=out, x_save=x_save)
+    g, beta = gdn_gates(a, b, A_log, dt_bias, out=gates_out)
+    return y, g, beta

@@ -37,9 +37,9 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _gdn_gates_kernel(a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, N, H, stride_a, stride_b,
-                      BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+def gdn_gates_block(a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, i, N, H, stride_a, stride_b):
+    """Gates of the flat indices ``i`` (row-major over ``[N, H]``): one block of work, shared by the gate kernel and
+    the conv kernel that fuses it (``edgespec.kernels.triton_conv``), so both round alike."""
     ok = i < N * H
     t = i // H
     h = i % H
@@ -58,8 +58,18 @@ def _gdn_gates_kernel(a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, N, H, st
     tl.store(beta_ptr + i, beta, mask=ok)
 
 
-def gdn_gates_triton(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-                     out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+@triton.jit
+def _gdn_gates_kernel(a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, N, H, stride_a, stride_b,
+                      BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    gdn_gates_block(a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, i, N, H, stride_a, stride_b)
+
+
+def check_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+                out: tuple[torch.Tensor, torch.Tensor] | None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Validate the gate inputs; returns ``(a, b, g, beta)`` with unit-stride rows and the outputs (allocated
+    when ``out`` is None)."""
     if a.shape != b.shape or a.dim() != 2 or A_log.shape != (a.shape[1],) or dt_bias.shape != A_log.shape:
         raise ValueError(f"gdn gates: a {tuple(a.shape)}, b {tuple(b.shape)}, A_log {tuple(A_log.shape)}, "
                          f"dt_bias {tuple(dt_bias.shape)} do not fit [T, Hv] / [Hv]")
@@ -76,6 +86,13 @@ def gdn_gates_triton(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_b
         for t in (g, beta):
             if t.shape != (N, H) or t.dtype != torch.float32 or not t.is_contiguous():
                 raise ValueError(f"gdn gates out must be contiguous fp32 [{N}, {H}] tensors")
+    return a, b, g, beta
+
+
+def gdn_gates_triton(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+                     out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    a, b, g, beta = check_gates(a, b, A_log, dt_bias, out)
+    N, H = a.shape
     block = min(1024, triton.next_power_of_2(max(N * H, 1)))
     if N:
         _gdn_gates_kernel[(triton.cdiv(N * H, block),)](a, b, A_log, dt_bias, g, beta, N, H, a.stride(0),

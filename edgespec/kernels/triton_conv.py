@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from edgespec.kernels.triton_activation import gdn_gates_block
+
 
 @triton.jit
 def _seq_rows(x_ptr, state_ptr, c, c_ok, rows, T, stride_xt, KM1: tl.constexpr):
@@ -33,12 +35,21 @@ def _seq_rows(x_ptr, state_ptr, c, c_ok, rows, T, stride_xt, KM1: tl.constexpr):
 @triton.jit
 def _causal_conv1d_kernel(
     x_ptr, state_ptr, w_ptr, slots_ptr, out_ptr, xs_ptr,
-    T, C, stride_xt, stride_ot, stride_slot, stride_xst,
+    a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr,
+    T, C, stride_xt, stride_ot, stride_slot, stride_xst, H, stride_a, stride_b,
     K: tl.constexpr, KM1_P2: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
     SAVE_SLOTS: tl.constexpr, UPDATE_STATE: tl.constexpr, SAVE_X: tl.constexpr,
+    FUSE_GATES: tl.constexpr, GATE_BLOCK: tl.constexpr,
 ):
     pid_c = tl.program_id(0)
     pid_t = tl.program_id(1)
+    if FUSE_GATES:
+        # The GDN decay / write strength of all T rows ride along in one program: a few hundred values, which as
+        # a kernel of their own cost a launch per layer.
+        if pid_c == 0:
+            if pid_t == 0:
+                gdn_gates_block(a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, tl.arange(0, GATE_BLOCK), T, H,
+                                stride_a, stride_b)
     c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = c < C
     t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -81,12 +92,15 @@ def _causal_conv1d_kernel(
 
 def causal_conv1d_triton(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor,
                          slots: torch.Tensor | None = None, *, update_state: bool = True,
-                         out: torch.Tensor | None = None, x_save: torch.Tensor | None = None) -> torch.Tensor:
+                         out: torch.Tensor | None = None, x_save: torch.Tensor | None = None,
+                         gates: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
     """``silu(causal depthwise conv)`` of ``x [T, C]`` continuing from ``state [C, K-1]`` (updated in place unless
     ``update_state`` is False).
 
     With ``slots [>=T+1, C, K-1]`` the state after row i goes to slot i+1; ``x_save [T, C]`` (state dtype)
-    receives x as the state stores it; ``out [T, C]`` (x's dtype) takes the result. Returns ``[T, C]`` in x's dtype.
+    receives x as the state stores it; ``out [T, C]`` (x's dtype) takes the result. ``gates``: ``(a, b, A_log,
+    dt_bias, g, beta)`` as checked by ``triton_activation.check_gates``: the GDN gates are computed in the same
+    launch. Returns ``[T, C]`` in x's dtype.
     """
     T, C = x.shape
     K = weight.shape[1]
@@ -109,14 +123,27 @@ def causal_conv1d_triton(x: torch.Tensor, state: torch.Tensor, weight: torch.Ten
         raise ValueError(f"conv x_save must be a [{T}, {C}] {state.dtype} tensor with unit column stride")
     if T == 0:
         return out
+    if gates is not None:
+        a, b, A_log, dt_bias, g, beta = gates
+        if a.shape[0] != T:
+            raise ValueError(f"gates cover {a.shape[0]} rows, the conv {T}")
+        gate_args = (a, b, A_log, dt_bias, g, beta)
+        gate_dims = (a.shape[1], a.stride(0), b.stride(0))
+        gate_block = max(16, triton.next_power_of_2(T * a.shape[1]))
+    else:
+        gate_args = (state,) * 6
+        gate_dims = (0, 0, 0)
+        gate_block = 16
     # Outputs do not depend on each other (no recurrence), so rows are spread over the grid too.
     block_t = max(2, triton.next_power_of_2(K - 1), min(16, triton.next_power_of_2(T)))
     block_c = 128 if block_t >= 8 else 256
     _causal_conv1d_kernel[(triton.cdiv(C, block_c), triton.cdiv(T, block_t))](
         x, state, weight, slots if slots is not None else state, out, x_save if x_save is not None else state,
+        *gate_args,
         T, C, x.stride(0), out.stride(0), slots.stride(0) if slots is not None else 0,
-        x_save.stride(0) if x_save is not None else 0,
+        x_save.stride(0) if x_save is not None else 0, *gate_dims,
         K=K, KM1_P2=max(2, triton.next_power_of_2(K - 1)), BLOCK_T=block_t, BLOCK_C=block_c,
-        SAVE_SLOTS=slots is not None, UPDATE_STATE=update_state, SAVE_X=x_save is not None, num_warps=4,
+        SAVE_SLOTS=slots is not None, UPDATE_STATE=update_state, SAVE_X=x_save is not None,
+        FUSE_GATES=gates is not None, GATE_BLOCK=gate_block, num_warps=4,
     )
     return out

@@ -10,8 +10,7 @@ import torch
 from torch import nn
 
 from edgespec.cache.state import GDNState
-from edgespec.kernels.activation import gdn_gates
-from edgespec.kernels.conv import causal_conv1d
+from edgespec.kernels.conv import causal_conv1d_gates
 from edgespec.kernels.gdn import gdn_chunked, gdn_recurrent
 from edgespec.kernels.norm import gated_rms_norm
 from edgespec.models.config import ModelConfig
@@ -60,13 +59,13 @@ class GatedDeltaNet(nn.Module):
             mixed, z, b, a = self.in_proj(x).split(self._in_split, dim=-1)
         else:
             mixed, z, b, a = self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
+        weight = self.conv1d.weight[:, 0, :]
         if pending is None:
-            qkv = causal_conv1d(mixed, state.conv, self.conv1d.weight[:, 0, :], conv_slots)
-            g, beta = gdn_gates(a, b, self.A_log, self.dt_bias)
+            qkv, g, beta = causal_conv1d_gates(mixed, state.conv, weight, a, b, self.A_log, self.dt_bias, conv_slots)
         else:
-            qkv = causal_conv1d(mixed, state.conv, self.conv1d.weight[:, 0, :], update_state=False,
-                                out=pending.qkv[:T], x_save=pending.x[:T])
-            g, beta = gdn_gates(a, b, self.A_log, self.dt_bias, out=(pending.g[:T], pending.beta[:T]))
+            qkv, g, beta = causal_conv1d_gates(mixed, state.conv, weight, a, b, self.A_log, self.dt_bias,
+                                               update_state=False, out=pending.qkv[:T], x_save=pending.x[:T],
+                                               gates_out=(pending.g[:T], pending.beta[:T]))
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(T, self.hk, self.dk)
         k = k.reshape(T, self.hk, self.dk)
