@@ -20,13 +20,18 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from edgespec.arch.base import ROLLBACK_STRATEGIES
 from edgespec.arch.detect import select_hooks
 from edgespec.config import Settings
 from edgespec.drafters.base import Draft, Proposer
 from edgespec.drafters.dflash import (
+    DFlashDraftModel,
     DFlashProposer,
+    _grouped_attention,
+    _head_rms_norm,
     default_target_layer_ids,
     load_dflash,
     load_dflash_checkpoint,
@@ -35,6 +40,7 @@ from edgespec.drafters.dflash import (
 from edgespec.drafters.factory import build_proposer
 from edgespec.drafters.window import FeatureWindow
 from edgespec.errors import CheckpointError, ConfigError
+from edgespec.models.layers import RMSNorm
 from edgespec.spec.acceptance import StrictGreedy
 from edgespec.spec.session import SpecSession
 
@@ -201,8 +207,11 @@ def test_load_layouts_and_prefixes(tiny_models, tiny_checkpoints, tmp_path, layo
     assert [layer.sliding_window for layer in prop.drafter.layers] == [7, 7, None]
     assert prop.taps == (5, 0) and prop.default_k == prop.max_k == 7
     weights = load_file(str(folder / "model.safetensors"))
-    k_norm = prop.drafter.layers[1].self_attn.k_norm.weight
-    assert torch.equal(k_norm, weights[f"{prefix}layers.1.self_attn.k_norm.weight"])
+    attn = prop.drafter.layers[1].self_attn
+    assert torch.equal(attn.k_norm.weight, weights[f"{prefix}layers.1.self_attn.k_norm.weight"])
+    # q/k/v load under the checkpoint's names, then run as one merged projection.
+    qkv = torch.cat([weights[f"{prefix}layers.1.self_attn.{n}_proj.weight"] for n in "qkv"])
+    assert torch.equal(attn.qkv_proj.weight, qkv) and not hasattr(attn, "q_proj")
     assert torch.equal(prop.drafter.fc.weight, weights[f"{prefix}fc.weight"])
     # Borrowed embedding and head: the target's own tensors, not copies.
     assert prop._embed is target.model.embed_tokens and prop._head_weight is target.lm_head_weight
@@ -322,19 +331,34 @@ def _reference_mask(q_len: int, k_len: int, causal: bool, window: int | None) ->
     return visible
 
 
-def naive_block_hidden(prop: DFlashProposer, feats: torch.Tensor, ctx_start: int, anchor: int) -> torch.Tensor:
-    """Recompute the block from scratch over context features ``feats`` at positions ``ctx_start ..``: K/V of
-    context and block together, RoPE from its formula, GQA by repeating heads, explicit softmax."""
-    d, raw = prop.drafter, dataclasses.asdict(prop.cfg)
+def checkpoint_drafter(prop: DFlashProposer, folder: Path) -> DFlashDraftModel:
+    """The drafter as its checkpoint stores it, read straight from the file: separate q/k/v and gate/up
+    projections, nothing merged or fused (the layout the drafter ran in before the projections were merged)."""
+    tensors = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        tensors.update({k.removeprefix("model."): v for k, v in load_file(str(path)).items() if "rotary_emb" not in k})
+    embed = tensors["embed_tokens.weight"].shape[0] if "embed_tokens.weight" in tensors else None
+    head = tensors["lm_head.weight"].shape[0] if "lm_head.weight" in tensors else None
+    ref = DFlashDraftModel(prop.cfg, prop.target.config.hidden_size, embed, head)
+    ref.load_state_dict(tensors, strict=True)
+    return ref.to(prop.dtype).eval().requires_grad_(False)
+
+
+def naive_block_hidden(prop: DFlashProposer, ref: DFlashDraftModel, feats: torch.Tensor, ctx_start: int,
+                       anchor: int) -> torch.Tensor:
+    """Recompute the block from scratch with the checkpoint-layout drafter ``ref`` over context features ``feats``
+    at positions ``ctx_start ..``: K/V of context and block together, RoPE from its formula, GQA by repeating
+    heads, explicit softmax."""
+    raw = dataclasses.asdict(prop.cfg)
     bs, n = raw["block_size"], feats.shape[0]
     nh, nkv, hd = raw["num_attention_heads"], raw["num_key_value_heads"], raw["head_dim"]
-    emb = d.embed_tokens if d.embed_tokens is not None else prop.target.model.embed_tokens
+    emb = ref.embed_tokens if ref.embed_tokens is not None else prop.target.model.embed_tokens
     h = emb(torch.tensor([anchor] + [raw["mask_token_id"]] * (bs - 1)))
     pos = torch.arange(ctx_start, ctx_start + n + bs, dtype=torch.float64)
     inv = 1.0 / raw["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
     ang = torch.cat([pos[:, None] * inv, pos[:, None] * inv], dim=-1)
     cos, sin = ang.cos().float()[:, None], ang.sin().float()[:, None]
-    for i, layer in enumerate(d.layers):
+    for i, layer in enumerate(ref.layers):
         a = layer.self_attn
         sliding = raw["layer_types"][i] == "sliding_attention"
         x = layer.input_layernorm(h)
@@ -350,7 +374,7 @@ def naive_block_hidden(prop: DFlashProposer, feats: torch.Tensor, ctx_start: int
         probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
         h = h + a.o_proj(torch.einsum("hqk,khd->qhd", probs, v).reshape(bs, nh * hd))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return d.norm(h)
+    return ref.norm(h)
 
 
 def reference_features(prop: DFlashProposer, history: list[int], end: int, count: int) -> torch.Tensor:
@@ -362,8 +386,9 @@ def reference_features(prop: DFlashProposer, history: list[int], end: int, count
         return prop.drafter.context_features(taps[end - count:end])
 
 
-def window_checker(seed_rows: int, atol: float = 2e-4):
-    """Checks the window after every commit and the block forward after every propose."""
+def window_checker(seed_rows: int, ref: DFlashDraftModel, atol: float = 2e-4):
+    """Checks the window after every commit and the block forward after every propose (against the
+    checkpoint-layout drafter ``ref``)."""
     stats = {"commits": 0, "proposes": 0, "wrapped": False}
 
     def check(stage: str, prop: DFlashProposer, history: list[int]) -> None:
@@ -375,13 +400,13 @@ def window_checker(seed_rows: int, atol: float = 2e-4):
         assert w.length == expected_len
         assert w.ordered_positions() == list(range(end - expected_len, end))
         assert prop.window_tokens() == history[end - expected_len:end]
-        ref = reference_features(prop, history, end, expected_len)
-        assert torch.allclose(w.ordered_features(), ref, atol=atol), (stage, end)
+        feats_ref = reference_features(prop, history, end, expected_len)
+        assert torch.allclose(w.ordered_features(), feats_ref, atol=atol), (stage, end)
         stats["wrapped"] |= end - first > w.capacity
         if stage == "propose":
             stats["proposes"] += 1
             got = prop.block_hidden(history[-1])
-            want = naive_block_hidden(prop, ref, end - expected_len, history[-1])
+            want = naive_block_hidden(prop, ref, feats_ref, end - expected_len, history[-1])
             assert torch.allclose(got, want, atol=atol), (end, (got - want).abs().max())
             k = prop.last_logits.shape[0]
             assert torch.allclose(prop.last_logits, prop.logits(want[1:1 + k]), atol=10 * atol)
@@ -403,7 +428,7 @@ def test_window_and_block_parity(tiny_models, drafters, family, drafter, window,
     prompt = prompt_ids(vocab, n=13)
     plain = plain_greedy(model, prompt, 24)
     prop = load_dflash_checkpoint(drafters[drafter], model, window_size=window, window_seed=seed, cuda_graphs=graphs)
-    check, stats = window_checker(seed_rows=min(window, len(prompt)) if seed else 1)
+    check, stats = window_checker(min(window, len(prompt)) if seed else 1, checkpoint_drafter(prop, drafters[drafter]))
     mixed = MixedProposer(prop, plain, vocab, seed=11, check=check)
     session = SpecSession(model, select_hooks("base", CPU), mixed, k=k, max_len=128)
     out = session.generate(prompt, max_tokens=24, policy=StrictGreedy())
@@ -415,6 +440,76 @@ def test_window_and_block_parity(tiny_models, drafters, family, drafter, window,
     assert stats["wrapped"] == (window < 20)
 
 
+# ---- the merged, fused drafter against the checkpoint's layout --------------------------------------------------
+_CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                        reason="needs CUDA")])
+
+
+@pytest.mark.parametrize("device", ["cpu", _CUDA])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_head_rms_norm_is_per_part_rms_norm(device, dtype):
+    """The q and k norms of one merged projection in two launches give q_norm(q) and k_norm(k) bit for bit."""
+    heads = (torch.randn(5, 4 + 2 + 2, 128) * 3).to(device, dtype)     # [rows, q heads | k heads | v heads, hd]
+    q_norm, k_norm = (RMSNorm(128, 1e-6, zero_centred=False).to(device, dtype) for _ in range(2))
+    with torch.no_grad():
+        q_norm.weight.normal_(1.0, 0.5)
+        k_norm.weight.normal_(1.0, 0.5)
+        weight = torch.cat([q_norm.weight.expand(4, 128), k_norm.weight.expand(2, 128)])
+        got = _head_rms_norm(heads, 6, weight, torch.ones(128, device=device, dtype=dtype), 1e-6)
+        assert torch.equal(got[:, :4], q_norm(heads[:, :4])) and torch.equal(got[:, 4:], k_norm(heads[:, 4:6]))
+
+
+@pytest.mark.parametrize("device", ["cpu", _CUDA])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_attention_matches_sdpa(device, dtype):
+    """Grouped fp32 attention = SDPA with a boolean mask and GQA (what the block ran before), to rounding."""
+    T, Hq, Hkv, S, hd = 6, 8, 2, 11, 32
+    q = torch.randn(T, Hq, hd, device=device).to(dtype)
+    keys, values = torch.randn(2, S, Hkv, hd, device=device).to(dtype).float()     # the window keeps fp32
+    mask = torch.rand(T, S, device=device) < 0.6
+    mask[:, -T:] |= torch.eye(T, dtype=torch.bool, device=device)      # every query sees at least its own key
+    bias = torch.where(mask, 0.0, float("-inf")).repeat(Hq // Hkv, 1)
+    got = _grouped_attention(q, keys, values, bias, hd ** -0.5)
+    want = F.scaled_dot_product_attention(q.transpose(0, 1), keys.transpose(0, 1).to(dtype),
+                                          values.transpose(0, 1).to(dtype), attn_mask=mask, scale=hd ** -0.5,
+                                          enable_gqa=True).transpose(0, 1).reshape(T, Hq * hd)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, want, **({} if dtype == torch.float32 else {"atol": 1e-2, "rtol": 1e-2}))
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "device-position"])
+@pytest.mark.parametrize("family,drafter", [("qwen3_5", "qwen3_5"), ("qwen3", "qwen3"), ("qwen3", "own")])
+def test_fused_drafter_matches_checkpoint_layout(tiny_models, drafters, family, drafter, graphs):
+    """The served drafter (merged q/k/v and gate/up, stacked head norms, grouped fp32 attention, one k|v GEMM per
+    layer for the context, argmax over the head's own dtype) drafts what the checkpoint's unmerged layout drafts,
+    with logits equal to fp32 rounding, in every cycle of a session with partial accepts (multi-row appends)."""
+    model = tiny_models[family]
+    vocab = model.config.vocab_size
+    prompt = prompt_ids(vocab, n=13)
+    plain = plain_greedy(model, prompt, 20)
+    prop = load_dflash_checkpoint(drafters[drafter], model, window_size=6, cuda_graphs=graphs)
+    ref = checkpoint_drafter(prop, drafters[drafter])
+    checked = []
+    real_propose = prop.propose
+
+    def propose(last_token: int, k: int) -> Draft | None:
+        draft = real_propose(last_token, k)
+        n, w = draft.tokens.shape[0], prop.window
+        hidden = naive_block_hidden(prop, ref, w.ordered_features().to(prop.dtype), w.end - w.length, last_token)
+        want = prop.logits(hidden[1:1 + n])
+        assert draft.tokens.tolist() == want.argmax(-1).tolist()
+        torch.testing.assert_close(prop.last_logits, want, rtol=0, atol=1e-5)
+        checked.append(n)
+        return draft
+
+    prop.propose = propose
+    session = SpecSession(model, select_hooks("base", CPU), MixedProposer(prop, plain, vocab, seed=7),
+                          k=prop.max_k, max_len=128)
+    out = session.generate(prompt, max_tokens=20, policy=StrictGreedy())
+    assert out.token_ids == plain and len(checked) >= 4
+    assert 0 < out.telemetry.accepted_tokens < out.telemetry.draft_tokens
+
+
 # ---- losslessness gate ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3"])
 @pytest.mark.parametrize("kv_fp8", [False, True], ids=["kv-model", "kv-fp8"])
@@ -424,7 +519,7 @@ def test_greedy_dflash_equals_plain(tiny_models, drafters, family, kv_fp8):
     prompt = prompt_ids(vocab, n=21, seed=3 if family == "qwen3" else 5)
     n = 18
     plain = plain_greedy(model, prompt, n, kv_fp8)
-    for arch, rollback in itertools.product(("base", "rtx", "thor"), ("checkpoint", "replay")):
+    for arch, rollback in itertools.product(("base", "rtx", "thor"), ROLLBACK_STRATEGIES):
         graphs = select_hooks(arch, CPU).defaults.cuda_graphs           # rtx/thor: device-position path
         prop = load_dflash_checkpoint(drafters[family], model, window_size=8, cuda_graphs=graphs)
         mixed = MixedProposer(prop, plain, vocab, seed=len(arch) + len(rollback))

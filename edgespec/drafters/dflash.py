@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
@@ -47,11 +46,12 @@ from edgespec.drafters.base import Draft, Proposer
 from edgespec.drafters.window import FeatureWindow
 from edgespec.errors import CheckpointError, ConfigError, UnsupportedModelError
 from edgespec.kernels.linear import linear
+from edgespec.kernels.norm import rms_norm
 from edgespec.loading.hf_config import read_json
 from edgespec.loading.weights import load_parameters, weight_files
 from edgespec.models.config import ModelConfig
 from edgespec.models.decoder import ForwardOutput, TargetModel
-from edgespec.models.layers import MLP, Linear, RMSNorm, RotaryEmbedding, merge_all_projections
+from edgespec.models.layers import MLP, Linear, RMSNorm, RotaryEmbedding, merge_all_projections, merge_linears
 
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -189,8 +189,48 @@ def parse_dflash_config(raw: dict[str, Any], target_layers: int, source: str = "
 
 
 # ---- modules --------------------------------------------------------------------------------------------------
+def _head_rms_norm(heads: torch.Tensor, n: int, weight: torch.Tensor, unit: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm (``w * x̂``) of the first ``n`` heads of ``heads [..., n_all, hd]``, each head by its own weight
+    (``weight`` broadcasts against ``[..., n, hd]``).
+
+    Two launches for any number of norms (the q and k norms of a layer, or the k norms of every layer): one
+    unit-weight RMSNorm over all the heads, then one product with the stacked weights. The unit weight leaves
+    ``x̂`` rounded to the activations' dtype, exactly where RMSNorm multiplies it by ``w``, so the result is bit
+    for bit ``q_norm(q)`` / ``k_norm(k)``. The trailing heads (v) ride along in the normalisation so its input stays
+    one contiguous block: normalising a q or k slice of a merged projection would cost a copy first.
+    """
+    return rms_norm(heads, unit, eps, False)[..., :n, :] * weight
+
+
+def _grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
+                       scale: float) -> torch.Tensor:
+    """Attention of ``q [T, Hq, hd]`` over fp32 ``keys``/``values [S, Hkv, hd]`` with the additive mask ``bias
+    [rep*T, S]`` (0 or -inf; row ``r*T + t`` is query row t of the r-th head of a KV group, rep = Hq / Hkv).
+    Returns ``[T, Hq*hd]`` in q's dtype.
+
+    Computed in fp32 like SDPA's math backend, which is what the masked GQA SDPA call used here before ran on CUDA
+    (flash takes no mask; GQA reaches no other kernel): more than a dozen launches there (casts, K/V repeated per
+    query head, the boolean mask converted per call, scaling, matmuls, softmax). Here the query heads of a group
+    share their KV head's keys in one batched product, with no copy of K/V, and the mask comes ready: 6 launches.
+    """
+    T, Hq, hd = q.shape
+    S, Hkv, _ = keys.shape
+    rep = Hq // Hkv
+    qg = torch.empty(Hkv, rep, T, hd, dtype=keys.dtype, device=q.device)
+    qg.copy_(q.view(T, Hkv, rep, hd).permute(1, 2, 0, 3))            # grouped by KV head, cast to fp32: 1 copy
+    scores = torch.baddbmm(bias, qg.view(Hkv, rep * T, hd), keys.permute(1, 2, 0), alpha=scale)
+    out = torch.bmm(torch.softmax(scores, dim=-1), values.transpose(0, 1))          # [Hkv, rep*T, hd]
+    o = torch.empty(T, Hkv, rep, hd, dtype=q.dtype, device=q.device)
+    o.copy_(out.view(Hkv, rep, T, hd).permute(2, 0, 1, 3))            # back to [T, Hq, hd] in q's dtype: 1 copy
+    return o.view(T, Hq * hd)
+
+
 class DFlashAttention(nn.Module):
-    """Block queries over [context keys, block keys]: Qwen3 q/k RMSNorm (``w * x̂``) before RoPE, GQA, no gate."""
+    """Block queries over [context keys, block keys]: Qwen3 q/k RMSNorm (``w * x̂``) before RoPE, GQA, no gate.
+
+    The checkpoint's ``q_proj`` / ``k_proj`` / ``v_proj`` load as they are; :meth:`merge_projections` (after
+    loading) turns them into one ``qkv_proj``, which the forward needs. Context rows use only its k | v rows.
+    """
 
     def __init__(self, cfg: DFlashConfig) -> None:
         super().__init__()
@@ -202,25 +242,36 @@ class DFlashAttention(nn.Module):
         self.o_proj = Linear(self.n_heads * self.hd, H, bias=bias)
         self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps, zero_centred=False)
         self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps, zero_centred=False)
+        self.eps = cfg.rms_norm_eps
         self.scale = self.hd ** -0.5
+        self.qkv_proj: Linear | None = None
 
-    def project_kv(self, x: torch.Tensor, rope: RotaryEmbedding, cs: tuple[torch.Tensor, torch.Tensor]
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys (k_norm, then RoPE by the angles ``cs`` of the rows' positions) and values of rows ``x [T, H]``."""
-        T = x.shape[0]
-        k = rope(self.k_norm(self.k_proj(x).view(T, self.n_kv, self.hd)), cs)
-        return k, self.v_proj(x).view(T, self.n_kv, self.hd)
+    def merge_projections(self) -> None:
+        """One GEMM for q, k and v (a batch-1 block is weight-read bound: one launch instead of three), plus what
+        :func:`_head_rms_norm` needs: the q and k norm weights stacked per head, and a unit weight."""
+        self.qkv_proj = merge_linears(self, ["q_proj", "k_proj", "v_proj"])
+        w = self.q_norm.weight.detach()
+        qk = torch.cat([w.expand(self.n_heads, self.hd), self.k_norm.weight.detach().expand(self.n_kv, self.hd)])
+        self.register_buffer("qk_norm_weight", qk, persistent=False)
+        self.register_buffer("unit_norm_weight", torch.ones_like(w), persistent=False)
+
+    def context_kv(self, x: torch.Tensor) -> torch.Tensor:
+        """Raw ``k | v`` projections ``[T, 2*Hkv*hd]`` of context rows ``x [T, H]``: the merged weight's last rows
+        (a view: context and block share one copy of the weights)."""
+        q_out = self.n_heads * self.hd
+        bias = self.qkv_proj.bias
+        return linear(x, self.qkv_proj.weight[q_out:], None if bias is None else bias[q_out:])
 
     def forward(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rope: RotaryEmbedding,
-                mask: torch.Tensor, cs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """``x [bs, H]`` with the rotary angles ``cs`` of its positions; ``keys``/``values [W+bs, Hkv, hd]`` whose
-        last ``bs`` rows the caller has just filled with this block's own K/V; ``mask [bs, W+bs]`` (True = attend)."""
-        T = x.shape[0]
-        q = rope(self.q_norm(self.q_proj(x).view(T, self.n_heads, self.hd)), cs)
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), keys.transpose(0, 1).to(q.dtype),
-                                             values.transpose(0, 1).to(q.dtype), attn_mask=mask,
-                                             scale=self.scale, enable_gqa=True)
-        return self.o_proj(out.transpose(0, 1).reshape(T, self.n_heads * self.hd))
+                bias: torch.Tensor, cs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """``x [bs, H]`` with the rotary angles ``cs`` of its positions; ``keys``/``values [W+bs, Hkv, hd]`` (fp32)
+        whose last ``bs`` rows receive this block's own K/V here; ``bias``: see :func:`_grouped_attention`."""
+        T, nh, nkv = x.shape[0], self.n_heads, self.n_kv
+        heads = self.qkv_proj(x).view(T, nh + 2 * nkv, self.hd)
+        qk = rope(_head_rms_norm(heads, nh + nkv, self.qk_norm_weight, self.unit_norm_weight, self.eps), cs)
+        keys[-T:] = qk[:, nh:]          # the block's keys and values go to the scratch rows after the ring
+        values[-T:] = heads[:, nh + nkv:]
+        return self.o_proj(_grouped_attention(qk[:, :nh], keys, values, bias, self.scale))
 
 
 class DFlashLayer(nn.Module):
@@ -276,6 +327,10 @@ class DFlashProposer(Proposer):
     def __init__(self, drafter: DFlashDraftModel, target: TargetModel, *, window_size: int = 128,
                  window_seed: bool = True, cuda_graphs: bool = False) -> None:
         cfg = drafter.cfg
+        if drafter.layers[0].self_attn.qkv_proj is None:
+            # The forward below runs on merged projections (q/k/v, gate/up); the loader has loaded the checkpoint
+            # under its own names by now, so merging here keeps those names loadable.
+            merge_all_projections(drafter)
         self.drafter = drafter.eval().requires_grad_(False)
         self.target = target
         self.cfg = cfg
@@ -291,8 +346,13 @@ class DFlashProposer(Proposer):
         # Block positions reach past the target's last cache row by up to bs-1.
         max_pos = target.rope.cos.shape[0] + cfg.block_size
         self.rope = RotaryEmbedding(cfg.model_config(max_pos), max_pos).to(device)
+        # fp32 window: block attention runs in fp32 (see _grouped_attention) and reads the cached K/V as they are,
+        # with no cast per layer and cycle. Features and K/V are rounded to the drafter dtype before they get here.
         self.window = FeatureWindow(window_size, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_key_value_heads,
-                                    cfg.head_dim, dtype, device, scratch_rows=cfg.block_size)
+                                    cfg.head_dim, torch.float32, device, scratch_rows=cfg.block_size)
+        # Every layer's k_norm weight, so one _head_rms_norm serves the context keys of all layers.
+        self._context_k_norm = torch.stack([layer.self_attn.k_norm.weight for layer in drafter.layers])[:, None, None]
+        self._unit_norm = torch.ones(cfg.head_dim, dtype=dtype, device=device)
         self._block_ids = torch.full((cfg.block_size,), cfg.mask_token_id, dtype=torch.long, device=device)
         self._block_offsets = torch.arange(cfg.block_size, device=device)
         self._embed = drafter.embed_tokens if drafter.embed_tokens is not None else target.model.embed_tokens
@@ -303,8 +363,9 @@ class DFlashProposer(Proposer):
         else:
             self._head_weight = target.lm_head_weight
         self.history: list[int] = []     # prompt + emitted tokens; the window covers history[end-length : end]
-        # Draft logits of the last propose (telemetry, tests); in graph mode a view valid until the next propose.
-        self.last_logits: torch.Tensor | None = None
+        # Head output of the last propose in the head's dtype (see last_logits); in graph mode a view of the static
+        # output, valid until the next propose.
+        self._last_scores: torch.Tensor | None = None
         # Graph mode: the block start lives on the device; the graph and its output buffers are made lazily.
         self.cuda_graphs = cuda_graphs
         self._pos = torch.zeros(1, dtype=torch.long, device=device)
@@ -318,11 +379,17 @@ class DFlashProposer(Proposer):
     def window_size(self) -> int:
         return self.window.capacity
 
+    @property
+    def last_logits(self) -> torch.Tensor | None:
+        """Float32 draft logits ``[k, V]`` of the last propose (telemetry, tests), valid until the next propose.
+        Converted on access: drafting itself needs only the argmax, which the head's own dtype gives exactly."""
+        return None if self._last_scores is None else self._last_scores.float()
+
     # -- protocol -----------------------------------------------------------------------------------------------
     def reset(self) -> None:
         self.window.reset()
         self.history = []
-        self.last_logits = None
+        self._last_scores = None
 
     @torch.inference_mode()
     def begin(self, prompt_ids: Sequence[int], prefill: ForwardOutput) -> None:
@@ -351,20 +418,26 @@ class DFlashProposer(Proposer):
                                "committed once, in order, before the next propose")
         k = min(k, self.block_size - 1)
         if self.cuda_graphs:
-            logits, tokens = self._run_static(last_token)
+            scores, tokens = self._run_static(last_token)
             # Views of static buffers the next replay overwrites: the session copies the drafts into its verify
             # rows before that, and last_logits is documented as valid until the next propose.
-            logits, tokens = logits[:k], tokens[:k]
+            scores, tokens = scores[:k], tokens[:k]
         else:
-            logits = self.logits(self.block_hidden(last_token)[1:1 + k])
-            tokens = logits.argmax(-1)
-        self.last_logits = logits
+            scores = self._head(self.block_hidden(last_token)[1:1 + k])
+            tokens = scores.argmax(-1)
+        self._last_scores = scores
         return Draft(tokens)
 
     # -- drafter forward ------------------------------------------------------------------------------------------
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-normed block rows -> float32 logits with the head in use (own or the target's)."""
-        return linear(hidden.to(self._head_weight.dtype), self._head_weight).float()
+        return self._head(hidden).float()
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The head's output in its own dtype. Drafts are its argmax, the same token as the argmax of the float32
+        logits (the conversion is exact and keeps the order), without writing and reading back a float32 copy of
+        ``[bs-1, V]`` each cycle (15 MB for a 248k vocabulary)."""
+        return linear(hidden.to(self._head_weight.dtype), self._head_weight)
 
     @torch.inference_mode()
     def block_hidden(self, anchor: int) -> torch.Tensor:
@@ -375,11 +448,10 @@ class DFlashProposer(Proposer):
 
     def _block_forward(self, start: int, pos_t: torch.Tensor | None) -> torch.Tensor:
         """The block forward over ``self._block_ids`` at ``start`` (or the device position ``pos_t``)."""
-        W = self.window.capacity
         h = self._embed(self._block_ids).to(self.dtype)
         if self.cfg.input_embedding_scale != 1.0:
             h = h * self.cfg.input_embedding_scale
-        masks = self._masks(start, pos_t)
+        biases = self._attn_biases(start, pos_t)
         keys, values = self.window.keys, self.window.values
         delta = None     # the residual stream as (h, delta), adds fused with the next norm (see DecoderLayer)
         cs = self.rope.angles(start, h.shape[0], pos_t, h.dtype)      # block rows: queries and own keys alike
@@ -388,19 +460,17 @@ class DFlashProposer(Proposer):
                 x = layer.input_layernorm(h)
             else:
                 h, x = layer.input_layernorm.add_forward(delta, h)
-            kb, vb = layer.self_attn.project_kv(x, self.rope, cs)
-            keys[i, W:] = kb             # the block's own keys go to the scratch rows after the ring
-            values[i, W:] = vb
-            attn = layer.self_attn(x, keys[i], values[i], self.rope, masks[(layer.causal, layer.sliding_window)], cs)
+            bias = biases[(layer.causal, layer.sliding_window)]
+            attn = layer.self_attn(x, keys[i], values[i], self.rope, bias, cs)
             h, y = layer.post_attention_layernorm.add_forward(attn, h)
             delta = layer.mlp(y)
         return self.drafter.norm.add_forward(delta, h)[1]
 
     # -- graph mode ---------------------------------------------------------------------------------------------
     def _static_draft(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Graph body: all ``bs-1`` draft logits and tokens of the block at the device position ``_pos``."""
-        logits = self.logits(self._block_forward(0, self._pos)[1:])
-        return logits, logits.argmax(-1)
+        """Graph body: all ``bs-1`` draft scores (head dtype) and tokens of the block at the device position."""
+        scores = self._head(self._block_forward(0, self._pos)[1:])
+        return scores, scores.argmax(-1)
 
     def _run_static(self, anchor: int) -> tuple[torch.Tensor, torch.Tensor]:
         self._block_ids[0] = anchor      # host -> device writes, no sync
@@ -442,28 +512,31 @@ class DFlashProposer(Proposer):
             graph.replay()
         self.window.advance(start, rows)
 
-    def _masks(self, start: int, pos_t: torch.Tensor | None = None) -> dict[tuple[bool, int | None], torch.Tensor]:
-        """One ``[bs, W+bs]`` mask per distinct layer kind, from absolute positions (the reference's rule:
-        causal -> key <= query; sliding window -> query - key < window, and key - query < window when not
-        causal). Empty ring slots (position -1) are never visible."""
+    def _attn_biases(self, start: int, pos_t: torch.Tensor | None = None
+                     ) -> dict[tuple[bool, int | None], torch.Tensor]:
+        """One additive fp32 mask ``[rep*bs, W+bs]`` (0 = attend, -inf = not) per distinct layer kind, built once
+        per forward from absolute positions (the reference's rule: causal -> key <= query; sliding window ->
+        query - key < window, and key - query < window when not causal). Empty ring slots (position -1) are never
+        visible. Rows repeat per query head of a KV group, the layout :func:`_grouped_attention` takes."""
         q_pos = (start if pos_t is None else pos_t) + self._block_offsets
         key_pos = torch.cat([self.window.positions, q_pos])
-        valid = torch.cat([self.window.positions >= 0, torch.ones_like(q_pos, dtype=torch.bool)])
+        valid = (key_pos >= 0)[None, :].expand(q_pos.shape[0], -1)       # block positions are never negative
+        dist = q_pos[:, None] - key_pos[None, :]
+        rep = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
         out: dict[tuple[bool, int | None], torch.Tensor] = {}
         for layer in self.drafter.layers:
             kind = (layer.causal, layer.sliding_window)
             if kind in out:
                 continue
             causal, window = kind
-            visible = valid[None, :].expand(q_pos.shape[0], -1)
-            dist = q_pos[:, None] - key_pos[None, :]
+            visible = valid
             if causal:
                 visible = visible & (dist >= 0)
             if window is not None:
                 visible = visible & (dist < window)
                 if not causal:
                     visible = visible & (-dist < window)
-            out[kind] = visible
+            out[kind] = torch.where(visible, 0.0, float("-inf")).repeat(rep, 1)
         return out
 
     def _append(self, taps: torch.Tensor, start: int) -> None:
@@ -480,13 +553,17 @@ class DFlashProposer(Proposer):
     def _context_kv(self, taps: torch.Tensor, start: int, pos_t: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Tap rows of positions ``start ..`` (or ``pos_t[0] ..``) -> context features ``[T, H]`` and every drafter
-        layer's keys and values ``[layers, T, Hkv, hd]``, with one set of rotary angles for all layers."""
+        layer's keys and values ``[layers, T, Hkv, hd]``. One k|v GEMM per layer; the k norms and the rotation
+        then run once over all layers' stacked keys, with one set of rotary angles."""
         if self._tap_order is not None:
             taps = taps[:, self._tap_order]
         feats = self.drafter.context_features(taps.to(self.dtype))
-        cs = self.rope.angles(start, feats.shape[0], pos_t, feats.dtype)
-        kv = [layer.self_attn.project_kv(feats, self.rope, cs) for layer in self.drafter.layers]
-        return feats, torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv])
+        T, nkv = feats.shape[0], self.cfg.num_key_value_heads
+        cs = self.rope.angles(start, T, pos_t, feats.dtype)
+        kv = torch.stack([layer.self_attn.context_kv(feats) for layer in self.drafter.layers])
+        kv = kv.view(len(self.drafter.layers), T, 2 * nkv, self.cfg.head_dim)
+        keys = self.rope(_head_rms_norm(kv, nkv, self._context_k_norm, self._unit_norm, self.cfg.rms_norm_eps), cs)
+        return feats, keys, kv[:, :, nkv:]
 
     def _require_taps(self, out: ForwardOutput, rows: int, what: str) -> torch.Tensor:
         if out.taps is None or out.taps.shape[1] != len(self.taps):
@@ -599,7 +676,7 @@ def load_dflash_checkpoint(folder: str | Path, target: TargetModel, *, window_si
                                lambda name: fc_hint if name == "fc.weight" else "")
     if problems:
         raise CheckpointError(f"DFlash drafter {folder} does not fit its config: " + " | ".join(problems))
-    merge_all_projections(drafter)          # one gate/up GEMM and a fused SiLU product, as in the target
+    # Loaded under the checkpoint's names; the proposer merges q/k/v and gate/up (+ fused SiLU), as in the target.
     return DFlashProposer(drafter, target, window_size=window_size, window_seed=window_seed, cuda_graphs=cuda_graphs)
 
 
