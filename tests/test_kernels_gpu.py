@@ -403,3 +403,491 @@ def test_linear_dispatch(n_out: int) -> None:
             out = linear(x, w, b)
             ref = linear_ref(x.float(), w.float(), b.float())
             assert out.shape == ref.shape and rel_err(out, ref) < 1e-2
+
+
+# ------------------------------------------------------------------------- q/k norm + RoPE + KV write
+
+def rope_inputs(T: int, n_q: int, n_kv: int, hd: int, rot: int, gated: bool, norm: str, dtype: torch.dtype,
+                start: int):
+    """A merged qkv projection output, q/k norm weights (``norm``: none / standard / zero-centred) and the
+    rotary angles of positions ``start ..`` in ``dtype``, as the model builds them."""
+    q_out = n_q * hd * (2 if gated else 1)
+    qkv = (torch.randn(T, q_out + 2 * n_kv * hd, device=DEV) * 3.0).to(dtype)
+    qkv[:, q_out + n_kv * hd:] *= 0.02                  # small V rows: FP8 subnormals get exercised
+    zc = norm == "zero_centred"
+    qw = kw = None
+    if norm != "none":
+        qw = (torch.randn(hd, device=DEV) * 0.3 + (0.0 if zc else 1.0)).to(dtype)
+        kw = (torch.randn(hd, device=DEV) * 0.3 + (0.0 if zc else 1.0)).to(dtype)
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, rot, 2, device=DEV, dtype=torch.float64) / rot))
+    freqs = torch.outer(torch.arange(start, start + T, device=DEV, dtype=torch.float64), inv_freq).float()
+    emb = torch.cat([freqs, freqs], dim=-1)[:, None, :]
+    return qkv, qw, kw, zc, (emb.cos().to(dtype), emb.sin().to(dtype))
+
+
+def random_cache(max_len: int, n_kv: int, hd: int, dtype: torch.dtype, fp8: bool) -> KVCache:
+    """A cache full of random rows (the rows around the written ones must stay untouched)."""
+    cache = KVCache(max_len, n_kv, hd, dtype, DEV, fp8=fp8)
+    cache.write(0, torch.randn(max_len, n_kv, hd, device=DEV).to(dtype),
+                torch.randn(max_len, n_kv, hd, device=DEV).to(dtype))
+    return cache
+
+
+def clone_cache(cache: KVCache) -> KVCache:
+    twin = KVCache(cache.max_len, cache.k.shape[1], cache.k.shape[2], cache.dtype, DEV, fp8=cache.fp8)
+    for name in ("k", "v", "k_scale", "v_scale") if cache.fp8 else ("k", "v"):
+        getattr(twin, name).copy_(getattr(cache, name))
+    return twin
+
+
+def assert_bits_close(out: torch.Tensor, ref: torch.Tensor, max_frac: float, what: str) -> None:
+    """Bitwise equal, except at most ``max_frac`` of the elements (``max_frac=0``: all). The norm sums its
+    squares in another order than torch: rstd may differ in its last bit and move a rare element by one rounding
+    step (and with it, through RoPE, its partner channel).
+
+    q is checked by :func:`assert_q_close` instead: on an H200 ~3% of the kernel's q elements differ from torch's
+    in the last bit, norm or not (first seen there; the CPU interpreter, patched to round like a GPU, matched)."""
+    assert out.shape == ref.shape and out.dtype == ref.dtype, what
+    if out.dtype == torch.float8_e4m3fn:
+        out, ref = out.view(torch.uint8), ref.view(torch.uint8)
+    differ = (out != ref).sum().item()                  # a NaN (unwritten) element always differs
+    assert differ <= max_frac * out.numel(), f"{what}: {differ} of {out.numel()} elements differ"
+    if differ:
+        assert rel_err(out.float(), ref.float()) < 1e-2, what
+
+
+def assert_q_close(q: torch.Tensor, q_ref: torch.Tensor, what: str) -> None:
+    """q within rounding of the reference: every element written, at most 10% off in the last bits, and the
+    relative error of a 16-bit path (decode and verify share this kernel, so it cannot split them)."""
+    assert q.shape == q_ref.shape and q.dtype == q_ref.dtype and torch.isfinite(q).all(), what
+    assert (q != q_ref).float().mean().item() <= 0.1, what
+    assert rel_err(q, q_ref) < 4e-3, (what, rel_err(q, q_ref))
+
+
+def check_cache(out: KVCache, ref: KVCache, max_frac: float) -> None:
+    """Every row (the written ones and all the others) and every scale, against the reference's cache. k goes
+    through the same rotation as q, so it gets q's last-bit allowance (see :func:`assert_bits_close`)."""
+    max_frac = max(max_frac, 0.1)
+    assert_bits_close(out.k, ref.k, max_frac, "k rows")
+    assert_bits_close(out.v, ref.v, 0.0, "v rows")
+    if ref.fp8:
+        # One k element off by a step can move its row's amax and so the whole row's scale: compare the
+        # dequantised rows too.
+        assert_bits_close(out.k_scale, ref.k_scale, max_frac, "k scales")
+        assert_bits_close(out.v_scale, ref.v_scale, 0.0, "v scales")
+        k_out, _ = out.read(out.max_len)
+        k_ref, _ = ref.read(ref.max_len)
+        assert rel_err(k_out, k_ref) < 1e-3
+
+
+ROPE_CASES = [
+    # (dtype, kv, gated, norm, rotary fraction, hd): Qwen3.5 (gated, zero-centred, partial), Qwen3, Llama, mixes
+    (torch.bfloat16, "fp8", True, "zero_centred", 0.25, 256),
+    (torch.bfloat16, "model", True, "zero_centred", 0.25, 256),
+    (torch.bfloat16, "fp8", False, "standard", 1.0, 128),
+    (torch.bfloat16, "model", False, "standard", 1.0, 128),
+    (torch.bfloat16, "fp8", False, "none", 1.0, 128),
+    (torch.bfloat16, "model", False, "none", 0.5, 256),
+    (torch.bfloat16, "model", True, "none", 1.0, 128),
+    (torch.bfloat16, "fp8", True, "standard", 0.5, 128),
+    # fp16 is not listed: the dispatcher keeps fp16 on the torch path (see edgespec.kernels.rope).
+    (torch.bfloat16, "fp8", False, "none", 0.25, 128),
+    (torch.bfloat16, "model", True, "none", 1.0, 256),
+]
+
+
+@pytest.mark.parametrize("start_kind", ["int", "tensor"])
+@pytest.mark.parametrize("T", [1, 16])
+@pytest.mark.parametrize("dtype,kv,gated,norm,rot_frac,hd", ROPE_CASES)
+def test_qk_norm_rope_write_matches_reference(dtype, kv, gated, norm, rot_frac, hd, T, start_kind) -> None:
+    """q, the gate view, the written K/V rows (and FP8 scales) and the untouched rest of the cache, against the
+    unfused torch sequence on the same inputs. Bitwise without q/k norm; with it, up to a rare last-bit step."""
+    from edgespec.kernels.rope import qk_norm_rope_write_ref
+    from edgespec.kernels.triton_rope import qk_norm_rope_write_triton
+    n_q, n_kv, start, max_len = 8, 2, 37, 96
+    qkv, qw, kw, zc, cs = rope_inputs(T, n_q, n_kv, hd, int(hd * rot_frac), gated, norm, dtype, start)
+    cache_ref = random_cache(max_len, n_kv, hd, dtype, kv == "fp8")
+    cache_out = clone_cache(cache_ref)
+    pos_t = torch.tensor([start], device=DEV) if start_kind == "tensor" else None
+    args = (n_q, n_kv, hd, gated, qw, kw, 1e-6, zc, pos_t)
+    q_ref, gate_ref = qk_norm_rope_write_ref(qkv, cache_ref, start, cs, *args)
+    poison_allocator()
+    q, gate = qk_norm_rope_write_triton(qkv, cache_out, -1 if pos_t is not None else start, cs, *args)
+    assert q.is_contiguous() and q.shape == (T, n_q, hd)
+    max_frac = 0.0 if norm == "none" else 1e-3
+    assert_q_close(q, q_ref, "q")
+    check_cache(cache_out, cache_ref, max_frac)
+    if gated:
+        assert gate.data_ptr() == gate_ref.data_ptr() and gate.stride() == gate_ref.stride()   # the same view
+    else:
+        assert gate is None and gate_ref is None
+
+
+def test_qk_norm_rope_write_dispatcher_and_cuda_graph() -> None:
+    """Through the public dispatcher, captured once with the start in a device tensor and replayed at other
+    positions (including the last rows of the cache): every replay writes the right rows."""
+    from edgespec.kernels.rope import qk_norm_rope_write, qk_norm_rope_write_ref
+    T, n_q, n_kv, hd, rot, max_len = 4, 16, 4, 256, 64, 512
+    qkv, qw, kw, zc, cs = rope_inputs(T, n_q, n_kv, hd, rot, True, "zero_centred", torch.bfloat16, 0)
+    cache = random_cache(max_len, n_kv, hd, torch.bfloat16, True)
+    pos_t = torch.tensor([3], dtype=torch.int32, device=DEV)
+    args = (n_q, n_kv, hd, True, qw, kw, 1e-6, zc, pos_t)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):                       # compile and warm up outside the capture
+        qk_norm_rope_write(qkv, cache, 0, cs, *args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q, _gate = qk_norm_rope_write(qkv, cache, 0, cs, *args)
+    for start in (0, 17, 300, max_len - T):
+        fresh, _, _, _, fresh_cs = rope_inputs(T, n_q, n_kv, hd, rot, True, "zero_centred", torch.bfloat16, start)
+        qkv.copy_(fresh)
+        cs[0].copy_(fresh_cs[0])
+        cs[1].copy_(fresh_cs[1])
+        pos_t.fill_(start)
+        ref_cache = clone_cache(cache)
+        q_ref, _ = qk_norm_rope_write_ref(qkv, ref_cache, start, cs, *args[:-1])
+        q.fill_(float("nan"))
+        graph.replay()
+        assert_q_close(q, q_ref, f"q at {start}")
+        check_cache(cache, ref_cache, 1e-3)
+
+
+def test_qk_norm_rope_write_rejects_bad_inputs() -> None:
+    from edgespec.kernels.triton_rope import qk_norm_rope_write_triton
+    T, n_q, n_kv, hd, rot = 2, 4, 2, 128, 32
+    qkv, qw, kw, zc, cs = rope_inputs(T, n_q, n_kv, hd, rot, True, "zero_centred", torch.bfloat16, 5)
+    cache = KVCache(64, n_kv, hd, torch.bfloat16, DEV, fp8=True)
+
+    def call(qkv=qkv, cache=cache, start=5, cs=cs, n_q=n_q, gated=True, qw=qw, pos_t=None, zc=zc):
+        return qk_norm_rope_write_triton(qkv, cache, start, cs, n_q, n_kv, hd, gated, qw, kw, 1e-6, zc, pos_t)
+
+    call()                                                                              # the good call runs
+    for bad, match in [
+        (dict(qkv=qkv[:, :-1]), "last dim"),                                            # width does not fit
+        (dict(gated=False), "last dim"),                                                # layout does not fit
+        (dict(qkv=qkv[None]), r"\[T, q_out"),                                           # not 2-D
+        (dict(qkv=qkv.to(torch.int32)), "dtype"),                                       # not floating
+        (dict(cs=(cs[0].float(), cs[1].float())), "activation dtype"),                  # angles in fp32
+        (dict(cs=(cs[0][:1], cs[1][:1])), "cos"),                                       # angles for 1 row of 2
+        (dict(cs=(cs[0][..., :3], cs[1][..., :3])), "rotary_dim"),                      # odd rotary dim
+        (dict(qw=qw[:64]), "q_norm"),                                                   # norm weight size
+        (dict(qw=qw.float(), zc=False), "activation dtype"),                            # would promote q
+        (dict(cache=KVCache(64, n_kv + 1, hd, torch.bfloat16, DEV)), "cache rows"),     # head count
+        (dict(start=63), "outside the cache"),                                          # rows past the end
+        (dict(start=-1), "outside the cache"),
+        (dict(pos_t=torch.tensor([5.0], device=DEV)), "pos_t"),                         # float position
+        (dict(pos_t=torch.tensor([5, 6], device=DEV)), "pos_t"),                        # two positions
+    ]:
+        with pytest.raises(ValueError, match=match):
+            call(**bad)
+
+
+# ------------------------------------------------------------------------------------------- GEMV prologues
+
+PROLOGUE_SHAPES = {
+    # kind: (n, k, norm head) - Qwen3.5-4B down/out/o projections, odd K (masked slices), wide matrices where the
+    # skinny GEMM runs unsplit, narrow ones where it splits K; norm heads of 64, 128 and 256 (a skinny slice grows
+    # to 256)
+    "SILU_MUL": [(2560, 9216, 0), (1000, 300, 0), (10240, 2560, 0)],
+    "SIGMOID_GATE": [(2560, 4096, 0), (1000, 300, 0), (10240, 2048, 0)],
+    "GATED_RMS_NORM": [(2560, 4096, 128), (1000, 384, 128), (10240, 2048, 128), (700, 512, 64), (700, 1024, 256)],
+}
+
+
+def prologue_operands(kind: str, rows: int, k: int, head: int, dtype: torch.dtype = torch.bfloat16,
+                      wdtype: torch.dtype = torch.bfloat16):
+    """Fresh operands ``(x, gate, norm_weight, eps)`` of a prologue over ``[rows, k]`` and the torch step they stand
+    for, ``[rows, k]`` (x and gate are the strided halves of one gate_up tensor for SwiGLU, as the model has them)."""
+    from edgespec.kernels.activation import silu_mul_ref
+    if kind == "SILU_MUL":
+        gate_up = (torch.randn(rows, 2 * k, device=DEV) * 3.0).to(dtype)
+        return gate_up[:, k:], gate_up[:, :k], None, 0.0, silu_mul_ref(gate_up)
+    if kind == "SIGMOID_GATE":
+        x = (torch.randn(rows, k, device=DEV) * 2.0).to(dtype)
+        gate = (torch.randn(rows, k, device=DEV) * 3.0).to(dtype)
+        return x, gate, None, 0.0, x * torch.sigmoid(gate)
+    o = (torch.randn(rows, k // head, head, device=DEV) * 0.5).to(dtype)
+    z = (torch.randn(rows, k // head, head, device=DEV) * 2.0).to(dtype)
+    w = (torch.randn(head, device=DEV) * 0.2 + 1.0).to(wdtype)
+    return o.reshape(rows, k), z.reshape(rows, k), w, 1e-6, gated_rms_norm_ref(o, z, w, 1e-6).reshape(rows, k)
+
+
+def plain_launch(rows: int, n: int, k: int, head: int) -> dict[str, int]:
+    """The launch config the fused product takes for this shape (slices grown to whole norm heads)."""
+    from edgespec.kernels import sm_count
+    from edgespec.kernels.triton_gemv import gemv_config, skinny_config
+    cfg = (gemv_config if rows == 1 else skinny_config)(n, k, sm_count(torch.device(DEV)))
+    cfg["BLOCK_K"] = max(cfg["BLOCK_K"], head)
+    return cfg
+
+
+def prologue_mismatch_ok(out: torch.Tensor, ref: torch.Tensor) -> bool:
+    """The norm prologue's per-head sum of squares adds in its own order: an element may differ from torch's by
+    one step of the dtype (at most 1 in 1000 of them), no more."""
+    diff = out != ref
+    one_step = (out.float() - ref.float()).abs() <= ref.float().abs() * 2.0 ** -7
+    return diff.float().mean().item() <= 1e-3 and bool(one_step.all())
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 16])
+@pytest.mark.parametrize("kind,n,k,head", [(kind, *s) for kind, shapes in PROLOGUE_SHAPES.items() for s in shapes])
+def test_prologue_product_equals_product_of_reference(kind, n, k, head, rows) -> None:
+    """Fused GEMV / skinny GEMM = the same kernel and launch on the torch step's output: bit for bit for SwiGLU and
+    the sigmoid gate; for the norm within the one-step differences of :func:`prologue_mismatch_ok`."""
+    from edgespec.kernels.linear import linear_ref
+    from edgespec.kernels.triton_gemv import Prologue, gemv_triton, skinny_gemm_triton
+    x, gate, nw, eps, ref_in = prologue_operands(kind, rows, k, head)
+    w = torch.randn(n, k, device=DEV, dtype=torch.bfloat16) * 0.05
+    b = torch.randn(n, device=DEV, dtype=torch.bfloat16)
+    product = gemv_triton if rows == 1 else skinny_gemm_triton
+    cfg = plain_launch(rows, n, k, head)
+    ref = product(ref_in, w, b, config=cfg)
+    poison_allocator()
+    out = product(x, w, b, config=cfg, prologue=Prologue[kind], gate=gate, norm_weight=nw, eps=eps)
+    assert out.shape == (rows, n) and out.dtype == torch.bfloat16
+    if kind == "GATED_RMS_NORM":
+        assert rel_err(out, ref) < 2e-3
+    else:
+        assert torch.equal(out, ref)
+    assert rel_err(out, linear_ref(ref_in.float(), w.float(), b.float())) < 1e-2
+    assert torch.equal(out, product(x, w, b, config=cfg, prologue=Prologue[kind], gate=gate, norm_weight=nw,
+                                    eps=eps))                                   # deterministic
+
+
+@pytest.mark.parametrize("rows", [1, 16])
+@pytest.mark.parametrize("kind,head,dtype,wdtype", [
+    ("SILU_MUL", 0, torch.bfloat16, None), ("SILU_MUL", 0, torch.float16, None),
+    ("SIGMOID_GATE", 0, torch.bfloat16, None), ("SIGMOID_GATE", 0, torch.float16, None),
+    ("GATED_RMS_NORM", 128, torch.bfloat16, torch.bfloat16), ("GATED_RMS_NORM", 128, torch.bfloat16, torch.float32),
+    ("GATED_RMS_NORM", 64, torch.float16, torch.float16)])
+def test_prologue_forms_the_reference_input(kind, head, dtype, wdtype, rows) -> None:
+    """Through an identity weight the product returns its input rows: the prologue's values themselves, which must
+    be torch's (exactly for SwiGLU and the gate; libdevice expf and IEEE division as torch's kernels use them)."""
+    from edgespec.kernels.triton_gemv import Prologue, gemv_triton, skinny_gemm_triton
+    k = 2048
+    x, gate, nw, eps, ref_in = prologue_operands(kind, rows, k, head or 1, dtype, wdtype or dtype)
+    eye = torch.eye(k, device=DEV, dtype=dtype)
+    product = gemv_triton if rows == 1 else skinny_gemm_triton
+    poison_allocator()
+    out = product(x, eye, prologue=Prologue[kind], gate=gate, norm_weight=nw, eps=eps)
+    if kind == "GATED_RMS_NORM":
+        assert prologue_mismatch_ok(out, ref_in)
+    else:
+        bad = (out != ref_in).sum().item()
+        assert bad == 0, f"{bad} of {out.numel()} prologue values differ from torch's"
+
+
+@pytest.mark.parametrize("kind,n,k,head", [("SILU_MUL", 10240, 2560, 0), ("SILU_MUL", 2560, 9216, 0),
+                                           ("SIGMOID_GATE", 10240, 2048, 0), ("GATED_RMS_NORM", 10240, 2048, 128),
+                                           ("GATED_RMS_NORM", 2560, 4096, 128)])
+def test_skinny_prologue_rows_do_not_depend_on_the_row_count(kind, n, k, head) -> None:
+    """A row's result is the same in a 16-row verify as in a shorter one (unsplit and split-K launches)."""
+    from edgespec.kernels.triton_gemv import Prologue, skinny_gemm_triton
+    x, gate, nw, eps, _ = prologue_operands(kind, 16, k, head)
+    w = torch.randn(n, k, device=DEV, dtype=torch.bfloat16) * 0.05
+    full = skinny_gemm_triton(x, w, prologue=Prologue[kind], gate=gate, norm_weight=nw, eps=eps)
+    for m in (1, 2, 7):
+        part = skinny_gemm_triton(x[:m], w, prologue=Prologue[kind], gate=gate[:m], norm_weight=nw, eps=eps)
+        assert torch.equal(part, full[:m]), m
+
+
+def fused_call(kind: str, x: torch.Tensor, gate: torch.Tensor, nw, eps: float, head: int, w, b, fused=True):
+    """The public fused linear of ``kind`` on operands ``[..., K]`` from :func:`prologue_operands` (``fused=False``:
+    the unfused composition it stands for, each step dispatched as usual)."""
+    from edgespec.kernels.activation import silu_mul
+    from edgespec.kernels.linear import linear, linear_gated_rms_norm, linear_sigmoid_gate, linear_silu_mul
+    from edgespec.kernels.norm import gated_rms_norm
+    if kind == "SILU_MUL":
+        gate_up = torch.cat([gate, x], dim=-1)
+        return linear_silu_mul(gate_up, w, b) if fused else linear(silu_mul(gate_up), w, b)
+    if kind == "SIGMOID_GATE":
+        return linear_sigmoid_gate(x, gate, w, b) if fused else linear(x * torch.sigmoid(gate), w, b)
+    o, z = x.reshape(*x.shape[:-1], -1, head), gate.reshape(*x.shape[:-1], -1, head)
+    if fused:
+        return linear_gated_rms_norm(o, z, nw, eps, w, b)
+    return linear(gated_rms_norm(o, z, nw, eps).reshape(x.shape), w, b)
+
+
+@pytest.mark.parametrize("kind,head", [("SILU_MUL", 0), ("SIGMOID_GATE", 0), ("GATED_RMS_NORM", 128)])
+def test_fused_linears_dispatch(kind, head, monkeypatch) -> None:
+    """The public functions fuse where ``linear`` runs a Triton product (one row; 2-16 rows on wide matrices) and
+    equal ``linear`` of the torch step there; elsewhere (narrow matrices with several rows, prefill, autograd) they
+    are the unfused composition, bit for bit."""
+    from edgespec.kernels import linear as L
+    from edgespec.kernels import sm_count
+    from edgespec.kernels.triton_gemv import skinny_pays
+
+    routes = []
+    fused = L._fused_product
+    monkeypatch.setattr(L, "_fused_product", lambda route, *a, **kw: routes.append(route) or fused(route, *a, **kw))
+    k, sms = 1024, sm_count(torch.device(DEV))
+    for n, rows, lead in [(3000, 1, ()), (3000, 1, (1, 1)), (20000, 5, ()), (20000, 16, (2, 8)), (3000, 5, ()),
+                          (3000, 40, ())]:
+        route = "gemv" if rows == 1 else "skinny" if rows <= 16 and skinny_pays(n, sms) else None
+        x, gate, nw, eps, ref_in = prologue_operands(kind, rows, k, head or 1)
+        if lead:
+            x, gate, ref_in = (t.reshape(*lead, k) for t in (x, gate, ref_in))
+        w = torch.randn(n, k, device=DEV, dtype=torch.bfloat16) * 0.05
+        b = torch.randn(n, device=DEV, dtype=torch.bfloat16)
+        routes.clear()
+        with torch.inference_mode():
+            out = fused_call(kind, x, gate, nw, eps, head, w, b)
+            expect = L.linear(ref_in, w, b) if route else fused_call(kind, x, gate, nw, eps, head, w, b, fused=False)
+        assert routes == ([route] if route else []), (n, rows)
+        assert out.shape == (*x.shape[:-1], n) and out.dtype == torch.bfloat16
+        if route and kind == "GATED_RMS_NORM":
+            assert rel_err(out, expect) < 2e-3, (n, rows)
+        else:
+            assert torch.equal(out, expect), (n, rows)
+        assert rel_err(out, L.linear_ref(ref_in.float(), w.float(), b.float())) < 1e-2
+    # autograd on: torch's linear on the unfused step
+    routes.clear()
+    out = fused_call(kind, x[:1], gate[:1], nw, eps, head, w, None)
+    assert routes == [] and torch.equal(out, fused_call(kind, x[:1], gate[:1], nw, eps, head, w, None, fused=False))
+
+
+def test_fused_linear_in_a_cuda_graph() -> None:
+    """The fused decode GEMV captures and replays like the plain one (no host sync, fresh inputs per replay)."""
+    from edgespec.kernels.activation import silu_mul_ref
+    from edgespec.kernels.linear import linear, linear_silu_mul
+    w = torch.randn(2560, 4608, device=DEV, dtype=torch.bfloat16) * 0.05
+    gate_up = torch.randn(1, 9216, device=DEV, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        linear_silu_mul(gate_up, w)                                             # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = linear_silu_mul(gate_up, w)
+        for _ in range(2):
+            gate_up.copy_(torch.randn_like(gate_up) * 3.0)
+            graph.replay()
+            assert torch.equal(out, linear(silu_mul_ref(gate_up), w))
+
+
+def test_fused_linears_reject_bad_inputs() -> None:
+    """Each fused linear and the prologue launches check their operands before any launch."""
+    from edgespec.kernels.linear import linear, linear_gated_rms_norm, linear_sigmoid_gate, linear_silu_mul
+    from edgespec.kernels.norm import gated_rms_norm
+    from edgespec.kernels.triton_gemv import Prologue, gemv_triton, skinny_gemm_triton
+    bf = torch.bfloat16
+    w = torch.randn(64, 256, device=DEV, dtype=bf)
+    x = torch.randn(1, 256, device=DEV, dtype=bf)
+    o = torch.randn(1, 2, 128, device=DEV, dtype=bf)
+    nw = torch.ones(128, device=DEV, dtype=bf)
+    with torch.inference_mode():
+        for bad in (torch.randn(1, 511, device=DEV, dtype=bf), torch.randn(1, 256, device=DEV, dtype=bf)):
+            with pytest.raises(ValueError, match="linear_silu_mul"):
+                linear_silu_mul(bad, w)                                         # odd width; I != weight's K
+        with pytest.raises(ValueError, match="linear_gated_rms_norm"):
+            linear_gated_rms_norm(o, o[..., :64], nw, 1e-6, w)                  # z shape
+        with pytest.raises(ValueError, match="linear_gated_rms_norm"):
+            linear_gated_rms_norm(o, o, nw[:64], 1e-6, w)                       # norm weight size
+        with pytest.raises(ValueError, match="linear_gated_rms_norm"):
+            linear_gated_rms_norm(o, o, nw, 1e-6, w[:, :128])                   # weight K != H * D
+        with pytest.raises(ValueError, match="linear_sigmoid_gate"):
+            linear_sigmoid_gate(x, x[:, :128], w)                               # gate shape
+        with pytest.raises(ValueError, match="linear_sigmoid_gate"):
+            linear_sigmoid_gate(x[:, :128], x[:, :128], w)                      # weight K
+        # A head the prologue cannot take (not a power of two): the unfused composition instead.
+        o96 = torch.randn(1, 2, 96, device=DEV, dtype=bf)
+        w192 = torch.randn(64, 192, device=DEV, dtype=bf)
+        nw96 = torch.ones(96, device=DEV, dtype=bf)
+        assert torch.equal(linear_gated_rms_norm(o96, o96, nw96, 1e-6, w192),
+                           linear(gated_rms_norm(o96, o96, nw96, 1e-6).reshape(1, 192), w192))
+    # The prologue launches themselves (tests/test_linear_fused.py checks the rest of their operand checks).
+    x2 = o.reshape(1, 256)
+    with pytest.raises(ValueError, match="gate"):
+        gemv_triton(x2, w, prologue=Prologue.SILU_MUL, gate=x2.half())                      # gate dtype
+    with pytest.raises(ValueError, match="power of two"):
+        skinny_gemm_triton(x2.expand(4, 256), w, prologue=Prologue.GATED_RMS_NORM, gate=x2.expand(4, 256),
+                           norm_weight=torch.ones(96, device=DEV, dtype=bf))
+
+
+# ------------------------------------------------------------------------------- FP8-KV attention configs
+
+def _fp8_sweep_configs(T: int, group: int) -> list[dict]:
+    """The launch configurations ``tools/kernel_bench.py --fp8-sweep`` times (one list for bench and test)."""
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "tools" / "kernel_bench.py"
+    spec = importlib.util.spec_from_file_location("_kernel_bench_for_tests", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.fp8_sweep_configs(T, group)
+
+
+@pytest.mark.parametrize("n_q,n_kv", [(24, 4), (16, 4)])                 # Qwen3.5-27B / -4B heads, hd 256
+@pytest.mark.parametrize("T,start", [(1, 1500), (16, 1234)])
+def test_fp8_attention_sweep_configs(n_q: int, n_kv: int, T: int, start: int) -> None:
+    """Every FP8 configuration the benchmark sweeps (default, the pre-rework one, tiles, warps, stages, splits,
+    row blocks, OPAQUE_CVT and V_SCALE variants) against the oracle, also with 1 and 7 splits."""
+    from edgespec.kernels.triton_attention import cached_attention_triton
+    hd = 256
+    cache = make_cache(start + T + 40, n_kv, hd, start + T, torch.bfloat16, True)
+    q = torch.randn(T, n_q, hd, device=DEV, dtype=torch.bfloat16)
+    ref = attention_oracle(q, cache, start, hd ** -0.5)
+    for cfg in _fp8_sweep_configs(T, n_q // n_kv):
+        for extra in ({}, {"n_splits": 1}, {"n_splits": 7}):
+            poison_allocator()
+            out = cached_attention_triton(q, cache, start, hd ** -0.5, config={**cfg, **extra})
+            assert out.shape == q.shape and out.dtype == q.dtype
+            err = rel_err(out, ref)
+            assert err < TOL[torch.bfloat16], (cfg, extra, err)
+
+
+def _fp8_oracle_fp32(q: torch.Tensor, cache: KVCache, start: int, scale: float) -> torch.Tensor:
+    """As ``attention_oracle`` but dequantised in fp32 (``cache.read`` rounds to the cache dtype, which moves
+    large logits by more than the kernel's own error)."""
+    n = start + q.shape[0]
+    k = cache.k[:n].float() * cache.k_scale[:n, :, None]
+    v = cache.v[:n].float() * cache.v_scale[:n, :, None]
+    return attention_ref(q.float(), k, v, start, scale)
+
+
+def _per_head_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """The worst relative error over query heads: a head whose values are tiny is judged on its own scale."""
+    return max(rel_err(out[:, h], ref[:, h]) for h in range(out.shape[1]))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("T", [1, 2, 5, 9, 16])
+def test_fp8_attention_v_scale_extremes(dtype: torch.dtype, T: int) -> None:
+    """fp16 products with v scales far apart: tokens 1e-4x, all-zero rows, a KV head 1e-6x (bf16; fp16: 1e-2x) and one
+    1e3x everywhere.
+    The "tile" scale fold keeps every head to tolerance on its own scale (the older "rows" form, V rows scaled
+    into fp16, loses the 1e-6x head to fp16 subnormals) and never leaves fp16's range."""
+    from edgespec.kernels.triton_attention import cached_attention_triton
+    n_q, n_kv, hd, start = 24, 4, 256, 700
+    cache = KVCache(start + T + 9, n_kv, hd, dtype, DEV, fp8=True)
+    k = torch.randn(start + T, n_kv, hd, device=DEV)
+    v = torch.randn(start + T, n_kv, hd, device=DEV)
+    k[::17] *= 8.0
+    v[::23] *= 1e-4
+    v[7::31] = 0.0
+    v[:, 1] *= 1e-6 if dtype == torch.bfloat16 else 1e-2       # fp16 outputs of a 1e-6x head would be subnormal
+    v[:, 3] *= 1e3
+    cache.write(0, k.to(dtype), v.to(dtype))
+    q = torch.randn(T, n_q, hd, device=DEV).to(dtype)
+    ref = _fp8_oracle_fp32(q, cache, start, hd ** -0.5)
+    for cfg in ({}, {"OPAQUE_CVT": 0}, {"n_splits": 64}):
+        poison_allocator()
+        out = cached_attention_triton(q, cache, start, hd ** -0.5, config=cfg)
+        assert torch.isfinite(out).all(), cfg
+        assert _per_head_err(out, ref) < TOL[dtype], cfg
+
+
+@pytest.mark.parametrize("T", [1, 3, 8, 16])
+def test_fp8_attention_conversion_forms_agree(T: int) -> None:
+    """OPAQUE_CVT on (default) and off, V_SCALE "tile" (default) and "rows": the same attention."""
+    from edgespec.kernels.triton_attention import cached_attention_triton
+    n_q, n_kv, hd, start = 24, 4, 256, 2000
+    cache = make_cache(start + T, n_kv, hd, start + T, torch.bfloat16, True)
+    q = torch.randn(T, n_q, hd, device=DEV, dtype=torch.bfloat16)
+    ref = attention_oracle(q, cache, start, hd ** -0.5)
+    outs = [cached_attention_triton(q, cache, start, hd ** -0.5, config=cfg)
+            for cfg in ({}, {"OPAQUE_CVT": 0}, {"V_SCALE": "rows"}, {"OPAQUE_CVT": 0, "V_SCALE": "rows"})]
+    for out in outs:
+        assert rel_err(out, ref) < TOL[torch.bfloat16]
+        assert rel_err(out, outs[0]) < 5e-3
+    with pytest.raises(ValueError, match="V_SCALE"):
+        cached_attention_triton(q, cache, start, hd ** -0.5, config={"V_SCALE": "p"})   # fp16 products: unsafe

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session: GPU correctness tests, the attention launch sweep, the shape sweep and the cycle split.
 # Usage on the GPU machine, from the repository root:  OUT=/some/dir bash tools/gpu_sweep.sh [stage ...]
-# Stages: tests, gemv, profile, attn-sweep, kernels, shapes, cycle (default: all). Every output lands in $OUT.
+# Stages: tests, gemv, profile, attn-sweep, kernels, pdl, shapes, cycle (default: all but gemv, profile, pdl). Every output lands in $OUT.
 set -uo pipefail
 OUT=${OUT:-.}
 stages=${*:-tests attn-sweep kernels shapes cycle}
@@ -10,14 +10,17 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 for s in $stages; do
   t0=$(date +%s)
   case $s in
-    tests) python3 -m pytest -q -x -p no:cacheprovider tests/test_kernels_gpu.py tests/test_gpu_session.py \
-             2>&1 | tail -5 | tee "$OUT/tests.txt" ;;
+    tests) python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_gpu_session.py \
+             tests/test_deferred_gpu.py tests/test_dflash.py tests/test_rope_fused.py tests/test_linear_fused.py \
+             2>&1 | tail -15 | tee "$OUT/tests.txt" ;;
     gemv) python3 tools/gemv_bench.py --sweep 2>&1 | tee "$OUT/gemv_bench.txt" ;;
     profile) python3 tools/step_profile.py 2>&1 | tee "$OUT/step_profile.txt" ;;
     attn-sweep) python3 tools/kernel_bench.py --skip-tests --only none --sweep 2>&1 | tee "$OUT/attn_sweep.txt" \
              | grep -E "sweep|best|copy" ;;
     kernels) python3 tools/kernel_bench.py --skip-tests --only attn --quick 2>&1 > "$OUT/kernel_bench.txt";
              grep -A20 "FP8-KV speedup" "$OUT/kernel_bench.txt" ;;
+    pdl) for p in 0 1; do EDGESPEC_PDL=$p python3 tools/gpu_bench.py --shapes qwen3.5-4b --kv model \
+             --compare-hf none --sweep-out "$OUT/pdl$p" 2>&1 | tail -1 | sed "s/^/PDL=$p /"; done | tee "$OUT/pdl.txt" ;;
     shapes) python3 tools/gpu_bench.py --shapes smollm2-135m,qwen3.5-4b,qwen3-4b,qwen3.5-27b --kv model --compare-hf none \
              --sweep-out "$OUT" 2>&1 | tail -12 | tee "$OUT/gpu_bench.txt" ;;
     cycle) python3 tools/cycle_bench.py --shape qwen3.5-27b --k 15 --tokens 128 2>&1 | tail -20 \

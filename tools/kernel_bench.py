@@ -12,6 +12,10 @@ Run from the repository root on a CUDA machine:  ``PYTHONPATH=. python3 tools/ke
    Attention covers FP8 vs bf16 KV at 1k/8k/32k context for Qwen3.5 (Hq 16/24, Hkv 4, hd 256) and Qwen3
    (Hq 32, Hkv 8, hd 128), at T=1 (decode) and T=16 (verify).
 4. ``--sweep`` also tries a few attention launch configurations at 32k and prints the best per case.
+5. ``--fp8-sweep`` times the FP8-KV attention's launch configurations (``fp8_sweep_configs``) at 32k and 4k
+   context, T=1 and T=16, Qwen3.5-27B and -4B heads, each against the bf16-KV path's default, and prints us,
+   GB/s and the speedup per configuration, then the best per case. It stops starting new cases after
+   ``--fp8-sweep-budget`` seconds (default 70). ``--skip-tests --only none --fp8-sweep`` runs it alone.
 
 Writes everything as JSON to ``$OUT/kernel_bench.json`` when ``OUT`` is set. Prints the table last.
 """
@@ -247,6 +251,114 @@ def sweep_attention(quick: bool) -> list[dict[str, Any]]:
     return results
 
 
+FP8_SWEEP_MODELS = [("qwen3.5-27B", 24, 4, 256), ("qwen3.5-4B", 16, 4, 256)]
+FP8_SWEEP_CONTEXTS = [32768, 4096]
+
+
+def fp8_sweep_configs(T: int, group: int) -> list[dict[str, Any]]:
+    """Launch configurations ``--fp8-sweep`` tries for T rows over an FP8 cache with ``group`` query heads per KV
+    head (``tests/test_kernels_gpu.py`` checks every one for correctness). The first is the default
+    (``FP8_LAUNCH``), the second the default before the FP8 rework (compiler-placed conversion, every V
+    element scaled). Keys not given keep the default; ``waves`` sets the split count (programs per SM)."""
+    old = {"OPAQUE_CVT": 0, "V_SCALE": "rows", "BLOCK_N": 64, "num_stages": 3}
+    if T * group <= 32:                                      # decode: row blocks of <= 32, mma.sync
+        return [
+            {},
+            {**old, "num_warps": 4, "waves": 2},
+            {**old, "V_SCALE": "tile", "num_warps": 4, "waves": 2},              # the scale fold alone
+            {"BLOCK_N": 32, "num_warps": 4, "num_stages": 4, "waves": 2},
+            {"BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "waves": 2},
+            {"BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "waves": 3},
+            {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "waves": 1},
+            {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "waves": 2},
+            {"waves": 6},                                                        # twice the splits
+        ]
+    return [                                                 # verify: natural row blocks of 64-128, wgmma
+        {},
+        {**old, "num_warps": 8, "waves": 1},
+        {"BLOCK_N": 16, "num_warps": 8, "num_stages": 4, "waves": 2},         # no register spills at 128 rows
+        {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "waves": 2},
+        {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "waves": 2},   # mma.sync; KV re-read (L2)
+        {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "waves": 2},
+        {"waves": 1},
+    ]
+
+
+def sweep_fp8_attention(budget_s: float) -> list[dict[str, Any]]:
+    """``--fp8-sweep``: every ``fp8_sweep_configs`` entry per (model, context, T), graph-timed and checked against
+    the fp32 reference, with the bf16-KV default of the same case as the baseline. Cases run in order of
+    importance (32k before 4k); none is started after ``budget_s`` seconds."""
+    from edgespec.kernels import sm_count
+    from edgespec.kernels.triton_attention import LAUNCH_KEYS, attention_launch_config
+    t0 = time.time()
+    results: list[dict[str, Any]] = []
+    summary: list[str] = []
+    cases = [(ctx, m, T) for ctx in FP8_SWEEP_CONTEXTS for m in FP8_SWEEP_MODELS for T in (1, 16)]
+    caches: dict[tuple[int, int, int, bool], KVCache] = {}
+    for ctx, (name, n_q, n_kv, hd), T in cases:
+        if summary and time.time() - t0 > budget_s:
+            print(f"  budget of {budget_s:.0f} s spent: skipping {name} ctx={ctx} T={T}", flush=True)
+            continue
+        for fp8 in (True, False):
+            key = (ctx, n_kv, hd, fp8)
+            if key not in caches:
+                for old_key in [k for k in caches if k[0] != ctx]:
+                    del caches[old_key]
+                torch.cuda.empty_cache()
+                caches[key] = make_cache(ctx, n_kv, hd, fp8)
+        c8, c16 = caches[(ctx, n_kv, hd, True)], caches[(ctx, n_kv, hd, False)]
+        start, scale = ctx - T, hd ** -0.5
+        q = torch.randn(T, n_q, hd, device=DEV, dtype=torch.bfloat16)
+        bf16_us = graph_us(partial(cached_attention_triton, q, c16, start, scale), reps=10, rep_ms=30)
+        ref = _attention_ref_from_cache(q.float(), c8, start, scale)
+        nbytes = attention_bytes(T, n_q, n_kv, hd, ctx, True)
+        print(f"  {name} ctx={ctx} T={T}: bf16-KV default {bf16_us:.1f} us "
+              f"({attention_bytes(T, n_q, n_kv, hd, ctx, False) / bf16_us * 1e-3:.0f} GB/s)", flush=True)
+        seen: set[tuple] = set()
+        best: tuple[float, dict[str, Any]] | None = None
+        default_us = float("nan")
+        for i, cfg in enumerate(fp8_sweep_configs(T, n_q // n_kv)):
+            full = attention_launch_config(T, n_q, n_kv, hd, ctx, sm_count(q.device), 1, 2, overrides=cfg)
+            ident = (*(full[k] for k in LAUNCH_KEYS if k != "waves"), cfg.get("OPAQUE_CVT", 1),
+                     cfg.get("V_SCALE", "tile"))
+            if ident in seen:                                # e.g. BLOCK_M 64 is the 4B verify default
+                continue
+            seen.add(ident)
+            shown = {**{k: full[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "n_splits")},
+                     "OPAQUE_CVT": cfg.get("OPAQUE_CVT", 1), "V_SCALE": cfg.get("V_SCALE", "tile")}
+            tag = "default" if i == 0 else ("old default" if i == 1 else f"#{i}")
+            row: dict[str, Any] = {"model": name, "ctx": ctx, "T": T, "tag": tag, "bf16_default_us": bf16_us,
+                                   **shown}
+            try:
+                fn = partial(cached_attention_triton, q, c8, start, scale, config=cfg)
+                row["rel_err"] = rel_err(fn(), ref)
+                us = graph_us(fn, reps=10, rep_ms=30)
+                row.update(us=us, GBps=nbytes / us * 1e-3, speedup=bf16_us / us)
+                ok = row["rel_err"] < 1e-2
+                print(f"    {tag:<11} {us:7.1f} us {row['GBps']:6.0f} GB/s {row['speedup']:5.2f}x  "
+                      f"err {row['rel_err']:.1e}{'' if ok else ' (WRONG)'}  {shown}", flush=True)
+                if i == 0:
+                    default_us = us
+                if ok and (best is None or us < best[0]):
+                    best = (us, {"tag": tag, **shown})
+            except Exception as exc:  # e.g. out of shared memory
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:100]}"
+                print(f"    {tag:<11} failed: {row['error']}  {shown}", flush=True)
+            results.append(row)
+        if best:
+            line = (f"{name:<12} ctx={ctx:<6} T={T:<3} bf16 {bf16_us:6.1f} us  fp8 default {default_us:6.1f} us "
+                    f"= {bf16_us / default_us:.2f}x  best {best[0]:6.1f} us ({nbytes / best[0] * 1e-3:.0f} GB/s) "
+                    f"= {bf16_us / best[0]:.2f}x  {best[1]}")
+            print(f"  best: {line}", flush=True)
+            summary.append(line)
+    del caches
+    torch.cuda.empty_cache()
+    print(f"\nFP8-KV sweep, best per case (target >= 1.6x over bf16 KV at 32k; {time.time() - t0:.0f} s):")
+    for line in summary:
+        print(f"  {line}")
+    return results
+
+
 def _gdn_inputs(T: int, n_k: int, n_v: int, dk: int, dv: int):
     """q/k/v as views of one fused bf16 conv output (as the model passes them), g < 0, beta in (0, 1), a state."""
     fused = torch.randn(T, 2 * n_k * dk + n_v * dv, device=DEV, dtype=torch.bfloat16)
@@ -336,6 +448,10 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="shorter timings; torch attention only at 32k")
     ap.add_argument("--tests-k", default=None, help="pytest -k expression to run a subset of the GPU tests")
     ap.add_argument("--only", default="attn,gdn,conv,norm", help="comma list of kernel groups to time")
+    ap.add_argument("--fp8-sweep", action="store_true",
+                    help="sweep the FP8-KV attention launch configs at 32k/4k (27B and 4B heads, T=1 and 16)")
+    ap.add_argument("--fp8-sweep-budget", type=float, default=70.0,
+                    help="seconds after which --fp8-sweep starts no new case")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to benchmark")
@@ -387,6 +503,10 @@ def main() -> int:
     if args.sweep:
         print("\nattention launch-config sweep at 32k:", flush=True)
         report["sweep"] = sweep_attention(args.quick)
+    if args.fp8_sweep:
+        print("\nFP8-KV attention launch-config sweep (us, GB/s of the FP8 bytes, speedup over bf16-KV default):",
+              flush=True)
+        report["fp8_sweep"] = sweep_fp8_attention(args.fp8_sweep_budget)
     report["total_s"] = time.time() - t0
     write_report(report)
     print(f"total {report['total_s']:.0f} s")

@@ -46,3 +46,18 @@ def sm_count(device: torch.device) -> int:
 def _cuda_sm_count(index: int) -> int:
     import torch
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Programmatic dependent launch for our Triton kernels (``edgespec.kernels.triton_pdl``): on CUDA devices of
+    compute capability 9.0 or newer, unless ``EDGESPEC_PDL=0``."""
+    if device.type != "cuda" or os.environ.get("EDGESPEC_PDL", "1") == "0":
+        return False
+    import torch
+    return _cuda_capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)
+
+
+@functools.cache
+def _cuda_capability(index: int) -> tuple[int, int]:
+    import torch
+    return torch.cuda.get_device_capability(index)

@@ -6,9 +6,12 @@ import torch
 import triton
 import triton.language as tl
 
+from edgespec.kernels.triton_pdl import pdl_enter, pdl_launch
+
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, N, I, stride_x, stride_o, BLOCK: tl.constexpr):
+def _silu_mul_kernel(x_ptr, out_ptr, N, I, stride_x, stride_o, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = c < I
@@ -31,8 +34,9 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((N, I), dtype=gate_up.dtype, device=gate_up.device)
     block = min(2048, triton.next_power_of_2(I))
     if N:
+        pdl = pdl_launch(gate_up.device)
         _silu_mul_kernel[(N, triton.cdiv(I, block))](x2, out, N, I, x2.stride(0), out.stride(0), BLOCK=block,
-                                                     num_warps=4)
+                                                     PDL=bool(pdl), num_warps=4, **pdl)
     return out.reshape(*gate_up.shape[:-1], I)
 
 
@@ -60,7 +64,8 @@ def gdn_gates_block(a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, i, N, H, s
 
 @triton.jit
 def _gdn_gates_kernel(a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, N, H, stride_a, stride_b,
-                      BLOCK: tl.constexpr):
+                      BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     gdn_gates_block(a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, i, N, H, stride_a, stride_b)
 
@@ -95,6 +100,7 @@ def gdn_gates_triton(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_b
     N, H = a.shape
     block = min(1024, triton.next_power_of_2(max(N * H, 1)))
     if N:
+        pdl = pdl_launch(a.device)
         _gdn_gates_kernel[(triton.cdiv(N * H, block),)](a, b, A_log, dt_bias, g, beta, N, H, a.stride(0),
-                                                         b.stride(0), BLOCK=block, num_warps=4)
+                                                         b.stride(0), BLOCK=block, PDL=bool(pdl), num_warps=4, **pdl)
     return g, beta

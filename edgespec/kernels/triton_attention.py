@@ -13,15 +13,25 @@ Contract: :func:`edgespec.kernels.attention.attention_ref`. Two launches:
 Why this shape: at decode (T=1) there are only ``Hkv`` heads, far too few programs to pull full bandwidth from
 a long cache, so the sequence itself must be split over the chip. FP8 caches are read as e4m3 bytes and
 converted in registers (exactly: every e4m3 value is a bf16/fp16 value); the per-(token, head) scales are not
-applied to the tiles but folded into the logits (``q.k_n * ks_n``) and into the probabilities
-(``p_n * vs_n``), which costs one multiply per score instead of one per element. (With fp16 queries the V rows
-are scaled instead: ``p_n * vs_n`` can fall below fp16's normal range.)
+applied to the tiles but folded into the logits (``q.k_n * ks_n``) and into the probabilities, which costs one
+multiply per score instead of one per element. bf16/fp32 products take ``p_n * vs_n`` as is; fp16 products
+(bf16 queries over an FP8 cache run their products in fp16: e4m3 -> fp16 is one instruction per pair) take
+``p_n * vs_n / vmax`` with ``vmax`` the tile's largest v scale, which stays in [0, 1] whatever the scales, and
+carry ``vmax`` in the accumulator's per-row factor (``V_SCALE`` "tile"; the older form multiplied every V element,
+"rows").
 
-Measured status (H200, CUDA-graph timing, 32k keys, hd 256): the bf16 path streams at ~69% of copy
-bandwidth at T=1; the FP8 path reads half the bytes but is NOT yet 1.6x faster (about 1.1x at T=1 and slower
-at T=16). It runs at ~38% of copy bandwidth, so it is not DRAM-bound; the likely limit (not yet profiled) is
-the in-register e4m3 -> bf16 conversion and the register -> shared-memory trip the converted tiles take to
-the tensor cores. See ``tools/kernel_bench.py``.
+FP8 code generation (sm_90, Triton 3.6; read off the compiled SASS, ``tools/kernel_bench.py`` has the timing
+sweep): left alone, the compiler moves the e4m3 -> fp16 conversion next to the dot, reads the V tile from shared
+memory byte by byte, and gives the fp16 query operand the 8-bit operand layout (``kWidth`` 4: extra moves per
+mma). ``OPAQUE_CVT`` passes the converted K and V tiles through an identity the compiler cannot see into, so the
+tiles are read as 16-byte vectors, converted once, stored as fp16 and fed by ldmatrix like a bf16 cache. At T=1
+(27B heads, 64-key tiles, 4 warps) that takes the loop from ~80 to ~48 warp-instructions per key (bf16 cache:
+~35 per key for twice the bytes). Fewer instructions did not mean less time, though: timed on an H200
+(``tools/kernel_bench.py --fp8-sweep``, 27B heads, 32k keys) the OPAQUE_CVT decode configurations ran 45-58 us and
+the compiler-placed conversion with 64-key tiles 34.0 us (bf16 cache 45.1 us: 1.33x), so decode keeps the latter
+with the per-tile V-scale fold (35.0 us with every V element scaled). At T=16 the OPAQUE_CVT form with 32-key tiles
+was the fastest FP8 form measured (120 us) but still slower than the bf16 cache (61 us): FP8 KV pays at decode only.
+(Pipelining needs ``num_stages`` >= 3: with 2 the next tile's copy is issued only after the current tile's dots.)
 
 Nothing about the position is compiled in: ``start`` is a plain runtime argument (not specialised), or is read
 from a device tensor ``start_t``, and the grid then depends only on ``T`` and the cache size, so one CUDA
@@ -30,19 +40,44 @@ graph per T replays correctly at every position.
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from edgespec.cache.kv import KVCache
 from edgespec.kernels import sm_count
+from edgespec.kernels.triton_pdl import pdl_enter, pdl_launch, pdl_release, pdl_wait
 
 _LOG2E = 1.4426950408889634
 # Finite stand-in for -inf in the running max, so fully masked rows give exp2(-inf - m) = 0 and never NaN.
 _NEG_BIG = tl.constexpr(-1.0e30)
+# How an FP8 cache's v scales reach the output (``V_SCALE``): not at all (model-dtype cache); folded into the
+# probabilities ("p": bf16/fp32 products have the exponent range); multiplied into every V element ("rows": the
+# older fp16-product form, a per-element multiply and a register round trip of the V tile); folded into the
+# probabilities relative to the tile's largest scale, which rides in the accumulator's per-row factor ("tile":
+# fp16 products).
+V_SCALE_NONE = tl.constexpr(0)
+V_SCALE_P = tl.constexpr(1)
+V_SCALE_ROWS = tl.constexpr(2)
+V_SCALE_TILE = tl.constexpr(3)
+_V_SCALE_MODES = {"p": 1, "rows": 2, "tile": 3}
 
 
-@triton.jit(do_not_specialize=["start"])
+@triton.jit
+def _opaque(x):
+    """Identity on a 16-bit tile that the compiler cannot see through (an impure inline-PTX move, which ptxas
+    drops again). It keeps the e4m3 -> fp16 conversion in the load's layout, where the tile is read as vectors,
+    and keeps the 8-bit operand layout off the dot (see the module notes)."""
+    return tl.inline_asm_elementwise(asm="mov.b32 $0, $1;", constraints="=r,r", args=[x], dtype=x.dtype,
+                                     is_pure=False, pack=2)
+
+
+# n_splits is not specialised either: a split count divisible by 16 would otherwise compile a second kernel
+# (nothing in the kernel gains from knowing it).
+@triton.jit(do_not_specialize=["start", "n_splits"])
 def _attn_split_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, o_part_ptr, lse_part_ptr,
     start, T, n_splits, qk_scale,
@@ -52,9 +87,10 @@ def _attn_split_kernel(
     stride_ps, stride_pt, stride_ph,
     stride_ls, stride_lt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_FP8: tl.constexpr, START_FROM_PTR: tl.constexpr, DOT_IEEE: tl.constexpr, V_SCALE_ROWS: tl.constexpr,
-    FP16_DOT: tl.constexpr,
+    IS_FP8: tl.constexpr, START_FROM_PTR: tl.constexpr, DOT_IEEE: tl.constexpr, V_SCALE: tl.constexpr,
+    FP16_DOT: tl.constexpr, OPAQUE_CVT: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
     kvh = tl.program_id(2)
@@ -83,6 +119,8 @@ def _attn_split_kernel(
     m_i = tl.full([BLOCK_M], _NEG_BIG, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    # V_SCALE_TILE: acc holds the true accumulator divided by c_i, the largest v scale of the last tile.
+    c_i = tl.full([], 1.0, tl.float32)
     if IS_FP8:
         # The scales of tile i+1 are loaded during tile i, so the small strided scale loads never sit on
         # the critical path of a tile (measured gain on an H200 was small: 42.8 -> 42.0 us at 32k, T=1).
@@ -98,10 +136,13 @@ def _attn_split_kernel(
             n_nx = n + BLOCK_N
             ks_nx = tl.load(ks_ptr + n_nx * stride_sn + kvh * stride_sh, mask=n_nx < hi, other=0.0)
             vs_nx = tl.load(vs_ptr + n_nx * stride_sn + kvh * stride_sh, mask=n_nx < hi, other=0.0)
-        k = tl.load(k_ptr + n[:, None] * stride_kn + kvh * stride_kh + d[None, :],
-                    mask=n_ok[:, None], other=0.0).to(dot_ty)
-        v = tl.load(v_ptr + n[:, None] * stride_vn + kvh * stride_vh + d[None, :],
-                    mask=n_ok[:, None], other=0.0).to(dot_ty)
+        k = tl.load(k_ptr + n[:, None] * stride_kn + kvh * stride_kh + d[None, :], mask=n_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + n[:, None] * stride_vn + kvh * stride_vh + d[None, :], mask=n_ok[:, None], other=0.0)
+        k = k.to(dot_ty)
+        v = v.to(dot_ty)
+        if OPAQUE_CVT:
+            k = _opaque(k)
+            v = _opaque(v)
         if DOT_IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -116,23 +157,33 @@ def _attn_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if IS_FP8:
-            if V_SCALE_ROWS:
-                v = (v.to(tl.float32) * vs[:, None]).to(dot_ty)
-            else:
-                p = p * vs[None, :]
+        if V_SCALE == V_SCALE_P:
+            p = p * vs[None, :]
+        elif V_SCALE == V_SCALE_ROWS:
+            v = (v.to(tl.float32) * vs[:, None]).to(dot_ty)
+        elif V_SCALE == V_SCALE_TILE:
+            # p * vs / vmax lies in [0, 1] whatever the scales (fp16-safe); the tile's vmax moves into acc's
+            # per-row factor, so V stays untouched between shared memory and the tensor cores.
+            vmax = tl.max(vs, axis=0)
+            c_new = tl.where(vmax > 0.0, vmax, c_i)           # an all-masked tile (vs = 0) keeps the old factor
+            p = p * (vs * (1.0 / c_new))[None, :]
+            alpha = alpha * (c_i / c_new)
+            c_i = c_new
         if DOT_IEEE:
-            pv = tl.dot(p.to(dot_ty), v, input_precision="ieee")
+            acc = tl.dot(p.to(dot_ty), v, acc * alpha[:, None], input_precision="ieee")
         else:
-            pv = tl.dot(p.to(dot_ty), v)
-        acc = acc * alpha[:, None] + pv
+            acc = tl.dot(p.to(dot_ty), v, acc * alpha[:, None])
         m_i = m_new
 
     # Empty chunks (or rows that see none of this chunk) leave l_i = 0: write o = 0 and a log-sum-exp the
     # combine step weights by exp2(_NEG_BIG - max) = 0.
     has = l_i > 0.0
-    o = acc / tl.where(has, l_i, 1.0)[:, None]
+    if V_SCALE == V_SCALE_TILE:
+        o = acc * (c_i / tl.where(has, l_i, 1.0))[:, None]
+    else:
+        o = acc / tl.where(has, l_i, 1.0)[:, None]
     lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), _NEG_BIG)
+    pdl_release(PDL)
     tl.store(o_part_ptr + pid_s * stride_ps + t[:, None] * stride_pt + head[:, None] * stride_ph + d[None, :],
              o, mask=row_ok[:, None])
     tl.store(lse_part_ptr + pid_s * stride_ls + t * stride_lt + head, lse, mask=row_ok)
@@ -142,8 +193,9 @@ def _attn_split_kernel(
 def _attn_combine_kernel(
     o_part_ptr, lse_part_ptr, out_ptr, n_splits, n_heads,
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
-    BLOCK_D: tl.constexpr, SPLITS_P2: tl.constexpr,
+    BLOCK_D: tl.constexpr, SPLITS_P2: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     # One program per (row, head, BLOCK_D columns). All splits are loaded as one [SPLITS_P2, BLOCK_D] tile:
     # a loop over splits would be a chain of dependent-latency loads in only T * Hq programs.
     pid = tl.program_id(0)
@@ -161,47 +213,107 @@ def _attn_combine_kernel(
     tl.store(out_ptr + t * stride_ot + h * stride_oh + d, acc.to(out_ptr.dtype.element_ty))
 
 
+# Launch policy of FP8 caches under 16-bit queries, kept apart from the model-dtype one so each is tuned alone
+# (``tools/kernel_bench.py --fp8-sweep``). "decode": natural row blocks of <= 32 packed rows (mma.sync);
+# "verify": larger ones (wgmma, which needs the converted tiles in shared memory whatever is done). ``waves``:
+# programs per SM the split count aims at (three 32-key, three-stage programs fit an SM's shared memory at
+# hd 256; with 64-key tiles only one does). Any key may be overridden per call (``config=``), and so may
+# ``OPAQUE_CVT`` and ``V_SCALE`` (see ``cached_attention_triton``).
+FP8_LAUNCH: dict[str, dict[str, int]] = {
+    # Decode: measured best of the sweep (tools/kernel_bench.py --fp8-sweep, H200, hd 256, 32k keys: 34.0 us vs
+    # 45.1 us bf16 = 1.33x; 4k keys 1.15x): 64-key tiles, compiler-placed conversion, per-tile V scale fold.
+    "decode": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "waves": 2, "OPAQUE_CVT": 0},
+    # 32-key tiles: 64-key ones spill registers with 128 rows (ptxas: ~160 spill instructions per tile). Two
+    # programs per SM where they fit (64-row blocks: 96 KB each at hd 256; 128-row ones fit once).
+    "verify": {"BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "waves": 2},
+}
+# Keys a caller may override (``config=``); ``n_splits`` given outright wins over the waves rule.
+LAUNCH_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "waves", "n_splits")
+
+
+def fp8_smem_bytes(block_m: int, block_n: int, head_dim: int, num_stages: int, opaque: bool = True) -> int:
+    """Shared memory of one FP8 program (16-bit products): ``num_stages - 1`` e4m3 K+V buffers, the fp16 K and V
+    copies (OPAQUE_CVT only: the compiler-placed conversion converts from the e4m3 buffers in registers), the query
+    tile. Matches the compiled size at hd 64-256 (sm_90, Triton 3.6) for OPAQUE_CVT."""
+    copies = 2 * 2 * block_n if opaque else 0
+    return (max(num_stages - 1, 1) * 2 * block_n + copies + 2 * block_m) * head_dim
+
+
 def attention_launch_config(T: int, n_q_heads: int, n_kv_heads: int, head_dim: int, key_len_hint: int,
-                            sm_count: int, kv_bytes: int, q_bytes: int = 2) -> dict[str, int]:
+                            sm_count: int, kv_bytes: int, q_bytes: int = 2,
+                            overrides: dict[str, int] | None = None,
+                            smem_per_sm: int = 228 * 1024) -> dict[str, int]:
     """Pick tile sizes, warps, pipeline depth and the number of sequence splits.
 
     ``key_len_hint`` is the key count the grid is sized for: the real length for eager calls, the cache
     capacity when the start comes from a device tensor (the grid must not change with the position).
-    Splits aim at one (large row blocks) or two (small ones) programs per SM, but never below ~4 key tiles
-    per split, because every split costs a partial-output write and read of ``T * Hq * hd`` floats.
-    ``kv_bytes`` (bytes per cached element) bounds the pipeline depth: each stage holds a K and a V tile in
-    shared memory. fp32 queries (``q_bytes`` 4, IEEE dots on the FMA units) keep row blocks small.
+    Splits aim at ``waves`` programs per SM (one for large row blocks, two for small ones), but never below ~4
+    key tiles per split, because every split costs a partial-output write and read of ``T * Hq * hd`` floats.
+    ``kv_bytes`` (bytes per cached element) bounds the pipeline depth of model-dtype caches: each stage holds a
+    K and a V tile in shared memory. FP8 caches (``kv_bytes`` 1) with 16-bit queries take their tiles, warps,
+    stages and waves from ``FP8_LAUNCH``, the waves capped by how many programs fit ``smem_per_sm`` (bytes of
+    shared memory per SM) unless ``overrides`` sets them. fp32 queries (``q_bytes`` 4, IEEE dots on the FMA
+    units) keep row blocks small. ``overrides`` replaces any of ``LAUNCH_KEYS`` before the split count is
+    derived.
     """
+    overrides = dict(overrides or {})
     group = n_q_heads // n_kv_heads
     m = T * group
     # One 128-row block serves a whole verify (e.g. 16 rows x 6 heads) per KV read: measured on an H200 at
     # 32k, hd=256, T=16, it beat two 64-row blocks by 1.7x (FP8) and 1.9x (bf16).
     max_m = 128 if q_bytes <= 2 else 32
-    block_m = min(max(16, triton.next_power_of_2(m)), max_m)
-    m_blocks = triton.cdiv(m, block_m)
-    # 128 rows of bf16 hd=256 fit shared memory only with 32-key tiles.
-    block_n = 32 if block_m >= 128 and head_dim >= 256 and kv_bytes >= 2 else 64
-    num_warps = 4 if block_m <= 16 else 8
-    stage_bytes = 2 * block_n * head_dim * kv_bytes
-    num_stages = max(1, min(3, (160 * 1024) // stage_bytes))
-    per_split = m_blocks * n_kv_heads
-    waves = 2 if block_m <= 32 else 1                   # big-tile programs fill an SM on their own
-    by_chip = triton.cdiv(waves * sm_count, per_split)
-    by_len = max(1, triton.cdiv(key_len_hint, 4 * block_n))
-    n_splits = max(1, min(by_chip, by_len, 256))
-    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "num_stages": num_stages,
-            "n_splits": n_splits, "m_blocks": m_blocks}
+    block_m = overrides.get("BLOCK_M", min(max(16, triton.next_power_of_2(m)), max_m))
+    if kv_bytes == 1 and q_bytes <= 2:
+        cfg = {"BLOCK_M": block_m, **FP8_LAUNCH["decode" if block_m <= 32 else "verify"]}
+    else:
+        # 128 rows of bf16 hd=256 fit shared memory only with 32-key tiles.
+        block_n = 32 if block_m >= 128 and head_dim >= 256 and kv_bytes >= 2 else 64
+        stage_bytes = 2 * block_n * head_dim * kv_bytes
+        cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 4 if block_m <= 16 else 8,
+               "num_stages": max(1, min(3, (160 * 1024) // stage_bytes)),
+               "waves": 2 if block_m <= 32 else 1}        # big-tile programs fill an SM on their own
+    cfg.update({k: int(v) for k, v in overrides.items() if k in LAUNCH_KEYS and k != "n_splits"})
+    if kv_bytes == 1 and q_bytes <= 2 and "waves" not in overrides:
+        per_program = fp8_smem_bytes(cfg["BLOCK_M"], cfg["BLOCK_N"], head_dim, cfg["num_stages"],
+                                     opaque=bool(overrides.get("OPAQUE_CVT", cfg.get("OPAQUE_CVT", 1))))
+        per_sm = smem_per_sm // (per_program + 1024)
+        cfg["waves"] = max(1, min(cfg["waves"], per_sm))
+    m_blocks = triton.cdiv(m, cfg["BLOCK_M"])
+    if "n_splits" in overrides:
+        n_splits = int(overrides["n_splits"])
+    else:
+        by_chip = triton.cdiv(cfg["waves"] * sm_count, m_blocks * n_kv_heads)
+        by_len = max(1, triton.cdiv(key_len_hint, 4 * cfg["BLOCK_N"]))
+        n_splits = max(1, min(by_chip, by_len, 256))
+    cfg.update(n_splits=n_splits, m_blocks=m_blocks)
+    return cfg
+
+
+def _interpreting() -> bool:
+    """True under ``TRITON_INTERPRET=1`` (Triton's CPU interpreter)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+@functools.cache
+def _smem_per_sm(device: torch.device) -> int:
+    """Shared memory per SM of ``device`` (228 KB, an H100/H200's, off CUDA or where torch does not say)."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return int(getattr(props, "shared_memory_per_multiprocessor", 228 * 1024))
+    return 228 * 1024
 
 
 def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: float,
                             start_t: torch.Tensor | None = None,
-                            config: dict[str, int] | None = None) -> torch.Tensor:
+                            config: dict[str, int | str] | None = None) -> torch.Tensor:
     """Causal GQA attention of ``q [T, Hq, hd]`` (positions ``start .. start+T-1``) over cache rows
     ``0 .. start+T-1``. Returns ``[T, Hq, hd]`` in q's dtype.
 
     ``start_t``: optional int32/int64 one-element CUDA tensor holding the start; when given it overrides
     ``start`` inside the kernel and the launch no longer depends on the position (CUDA-graph safe).
-    ``config``: optional override of :func:`attention_launch_config`'s choice (benchmarks sweep it).
+    ``config``: optional override of :func:`attention_launch_config`'s choice (benchmarks sweep it; any of
+    ``LAUNCH_KEYS``), plus for FP8 caches ``FP16_DOT`` (0: bf16 products for bf16 queries), ``V_SCALE`` ("p",
+    "rows", "tile") and ``OPAQUE_CVT`` (0: let the compiler place the e4m3 conversion).
     """
     T, n_q, hd = q.shape
     n_kv = cache.k.shape[1]
@@ -213,11 +325,9 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
         q = q.contiguous()
     group = n_q // n_kv
     hint = cache.max_len if start_t is not None else start + T
+    config = config or {}
     cfg = attention_launch_config(T, n_q, n_kv, hd, hint, sm_count(q.device), cache.k.element_size(),
-                                  q.element_size())
-    if config:
-        cfg.update(config)
-    cfg["m_blocks"] = triton.cdiv(T * group, cfg["BLOCK_M"])
+                                  q.element_size(), overrides=config, smem_per_sm=_smem_per_sm(q.device))
     n_splits = cfg["n_splits"]
 
     o_part = torch.empty((n_splits, T, n_q, hd), dtype=torch.float32, device=q.device)
@@ -231,7 +341,22 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
     s_strides = (ks.stride(0), ks.stride(1)) if cache.fp8 else (0, 0)
     # bf16 queries over an FP8 cache: fp16 products (H200, 32k keys, hd 256: 42.5 -> 35.1 us at T=1,
     # 104.7 -> 81.5 us at T=16; docs/measurements/attn_sweep_h200.txt).
-    fp16_dot = cache.fp8 and q.dtype == torch.bfloat16 and cfg.get("FP16_DOT", 1) == 1
+    fp16_dot = cache.fp8 and q.dtype == torch.bfloat16 and config.get("FP16_DOT", 1) == 1
+    v_scale = V_SCALE_NONE.value
+    opaque = False
+    if cache.fp8:
+        # fp16 products have too little exponent range for p * v_scale (both small): fold the scales in
+        # relative to each tile's largest ("tile"), or scale every V element ("rows", the older, slower form).
+        fp16_products = fp16_dot or q.dtype == torch.float16
+        mode = config.get("V_SCALE", "tile" if fp16_products else "p")
+        if mode not in _V_SCALE_MODES or (mode == "p" and fp16_products):
+            raise ValueError(f"V_SCALE {mode!r} not valid with {'fp16' if fp16_products else q.dtype} products")
+        v_scale = _V_SCALE_MODES[mode]
+        # 16-bit products only (the identity moves packed pairs); the interpreter runs no inline PTX, and the
+        # identity changes no value, so it is simply left out there.
+        opaque = (q.element_size() == 2 and bool(config.get("OPAQUE_CVT", cfg.get("OPAQUE_CVT", 1)))
+                  and not _interpreting())
+    pdl = pdl_launch(q.device)
     _attn_split_kernel[(cfg["m_blocks"], n_splits, n_kv)](
         q, k, v, ks, vs, start_t if start_t is not None else q, o_part, lse_part,
         int(start), T, n_splits, float(scale) * _LOG2E,
@@ -242,9 +367,8 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
         lse_part.stride(0), lse_part.stride(1),
         GROUP=group, HEAD_DIM=hd, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         IS_FP8=cache.fp8, START_FROM_PTR=start_t is not None, DOT_IEEE=q.dtype == torch.float32,
-        # fp16 has too little exponent range for p * v_scale (both small): scale the V rows instead.
-        V_SCALE_ROWS=q.dtype == torch.float16 or fp16_dot, FP16_DOT=fp16_dot,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        V_SCALE=v_scale, FP16_DOT=fp16_dot, OPAQUE_CVT=opaque, PDL=bool(pdl),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl,
     )
     splits_p2 = max(2, triton.next_power_of_2(n_splits))
     block_d = max(16, min(hd, 8192 // splits_p2))          # keep the [splits, BLOCK_D] tile at <= 8k floats
@@ -252,7 +376,7 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
         o_part, lse_part, out, n_splits, n_q,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
         out.stride(0), out.stride(1),
-        BLOCK_D=block_d, SPLITS_P2=splits_p2, num_warps=4,
+        BLOCK_D=block_d, SPLITS_P2=splits_p2, PDL=bool(pdl), num_warps=4, **pdl,
     )
     return out
 

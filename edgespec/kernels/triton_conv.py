@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from edgespec.kernels.triton_activation import gdn_gates_block
+from edgespec.kernels.triton_pdl import pdl_enter, pdl_launch
 
 
 @triton.jit
@@ -39,8 +40,9 @@ def _causal_conv1d_kernel(
     T, C, stride_xt, stride_ot, stride_slot, stride_xst, H, stride_a, stride_b,
     K: tl.constexpr, KM1_P2: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
     SAVE_SLOTS: tl.constexpr, UPDATE_STATE: tl.constexpr, SAVE_X: tl.constexpr,
-    FUSE_GATES: tl.constexpr, GATE_BLOCK: tl.constexpr,
+    FUSE_GATES: tl.constexpr, GATE_BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     pid_c = tl.program_id(0)
     pid_t = tl.program_id(1)
     if FUSE_GATES:
@@ -134,6 +136,7 @@ def causal_conv1d_triton(x: torch.Tensor, state: torch.Tensor, weight: torch.Ten
         gate_args = (state,) * 6
         gate_dims = (0, 0, 0)
         gate_block = 16
+    pdl = pdl_launch(x.device)
     # Outputs do not depend on each other (no recurrence), so rows are spread over the grid too.
     block_t = max(2, triton.next_power_of_2(K - 1), min(16, triton.next_power_of_2(T)))
     block_c = 128 if block_t >= 8 else 256
@@ -144,6 +147,6 @@ def causal_conv1d_triton(x: torch.Tensor, state: torch.Tensor, weight: torch.Ten
         x_save.stride(0) if x_save is not None else 0, *gate_dims,
         K=K, KM1_P2=max(2, triton.next_power_of_2(K - 1)), BLOCK_T=block_t, BLOCK_C=block_c,
         SAVE_SLOTS=slots is not None, UPDATE_STATE=update_state, SAVE_X=x_save is not None,
-        FUSE_GATES=gates is not None, GATE_BLOCK=gate_block, num_warps=4,
+        FUSE_GATES=gates is not None, GATE_BLOCK=gate_block, PDL=bool(pdl), num_warps=4, **pdl,
     )
     return out

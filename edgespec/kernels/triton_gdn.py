@@ -25,17 +25,23 @@ import torch
 import triton
 import triton.language as tl
 
+from edgespec.kernels.triton_pdl import pdl_launch, pdl_release, pdl_wait
 
-@triton.jit
+
+# T, write_state and save_slots are not specialised: decode (T=1), verify (T=K+1, with or without checkpoints),
+# the deferred verify (no state write) and the commit then run one compiled kernel, so every step rounds the same
+# way whichever of them runs it (a T=1 or no-store specialisation let the compiler contract the last step's
+# products differently: deferred and updating verifies differed in the last bit on an H200).
+@triton.jit(do_not_specialize=["T", "write_state", "save_slots"])
 def _gdn_recurrent_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, slots_ptr, o_ptr,
-    T, q_scale,
+    T, q_scale, write_state, save_slots,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt,
     stride_ot, stride_oh, stride_slot,
     stride_ql, stride_kl, stride_vl, stride_gl, stride_bl, stride_sl, stride_ol,
-    RATIO: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr, SAVE_SLOTS: tl.constexpr,
-    WRITE_STATE: tl.constexpr,
+    RATIO: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     # Grid: (value head, dv tile, layer). One launch can advance the states of every layer of a model at once
     # (``gdn_advance_triton``: stacked inputs, layer strides); a forward passes one layer and zero strides. The
     # commit runs this very code, outputs included (into scratch), so its state rounds exactly like decode's.
@@ -81,9 +87,10 @@ def _gdn_recurrent_kernel(
         S = S + k[:, None] * delta[None, :]
         o = tl.sum(S * q[:, None], axis=0)                # S^T q
         tl.store(o_ptr + t * stride_ot + j * stride_oh + iv, o)
-        if SAVE_SLOTS:
+        if save_slots != 0:
             tl.store(slots_ptr + (t + 1) * stride_slot + s_off, S)
-    if WRITE_STATE:
+    pdl_release(PDL)
+    if write_state != 0:
         tl.store(s_ptr + s_off, S)
 
 
@@ -232,15 +239,15 @@ def gdn_recurrent_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
     if T == 0:
         return out
     block_v = _block_v(n_v, dv)
+    pdl = pdl_launch(v.device)
     _gdn_recurrent_kernel[(n_v, dv // block_v, 1)](
         q, k, v, g, beta, state, slots if slots is not None else state, out,
-        T, dk ** -0.5,
+        T, dk ** -0.5, int(update_state), int(slots is not None),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), beta.stride(0),
         out.stride(0), out.stride(1), slots.stride(0) if slots is not None else 0,
         0, 0, 0, 0, 0, 0, 0,
-        RATIO=n_v // n_k, DK=dk, DV=dv, BLOCK_V=block_v, SAVE_SLOTS=slots is not None,
-        WRITE_STATE=update_state,
+        RATIO=n_v // n_k, DK=dk, DV=dv, BLOCK_V=block_v, PDL=bool(pdl), **pdl,
         num_warps=4,
     )
     return out
@@ -269,14 +276,15 @@ def gdn_advance_triton(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: 
         return
     block_v = _block_v(n_v, dv)
     scratch = torch.empty((L, n, n_v, dv), dtype=torch.float32, device=v.device)
+    pdl = pdl_launch(v.device)
     _gdn_recurrent_kernel[(n_v, dv // block_v, L)](
         k, k, v, g, beta, states, states, scratch,
-        n, dk ** -0.5,
+        n, dk ** -0.5, 1, 0,
         k.stride(1), k.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
         g.stride(1), beta.stride(1),
         scratch.stride(1), scratch.stride(2), 0,
         k.stride(0), k.stride(0), v.stride(0), g.stride(0), beta.stride(0), states.stride(0), scratch.stride(0),
-        RATIO=n_v // n_k, DK=dk, DV=dv, BLOCK_V=block_v, SAVE_SLOTS=False, WRITE_STATE=True,
+        RATIO=n_v // n_k, DK=dk, DV=dv, BLOCK_V=block_v, PDL=bool(pdl), **pdl,
         num_warps=4,
     )
 

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from edgespec.kernels.triton_pdl import pdl_enter, pdl_launch
+
 _STANDARD, _ZERO_CENTRED, _GATED = 0, 1, 2
 
 
@@ -26,8 +28,9 @@ def _rms_norm_kernel(
     x_ptr, w_ptr, gate_ptr, out_ptr, res_ptr, sum_ptr, N, D, eps,
     stride_x, stride_g, stride_o, stride_r, stride_s,
     MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, MID_TY: tl.constexpr,
-    HAS_RES: tl.constexpr,
+    HAS_RES: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     d = tl.arange(0, BLOCK_D)
     ok = (r[:, None] < N) & (d[None, :] < D)
@@ -79,11 +82,12 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None, ep
     # ~4k elements per program: many rows for per-head norms, one row for hidden-size norms.
     block_r = max(1, min(64, 4096 // block_d, triton.next_power_of_2(N)))
     num_warps = 4 if block_d * block_r <= 4096 else 8
+    pdl = pdl_launch(x.device)
     _rms_norm_kernel[(triton.cdiv(N, block_r),)](
         x2, weight.contiguous(), g2, out, r2, s2, N, D, float(eps),
         x2.stride(0), g2.stride(0), out.stride(0), r2.stride(0), s2.stride(0),
         MODE=mode, BLOCK_R=block_r, BLOCK_D=block_d, MID_TY=_TL_DTYPE[mid_dtype], HAS_RES=residual is not None,
-        num_warps=num_warps,
+        PDL=bool(pdl), num_warps=num_warps, **pdl,
     )
     return out.reshape(x.shape)
 
