@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device session: GPU correctness tests, the attention launch sweep, the shape sweep and the cycle split.
 # Usage on the GPU machine, from the repository root:  OUT=/some/dir bash tools/gpu_sweep.sh [stage ...]
-# Stages: tests, gemv, profile, attn-sweep, kernels, pdl, shapes, cycle (default: all but gemv, profile, pdl). Every output lands in $OUT.
+# Stages: tests, gemv, profile, attn-sweep, kernels, pdl, gdn-tile, shapes, cycle (default: all but gemv, profile,
+# pdl, gdn-tile). Every output lands in $OUT.
 set -uo pipefail
 OUT=${OUT:-.}
 stages=${*:-tests attn-sweep kernels shapes cycle}
@@ -21,6 +22,9 @@ for s in $stages; do
              grep -A20 "FP8-KV speedup" "$OUT/kernel_bench.txt" ;;
     pdl) for p in 0 1; do EDGESPEC_PDL=$p python3 tools/gpu_bench.py --shapes qwen3.5-4b --kv model \
              --compare-hf none --sweep-out "$OUT/pdl$p" 2>&1 | tail -1 | sed "s/^/PDL=$p /"; done | tee "$OUT/pdl.txt" ;;
+    gdn-tile) for b in 16 32 64; do EDGESPEC_GDN_BLOCK_V=$b python3 tools/gpu_bench.py --shapes qwen3.5-4b,qwen3.5-27b \
+             --kv model --compare-hf none --sweep-out "$OUT/gdn$b" 2>&1 | tail -2 | sed "s/^/BLOCK_V=$b /"; done \
+             | tee "$OUT/gdn_tile.txt" ;;
     shapes) python3 tools/gpu_bench.py --shapes smollm2-135m,qwen3.5-4b,qwen3-4b,qwen3.5-27b --kv model --compare-hf none \
              --sweep-out "$OUT" 2>&1 | tail -12 | tee "$OUT/gpu_bench.txt" ;;
     cycle) python3 tools/cycle_bench.py --shape qwen3.5-27b --k 15 --tokens 128 2>&1 | tail -20 \

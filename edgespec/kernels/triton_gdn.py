@@ -21,6 +21,8 @@ approximation of it.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -217,6 +219,9 @@ def _block_v(n_v: int, dv: int) -> int:
     """dv tile of the recurrent kernel: enough programs to cover the chip at decode (a narrower tile when there
     are few heads). Every call for one model must use the same tile -- the reductions' order depends on it, and
     decode, verify and the deferred commit have to round alike."""
+    forced = int(os.environ.get("EDGESPEC_GDN_BLOCK_V", "0"))     # tuning override (tools/gpu_sweep.sh gdn-tile)
+    if forced:
+        return min(forced, dv)
     return min(32 if n_v * (dv // 32) >= 96 else 16, dv)
 
 
