@@ -70,6 +70,8 @@ class ArchHooks:
         """Build the static decode (1 row) and verify (``verify_rows``) forwards; capture them as CUDA graphs when
         ``graphs`` and the model is on CUDA. Leaves the cache reset. Without ``graphs`` stages run eagerly."""
         self.static.clear()
+        if cache.states is not None:
+            cache.states.graph_commits = graphs and model.device.type == "cuda"
         if graphs:
             checkpoint = rollback == "checkpoint" and cache.has_state
             defer = rollback == "deferred" and cache.has_state
