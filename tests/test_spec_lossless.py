@@ -112,24 +112,10 @@ def test_rollback_state_equals_plain_replay(tiny_models):
     assert state_equal(caches["checkpoint"], caches["deferred"], atol=0.0)
 
 
-def test_checkpoint_rollback_is_constant_copy(tiny_models):
-    """Rolling back to any row of a checkpointed forward restores exactly the state after that row."""
-    model = tiny_models["qwen3_5"]
-    ids = torch.randint(0, 320, (20,))
-    rows = torch.randint(0, 320, (6,))
-    for keep in range(0, 7):
-        cache = model.new_cache(64, checkpoint_rows=6)
-        model.prefill(ids, cache)
-        model.forward(rows, cache, checkpoint=True, chunked=False)
-        cache.rollback(20 + keep)
-        ref = model.new_cache(64)
-        model.prefill(torch.cat([ids, rows[:keep]]), ref)
-        assert state_equal(cache, ref, atol=1e-3), keep
-
-
-def test_deferred_commit_equals_checkpoint_rollback(tiny_models):
-    """A deferred forward leaves the GDN state untouched; committing any number of its rows gives exactly the
-    state a checkpointed forward saved after that row (and the state plain prefill of those rows reaches)."""
+def test_rollback_to_any_row_restores_that_state(tiny_models):
+    """Rolling back to any row of a checkpointed forward restores the state after that row (the state plain prefill
+    of those rows reaches). A deferred forward leaves the GDN state untouched; committing any number of its rows
+    gives exactly the state the checkpointed forward saved after that row."""
     model = tiny_models["qwen3_5"]
     ids = torch.randint(0, 320, (20,))
     rows = torch.randint(0, 320, (6,))
@@ -138,6 +124,9 @@ def test_deferred_commit_equals_checkpoint_rollback(tiny_models):
         model.prefill(ids, ckpt)
         out_ckpt = model.forward(rows, ckpt, checkpoint=True, chunked=False)
         ckpt.rollback(20 + keep)
+        ref = model.new_cache(64)
+        model.prefill(torch.cat([ids, rows[:keep]]), ref)
+        assert state_equal(ckpt, ref, atol=1e-3), keep
         deferred = model.new_cache(64, defer_rows=6)
         model.prefill(ids, deferred)
         before = [s.recurrent.clone() for s in deferred.state_layers]
@@ -148,8 +137,6 @@ def test_deferred_commit_equals_checkpoint_rollback(tiny_models):
             model.forward(rows[:1], deferred)                     # the state is stale until the commit
         deferred.rollback(20 + keep)
         assert state_equal(deferred, ckpt, atol=0.0), keep
-        ref = model.new_cache(64)
-        model.prefill(torch.cat([ids, rows[:keep]]), ref)
         assert state_equal(deferred, ref, atol=1e-3), keep
 
 

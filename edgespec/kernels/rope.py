@@ -22,8 +22,8 @@ from edgespec.kernels.norm import rms_norm_ref
 def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """NeoX (rotate-half) RoPE of ``x [T, H, hd]`` over its first ``rotary_dim = cos.shape[-1]`` channels.
 
-    ``cos, sin [T, 1, rotary_dim]`` in x's dtype. The same ops in the same order as
-    :meth:`RotaryEmbedding.forward`: in bf16 each product rounds to bf16 and then their sum does.
+    ``cos, sin [T, 1, rotary_dim]`` in x's dtype (from ``RotaryEmbedding.angles``; ``RotaryEmbedding.forward``
+    calls this). In bf16 each product rounds to bf16 and then their sum does.
     """
     d = cos.shape[-1]
     rot, rest = x[..., :d], x[..., d:]

@@ -174,10 +174,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     N, K = weight.shape
     x = x.contiguous()
     pro = _prologue_operands(x, prologue, gate, norm_weight, eps)
-    cfg = gemv_config(N, K, sm_count(x.device))
-    if config:
-        cfg.update(config)
-    _fit_heads(cfg, config, pro)
+    cfg = _launch_config(gemv_config(N, K, sm_count(x.device)), config, pro)
     y = torch.empty((1, N), dtype=x.dtype, device=x.device)
     pdl = pdl_launch(x.device)
     _gemv_kernel[(triton.cdiv(N, cfg["BLOCK_N"]),)](
@@ -241,6 +238,14 @@ def _prologue_operands(x: torch.Tensor, prologue: Prologue, gate: torch.Tensor |
     if not norm_weight.is_floating_point() or mid not in _TL_DTYPE:
         raise ValueError(f"GATED_RMS_NORM prologue: unsupported norm weight dtype {norm_weight.dtype}")
     return _PrologueOperands(x, prologue, gate, norm_weight.contiguous(), eps, head, mid)
+
+
+def _launch_config(default: dict[str, int], config: dict[str, int] | None,
+                   pro: _PrologueOperands) -> dict[str, int]:
+    """The launch of a GEMV or skinny product: the shape's default, the caller's overrides, whole norm heads."""
+    cfg = {**default, **(config or {})}
+    _fit_heads(cfg, config, pro)
+    return cfg
 
 
 def _fit_heads(cfg: dict[str, int], config: dict[str, int] | None, pro: _PrologueOperands) -> None:
@@ -342,10 +347,7 @@ def skinny_gemm_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     if x.stride(1) != 1:
         x = x.contiguous()
     pro = _prologue_operands(x, prologue, gate, norm_weight, eps)
-    cfg = skinny_config(N, K, sm_count(x.device))
-    if config:
-        cfg.update(config)
-    _fit_heads(cfg, config, pro)
+    cfg = _launch_config(skinny_config(N, K, sm_count(x.device)), config, pro)
     splits = cfg["SPLIT_K"]
     k_per_split = triton.cdiv(triton.cdiv(K, splits), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
     splits = triton.cdiv(K, k_per_split)

@@ -16,7 +16,7 @@ from edgespec.kernels.activation import silu_mul
 from edgespec.kernels.attention import cached_attention
 from edgespec.kernels.linear import linear
 from edgespec.kernels.norm import add_rms_norm, rms_norm
-from edgespec.kernels.rope import qk_norm_rope_write
+from edgespec.kernels.rope import qk_norm_rope_write, rope_ref
 from edgespec.models.config import ModelConfig
 
 
@@ -93,14 +93,10 @@ class RotaryEmbedding(nn.Module):
         return cos.to(dtype), sin.to(dtype)
 
     def forward(self, x: torch.Tensor, cs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """Rotate ``x [T, H, hd]`` by the angles ``cs`` of its rows' positions (from :meth:`angles`)."""
-        cos, sin = cs
-        d = self.rotary_dim
-        rot, rest = x[..., :d], x[..., d:]
-        half = d // 2
-        rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
-        out = rot * cos + rotated * sin
-        return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
+        """Rotate ``x [T, H, hd]`` by the angles ``cs`` of its rows' positions (from :meth:`angles`): the torch
+        rotate-half of :func:`edgespec.kernels.rope.rope_ref`, which the fused attention prologue's reference
+        uses too."""
+        return rope_ref(x, *cs)
 
 
 class Linear(nn.Linear):
