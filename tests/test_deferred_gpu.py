@@ -173,3 +173,4 @@ def test_conv_with_fused_gates(T) -> None:
     assert torch.equal(g, g_ref) and torch.equal(beta, beta_ref)
     with pytest.raises(ValueError, match="do not fit"):
         causal_conv1d_gates(x, s_fused, w, a[:, :5], b, A_log, dt_bias)
+

@@ -212,3 +212,17 @@ def test_rms_norm_refs_match_formula() -> None:
     assert rel_err(rms_norm_ref(x, w, 1e-6, False), xn * w) < 1e-6
     assert rel_err(rms_norm_ref(x, w, 1e-6, True), xn * (1 + w)) < 1e-6
     assert rel_err(gated_rms_norm_ref(x, gate, w, 1e-6), xn * w * gate * torch.sigmoid(gate)) < 1e-6
+
+
+def test_gdn_tile_override_is_checked(monkeypatch) -> None:
+    """EDGESPEC_GDN_BLOCK_V (a tuning override) must be a power of two >= 16; anything else is refused by name."""
+    pytest.importorskip("triton")
+    from edgespec.kernels.triton_gdn import _block_v
+    monkeypatch.setenv("EDGESPEC_GDN_BLOCK_V", "64")
+    assert _block_v(32, 128) == 64 and _block_v(4, 32) == 32
+    for bad in ("48", "8", "abc", "-16"):
+        monkeypatch.setenv("EDGESPEC_GDN_BLOCK_V", bad)
+        with pytest.raises(ValueError, match="EDGESPEC_GDN_BLOCK_V"):
+            _block_v(32, 128)
+    monkeypatch.delenv("EDGESPEC_GDN_BLOCK_V")
+    assert _block_v(32, 128) == 32 and _block_v(4, 32) == 16

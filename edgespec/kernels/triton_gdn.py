@@ -219,9 +219,12 @@ def _block_v(n_v: int, dv: int) -> int:
     """dv tile of the recurrent kernel: enough programs to cover the chip at decode (a narrower tile when there
     are few heads). Every call for one model must use the same tile -- the reductions' order depends on it, and
     decode, verify and the deferred commit have to round alike."""
-    forced = int(os.environ.get("EDGESPEC_GDN_BLOCK_V", "0"))     # tuning override (tools/gpu_sweep.sh gdn-tile)
+    forced = os.environ.get("EDGESPEC_GDN_BLOCK_V")               # tuning override (tools/gpu_sweep.sh gdn-tile)
     if forced:
-        return min(forced, dv)
+        tile = int(forced) if forced.isdigit() else 0
+        if tile < 16 or tile & (tile - 1):
+            raise ValueError(f"EDGESPEC_GDN_BLOCK_V={forced!r}: give a power of two >= 16 (or unset it)")
+        return min(tile, dv)
     return min(32 if n_v * (dv // 32) >= 96 else 16, dv)
 
 
