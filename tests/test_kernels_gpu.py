@@ -371,10 +371,12 @@ def test_gemv_matches_reference(n, k, bias, config) -> None:
 
 
 @pytest.mark.parametrize("m", [2, 5, 16])
-@pytest.mark.parametrize("n,k", [(2560, 9216), (18432, 2560), (1000, 300), (7, 64), (5120, 17408)])
+@pytest.mark.parametrize("n,k", [(2560, 9216), (18432, 2560), (1000, 300), (7, 64), (5120, 17408), (576, 1536),
+                                 (960, 576)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_skinny_gemm_matches_reference(m, n, k, bias) -> None:
-    """2-16 rows, with and without the K split (narrow matrices), against the fp32 reference; deterministic."""
+    """2-16 rows, with and without the K split (narrow matrices), 64- and 32-row tiles (tiny matrices), against the
+    fp32 reference; deterministic."""
     from edgespec.kernels.linear import linear_ref
     from edgespec.kernels.triton_gemv import skinny_gemm_triton
     x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
@@ -390,8 +392,8 @@ def test_skinny_gemm_matches_reference(m, n, k, bias) -> None:
 
 @pytest.mark.parametrize("n_out", [3000, 20000])
 def test_linear_dispatch(n_out: int) -> None:
-    """``linear``: one bf16 row (any leading dims) takes the GEMV; 2-16 rows the skinny GEMM on wide matrices and
-    cuBLAS on narrow ones; more rows cuBLAS. All match the reference."""
+    """``linear``: one bf16 row (any leading dims) takes the GEMV; 2-16 rows the skinny GEMM (K split on the narrow
+    matrix); more rows cuBLAS. All match the reference."""
     from edgespec.kernels.linear import linear, linear_ref
     w = torch.randn(n_out, 1024, device=DEV, dtype=torch.bfloat16) * 0.05
     b = torch.randn(n_out, device=DEV, dtype=torch.bfloat16)
@@ -582,226 +584,6 @@ def test_qk_norm_rope_write_rejects_bad_inputs() -> None:
     ]:
         with pytest.raises(ValueError, match=match):
             call(**bad)
-
-
-# ------------------------------------------------------------------------------------------- GEMV prologues
-
-PROLOGUE_SHAPES = {
-    # kind: (n, k, norm head) - Qwen3.5-4B down/out/o projections, odd K (masked slices), wide matrices where the
-    # skinny GEMM runs unsplit, narrow ones where it splits K; norm heads of 64, 128 and 256 (a skinny slice grows
-    # to 256)
-    "SILU_MUL": [(2560, 9216, 0), (1000, 300, 0), (10240, 2560, 0)],
-    "SIGMOID_GATE": [(2560, 4096, 0), (1000, 300, 0), (10240, 2048, 0)],
-    "GATED_RMS_NORM": [(2560, 4096, 128), (1000, 384, 128), (10240, 2048, 128), (700, 512, 64), (700, 1024, 256)],
-}
-
-
-def prologue_operands(kind: str, rows: int, k: int, head: int, dtype: torch.dtype = torch.bfloat16,
-                      wdtype: torch.dtype = torch.bfloat16):
-    """Fresh operands ``(x, gate, norm_weight, eps)`` of a prologue over ``[rows, k]`` and the torch step they stand
-    for, ``[rows, k]`` (x and gate are the strided halves of one gate_up tensor for SwiGLU, as the model has them)."""
-    from edgespec.kernels.activation import silu_mul_ref
-    if kind == "SILU_MUL":
-        gate_up = (torch.randn(rows, 2 * k, device=DEV) * 3.0).to(dtype)
-        return gate_up[:, k:], gate_up[:, :k], None, 0.0, silu_mul_ref(gate_up)
-    if kind == "SIGMOID_GATE":
-        x = (torch.randn(rows, k, device=DEV) * 2.0).to(dtype)
-        gate = (torch.randn(rows, k, device=DEV) * 3.0).to(dtype)
-        return x, gate, None, 0.0, x * torch.sigmoid(gate)
-    o = (torch.randn(rows, k // head, head, device=DEV) * 0.5).to(dtype)
-    z = (torch.randn(rows, k // head, head, device=DEV) * 2.0).to(dtype)
-    w = (torch.randn(head, device=DEV) * 0.2 + 1.0).to(wdtype)
-    return o.reshape(rows, k), z.reshape(rows, k), w, 1e-6, gated_rms_norm_ref(o, z, w, 1e-6).reshape(rows, k)
-
-
-def plain_launch(rows: int, n: int, k: int, head: int) -> dict[str, int]:
-    """The launch config the fused product takes for this shape (slices grown to whole norm heads)."""
-    from edgespec.kernels import sm_count
-    from edgespec.kernels.triton_gemv import gemv_config, skinny_config
-    cfg = (gemv_config if rows == 1 else skinny_config)(n, k, sm_count(torch.device(DEV)))
-    cfg["BLOCK_K"] = max(cfg["BLOCK_K"], head)
-    return cfg
-
-
-def prologue_mismatch_ok(out: torch.Tensor, ref: torch.Tensor) -> bool:
-    """The norm prologue's per-head sum of squares adds in its own order: an element may differ from torch's by
-    one step of the dtype (at most 1 in 1000 of them), no more."""
-    diff = out != ref
-    one_step = (out.float() - ref.float()).abs() <= ref.float().abs() * 2.0 ** -7
-    return diff.float().mean().item() <= 1e-3 and bool(one_step.all())
-
-
-@pytest.mark.parametrize("rows", [1, 2, 5, 16])
-@pytest.mark.parametrize("kind,n,k,head", [(kind, *s) for kind, shapes in PROLOGUE_SHAPES.items() for s in shapes])
-def test_prologue_product_equals_product_of_reference(kind, n, k, head, rows) -> None:
-    """Fused GEMV / skinny GEMM = the same kernel and launch on the torch step's output: bit for bit for SwiGLU and
-    the sigmoid gate; for the norm within the one-step differences of :func:`prologue_mismatch_ok`."""
-    from edgespec.kernels.linear import linear_ref
-    from edgespec.kernels.triton_gemv import Prologue, gemv_triton, skinny_gemm_triton
-    x, gate, nw, eps, ref_in = prologue_operands(kind, rows, k, head)
-    w = torch.randn(n, k, device=DEV, dtype=torch.bfloat16) * 0.05
-    b = torch.randn(n, device=DEV, dtype=torch.bfloat16)
-    product = gemv_triton if rows == 1 else skinny_gemm_triton
-    cfg = plain_launch(rows, n, k, head)
-    ref = product(ref_in, w, b, config=cfg)
-    poison_allocator()
-    out = product(x, w, b, config=cfg, prologue=Prologue[kind], gate=gate, norm_weight=nw, eps=eps)
-    assert out.shape == (rows, n) and out.dtype == torch.bfloat16
-    if kind == "GATED_RMS_NORM":
-        assert rel_err(out, ref) < 2e-3
-    else:
-        assert torch.equal(out, ref)
-    assert rel_err(out, linear_ref(ref_in.float(), w.float(), b.float())) < 1e-2
-    assert torch.equal(out, product(x, w, b, config=cfg, prologue=Prologue[kind], gate=gate, norm_weight=nw,
-                                    eps=eps))                                   # deterministic
-
-
-@pytest.mark.parametrize("rows", [1, 16])
-@pytest.mark.parametrize("kind,head,dtype,wdtype", [
-    ("SILU_MUL", 0, torch.bfloat16, None), ("SILU_MUL", 0, torch.float16, None),
-    ("SIGMOID_GATE", 0, torch.bfloat16, None), ("SIGMOID_GATE", 0, torch.float16, None),
-    ("GATED_RMS_NORM", 128, torch.bfloat16, torch.bfloat16), ("GATED_RMS_NORM", 128, torch.bfloat16, torch.float32),
-    ("GATED_RMS_NORM", 64, torch.float16, torch.float16)])
-def test_prologue_forms_the_reference_input(kind, head, dtype, wdtype, rows) -> None:
-    """Through an identity weight the product returns its input rows: the prologue's values themselves, which must
-    be torch's (exactly for SwiGLU and the gate; libdevice expf and IEEE division as torch's kernels use them)."""
-    from edgespec.kernels.triton_gemv import Prologue, gemv_triton, skinny_gemm_triton
-    k = 2048
-    x, gate, nw, eps, ref_in = prologue_operands(kind, rows, k, head or 1, dtype, wdtype or dtype)
-    eye = torch.eye(k, device=DEV, dtype=dtype)
-    product = gemv_triton if rows == 1 else skinny_gemm_triton
-    poison_allocator()
-    out = product(x, eye, prologue=Prologue[kind], gate=gate, norm_weight=nw, eps=eps)
-    if kind == "GATED_RMS_NORM":
-        assert prologue_mismatch_ok(out, ref_in)
-    else:
-        bad = (out != ref_in).sum().item()
-        assert bad == 0, f"{bad} of {out.numel()} prologue values differ from torch's"
-
-
-@pytest.mark.parametrize("kind,n,k,head", [("SILU_MUL", 10240, 2560, 0), ("SILU_MUL", 2560, 9216, 0),
-                                           ("SIGMOID_GATE", 10240, 2048, 0), ("GATED_RMS_NORM", 10240, 2048, 128),
-                                           ("GATED_RMS_NORM", 2560, 4096, 128)])
-def test_skinny_prologue_rows_do_not_depend_on_the_row_count(kind, n, k, head) -> None:
-    """A row's result is the same in a 16-row verify as in a shorter one (unsplit and split-K launches)."""
-    from edgespec.kernels.triton_gemv import Prologue, skinny_gemm_triton
-    x, gate, nw, eps, _ = prologue_operands(kind, 16, k, head)
-    w = torch.randn(n, k, device=DEV, dtype=torch.bfloat16) * 0.05
-    full = skinny_gemm_triton(x, w, prologue=Prologue[kind], gate=gate, norm_weight=nw, eps=eps)
-    for m in (1, 2, 7):
-        part = skinny_gemm_triton(x[:m], w, prologue=Prologue[kind], gate=gate[:m], norm_weight=nw, eps=eps)
-        assert torch.equal(part, full[:m]), m
-
-
-def fused_call(kind: str, x: torch.Tensor, gate: torch.Tensor, nw, eps: float, head: int, w, b, fused=True):
-    """The public fused linear of ``kind`` on operands ``[..., K]`` from :func:`prologue_operands` (``fused=False``:
-    the unfused composition it stands for, each step dispatched as usual)."""
-    from edgespec.kernels.activation import silu_mul
-    from edgespec.kernels.linear import linear, linear_gated_rms_norm, linear_sigmoid_gate, linear_silu_mul
-    from edgespec.kernels.norm import gated_rms_norm
-    if kind == "SILU_MUL":
-        gate_up = torch.cat([gate, x], dim=-1)
-        return linear_silu_mul(gate_up, w, b) if fused else linear(silu_mul(gate_up), w, b)
-    if kind == "SIGMOID_GATE":
-        return linear_sigmoid_gate(x, gate, w, b) if fused else linear(x * torch.sigmoid(gate), w, b)
-    o, z = x.reshape(*x.shape[:-1], -1, head), gate.reshape(*x.shape[:-1], -1, head)
-    if fused:
-        return linear_gated_rms_norm(o, z, nw, eps, w, b)
-    return linear(gated_rms_norm(o, z, nw, eps).reshape(x.shape), w, b)
-
-
-@pytest.mark.parametrize("kind,head", [("SILU_MUL", 0), ("SIGMOID_GATE", 0), ("GATED_RMS_NORM", 128)])
-def test_fused_linears_dispatch(kind, head, monkeypatch) -> None:
-    """The public functions fuse where ``linear`` runs a Triton product (one row; 2-16 rows on wide matrices) and
-    equal ``linear`` of the torch step there; elsewhere (narrow matrices with several rows, prefill, autograd) they
-    are the unfused composition, bit for bit."""
-    from edgespec.kernels import linear as L
-    from edgespec.kernels import sm_count
-    from edgespec.kernels.triton_gemv import skinny_pays
-
-    routes = []
-    fused = L._fused_product
-    monkeypatch.setattr(L, "_fused_product", lambda route, *a, **kw: routes.append(route) or fused(route, *a, **kw))
-    k, sms = 1024, sm_count(torch.device(DEV))
-    for n, rows, lead in [(3000, 1, ()), (3000, 1, (1, 1)), (20000, 5, ()), (20000, 16, (2, 8)), (3000, 5, ()),
-                          (3000, 40, ())]:
-        route = "gemv" if rows == 1 else "skinny" if rows <= 16 and skinny_pays(n, sms) else None
-        x, gate, nw, eps, ref_in = prologue_operands(kind, rows, k, head or 1)
-        if lead:
-            x, gate, ref_in = (t.reshape(*lead, k) for t in (x, gate, ref_in))
-        w = torch.randn(n, k, device=DEV, dtype=torch.bfloat16) * 0.05
-        b = torch.randn(n, device=DEV, dtype=torch.bfloat16)
-        routes.clear()
-        with torch.inference_mode():
-            out = fused_call(kind, x, gate, nw, eps, head, w, b)
-            expect = L.linear(ref_in, w, b) if route else fused_call(kind, x, gate, nw, eps, head, w, b, fused=False)
-        assert routes == ([route] if route else []), (n, rows)
-        assert out.shape == (*x.shape[:-1], n) and out.dtype == torch.bfloat16
-        if route and kind == "GATED_RMS_NORM":
-            assert rel_err(out, expect) < 2e-3, (n, rows)
-        else:
-            assert torch.equal(out, expect), (n, rows)
-        assert rel_err(out, L.linear_ref(ref_in.float(), w.float(), b.float())) < 1e-2
-    # autograd on: torch's linear on the unfused step
-    routes.clear()
-    out = fused_call(kind, x[:1], gate[:1], nw, eps, head, w, None)
-    assert routes == [] and torch.equal(out, fused_call(kind, x[:1], gate[:1], nw, eps, head, w, None, fused=False))
-
-
-def test_fused_linear_in_a_cuda_graph() -> None:
-    """The fused decode GEMV captures and replays like the plain one (no host sync, fresh inputs per replay)."""
-    from edgespec.kernels.activation import silu_mul_ref
-    from edgespec.kernels.linear import linear, linear_silu_mul
-    w = torch.randn(2560, 4608, device=DEV, dtype=torch.bfloat16) * 0.05
-    gate_up = torch.randn(1, 9216, device=DEV, dtype=torch.bfloat16)
-    with torch.inference_mode():
-        linear_silu_mul(gate_up, w)                                             # compile outside the capture
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = linear_silu_mul(gate_up, w)
-        for _ in range(2):
-            gate_up.copy_(torch.randn_like(gate_up) * 3.0)
-            graph.replay()
-            assert torch.equal(out, linear(silu_mul_ref(gate_up), w))
-
-
-def test_fused_linears_reject_bad_inputs() -> None:
-    """Each fused linear and the prologue launches check their operands before any launch."""
-    from edgespec.kernels.linear import linear, linear_gated_rms_norm, linear_sigmoid_gate, linear_silu_mul
-    from edgespec.kernels.norm import gated_rms_norm
-    from edgespec.kernels.triton_gemv import Prologue, gemv_triton, skinny_gemm_triton
-    bf = torch.bfloat16
-    w = torch.randn(64, 256, device=DEV, dtype=bf)
-    x = torch.randn(1, 256, device=DEV, dtype=bf)
-    o = torch.randn(1, 2, 128, device=DEV, dtype=bf)
-    nw = torch.ones(128, device=DEV, dtype=bf)
-    with torch.inference_mode():
-        for bad in (torch.randn(1, 511, device=DEV, dtype=bf), torch.randn(1, 256, device=DEV, dtype=bf)):
-            with pytest.raises(ValueError, match="linear_silu_mul"):
-                linear_silu_mul(bad, w)                                         # odd width; I != weight's K
-        with pytest.raises(ValueError, match="linear_gated_rms_norm"):
-            linear_gated_rms_norm(o, o[..., :64], nw, 1e-6, w)                  # z shape
-        with pytest.raises(ValueError, match="linear_gated_rms_norm"):
-            linear_gated_rms_norm(o, o, nw[:64], 1e-6, w)                       # norm weight size
-        with pytest.raises(ValueError, match="linear_gated_rms_norm"):
-            linear_gated_rms_norm(o, o, nw, 1e-6, w[:, :128])                   # weight K != H * D
-        with pytest.raises(ValueError, match="linear_sigmoid_gate"):
-            linear_sigmoid_gate(x, x[:, :128], w)                               # gate shape
-        with pytest.raises(ValueError, match="linear_sigmoid_gate"):
-            linear_sigmoid_gate(x[:, :128], x[:, :128], w)                      # weight K
-        # A head the prologue cannot take (not a power of two): the unfused composition instead.
-        o96 = torch.randn(1, 2, 96, device=DEV, dtype=bf)
-        w192 = torch.randn(64, 192, device=DEV, dtype=bf)
-        nw96 = torch.ones(96, device=DEV, dtype=bf)
-        assert torch.equal(linear_gated_rms_norm(o96, o96, nw96, 1e-6, w192),
-                           linear(gated_rms_norm(o96, o96, nw96, 1e-6).reshape(1, 192), w192))
-    # The prologue launches themselves (tests/test_linear_fused.py checks the rest of their operand checks).
-    x2 = o.reshape(1, 256)
-    with pytest.raises(ValueError, match="gate"):
-        gemv_triton(x2, w, prologue=Prologue.SILU_MUL, gate=x2.half())                      # gate dtype
-    with pytest.raises(ValueError, match="power of two"):
-        skinny_gemm_triton(x2.expand(4, 256), w, prologue=Prologue.GATED_RMS_NORM, gate=x2.expand(4, 256),
-                           norm_weight=torch.ones(96, device=DEV, dtype=bf))
 
 
 # ------------------------------------------------------------------------------- FP8-KV attention configs

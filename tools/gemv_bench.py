@@ -111,18 +111,39 @@ def bench_matrix(n: int, k: int, sweep: bool, bw: float) -> dict:
             "best_pct": nbytes / best["us"] / bw * 1e8 if best else None}
 
 
-def bench_rows(n: int, k: int, rows: int, bw: float) -> dict:
-    """cuBLAS vs the skinny GEMM for ``rows`` rows (a verify) on one matrix, weights streamed from DRAM."""
+SKINNY_SWEEP = [{"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk}
+                for bn, bk, sk in itertools.product((16, 32, 64), (64, 128, 256), (1, 2, 3, 4, 6, 8))]
+
+
+def bench_rows(n: int, k: int, rows: int, bw: float, sweep: bool = False) -> dict:
+    """cuBLAS vs the skinny GEMM for ``rows`` rows (a verify) on one matrix, weights streamed from DRAM; the
+    one-row GEMV beside them (a verify costs ``skinny / gemv`` decode steps on this matrix). ``sweep``: also the
+    skinny launches of ``SKINNY_SWEEP`` (tile width, K slice, K split)."""
     ws = streamed_weights(n, k)
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     ref = F.linear(x, ws[0]).float()
     err = ((skinny_gemm_triton(x, ws[0]).float() - ref).norm() / ref.norm()).item()
     t_cublas = per_matrix_us(ws, lambda w: F.linear(x, w))
     t_skinny = per_matrix_us(ws, lambda w: skinny_gemm_triton(x, w))
+    t_gemv = per_matrix_us(ws, lambda w: gemv_triton(x[:1], w))
+    best = None
+    if sweep:
+        for cfg in SKINNY_SWEEP:
+            if cfg["SPLIT_K"] > 1 and k // cfg["SPLIT_K"] < 2 * cfg["BLOCK_K"]:
+                continue
+            try:
+                e = ((skinny_gemm_triton(x, ws[0], config=cfg).float() - ref).norm() / ref.norm()).item()
+                t = per_matrix_us(ws, lambda w, cfg=cfg: skinny_gemm_triton(x, w, config=cfg))
+            except Exception as exc:  # e.g. out of shared memory
+                print(f"    {n}x{k} {cfg}: {type(exc).__name__}", flush=True)
+                continue
+            if e < 1e-2 and (best is None or t < best["us"]):
+                best = {**cfg, "us": t}
     ws.clear()
     torch.cuda.empty_cache()
     nbytes = n * k * 2
-    return {"N": n, "K": k, "rows": rows, "cublas_us": t_cublas, "skinny_us": t_skinny, "rel_err": err,
+    return {"N": n, "K": k, "rows": rows, "cublas_us": t_cublas, "skinny_us": t_skinny, "gemv_us": t_gemv,
+            "rel_err": err, "skinny_best": best,
             "cublas_pct": nbytes / t_cublas / bw * 1e8, "skinny_pct": nbytes / t_skinny / bw * 1e8}
 
 
@@ -131,16 +152,21 @@ def main() -> int:
     ap.add_argument("--shapes", default="qwen3.5-4b,qwen3.5-27b")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--rows", type=int, default=16, help="also compare cuBLAS and the skinny GEMM at this row count")
+    ap.add_argument("--sweep-rows", action="store_true", help="also sweep the skinny GEMM's launches at --rows")
+    ap.add_argument("--skip-gemv", action="store_true", help="leave out the one-row cuBLAS/GEMV comparison")
+    ap.add_argument("--matrices", default="", help="extra NxK matrices for the --rows comparison (e.g. 6144x5120)")
     args = ap.parse_args()
     bw = measure_copy_bandwidth(torch.device("cuda"))
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s  (% below = weight bytes / time / copy bandwidth)")
     report = {"device": torch.cuda.get_device_name(), "bandwidth_GBps": bw / 1e9, "shapes": {}}
     done: dict[tuple[int, int], dict] = {}
-    for shape in args.shapes.split(","):
+    for shape in [s for s in args.shapes.split(",") if s]:
         counts = matrix_counts(shape)
         totals = {"cublas": 0.0, "default": 0.0, "best": 0.0}
         print(f"\n{shape}: {'N x K':>14} {'uses':>4} {'MB':>7} {'cuBLAS':>8} {'triton':>8} {'best':>8}  best config")
         for (n, k), uses in sorted(counts.items(), key=lambda kv: -kv[0][0] * kv[0][1] * kv[1]):
+            if args.skip_gemv:
+                break
             r = done.get((n, k)) or bench_matrix(n, k, args.sweep, bw)
             done[(n, k)] = r
             totals["cublas"] += uses * r["cublas_us"]
@@ -154,17 +180,31 @@ def main() -> int:
         print(f"  matmul per decode step: cuBLAS {totals['cublas']:.0f} us, Triton default {totals['default']:.0f} us,"
               f" Triton best-per-matrix {totals['best']:.0f} us")
         report["shapes"][shape] = {"totals_us": totals,
-                                   "matrices": [{**done[nk], "uses": u} for nk, u in counts.items()]}
+                                   "matrices": [{**done[nk], "uses": u} for nk, u in counts.items() if nk in done]}
         if args.rows > 1:
-            multi = {nk: bench_rows(*nk, args.rows, bw) for nk in counts}
+            multi = {nk: bench_rows(*nk, args.rows, bw, args.sweep_rows) for nk in counts}
             cub = sum(u * multi[nk]["cublas_us"] for nk, u in counts.items())
             sk = sum(u * multi[nk]["skinny_us"] for nk, u in counts.items())
+            gv = sum(u * multi[nk]["gemv_us"] for nk, u in counts.items())
             for (n, k), r in multi.items():
-                print(f"  {args.rows} rows {n:>7}x{k:<6} cuBLAS {r['cublas_pct']:>6.1f}%  "
-                      f"skinny {r['skinny_pct']:>6.1f}%  rel err {r['rel_err']:.1e}")
-            print(f"  matmul per {args.rows}-row verify: cuBLAS {cub:.0f} us, skinny GEMM {sk:.0f} us", flush=True)
+                b = r["skinny_best"]
+                best = f"  best {b['us']:.1f} us {({key: b[key] for key in b if key != 'us'})}" if b else ""
+                print(f"  {args.rows} rows {n:>7}x{k:<6} x{counts[(n, k)]:<3} gemv(1 row) {r['gemv_us']:6.1f} us  "
+                      f"cuBLAS {r['cublas_us']:6.1f} us {r['cublas_pct']:>5.1f}%  skinny {r['skinny_us']:6.1f} us "
+                      f"{r['skinny_pct']:>5.1f}%  rel err {r['rel_err']:.1e}{best}", flush=True)
+            print(f"  matmul per {args.rows}-row verify: cuBLAS {cub:.0f} us, skinny GEMM {sk:.0f} us "
+                  f"(one-row GEMV {gv:.0f} us)", flush=True)
             report["shapes"][shape]["rows"] = {"rows": args.rows, "cublas_us": cub, "skinny_us": sk,
                                                "matrices": list(multi.values())}
+    extra = [tuple(int(d) for d in m.split("x")) for m in args.matrices.split(",") if m]
+    if extra:
+        rows = [bench_rows(n, k, args.rows, bw, args.sweep_rows) for n, k in extra]
+        for r in rows:
+            b = r["skinny_best"]
+            best = f"  best {b['us']:.1f} us {({key: b[key] for key in b if key != 'us'})}" if b else ""
+            print(f"  {args.rows} rows {r['N']:>7}x{r['K']:<6} cuBLAS {r['cublas_us']:6.1f} us  skinny "
+                  f"{r['skinny_us']:6.1f} us{best}", flush=True)
+        report["matrices"] = rows
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "gemv_bench.json").write_text(json.dumps(report, indent=2))
     return 0

@@ -76,8 +76,8 @@ class GatedDeltaNet(nn.Module):
             o = gdn_recurrent(q, k, v, g, beta, state.recurrent, rec_slots, out_dtype=x.dtype,
                               update_state=not defer)
         z = z.reshape(T, self.hv, self.dv)
-        # A separate norm kernel on purpose: folded into the out_proj GEMV's prologue (linear_gated_rms_norm) the
-        # pair got slower on an H200 (12.4 us vs 6.8 + 3.0 us).
+        # A separate norm kernel on purpose: fusing it into the out_proj GEMV was measured slower on an H200
+        # (figures in docs/benchmarks.md).
         o = gated_rms_norm(o, z, self.norm.weight, self.norm.eps)
         return self.out_proj(o.reshape(T, self.value_dim))
 
