@@ -214,15 +214,26 @@ def test_rms_norm_refs_match_formula() -> None:
     assert rel_err(gated_rms_norm_ref(x, gate, w, 1e-6), xn * w * gate * torch.sigmoid(gate)) < 1e-6
 
 
-def test_gdn_tile_override_is_checked(monkeypatch) -> None:
-    """EDGESPEC_GDN_BLOCK_V (a tuning override) must be a power of two >= 16; anything else is refused by name."""
+def test_gdn_tile_overrides_are_checked(monkeypatch) -> None:
+    """EDGESPEC_GDN_BLOCK_V (a power of two >= 4) and EDGESPEC_GDN_WARPS (1, 2, 4, 8) are tuning overrides of the
+    recurrent GDN launch; anything else is refused by name, and unset they leave the shape's default."""
     pytest.importorskip("triton")
-    from edgespec.kernels.triton_gdn import _block_v
+    from edgespec.kernels.triton_gdn import gdn_tile
+    monkeypatch.delenv("EDGESPEC_GDN_BLOCK_V", raising=False)
+    monkeypatch.delenv("EDGESPEC_GDN_WARPS", raising=False)
+    default = gdn_tile(32, 128)
     monkeypatch.setenv("EDGESPEC_GDN_BLOCK_V", "64")
-    assert _block_v(32, 128) == 64 and _block_v(4, 32) == 32
-    for bad in ("48", "8", "abc", "-16"):
+    assert gdn_tile(32, 128)[0] == 64 and gdn_tile(4, 32)[0] == 32
+    for bad in ("48", "2", "abc", "-16"):
         monkeypatch.setenv("EDGESPEC_GDN_BLOCK_V", bad)
         with pytest.raises(ValueError, match="EDGESPEC_GDN_BLOCK_V"):
-            _block_v(32, 128)
+            gdn_tile(32, 128)
     monkeypatch.delenv("EDGESPEC_GDN_BLOCK_V")
-    assert _block_v(32, 128) == 32 and _block_v(4, 32) == 16
+    monkeypatch.setenv("EDGESPEC_GDN_WARPS", "2")
+    assert gdn_tile(32, 128)[1] == 2
+    for bad in ("3", "16", "x"):
+        monkeypatch.setenv("EDGESPEC_GDN_WARPS", bad)
+        with pytest.raises(ValueError, match="EDGESPEC_GDN_WARPS"):
+            gdn_tile(32, 128)
+    monkeypatch.delenv("EDGESPEC_GDN_WARPS")
+    assert gdn_tile(32, 128) == default

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device session: GPU correctness tests, the attention launch sweep, the shape sweep and the cycle split.
 # Usage on the GPU machine, from the repository root:  OUT=/some/dir bash tools/gpu_sweep.sh [stage ...]
-# Stages: tests, gemv, profile, attn-sweep, kernels, pdl, gdn-tile, shapes, cycle (default: all but gemv, profile,
-# pdl, gdn-tile). Every output lands in $OUT.
+# Stages: tests, gemv, profile, attn-sweep, kernels, pdl, gdn-tile, skinny, skinny-ab, drafter, shapes, cycle
+# (default: tests attn-sweep kernels shapes cycle). Every output lands in $OUT.
 set -uo pipefail
 OUT=${OUT:-.}
 stages=${*:-tests attn-sweep kernels shapes cycle}
@@ -12,7 +12,7 @@ for s in $stages; do
   t0=$(date +%s)
   case $s in
     tests) python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_gpu_session.py \
-             tests/test_deferred_gpu.py tests/test_dflash.py tests/test_rope_fused.py tests/test_linear_fused.py \
+             tests/test_deferred_gpu.py tests/test_dflash.py tests/test_rope_fused.py \
              2>&1 | tail -15 | tee "$OUT/tests.txt" ;;
     gemv) python3 tools/gemv_bench.py --sweep 2>&1 | tee "$OUT/gemv_bench.txt" ;;
     profile) python3 tools/step_profile.py 2>&1 | tee "$OUT/step_profile.txt" ;;
@@ -22,9 +22,14 @@ for s in $stages; do
              grep -A20 "FP8-KV speedup" "$OUT/kernel_bench.txt" ;;
     pdl) for p in 0 1; do EDGESPEC_PDL=$p python3 tools/gpu_bench.py --shapes qwen3.5-4b --kv model \
              --compare-hf none --sweep-out "$OUT/pdl$p" 2>&1 | tail -1 | sed "s/^/PDL=$p /"; done | tee "$OUT/pdl.txt" ;;
-    gdn-tile) for b in 16 32 64; do EDGESPEC_GDN_BLOCK_V=$b python3 tools/gpu_bench.py --shapes qwen3.5-4b,qwen3.5-27b \
-             --kv model --compare-hf none --sweep-out "$OUT/gdn$b" 2>&1 | tail -2 | sed "s/^/BLOCK_V=$b /"; done \
-             | tee "$OUT/gdn_tile.txt" ;;
+    gdn-tile) python3 tools/kernel_bench.py --skip-tests --only none --gdn-sweep 2>&1 | tee "$OUT/gdn_tile.txt" \
+             | grep -E "best|copy" ;;
+    skinny) python3 tools/gemv_bench.py --shapes smollm2-135m,qwen3.5-4b,qwen3.5-27b --skip-gemv --sweep-rows 2>&1 \
+             | tee "$OUT/skinny_sweep.txt" | grep -E "rows|verify" ;;
+    skinny-ab) for m in wide all; do EDGESPEC_SKINNY=$m python3 tools/gpu_bench.py --shapes smollm2-135m,qwen3.5-4b \
+             --kv model --compare-hf none --sweep-out "$OUT/skinny_$m" 2>&1 | tail -2 | sed "s/^/SKINNY=$m /"; done \
+             | tee "$OUT/skinny_ab.txt" ;;
+    drafter) python3 tools/step_profile.py --drafter qwen3.5-27b 2>&1 | tee "$OUT/drafter_profile.txt" | grep -v "^ *\[" ;;
     shapes) python3 tools/gpu_bench.py --shapes smollm2-135m,qwen3.5-4b,qwen3-4b,qwen3.5-27b --kv model --compare-hf none \
              --sweep-out "$OUT" 2>&1 | tail -12 | tee "$OUT/gpu_bench.txt" ;;
     cycle) python3 tools/cycle_bench.py --shape qwen3.5-27b --k 15 --tokens 128 2>&1 | tail -20 \

@@ -16,6 +16,10 @@ Run from the repository root on a CUDA machine:  ``PYTHONPATH=. python3 tools/ke
    context, T=1 and T=16, Qwen3.5-27B and -4B heads, each against the bf16-KV path's default, and prints us,
    GB/s and the speedup per configuration, then the best per case. It stops starting new cases after
    ``--fp8-sweep-budget`` seconds (default 70). ``--skip-tests --only none --fp8-sweep`` runs it alone.
+6. ``--attn-short`` times bf16 attention launches at 512 / 2048 keys, T=16 against T=1 (SmolLM2, Qwen3.5-4B and
+   -27B heads), where a verify is latency-bound.
+7. ``--gdn-sweep`` times the recurrent GDN kernel's launches (dv tile, warps) at T=1 and T=16 on the
+   Qwen3.5-4B and -27B heads (same budget).
 
 Writes everything as JSON to ``$OUT/kernel_bench.json`` when ``OUT`` is set. Prints the table last.
 """
@@ -401,6 +405,93 @@ def bench_gdn(table: Table, quick: bool) -> None:
         table.add("  of which prep", f"torch intra-chunk prep T={T}", prep, None, None, nbytes)
 
 
+ATTN_SHORT_MODELS = [("smollm2-135M", 9, 3, 64), ("qwen3.5-4B", 16, 4, 256), ("qwen3.5-27B", 24, 4, 256)]
+
+
+def sweep_short_attention() -> list[dict[str, Any]]:
+    """``--attn-short``: model-dtype (bf16) attention at short contexts (512 and 2048 keys, the grid sized for a
+    2048-row cache as a CUDA graph sizes it), T=16 over row blocks, key tiles and split counts, with T=1 beside
+    it: a 16-row verify should cost little more than a decode step there, where latency, not bandwidth, rules."""
+    from edgespec.kernels import sm_count
+    from edgespec.kernels.triton_attention import attention_launch_config
+    results: list[dict[str, Any]] = []
+    for name, n_q, n_kv, hd in ATTN_SHORT_MODELS:
+        cache = make_cache(2048, n_kv, hd, False)
+        for ctx in (512, 2048):
+            scale = hd ** -0.5
+            for T in (1, 16):
+                q = torch.randn(T, n_q, hd, device=DEV, dtype=torch.bfloat16)
+                start = ctx - T
+                start_t = torch.tensor([start], device=DEV, dtype=torch.int32)
+                ref = _attention_ref_from_cache(q.float(), cache, start, scale)
+                base = attention_launch_config(T, n_q, n_kv, hd, 2048, sm_count(q.device), 2, 2)
+                configs: list[dict[str, Any]] = [{}]
+                if T > 1:
+                    configs += [{"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4 if bm <= 32 else 8, **extra}
+                                for bm in (16, 32, 64) for bn in (32, 64)
+                                for extra in ({}, {"n_splits": 2 * base["n_splits"]})]
+                for cfg in configs:
+                    full = attention_launch_config(T, n_q, n_kv, hd, 2048, sm_count(q.device), 2, 2, overrides=cfg)
+                    fn = partial(cached_attention_triton, q, cache, start, scale, start_t, config=cfg)
+                    try:
+                        err = rel_err(fn(), ref)
+                        us = graph_us(fn, reps=10, rep_ms=20)
+                    except Exception as exc:  # e.g. out of shared memory
+                        print(f"  {name} ctx={ctx} T={T} {cfg}: {type(exc).__name__}", flush=True)
+                        continue
+                    shown = {k: full[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "n_splits")}
+                    results.append({"model": name, "ctx": ctx, "T": T, "us": us, "err": err, "default": not cfg,
+                                    **shown})
+                    print(f"  {name:<13} ctx={ctx:<5} T={T:<3} {us:6.2f} us  err {err:.1e}  "
+                          f"{'default ' if not cfg else ''}{shown}", flush=True)
+        del cache
+    return results
+
+
+GDN_SWEEP_SHAPES = [("qwen3.5-4B", 16, 32), ("qwen3.5-27B", 16, 48)]      # (name, key heads, value heads)
+
+
+def sweep_gdn(budget_s: float) -> list[dict[str, Any]]:
+    """``--gdn-sweep``: the recurrent GDN kernel's launches (dv tile, warps) at decode (T=1, state
+    written) and at a deferred verify (T=16, state untouched), Qwen3.5-4B and -27B heads, graph-timed with a cold
+    L2 and checked against the torch reference. Prints us per launch and the best per case."""
+    from edgespec.kernels.triton_gdn import gdn_tile
+    dk = dv = 128
+    tiles = [(bv, w) for bv in (4, 8, 16, 32) for w in (1, 2, 4) if not (bv == 4 and w == 4)]
+    results: list[dict[str, Any]] = []
+    t0 = time.time()
+    for name, n_k, n_v in GDN_SWEEP_SHAPES:
+        for T, update in ((1, True), (16, False)):
+            if time.time() - t0 > budget_s:
+                print(f"  budget of {budget_s:.0f} s spent: {name} T={T} not run", flush=True)
+                continue
+            fused, q, k, v, g, beta, state = _gdn_inputs(T, n_k, n_v, dk, dv)
+            ref = gdn_recurrent_ref(q, k, v, g, beta, state.clone())
+            default = gdn_tile(n_v, dv)
+            case = []
+            for tile in tiles:
+                s1 = state.clone()
+                try:
+                    err = rel_err(gdn_recurrent_triton(q, k, v, g, beta, s1, tile=tile), ref)
+                    us = graph_us(partial(gdn_recurrent_triton, q, k, v, g, beta, s1, update_state=update,
+                                          tile=tile), reps=10, rep_ms=25)
+                except Exception as exc:  # a launch that does not compile is reported, not fatal
+                    print(f"  {name} T={T} tile {tile}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+                    continue
+                row = {"model": name, "T": T, "block_v": tile[0], "warps": tile[1],
+                       "us": us, "err": err, "default": tile == default}
+                case.append(row)
+                print(f"  {name:<12} T={T:<3} BLOCK_V={tile[0]:<3} warps={tile[1]} {us:7.2f} us"
+                      f"  err {err:.1e}{'  (default)' if row['default'] else ''}", flush=True)
+            results.extend(case)
+            if case:
+                best = min(case, key=lambda r: r["us"])
+                base = next((r["us"] for r in case if r["default"]), float("nan"))
+                print(f"  best: {name} T={T}: {best['us']:.2f} us (default {base:.2f} us) BLOCK_V={best['block_v']} "
+                      f"warps={best['warps']}", flush=True)
+    return results
+
+
 def bench_conv(table: Table, quick: bool) -> None:
     C, K = 10240, 4                                          # Qwen3.5-27B conv_dim, kernel 4
     for T, with_slots in ((1, False), (16, True), (64, False)):
@@ -452,6 +543,10 @@ def main() -> int:
                     help="sweep the FP8-KV attention launch configs at 32k/4k (27B and 4B heads, T=1 and 16)")
     ap.add_argument("--fp8-sweep-budget", type=float, default=70.0,
                     help="seconds after which --fp8-sweep starts no new case")
+    ap.add_argument("--attn-short", action="store_true",
+                    help="sweep bf16 attention launches at short contexts (512/2048 keys), T=16 vs T=1")
+    ap.add_argument("--gdn-sweep", action="store_true",
+                    help="sweep the recurrent GDN launches (dv tile, warps) at T=1 and T=16")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to benchmark")
@@ -507,6 +602,12 @@ def main() -> int:
         print("\nFP8-KV attention launch-config sweep (us, GB/s of the FP8 bytes, speedup over bf16-KV default):",
               flush=True)
         report["fp8_sweep"] = sweep_fp8_attention(args.fp8_sweep_budget)
+    if args.attn_short:
+        print("\nshort-context bf16 attention (graph launch sized for a 2048-row cache):", flush=True)
+        report["attn_short"] = sweep_short_attention()
+    if args.gdn_sweep:
+        print("\nrecurrent GDN launch sweep (us per launch, cold L2):", flush=True)
+        report["gdn_sweep"] = sweep_gdn(args.fp8_sweep_budget)
     report["total_s"] = time.time() - t0
     write_report(report)
     print(f"total {report['total_s']:.0f} s")

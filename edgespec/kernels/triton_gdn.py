@@ -215,27 +215,47 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b
     return q, k, v
 
 
-def _block_v(n_v: int, dv: int) -> int:
-    """dv tile of the recurrent kernel: enough programs to cover the chip at decode (a narrower tile when there
-    are few heads). Every call for one model must use the same tile -- the reductions' order depends on it, and
-    decode, verify and the deferred commit have to round alike."""
-    forced = os.environ.get("EDGESPEC_GDN_BLOCK_V")               # tuning override (tools/gpu_sweep.sh gdn-tile)
+# Launch of the recurrent kernel: (BLOCK_V, num_warps). See gdn_tile.
+GDNTile = tuple[int, int]
+
+
+def gdn_tile(n_v: int, dv: int) -> GDNTile:
+    """dv tile and warps of the recurrent kernel. Every call for one model must use the same launch -- the
+    reductions' order depends on it, and decode, verify and the deferred commit have to round alike -- so it
+    depends on the head shape only.
+
+    One warp per program: every reduction over dk stays inside the warp (shuffles, no shared-memory round trip
+    and barrier), which is what the chain of dependent steps waits on. 16-wide dv tiles give Qwen3.5-4B / -27B
+    heads 256 / 384 programs. Timed on an H200 (``tools/kernel_bench.py --gdn-sweep``, cold L2, us per launch,
+    T=1 / T=16): 4B 3.68 / 13.23 against 3.98 / 16.71 for the former 32-wide, 4-warp tiles; 27B 4.14 / 13.34
+    against 4.58 / 20.13. Narrower tiles (4, 8) or more warps lost at T=1 or at both.
+    ``EDGESPEC_GDN_BLOCK_V`` / ``EDGESPEC_GDN_WARPS`` override it for tuning runs (``--gdn-sweep`` passes its
+    tiles directly)."""
+    block_v = min(16, dv)
+    warps = 1
+    forced = os.environ.get("EDGESPEC_GDN_BLOCK_V")
     if forced:
         tile = int(forced) if forced.isdigit() else 0
-        if tile < 16 or tile & (tile - 1):
-            raise ValueError(f"EDGESPEC_GDN_BLOCK_V={forced!r}: give a power of two >= 16 (or unset it)")
-        return min(tile, dv)
-    return min(32 if n_v * (dv // 32) >= 96 else 16, dv)
+        if tile < 4 or tile & (tile - 1):
+            raise ValueError(f"EDGESPEC_GDN_BLOCK_V={forced!r}: give a power of two >= 4 (or unset it)")
+        block_v = min(tile, dv)
+    forced = os.environ.get("EDGESPEC_GDN_WARPS")
+    if forced:
+        if forced not in ("1", "2", "4", "8"):
+            raise ValueError(f"EDGESPEC_GDN_WARPS={forced!r}: give 1, 2, 4 or 8 (or unset it)")
+        warps = int(forced)
+    return block_v, warps
 
 
 def gdn_recurrent_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                          beta: torch.Tensor, state: torch.Tensor,
                          slots: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32,
-                         update_state: bool = True) -> torch.Tensor:
+                         update_state: bool = True, tile: GDNTile | None = None) -> torch.Tensor:
     """Recurrent GDN over T rows; same contract as :func:`edgespec.kernels.gdn.gdn_recurrent_ref`.
 
     Updates ``state`` in place (unless ``update_state`` is False) and, with ``slots [>=T+1, Hv, dk, dv]``, writes
     the state after row i to slot i+1. Returns ``o [T, Hv, dv]`` in ``out_dtype`` (rounded from fp32 by the store).
+    ``tile``: the launch (:func:`gdn_tile`'s by default; benchmarks try others).
     """
     q, k, v = _check(q, k, v, g, beta, state)
     T, n_k, dk = q.shape
@@ -246,7 +266,7 @@ def gdn_recurrent_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
             raise ValueError("slots must be a contiguous [>=T+1, Hv, dk, dv] fp32 tensor")
     if T == 0:
         return out
-    block_v = _block_v(n_v, dv)
+    block_v, warps = tile or gdn_tile(n_v, dv)
     pdl = pdl_launch(v.device)
     _gdn_recurrent_kernel[(n_v, dv // block_v, 1)](
         q, k, v, g, beta, state, slots if slots is not None else state, out,
@@ -256,7 +276,7 @@ def gdn_recurrent_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
         out.stride(0), out.stride(1), slots.stride(0) if slots is not None else 0,
         0, 0, 0, 0, 0, 0, 0,
         RATIO=n_v // n_k, DK=dk, DV=dv, BLOCK_V=block_v, PDL=bool(pdl), **pdl,
-        num_warps=4,
+        num_warps=warps,
     )
     return out
 
@@ -282,7 +302,7 @@ def gdn_advance_triton(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: 
         raise ValueError("GDN advance inputs need a unit-stride last dim")
     if n == 0 or L == 0:
         return
-    block_v = _block_v(n_v, dv)
+    block_v, warps = gdn_tile(n_v, dv)
     scratch = torch.empty((L, n, n_v, dv), dtype=torch.float32, device=v.device)
     pdl = pdl_launch(v.device)
     _gdn_recurrent_kernel[(n_v, dv // block_v, L)](
@@ -293,7 +313,7 @@ def gdn_advance_triton(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: 
         scratch.stride(1), scratch.stride(2), 0,
         k.stride(0), k.stride(0), v.stride(0), g.stride(0), beta.stride(0), states.stride(0), scratch.stride(0),
         RATIO=n_v // n_k, DK=dk, DV=dv, BLOCK_V=block_v, PDL=bool(pdl), **pdl,
-        num_warps=4,
+        num_warps=warps,
     )
 
 
