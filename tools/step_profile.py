@@ -1,6 +1,7 @@
 """Where a decode step and a verify go on the GPU: CUDA-graph replays under the torch profiler, kernels grouped.
 
     python tools/step_profile.py [--shapes qwen3.5-4b,qwen3.5-27b] [--rows 1,16] [--context 512]
+    python tools/step_profile.py --drafter qwen3.5-27b        # the DFlash draft graph instead
 
 For each shape and row count it replays the captured forward (as served: merged projections, CUDA graphs) and
 prints the GPU time per step split into kernel groups (matmul, attention, GDN, conv, norms, elementwise, copies),
@@ -14,12 +15,14 @@ import json
 import os
 import re
 import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from edgespec.arch.detect import select_hooks  # noqa: E402
 from edgespec.bench.gpu import measure_copy_bandwidth, random_model, weight_bytes_per_token  # noqa: E402
@@ -60,6 +63,11 @@ def profile_rows(session: SpecSession, model, rows: int, steps: int = 20) -> dic
             hooks.verify(model, cache, toks, (), session.rollback_strategy)
             cache.rollback(start)
 
+    return {"rows": rows, **profile_step(step, steps)}
+
+
+def profile_step(step, steps: int = 20) -> dict:
+    """Event-timed microseconds per ``step()`` and its kernels under the profiler, grouped (see ``GROUPS``)."""
     for _ in range(5):
         step()
     torch.cuda.synchronize()
@@ -92,8 +100,44 @@ def profile_rows(session: SpecSession, model, rows: int, steps: int = 20) -> dic
                          key=lambda ev: ev.time_range.start)
     per_step = len(cuda_events) // steps
     sequence = [{"name": ev.name[:90], "us": ev.device_time} for ev in cuda_events[:per_step]]
-    return {"rows": rows, "step_us": step_us, "gpu_us": total, "groups": dict(groups),
+    return {"step_us": step_us, "gpu_us": total, "groups": dict(groups),
             "top": [{"name": n[:90], "us": us, "count": c} for n, (us, c) in top], "sequence": sequence}
+
+
+def print_profile(res: dict, sequence: int) -> None:
+    for g, v in sorted(res["groups"].items(), key=lambda kv: -kv[1]["us"]):
+        print(f"  {g:<12} {v['us']:>9.1f} us {v['us'] / res['gpu_us']:>6.1%}  {v['kernels']:>6.0f} kernels")
+    for t in res["top"][:12]:
+        print(f"    {t['us']:>8.1f} us x{t['count']:<5.0f} {t['name']}")
+    for i, ev in enumerate(res["sequence"][:sequence]):
+        print(f"    [{i:3d}] {ev['us']:>7.1f} us  {ev['name']}")
+
+
+def profile_drafter(shape: str, bw: float, sequence: int) -> dict:
+    """The DFlash draft graph (5-layer random drafter of the published layout, block 16, window 128) of ``shape``,
+    replayed as a cycle runs it, next to the read limit of its weights (layers + the head it uses)."""
+    from make_drafter import write_dflash_drafter
+
+    from edgespec.drafters.dflash import load_dflash_checkpoint
+    from edgespec.loading.synthetic import SHAPES, config_dict
+    from edgespec.spec.acceptance import StrictGreedy
+    device = torch.device("cuda")
+    model = random_model(shape, device, torch.bfloat16, 2048)
+    with tempfile.TemporaryDirectory() as tmp:
+        write_dflash_drafter(tmp, config_dict(**SHAPES[shape]), num_layers=5, dtype=torch.bfloat16)
+        proposer = load_dflash_checkpoint(tmp, model, window_size=128, cuda_graphs=True)
+    session = SpecSession(model, select_hooks("auto", device), proposer, k=15, max_len=2048, cuda_graphs=True)
+    session.generate(torch.randint(0, 1000, (256,)).tolist(), max_tokens=16, policy=StrictGreedy())
+    graph = proposer._graph                      # captured by the generate above
+    nbytes = sum(p.numel() * p.element_size() for p in proposer.drafter.layers.parameters())
+    nbytes += proposer._head_weight.numel() * proposer._head_weight.element_size()
+    res = profile_step(graph.replay)
+    limit_us = nbytes / bw * 1e6
+    res.update(shape=f"{shape} dflash draft", weight_limit_us=limit_us)
+    print(f"\n{shape} DFlash draft (block 16, window 128): {res['step_us']:.0f} us, {res['gpu_us']:.0f} us in "
+          f"kernels; weight-read limit {limit_us:.0f} us ({nbytes / 1e9:.2f} GB) = {limit_us / res['step_us']:.0%}")
+    print_profile(res, sequence)
+    return res
 
 
 def main() -> int:
@@ -103,12 +147,16 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--rollback", default=None, help="verify rollback strategy (default: the arch default)")
     ap.add_argument("--sequence", type=int, default=0, help="also print the first N kernels of one step in order")
+    ap.add_argument("--drafter", default=None, help="profile the DFlash draft graph of this shape instead")
     args = ap.parse_args()
     device = torch.device("cuda")
     bw = measure_copy_bandwidth(device)
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
     report = {"device": torch.cuda.get_device_name(), "bandwidth_GBps": bw / 1e9, "shapes": []}
-    for shape in args.shapes.split(","):
+    shapes = [] if args.drafter else args.shapes.split(",")
+    if args.drafter:
+        report["shapes"].append(profile_drafter(args.drafter, bw, args.sequence))
+    for shape in shapes:
         row_counts = [int(r) for r in args.rows.split(",")]
         model = random_model(shape, device, torch.bfloat16, args.context + 64)
         limit_us = weight_bytes_per_token(model) / bw * 1e6
@@ -125,12 +173,7 @@ def main() -> int:
             print(f"\n{shape} rows={rows}: step {res['step_us']:.0f} us, {res['gpu_us']:.0f} us of it in kernels "
                   f"(gaps {res['step_us'] - res['gpu_us']:.0f} us); weight-read limit {limit_us:.0f} us = "
                   f"{limit_us / res['step_us']:.0%} of the step")
-            for g, v in sorted(res["groups"].items(), key=lambda kv: -kv[1]["us"]):
-                print(f"  {g:<12} {v['us']:>9.1f} us {v['us'] / res['gpu_us']:>6.1%}  {v['kernels']:>6.0f} kernels")
-            for t in res["top"][:8]:
-                print(f"    {t['us']:>8.1f} us x{t['count']:<5.0f} {t['name']}")
-            for i, ev in enumerate(res["sequence"][:args.sequence]):
-                print(f"    [{i:3d}] {ev['us']:>7.1f} us  {ev['name']}")
+            print_profile(res, args.sequence)
             del session
             torch.cuda.empty_cache()
         del model

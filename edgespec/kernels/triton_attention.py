@@ -227,6 +227,9 @@ FP8_LAUNCH: dict[str, dict[str, int]] = {
     # programs per SM where they fit (64-row blocks: 96 KB each at hd 256; 128-row ones fit once).
     "verify": {"BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "waves": 2},
 }
+# Largest model-dtype K+V of one layer (bytes, over the rows the grid is sized for) run with 16-row blocks whatever
+# T is (see attention_launch_config); the largest size measured to gain.
+SHORT_KV_BYTES = 8 << 20
 # Keys a caller may override (``config=``); ``n_splits`` given outright wins over the waves rule.
 LAUNCH_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "waves", "n_splits")
 
@@ -262,6 +265,12 @@ def attention_launch_config(T: int, n_q_heads: int, n_kv_heads: int, head_dim: i
     # One 128-row block serves a whole verify (e.g. 16 rows x 6 heads) per KV read: measured on an H200 at
     # 32k, hd=256, T=16, it beat two 64-row blocks by 1.7x (FP8) and 1.9x (bf16).
     max_m = 128 if q_bytes <= 2 else 32
+    # A short model-dtype cache (all of its KV rows fit L2 easily) is latency-bound, not bandwidth-bound: 16-row
+    # blocks, the decode launch, give more programs with less work each and re-read the KV from L2 (H200,
+    # tools/kernel_bench.py --attn-short, T=16 over a 2048-row cache: SmolLM2 heads 5.5 vs 6.3 us at 512 keys,
+    # 7.9 vs 10.4 us at 2048; Qwen3.5-4B 7.1 vs 9.7 and 14.7 vs 19.4; Qwen3.5-27B 8.5 vs 12.6 and 16.1 vs 17.2).
+    if kv_bytes >= 2 and q_bytes <= 2 and 2 * key_len_hint * n_kv_heads * head_dim * kv_bytes <= SHORT_KV_BYTES:
+        max_m = 16
     block_m = overrides.get("BLOCK_M", min(max(16, triton.next_power_of_2(m)), max_m))
     if kv_bytes == 1 and q_bytes <= 2:
         cfg = {"BLOCK_M": block_m, **FP8_LAUNCH["decode" if block_m <= 32 else "verify"]}

@@ -21,7 +21,7 @@ from edgespec.cache.state import GDNState, GDNStateBank
 from edgespec.kernels.linear import linear
 from edgespec.models.config import ModelConfig
 from edgespec.models.gdn import GatedDeltaNet
-from edgespec.models.layers import MLP, Attention, Linear, RMSNorm, RotaryEmbedding, merge_all_projections
+from edgespec.models.layers import MLP, Attention, Linear, RMSNorm, RotaryEmbedding, gather_rows, merge_all_projections
 
 
 @dataclass
@@ -128,7 +128,8 @@ class TargetModel(nn.Module):
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(tokens)
+        """Embedding rows of ``tokens`` (see :func:`gather_rows`)."""
+        return gather_rows(self.model.embed_tokens.weight, tokens)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project final post-norm hidden states ``[T, H]`` to float32 logits ``[T, V]``."""
@@ -193,7 +194,7 @@ class TargetModel(nn.Module):
                 cache.save_states()
         elif defer and pos_t is None:
             cache.begin_deferred_forward(start, T)
-        h = self.model.embed_tokens(tokens)
+        h = self.embed(tokens)
         tap_out = torch.empty(T, len(taps), h.shape[-1], dtype=h.dtype, device=h.device) if taps else None
         tap_index = {layer: i for i, layer in enumerate(taps)}
         delta = None

@@ -37,6 +37,15 @@ class RMSNorm(nn.Module):
         return add_rms_norm(x, residual, self.weight, self.eps, self.zero_centred)
 
 
+def gather_rows(table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``table[rows]``: the rows of ``table [N, D]`` at the indices ``rows [T]``, bit for bit what ``index_select`` /
+    ``nn.Embedding`` return. Indexing runs one CUDA thread per output element; ``index_select`` (and so the
+    embedding) takes a kernel that walks the indices one after another, each waiting on a memory read: on an H200
+    a 16-row verify spent 11-15 us per gather there against ~2 us for one row
+    (docs/measurements/step_profile_smollm2_h200_before_round4.txt)."""
+    return table[rows]
+
+
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     """Llama 3.x frequency rescaling: long wavelengths divided by ``factor``, a smooth ramp in between."""
     factor = scaling["factor"]
@@ -88,8 +97,8 @@ class RotaryEmbedding(nn.Module):
             sin = self.sin[start:start + T, None, :]
         else:
             idx = pos_t + torch.arange(T, device=pos_t.device)
-            cos = self.cos.index_select(0, idx)[:, None, :]
-            sin = self.sin.index_select(0, idx)[:, None, :]
+            cos = gather_rows(self.cos, idx)[:, None, :]
+            sin = gather_rows(self.sin, idx)[:, None, :]
         return cos.to(dtype), sin.to(dtype)
 
     def forward(self, x: torch.Tensor, cs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -147,8 +156,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is not None:
-            # Separate SwiGLU kernel on purpose: folded into the down GEMV's prologue (linear_silu_mul) the step
-            # got slower on an H200 (20.7 us vs 12.6 + 1.5 us: every GEMV program recomputes the whole input).
+            # Separate SwiGLU kernel on purpose: fusing it into the down GEMV was measured slower on an H200
+            # (every GEMV program recomputes the whole input; figures in docs/benchmarks.md).
             return self.down_proj(silu_mul(self.gate_up_proj(x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
