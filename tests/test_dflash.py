@@ -30,7 +30,6 @@ from edgespec.drafters.base import Draft, Proposer
 from edgespec.drafters.dflash import (
     DFlashDraftModel,
     DFlashProposer,
-    _grouped_attention,
     _head_rms_norm,
     default_target_layer_ids,
     load_dflash,
@@ -40,6 +39,7 @@ from edgespec.drafters.dflash import (
 from edgespec.drafters.factory import build_proposer
 from edgespec.drafters.window import FeatureWindow
 from edgespec.errors import CheckpointError, ConfigError
+from edgespec.kernels.block_attention import block_attention, block_attention_ref
 from edgespec.models.layers import RMSNorm
 from edgespec.spec.acceptance import StrictGreedy
 from edgespec.spec.session import SpecSession
@@ -214,7 +214,7 @@ def test_load_layouts_and_prefixes(tiny_models, tiny_checkpoints, tmp_path, layo
     assert torch.equal(attn.qkv_proj.weight, qkv) and not hasattr(attn, "q_proj")
     assert torch.equal(prop.drafter.fc.weight, weights[f"{prefix}fc.weight"])
     # Borrowed embedding and head: the target's own tensors, not copies.
-    assert prop._embed is target.model.embed_tokens and prop._head_weight is target.lm_head_weight
+    assert prop._embed_weight is target.model.embed_tokens.weight and prop._head_weight is target.lm_head_weight
 
 
 def test_load_own_embed_and_head_and_ignored_keys(tiny_models, drafters, tmp_path):
@@ -461,20 +461,71 @@ def test_head_rms_norm_is_per_part_rms_norm(device, dtype):
 
 @pytest.mark.parametrize("device", ["cpu", _CUDA])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_grouped_attention_matches_sdpa(device, dtype):
-    """Grouped fp32 attention = SDPA with a boolean mask and GQA (what the block ran before), to rounding."""
-    T, Hq, Hkv, S, hd = 6, 8, 2, 11, 32
+@pytest.mark.parametrize("path", ["reference", "dispatch"])
+@pytest.mark.parametrize("shape", [(6, 8, 2, 5, 32), (16, 32, 8, 128, 128)], ids=["tiny", "27b-drafter"])
+def test_block_attention_matches_sdpa(device, dtype, path, shape):
+    """Block attention (the torch reference, and the dispatcher: Triton on CUDA) = SDPA with a boolean mask and GQA
+    (what the block ran before), to rounding. The scratch rows start as NaN: the reference overwrites them with the
+    block's keys/values, the Triton kernel must not read them at all."""
+    T, Hq, Hkv, W, hd = shape
+    S = W + T
     q = torch.randn(T, Hq, hd, device=device).to(dtype)
     keys, values = torch.randn(2, S, Hkv, hd, device=device).to(dtype).float()     # the window keeps fp32
+    k_block, v_block = keys[W:].to(dtype).clone(), values[W:].to(dtype).clone()
+    want_k, want_v = keys.clone(), values.clone()
+    keys[W:], values[W:] = float("nan"), float("nan")
     mask = torch.rand(T, S, device=device) < 0.6
-    mask[:, -T:] |= torch.eye(T, dtype=torch.bool, device=device)      # every query sees at least its own key
+    mask[:, W:] |= torch.eye(T, dtype=torch.bool, device=device)       # every query sees at least its own key
     bias = torch.where(mask, 0.0, float("-inf")).repeat(Hq // Hkv, 1)
-    got = _grouped_attention(q, keys, values, bias, hd ** -0.5)
-    want = F.scaled_dot_product_attention(q.transpose(0, 1), keys.transpose(0, 1).to(dtype),
-                                          values.transpose(0, 1).to(dtype), attn_mask=mask, scale=hd ** -0.5,
+    fn = block_attention_ref if path == "reference" else block_attention
+    got = fn(q, k_block, v_block, keys, values, bias, hd ** -0.5)
+    want = F.scaled_dot_product_attention(q.transpose(0, 1), want_k.transpose(0, 1).to(dtype),
+                                          want_v.transpose(0, 1).to(dtype), attn_mask=mask, scale=hd ** -0.5,
                                           enable_gqa=True).transpose(0, 1).reshape(T, Hq * hd)
     assert got.dtype == dtype
-    torch.testing.assert_close(got, want, **({} if dtype == torch.float32 else {"atol": 1e-2, "rtol": 1e-2}))
+    torch.testing.assert_close(got, want, **({"atol": 1e-5, "rtol": 1e-4} if dtype == torch.float32
+                                             else {"atol": 1e-2, "rtol": 1e-2}))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_block_attention_triton_equals_reference_on_drafter_masks():
+    """The Triton block attention against the float32 reference on the masks a drafter builds: causal and not, a
+    sliding window, empty ring slots (position -1, never visible); bf16 queries and K/V values, 27B-drafter heads."""
+    from edgespec.kernels.triton_block_attention import block_attention_triton
+    T, Hq, Hkv, W, hd = 16, 32, 8, 128, 128
+    S = W + T
+    q = torch.randn(T, Hq, hd, device="cuda").bfloat16()
+    keys, values = torch.randn(2, S, Hkv, hd, device="cuda").bfloat16().float()   # the drafter's K/V: bf16 values
+    k_block, v_block = torch.randn(2, T, Hkv, hd, device="cuda").bfloat16()
+    key_pos = torch.cat([torch.arange(-40, W - 40, device="cuda"), torch.arange(W - 40, W - 40 + T, device="cuda")])
+    q_pos = key_pos[W:]
+    dist = q_pos[:, None] - key_pos[None, :]
+    for causal, window in ((True, None), (False, None), (True, 32)):
+        visible = (key_pos >= 0)[None, :].expand(T, -1)
+        if causal:
+            visible = visible & (dist >= 0)
+        if window is not None:
+            visible = visible & (dist < window)
+        bias = torch.where(visible, 0.0, float("-inf")).repeat(Hq // Hkv, 1)
+        got = block_attention_triton(q, k_block, v_block, keys, values, bias, hd ** -0.5).float()
+        want = block_attention_ref(q, k_block, v_block, keys.clone(), values.clone(), bias, hd ** -0.5).float()
+        # Both round float32 results to bf16: they may differ by one bf16 step where the float32 values straddle it.
+        torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
+        assert ((got - want).norm() / want.norm()).item() < 5e-3, (causal, window)
+
+
+def test_block_attention_rejects_bad_shapes():
+    q = torch.randn(4, 8, 16)
+    keys = torch.randn(9, 2, 16)
+    kb = torch.randn(4, 2, 16)
+    bias = torch.zeros(16, 9)
+    with pytest.raises(ValueError, match="block attention shapes"):
+        block_attention(q, kb, kb, keys, keys, bias[:, :8], 0.25)                 # bias width != W + T
+    with pytest.raises(ValueError, match="block attention shapes"):
+        block_attention(q, kb[:3], kb, keys, keys, bias, 0.25)                    # block rows != T
+    with pytest.raises(ValueError, match="block attention shapes"):
+        block_attention(q, kb, kb, keys.double(), keys.double(), bias, 0.25)     # window not float32
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "device-position"])

@@ -45,13 +45,22 @@ from edgespec.config import Settings
 from edgespec.drafters.base import Draft, Proposer
 from edgespec.drafters.window import FeatureWindow
 from edgespec.errors import CheckpointError, ConfigError, UnsupportedModelError
+from edgespec.kernels.block_attention import block_attention
 from edgespec.kernels.linear import linear
 from edgespec.kernels.norm import rms_norm
 from edgespec.loading.hf_config import read_json
 from edgespec.loading.weights import load_parameters, weight_files
 from edgespec.models.config import ModelConfig
 from edgespec.models.decoder import ForwardOutput, TargetModel
-from edgespec.models.layers import MLP, Linear, RMSNorm, RotaryEmbedding, merge_all_projections, merge_linears
+from edgespec.models.layers import (
+    MLP,
+    Linear,
+    RMSNorm,
+    RotaryEmbedding,
+    gather_rows,
+    merge_all_projections,
+    merge_linears,
+)
 
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -202,29 +211,6 @@ def _head_rms_norm(heads: torch.Tensor, n: int, weight: torch.Tensor, unit: torc
     return rms_norm(heads, unit, eps, False)[..., :n, :] * weight
 
 
-def _grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
-                       scale: float) -> torch.Tensor:
-    """Attention of ``q [T, Hq, hd]`` over fp32 ``keys``/``values [S, Hkv, hd]`` with the additive mask ``bias
-    [rep*T, S]`` (0 or -inf; row ``r*T + t`` is query row t of the r-th head of a KV group, rep = Hq / Hkv).
-    Returns ``[T, Hq*hd]`` in q's dtype.
-
-    Computed in fp32 like SDPA's math backend, which is what the masked GQA SDPA call used here before ran on CUDA
-    (flash takes no mask; GQA reaches no other kernel): more than a dozen launches there (casts, K/V repeated per
-    query head, the boolean mask converted per call, scaling, matmuls, softmax). Here the query heads of a group
-    share their KV head's keys in one batched product, with no copy of K/V, and the mask comes ready: 6 launches.
-    """
-    T, Hq, hd = q.shape
-    S, Hkv, _ = keys.shape
-    rep = Hq // Hkv
-    qg = torch.empty(Hkv, rep, T, hd, dtype=keys.dtype, device=q.device)
-    qg.copy_(q.view(T, Hkv, rep, hd).permute(1, 2, 0, 3))            # grouped by KV head, cast to fp32: 1 copy
-    scores = torch.baddbmm(bias, qg.view(Hkv, rep * T, hd), keys.permute(1, 2, 0), alpha=scale)
-    out = torch.bmm(torch.softmax(scores, dim=-1), values.transpose(0, 1))          # [Hkv, rep*T, hd]
-    o = torch.empty(T, Hkv, rep, hd, dtype=q.dtype, device=q.device)
-    o.copy_(out.view(Hkv, rep, T, hd).permute(2, 0, 1, 3))            # back to [T, Hq, hd] in q's dtype: 1 copy
-    return o.view(T, Hq * hd)
-
-
 class DFlashAttention(nn.Module):
     """Block queries over [context keys, block keys]: Qwen3 q/k RMSNorm (``w * x̂``) before RoPE, GQA, no gate.
 
@@ -265,13 +251,13 @@ class DFlashAttention(nn.Module):
     def forward(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rope: RotaryEmbedding,
                 bias: torch.Tensor, cs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """``x [bs, H]`` with the rotary angles ``cs`` of its positions; ``keys``/``values [W+bs, Hkv, hd]`` (fp32)
-        whose last ``bs`` rows receive this block's own K/V here; ``bias``: see :func:`_grouped_attention`."""
+        whose last ``bs`` rows are scratch for this block's own K/V; ``bias``: see
+        :mod:`edgespec.kernels.block_attention`."""
         T, nh, nkv = x.shape[0], self.n_heads, self.n_kv
         heads = self.qkv_proj(x).view(T, nh + 2 * nkv, self.hd)
         qk = rope(_head_rms_norm(heads, nh + nkv, self.qk_norm_weight, self.unit_norm_weight, self.eps), cs)
-        keys[-T:] = qk[:, nh:]          # the block's keys and values go to the scratch rows after the ring
-        values[-T:] = heads[:, nh + nkv:]
-        return self.o_proj(_grouped_attention(qk[:, :nh], keys, values, bias, self.scale))
+        attn = block_attention(qk[:, :nh], qk[:, nh:], heads[:, nh + nkv:], keys, values, bias, self.scale)
+        return self.o_proj(attn)
 
 
 class DFlashLayer(nn.Module):
@@ -346,8 +332,9 @@ class DFlashProposer(Proposer):
         # Block positions reach past the target's last cache row by up to bs-1.
         max_pos = target.rope.cos.shape[0] + cfg.block_size
         self.rope = RotaryEmbedding(cfg.model_config(max_pos), max_pos).to(device)
-        # fp32 window: block attention runs in fp32 (see _grouped_attention) and reads the cached K/V as they are,
-        # with no cast per layer and cycle. Features and K/V are rounded to the drafter dtype before they get here.
+        # fp32 window: block attention runs in fp32 (see edgespec.kernels.block_attention) and reads the cached K/V
+        # as they are, with no cast per layer and cycle. Features and K/V are rounded to the drafter dtype before
+        # they get here.
         self.window = FeatureWindow(window_size, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_key_value_heads,
                                     cfg.head_dim, torch.float32, device, scratch_rows=cfg.block_size)
         # Every layer's k_norm weight, so one _head_rms_norm serves the context keys of all layers.
@@ -355,7 +342,8 @@ class DFlashProposer(Proposer):
         self._unit_norm = torch.ones(cfg.head_dim, dtype=dtype, device=device)
         self._block_ids = torch.full((cfg.block_size,), cfg.mask_token_id, dtype=torch.long, device=device)
         self._block_offsets = torch.arange(cfg.block_size, device=device)
-        self._embed = drafter.embed_tokens if drafter.embed_tokens is not None else target.model.embed_tokens
+        self._embed_weight = (drafter.embed_tokens if drafter.embed_tokens is not None
+                              else target.model.embed_tokens).weight
         if drafter.lm_head is not None:
             self._head_weight = drafter.lm_head.weight
         elif drafter.embed_tokens is not None and cfg.tie_word_embeddings:
@@ -448,7 +436,7 @@ class DFlashProposer(Proposer):
 
     def _block_forward(self, start: int, pos_t: torch.Tensor | None) -> torch.Tensor:
         """The block forward over ``self._block_ids`` at ``start`` (or the device position ``pos_t``)."""
-        h = self._embed(self._block_ids).to(self.dtype)
+        h = gather_rows(self._embed_weight, self._block_ids).to(self.dtype)
         if self.cfg.input_embedding_scale != 1.0:
             h = h * self.cfg.input_embedding_scale
         biases = self._attn_biases(start, pos_t)
@@ -517,7 +505,8 @@ class DFlashProposer(Proposer):
         """One additive fp32 mask ``[rep*bs, W+bs]`` (0 = attend, -inf = not) per distinct layer kind, built once
         per forward from absolute positions (the reference's rule: causal -> key <= query; sliding window ->
         query - key < window, and key - query < window when not causal). Empty ring slots (position -1) are never
-        visible. Rows repeat per query head of a KV group, the layout :func:`_grouped_attention` takes."""
+        visible. Rows repeat per query head of a KV group, the layout
+        :func:`~edgespec.kernels.block_attention.block_attention` takes."""
         q_pos = (start if pos_t is None else pos_t) + self._block_offsets
         key_pos = torch.cat([self.window.positions, q_pos])
         valid = (key_pos >= 0)[None, :].expand(q_pos.shape[0], -1)       # block positions are never negative
