@@ -216,24 +216,42 @@ def test_rms_norm_refs_match_formula() -> None:
 
 def test_gdn_tile_overrides_are_checked(monkeypatch) -> None:
     """EDGESPEC_GDN_BLOCK_V (a power of two >= 4) and EDGESPEC_GDN_WARPS (1, 2, 4, 8) are tuning overrides of the
-    recurrent GDN launch; anything else is refused by name, and unset they leave the shape's default."""
+    recurrent GDN launch; anything else is refused by name, and unset they leave the default."""
     pytest.importorskip("triton")
     from edgespec.kernels.triton_gdn import gdn_tile
     monkeypatch.delenv("EDGESPEC_GDN_BLOCK_V", raising=False)
     monkeypatch.delenv("EDGESPEC_GDN_WARPS", raising=False)
-    default = gdn_tile(32, 128)
+    default = gdn_tile(128)
     monkeypatch.setenv("EDGESPEC_GDN_BLOCK_V", "64")
-    assert gdn_tile(32, 128)[0] == 64 and gdn_tile(4, 32)[0] == 32
+    assert gdn_tile(128)[0] == 64 and gdn_tile(32)[0] == 32
     for bad in ("48", "2", "abc", "-16"):
         monkeypatch.setenv("EDGESPEC_GDN_BLOCK_V", bad)
         with pytest.raises(ValueError, match="EDGESPEC_GDN_BLOCK_V"):
-            gdn_tile(32, 128)
+            gdn_tile(128)
     monkeypatch.delenv("EDGESPEC_GDN_BLOCK_V")
     monkeypatch.setenv("EDGESPEC_GDN_WARPS", "2")
-    assert gdn_tile(32, 128)[1] == 2
+    assert gdn_tile(128)[1] == 2
     for bad in ("3", "16", "x"):
         monkeypatch.setenv("EDGESPEC_GDN_WARPS", bad)
         with pytest.raises(ValueError, match="EDGESPEC_GDN_WARPS"):
-            gdn_tile(32, 128)
+            gdn_tile(128)
     monkeypatch.delenv("EDGESPEC_GDN_WARPS")
-    assert gdn_tile(32, 128) == default
+    assert gdn_tile(128) == default
+
+
+def test_skinny_routing_override_is_checked(monkeypatch) -> None:
+    """EDGESPEC_SKINNY (an A/B override of which 2-16-row products skip cuBLAS): ``all`` (the default) sends every
+    matrix to the skinny GEMM, ``wide`` only those with at least one 64-row block per SM; anything else is refused
+    by name rather than silently taken as the default."""
+    pytest.importorskip("triton")
+    from edgespec.kernels.triton_gemv import skinny_pays
+    monkeypatch.delenv("EDGESPEC_SKINNY", raising=False)
+    assert skinny_pays(2560, 132) and skinny_pays(248320, 132)
+    monkeypatch.setenv("EDGESPEC_SKINNY", "all")
+    assert skinny_pays(2560, 132)
+    monkeypatch.setenv("EDGESPEC_SKINNY", "wide")
+    assert not skinny_pays(2560, 132) and skinny_pays(248320, 132)
+    for bad in ("narrow", "", "WIDE"):
+        monkeypatch.setenv("EDGESPEC_SKINNY", bad)
+        with pytest.raises(ValueError, match="EDGESPEC_SKINNY"):
+            skinny_pays(2560, 132)

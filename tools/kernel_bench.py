@@ -467,7 +467,7 @@ def sweep_gdn(budget_s: float) -> list[dict[str, Any]]:
                 continue
             fused, q, k, v, g, beta, state = _gdn_inputs(T, n_k, n_v, dk, dv)
             ref = gdn_recurrent_ref(q, k, v, g, beta, state.clone())
-            default = gdn_tile(n_v, dv)
+            default = gdn_tile(dv)
             case = []
             for tile in tiles:
                 s1 = state.clone()

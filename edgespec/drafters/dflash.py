@@ -332,9 +332,9 @@ class DFlashProposer(Proposer):
         # Block positions reach past the target's last cache row by up to bs-1.
         max_pos = target.rope.cos.shape[0] + cfg.block_size
         self.rope = RotaryEmbedding(cfg.model_config(max_pos), max_pos).to(device)
-        # fp32 window: block attention runs in fp32 (see edgespec.kernels.block_attention) and reads the cached K/V
-        # as they are, with no cast per layer and cycle. Features and K/V are rounded to the drafter dtype before
-        # they get here.
+        # fp32 window: block attention keeps fp32 scores and probabilities (see edgespec.kernels.block_attention)
+        # and reads the cached K/V as they are, with no cast per layer and cycle. Features and K/V are rounded to
+        # the drafter dtype before they get here, which is what lets the CUDA kernel narrow them back exactly.
         self.window = FeatureWindow(window_size, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_key_value_heads,
                                     cfg.head_dim, torch.float32, device, scratch_rows=cfg.block_size)
         # Every layer's k_norm weight, so one _head_rms_norm serves the context keys of all layers.

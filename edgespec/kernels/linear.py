@@ -60,7 +60,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     rows to the skinny GEMM (``edgespec.kernels.triton_gemv``; :func:`~edgespec.kernels.triton_gemv.skinny_pays`
     says why not cuBLAS), on CPU fp32 to OpenBLAS when active; everything else to torch."""
     if x.is_cuda:
-        route = _triton_route(x, weight, x.shape[-1])
+        route = _triton_route(x, weight)
         if route is not None:
             from edgespec.kernels.triton_gemv import gemv_triton, skinny_gemm_triton
             product = gemv_triton if route == "gemv" else skinny_gemm_triton
@@ -77,11 +77,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out.reshape(*lead, weight.shape[0])
 
 
-def _triton_route(x: torch.Tensor, weight: torch.Tensor, row_len: int) -> str | None:
-    """The Triton product :func:`linear` runs for a CUDA input ``x`` of rows of ``row_len`` elements: ``"gemv"``
-    (one bf16/fp16 row), ``"skinny"`` (2-16 rows, where :func:`~edgespec.kernels.triton_gemv.skinny_pays`) or None
-    (torch)."""
-    rows = x.numel() // row_len if row_len else 0
+def _triton_route(x: torch.Tensor, weight: torch.Tensor) -> str | None:
+    """The Triton product :func:`linear` runs for a CUDA input ``x [..., in]``: ``"gemv"`` (one bf16/fp16 row),
+    ``"skinny"`` (2-16 rows, where :func:`~edgespec.kernels.triton_gemv.skinny_pays`) or None (torch)."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if not (1 <= rows <= 16 and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
             and weight.stride(-1) == 1 and not torch.is_grad_enabled() and triton_available()):
         return None

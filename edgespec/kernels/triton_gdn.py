@@ -219,10 +219,10 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b
 GDNTile = tuple[int, int]
 
 
-def gdn_tile(n_v: int, dv: int) -> GDNTile:
+def gdn_tile(dv: int) -> GDNTile:
     """dv tile and warps of the recurrent kernel. Every call for one model must use the same launch -- the
     reductions' order depends on it, and decode, verify and the deferred commit have to round alike -- so it
-    depends on the head shape only.
+    depends on the value-head width only.
 
     One warp per program: every reduction over dk stays inside the warp (shuffles, no shared-memory round trip
     and barrier), which is what the chain of dependent steps waits on. 16-wide dv tiles give Qwen3.5-4B / -27B
@@ -266,7 +266,7 @@ def gdn_recurrent_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
             raise ValueError("slots must be a contiguous [>=T+1, Hv, dk, dv] fp32 tensor")
     if T == 0:
         return out
-    block_v, warps = tile or gdn_tile(n_v, dv)
+    block_v, warps = tile or gdn_tile(dv)
     pdl = pdl_launch(v.device)
     _gdn_recurrent_kernel[(n_v, dv // block_v, 1)](
         q, k, v, g, beta, state, slots if slots is not None else state, out,
@@ -302,7 +302,7 @@ def gdn_advance_triton(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: 
         raise ValueError("GDN advance inputs need a unit-stride last dim")
     if n == 0 or L == 0:
         return
-    block_v, warps = gdn_tile(n_v, dv)
+    block_v, warps = gdn_tile(dv)
     scratch = torch.empty((L, n, n_v, dv), dtype=torch.float32, device=v.device)
     pdl = pdl_launch(v.device)
     _gdn_recurrent_kernel[(n_v, dv // block_v, L)](

@@ -108,9 +108,10 @@ def skinny_pays(N: int, sm_count: int) -> bool:
     one stops the overlap of a kernel's start with its predecessor's tail that every Triton kernel of a step has
     (tools/step_profile.py: the 16-row SmolLM2 verify spent 125 us between kernels against -93 us for a decode
     step, when its 120 products ran on cuBLAS)."""
-    if os.environ.get("EDGESPEC_SKINNY", "all") == "wide":
-        return triton.cdiv(N, 64) >= sm_count
-    return True
+    mode = os.environ.get("EDGESPEC_SKINNY", "all")
+    if mode not in ("all", "wide"):
+        raise ValueError(f"EDGESPEC_SKINNY={mode!r}: give 'all' or 'wide' (or unset it)")
+    return mode == "all" or triton.cdiv(N, 64) >= sm_count
 
 
 @triton.jit
