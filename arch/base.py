@@ -108,7 +108,8 @@ class ArchHooks:
         out = static.run(rows, cache)
         if n == static.rows:
             return out
-        return ForwardOutput(out.logits[:n], out.hidden[:n], None if out.taps is None else out.taps[:n])
+        return ForwardOutput(out.logits[:n], out.hidden[:n], None if out.taps is None else out.taps[:n],
+                             out.greedy)
 
     def _static_verify(self, n: int) -> StaticForward | None:
         candidates = [r for r in self.static if r >= n and r > 1]

@@ -4,6 +4,11 @@ A :class:`StaticForward` owns device buffers for its tokens and start position. 
 and position into them and replays the captured graph, so one graph serves every position of every request
 (FlashRT keys its verify graphs by position and is cold at each new one). Without CUDA it runs the same
 graph-mode forward eagerly, which is how the CPU tests prove the device-position path exact.
+
+Each static forward also computes the strict greedy verdict of its input tokens (the argmax of every row and how
+many leading drafts equal the argmax of the row before them, :func:`edgespec.kernels.argmax.greedy_verdict`) in
+the same graph, so a greedy accept stage is one copy of ``rows + 1`` integers instead of an argmax over
+``rows x vocab`` logits and a handful of launches after the replay.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from edgespec.cache.model_cache import ModelCache
+from edgespec.kernels.argmax import greedy_verdict
 from edgespec.models.decoder import ForwardOutput, TargetModel
 
 
@@ -32,8 +38,10 @@ class StaticForward:
             self._capture()
 
     def _forward(self) -> ForwardOutput:
-        return self.model.forward(self.tokens, self.cache, taps=self.taps, checkpoint=self.checkpoint,
-                                  defer=self.defer, chunked=False, pos_t=self.pos)
+        out = self.model.forward(self.tokens, self.cache, taps=self.taps, checkpoint=self.checkpoint,
+                                 defer=self.defer, chunked=False, pos_t=self.pos)
+        out.greedy = greedy_verdict(out.logits, self.tokens)
+        return out
 
     def _capture(self) -> None:
         # Warm up on a side stream (Triton compiles, cuBLAS picks algorithms), then capture. The warm-up writes

@@ -32,6 +32,23 @@ def test_strict_greedy_prefix_and_bonus():
     assert v.accepted == 3 and v.tokens == [5, 6, 7, 8]
 
 
+@pytest.mark.parametrize("drafts", [[5, 6, 9], [5, 6, 7], [1, 6, 7], [5]])
+@pytest.mark.parametrize("pad", [0, 3])
+def test_strict_greedy_reads_the_device_verdict(drafts, pad):
+    """With the verify graph's verdict (edgespec.kernels.argmax.greedy_verdict) the policy reads its tokens from it
+    and decides exactly as from the logits, also when a static forward padded the rows: padding rows may 'match'
+    (here they continue the chain on purpose), so the count is capped at the real drafts."""
+    from edgespec.kernels.argmax import greedy_verdict
+    logits = _logits([{5: 3.0}, {6: 3.0}, {7: 3.0}, {8: 3.0}])[:len(drafts) + 1]
+    rows = torch.tensor([4, *drafts, *[int(logits[-1].argmax())] * pad])
+    padded = torch.cat([logits, logits[-1:].expand(pad, -1)])          # padding rows score like the last one
+    greedy = greedy_verdict(padded, rows)
+    want = StrictGreedy().accept(logits, torch.tensor(drafts), None)
+    got = StrictGreedy().accept(logits, torch.tensor(drafts), None, greedy)
+    assert (got.accepted, got.tokens) == (want.accepted, want.tokens)
+    assert StrictGreedy().next_token(logits[0], greedy) == StrictGreedy().next_token(logits[0]) == 5
+
+
 def _relaxed(prompt=(1, OPEN), **kw) -> RelaxedThinking:
     p = RelaxedThinking(OPEN, CLOSE, **kw)
     p.begin(list(prompt))

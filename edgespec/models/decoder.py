@@ -31,6 +31,11 @@ class ForwardOutput:
     logits: torch.Tensor | None      # [rows, vocab] float32
     hidden: torch.Tensor             # [T, hidden] final post-norm hidden states (MTP input)
     taps: torch.Tensor | None        # [T, n_taps, hidden] outputs of the tapped layers (DFlash context)
+    # [rows + 1] int64 from static (graph) forwards: the strict greedy verdict of the input tokens against the
+    # logits (leading drafts that equal the argmax of the row before them), then every row's argmax; computed on
+    # the device with the forward, so a greedy accept stage is one small host copy (edgespec.kernels.argmax).
+    # Padding rows of a shorter draft are counted too: readers cap the count at their own number of drafts.
+    greedy: torch.Tensor | None = None
 
 
 class DecoderLayer(nn.Module):

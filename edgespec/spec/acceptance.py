@@ -42,21 +42,32 @@ class AcceptancePolicy(ABC):
         """Called with every batch of committed tokens (phase tracking)."""
 
     @abstractmethod
-    def next_token(self, logits: torch.Tensor) -> int:
-        """Pick the token after a row with ``logits [V]`` (prefill and plain decode steps)."""
+    def next_token(self, logits: torch.Tensor, greedy: torch.Tensor | None = None) -> int:
+        """Pick the token after a row with ``logits [V]`` (prefill and plain decode steps). ``greedy``: the
+        forward's device-side greedy verdict (see :class:`~edgespec.models.decoder.ForwardOutput`), when it has
+        one and no constraint changed the logits; greedy policies read their token from it."""
 
     @abstractmethod
-    def accept(self, logits: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor | None) -> Verdict:
-        """Judge ``drafts [K]`` against verify ``logits [K+1, V]``."""
+    def accept(self, logits: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor | None,
+               greedy: torch.Tensor | None = None) -> Verdict:
+        """Judge ``drafts [K]`` against verify ``logits [K+1, V]``; ``greedy`` as in :meth:`next_token`."""
 
 
 class StrictGreedy(AcceptancePolicy):
     """Lossless greedy acceptance: longest prefix of drafts equal to the target argmax."""
 
-    def next_token(self, logits: torch.Tensor) -> int:
-        return int(logits.argmax(-1))
+    def next_token(self, logits: torch.Tensor, greedy: torch.Tensor | None = None) -> int:
+        return int(logits.argmax(-1)) if greedy is None else int(greedy[1])
 
-    def accept(self, logits: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor | None) -> Verdict:
+    def accept(self, logits: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor | None,
+               greedy: torch.Tensor | None = None) -> Verdict:
+        K = drafts.shape[0]
+        if greedy is not None:
+            # The verdict the verify graph computed: one host copy. Its count may include padding rows of a
+            # static forward longer than K + 1: cap it at K.
+            host = greedy[:K + 2].tolist()
+            n = min(host[0], K)
+            return Verdict(n, host[1:2 + n])
         targets = logits.argmax(-1)                                     # [K+1]
         match = (drafts == targets[:-1]).int()
         n = match.cumprod(0).sum()
@@ -93,9 +104,10 @@ class RelaxedThinking(StrictGreedy):
                 self.in_think = False
                 return
 
-    def accept(self, logits: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor | None) -> Verdict:
+    def accept(self, logits: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor | None,
+               greedy: torch.Tensor | None = None) -> Verdict:
         if not self.in_think:
-            return super().accept(logits, drafts, draft_probs)
+            return super().accept(logits, drafts, draft_probs, greedy)
         K = drafts.shape[0]
         scores = logits.float() if self.margin == "logit" else torch.softmax(logits.float(), dim=-1)
         top_vals, top_ids = scores.topk(self.top_k, dim=-1)             # [K+1, k]
@@ -129,10 +141,11 @@ class RejectionSampling(AcceptancePolicy):
         self.params = params
         self.gen = generator
 
-    def next_token(self, logits: torch.Tensor) -> int:
+    def next_token(self, logits: torch.Tensor, greedy: torch.Tensor | None = None) -> int:
         return int(sample_token(logits, self.params, self.gen))
 
-    def accept(self, logits: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor | None) -> Verdict:
+    def accept(self, logits: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor | None,
+               greedy: torch.Tensor | None = None) -> Verdict:
         p = target_probs(logits, self.params)                           # [K+1, V]
         K = drafts.shape[0]
         rows = torch.arange(K, device=p.device)

@@ -151,10 +151,10 @@ class SpecSession:
                 with tel.stage("verify"):
                     step = hooks.decode(model, cache, torch.tensor([last], device=device), self.taps)
                 with tel.stage("accept"):
-                    logits = step.logits
+                    logits, greedy = step.logits, step.greedy
                     if constraint is not None:
-                        logits = _masked(logits, constraint.row_masks([], logits.shape[-1], device))
-                    verdict = Verdict(0, [policy.next_token(logits[0])])
+                        logits, greedy = _masked(logits, constraint.row_masks([], logits.shape[-1], device)), None
+                    verdict = Verdict(0, [policy.next_token(logits[0], greedy)])
                     drafted, fwd = 0, step
             else:
                 drafted = draft.tokens.shape[0]
@@ -163,11 +163,13 @@ class SpecSession:
                 with tel.stage("verify"):
                     step = hooks.verify(model, cache, rows, self.taps, self.rollback_strategy)
                 with tel.stage("accept"):
-                    logits = step.logits
+                    logits, greedy = step.logits, step.greedy
                     if constraint is not None:
+                        # The graph's verdict is of the unmasked logits: the grammar's masks change it.
                         logits = _masked(logits, constraint.row_masks(draft.tokens.tolist(), logits.shape[-1],
                                                                       device))
-                    verdict = policy.accept(logits, draft.tokens, draft.probs)
+                        greedy = None
+                    verdict = policy.accept(logits, draft.tokens, draft.probs, greedy)
                     replayed = hooks.rollback(model, cache, start, rows, verdict.accepted + 1, self.taps,
                                               self.rollback_strategy)
                     fwd = replayed if replayed is not None else step
