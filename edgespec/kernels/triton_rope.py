@@ -24,6 +24,10 @@ Rounding follows the torch path, not just its maths, so the results agree bitwis
 
 The start position is a runtime argument (never specialised) or is read from a device tensor, so one CUDA graph
 per T serves every position. Rows at or past ``max_len`` are not written (``index_copy_`` would fault on them).
+
+:func:`head_norm_rope_triton` (contract: :func:`edgespec.kernels.rope.head_norm_rope_ref`) runs the same per-row
+helper for the DFlash drafter: the first n heads of a strided ``[B, T, H_all, hd]`` view, each normed by its own
+weight (standard form) and rotated, to a fresh ``[B, T, n, hd]``. Grid ``(T, n, B)``, one program per head row.
 """
 
 from __future__ import annotations
@@ -215,3 +219,59 @@ def qk_norm_rope_write_triton(qkv: torch.Tensor, cache: KVCache, start: int,
         num_warps=max(1, min(4, block_d // 128)), **pdl,
     )
     return q, gate
+
+
+@triton.jit
+def _head_norm_rope_kernel(
+    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, eps,
+    stride_xb, stride_xt, stride_xh, stride_wb, stride_wh, stride_cos, stride_sin, stride_ob, stride_ot,
+    HD: tl.constexpr, ROT: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+):
+    pdl_enter(PDL)
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)       # a leading index (drafter layer) times its stride may pass 2**31
+    d = tl.arange(0, BLOCK_D)
+    dm = d < HD
+    in_rot = d < ROT
+    first_half = d < ROT // 2
+    partner = tl.where(first_half, d + ROT // 2, tl.where(in_rot, d - ROT // 2, d))
+    cos = tl.load(cos_ptr + t * stride_cos + d, mask=in_rot, other=0.0).to(tl.float32)
+    sin = tl.load(sin_ptr + t * stride_sin + d, mask=in_rot, other=0.0).to(tl.float32)
+    row = x_ptr + b * stride_xb + t * stride_xt + h * stride_xh
+    # Broadcast weight dims come with stride 0, so every (b, h) finds its own weight row.
+    y = _norm_rope_row(row, w_ptr + b * stride_wb + h * stride_wh, d, partner, dm, in_rot, first_half, cos, sin,
+                       eps, HD, True, False)
+    tl.store(out_ptr + b * stride_ob + t * stride_ot + h * HD + d, y, mask=dm)
+
+
+def head_norm_rope_triton(x: torch.Tensor, n: int, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          eps: float) -> torch.Tensor:
+    """See :func:`edgespec.kernels.rope.head_norm_rope`; one launch, no host sync (CUDA-graph safe). Raises
+    ValueError on inputs that do not fit (shapes, dtypes, devices)."""
+    from edgespec.kernels.rope import _check_head_norm_rope
+
+    if x.dtype not in _ACT_DTYPES:
+        raise ValueError(f"x dtype {x.dtype} not supported (bf16, fp16, fp32)")
+    w3 = _check_head_norm_rope(x, n, weight, cos, sin)
+    x4 = x if x.dim() == 4 else x[None]
+    B, T, _, hd = x4.shape
+    if x4.stride(-1) != 1:
+        x4 = x4.contiguous()            # the kernel reads each head row as one unit-stride vector
+    if w3.stride(-1) != 1:
+        w3 = w3.contiguous()
+    cos2 = _angles_2d(cos, "cos", T, x.dtype)
+    sin2 = _angles_2d(sin, "sin", T, x.dtype)
+    out = torch.empty((B, T, n, hd), dtype=x.dtype, device=x.device)
+    if B and T:
+        block_d = triton.next_power_of_2(hd)
+        pdl = pdl_launch(x.device)
+        _head_norm_rope_kernel[(T, n, B)](
+            x4, w3, cos2, sin2, out, float(eps),
+            x4.stride(0), x4.stride(1), x4.stride(2),
+            w3.stride(0) if w3.shape[0] > 1 else 0, w3.stride(1) if w3.shape[1] > 1 else 0,
+            cos2.stride(0), sin2.stride(0), out.stride(0), out.stride(1),
+            HD=hd, ROT=cos2.shape[-1], BLOCK_D=block_d, PDL=bool(pdl),
+            num_warps=max(1, min(4, block_d // 128)), **pdl,
+        )
+    return out if x.dim() == 4 else out[0]
