@@ -30,7 +30,6 @@ from edgespec.drafters.base import Draft, Proposer
 from edgespec.drafters.dflash import (
     DFlashDraftModel,
     DFlashProposer,
-    _head_rms_norm,
     default_target_layer_ids,
     load_dflash,
     load_dflash_checkpoint,
@@ -40,6 +39,7 @@ from edgespec.drafters.factory import build_proposer
 from edgespec.drafters.window import FeatureWindow
 from edgespec.errors import CheckpointError, ConfigError
 from edgespec.kernels.block_attention import block_attention, block_attention_ref
+from edgespec.kernels.rope import head_norm_rope
 from edgespec.models.layers import RMSNorm
 from edgespec.spec.acceptance import StrictGreedy
 from edgespec.spec.session import SpecSession
@@ -392,6 +392,7 @@ def window_checker(seed_rows: int, ref: DFlashDraftModel, atol: float = 2e-4):
     stats = {"commits": 0, "proposes": 0, "wrapped": False}
 
     def check(stage: str, prop: DFlashProposer, history: list[int]) -> None:
+        prop.flush_append()          # graph mode stages a commit's append until the next propose
         w = prop.window
         end = w.end
         assert prop.history == history and len(history) == end + 1   # the pending anchor has no feature yet
@@ -447,16 +448,24 @@ _CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torc
 
 @pytest.mark.parametrize("device", ["cpu", _CUDA])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_head_rms_norm_is_per_part_rms_norm(device, dtype):
-    """The q and k norms of one merged projection in two launches give q_norm(q) and k_norm(k) bit for bit."""
+def test_head_norm_rope_is_per_part_rms_norm(device, dtype):
+    """The q and k norms of one merged projection in one launch (head_norm_rope, with the rotation made the
+    identity) give q_norm(q) and k_norm(k): bit for bit on the CPU path; on CUDA the Triton kernel's sum of squares
+    may round rstd differently in the last bit (tests/test_head_norm_rope.py bounds that), so to rounding."""
     heads = (torch.randn(5, 4 + 2 + 2, 128) * 3).to(device, dtype)     # [rows, q heads | k heads | v heads, hd]
     q_norm, k_norm = (RMSNorm(128, 1e-6, zero_centred=False).to(device, dtype) for _ in range(2))
     with torch.no_grad():
         q_norm.weight.normal_(1.0, 0.5)
         k_norm.weight.normal_(1.0, 0.5)
         weight = torch.cat([q_norm.weight.expand(4, 128), k_norm.weight.expand(2, 128)])
-        got = _head_rms_norm(heads, 6, weight, torch.ones(128, device=device, dtype=dtype), 1e-6)
-        assert torch.equal(got[:, :4], q_norm(heads[:, :4])) and torch.equal(got[:, 4:], k_norm(heads[:, 4:6]))
+        cos = torch.ones(5, 1, 128, device=device, dtype=dtype)          # x * 1 + rotated * 0 = x exactly
+        got = head_norm_rope(heads, 6, weight, cos, torch.zeros_like(cos), 1e-6)
+        want = torch.cat([q_norm(heads[:, :4]), k_norm(heads[:, 4:6])], dim=1)
+        if device == "cpu":
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got, want, **({"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32
+                                                     else {"atol": 2e-2, "rtol": 1e-2}))
 
 
 @pytest.mark.parametrize("device", ["cpu", _CUDA])

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device session: GPU correctness tests, the attention launch sweep, the shape sweep and the cycle split.
 # Usage on the GPU machine, from the repository root:  OUT=/some/dir bash tools/gpu_sweep.sh [stage ...]
-# Stages: tests, gemv, profile, attn-sweep, kernels, pdl, gdn-tile, skinny, skinny-ab, drafter, shapes, cycle
+# Stages: tests, new-tests, gemv, profile, attn-sweep, kernels, fp8-sweep, pdl, gdn-tile, skinny, skinny-ab,
+# block-attn, drafter, shapes, cycle
 # (default: tests attn-sweep kernels shapes cycle). Every output lands in $OUT.
 set -uo pipefail
 OUT=${OUT:-.}
@@ -12,14 +13,22 @@ for s in $stages; do
   t0=$(date +%s)
   case $s in
     tests) python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_gpu_session.py \
-             tests/test_deferred_gpu.py tests/test_dflash.py tests/test_rope_fused.py \
+             tests/test_deferred_gpu.py tests/test_dflash.py tests/test_rope_fused.py tests/test_argmax.py \
+             tests/test_head_norm_rope.py tests/test_block_attention_split.py tests/test_window_write.py \
              2>&1 | tail -15 | tee "$OUT/tests.txt" ;;
+    new-tests) python3 -m pytest -q -p no:cacheprovider tests/test_argmax.py tests/test_head_norm_rope.py \
+             tests/test_block_attention_split.py tests/test_window_write.py tests/test_dflash.py \
+             tests/test_gpu_session.py \
+             "tests/test_kernels_gpu.py::test_fp8_attention_sweep_configs" 2>&1 | tail -25 | tee "$OUT/new_tests.txt" ;;
     gemv) python3 tools/gemv_bench.py --sweep 2>&1 | tee "$OUT/gemv_bench.txt" ;;
     profile) python3 tools/step_profile.py 2>&1 | tee "$OUT/step_profile.txt" ;;
     attn-sweep) python3 tools/kernel_bench.py --skip-tests --only none --sweep 2>&1 | tee "$OUT/attn_sweep.txt" \
              | grep -E "sweep|best|copy" ;;
     kernels) python3 tools/kernel_bench.py --skip-tests --only attn --quick 2>&1 > "$OUT/kernel_bench.txt";
              grep -A20 "FP8-KV speedup" "$OUT/kernel_bench.txt" ;;
+    fp8-sweep) python3 tools/kernel_bench.py --skip-tests --only none --fp8-sweep --fp8-sweep-budget 60 2>&1 \
+             | tee "$OUT/fp8_sweep.txt" | grep -E "best|copy|default|#" ;;
+    block-attn) python3 tools/block_attn_bench.py 2>&1 | tee "$OUT/block_attn.txt" ;;
     pdl) for p in 0 1; do EDGESPEC_PDL=$p python3 tools/gpu_bench.py --shapes qwen3.5-4b --kv model \
              --compare-hf none --sweep-out "$OUT/pdl$p" 2>&1 | tail -1 | sed "s/^/PDL=$p /"; done | tee "$OUT/pdl.txt" ;;
     gdn-tile) python3 tools/kernel_bench.py --skip-tests --only none --gdn-sweep 2>&1 | tee "$OUT/gdn_tile.txt" \

@@ -137,6 +137,18 @@ def profile_drafter(shape: str, bw: float, sequence: int) -> dict:
     print(f"\n{shape} DFlash draft (block 16, window 128): {res['step_us']:.0f} us, {res['gpu_us']:.0f} us in "
           f"kernels; weight-read limit {limit_us:.0f} us ({nbytes / 1e9:.2f} GB) = {limit_us / res['step_us']:.0%}")
     print_profile(res, sequence)
+    append = proposer._append_graphs.get(1)      # a cycle that accepted nothing appends one row
+    if append is not None:
+        fc = proposer.drafter.fc.weight
+        kv_rows = 2 * proposer.cfg.num_key_value_heads * proposer.cfg.head_dim
+        app_bytes = fc.numel() * fc.element_size() + sum(
+            layer.self_attn.qkv_proj.weight[-kv_rows:].numel() * fc.element_size() for layer in proposer.drafter.layers)
+        app = profile_step(append.replay)
+        app_limit = app_bytes / bw * 1e6
+        print(f"\n{shape} DFlash window append (1 row): {app['step_us']:.0f} us, {app['gpu_us']:.0f} us in kernels; "
+              f"weight-read limit {app_limit:.0f} us ({app_bytes / 1e9:.3f} GB) = {app_limit / app['step_us']:.0%}")
+        print_profile(app, sequence)
+        res["append"] = {**app, "weight_limit_us": app_limit}
     return res
 
 

@@ -45,9 +45,10 @@ from edgespec.config import Settings
 from edgespec.drafters.base import Draft, Proposer
 from edgespec.drafters.window import FeatureWindow
 from edgespec.errors import CheckpointError, ConfigError, UnsupportedModelError
+from edgespec.kernels.argmax import row_argmax
 from edgespec.kernels.block_attention import block_attention
 from edgespec.kernels.linear import linear
-from edgespec.kernels.norm import rms_norm
+from edgespec.kernels.rope import head_norm_rope
 from edgespec.loading.hf_config import read_json
 from edgespec.loading.weights import load_parameters, weight_files
 from edgespec.models.config import ModelConfig
@@ -198,19 +199,6 @@ def parse_dflash_config(raw: dict[str, Any], target_layers: int, source: str = "
 
 
 # ---- modules --------------------------------------------------------------------------------------------------
-def _head_rms_norm(heads: torch.Tensor, n: int, weight: torch.Tensor, unit: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm (``w * x̂``) of the first ``n`` heads of ``heads [..., n_all, hd]``, each head by its own weight
-    (``weight`` broadcasts against ``[..., n, hd]``).
-
-    Two launches for any number of norms (the q and k norms of a layer, or the k norms of every layer): one
-    unit-weight RMSNorm over all the heads, then one product with the stacked weights. The unit weight leaves
-    ``x̂`` rounded to the activations' dtype, exactly where RMSNorm multiplies it by ``w``, so the result is bit
-    for bit ``q_norm(q)`` / ``k_norm(k)``. The trailing heads (v) ride along in the normalisation so its input stays
-    one contiguous block: normalising a q or k slice of a merged projection would cost a copy first.
-    """
-    return rms_norm(heads, unit, eps, False)[..., :n, :] * weight
-
-
 class DFlashAttention(nn.Module):
     """Block queries over [context keys, block keys]: Qwen3 q/k RMSNorm (``w * x̂``) before RoPE, GQA, no gate.
 
@@ -233,13 +221,13 @@ class DFlashAttention(nn.Module):
         self.qkv_proj: Linear | None = None
 
     def merge_projections(self) -> None:
-        """One GEMM for q, k and v (a batch-1 block is weight-read bound: one launch instead of three), plus what
-        :func:`_head_rms_norm` needs: the q and k norm weights stacked per head, and a unit weight."""
+        """One GEMM for q, k and v (a batch-1 block is weight-read bound: one launch instead of three), plus the q
+        and k norm weights stacked per head, so one :func:`~edgespec.kernels.rope.head_norm_rope` norms and
+        rotates every q and k head of the merged output."""
         self.qkv_proj = merge_linears(self, ["q_proj", "k_proj", "v_proj"])
         w = self.q_norm.weight.detach()
         qk = torch.cat([w.expand(self.n_heads, self.hd), self.k_norm.weight.detach().expand(self.n_kv, self.hd)])
         self.register_buffer("qk_norm_weight", qk, persistent=False)
-        self.register_buffer("unit_norm_weight", torch.ones_like(w), persistent=False)
 
     def context_kv(self, x: torch.Tensor) -> torch.Tensor:
         """Raw ``k | v`` projections ``[T, 2*Hkv*hd]`` of context rows ``x [T, H]``: the merged weight's last rows
@@ -248,14 +236,15 @@ class DFlashAttention(nn.Module):
         bias = self.qkv_proj.bias
         return linear(x, self.qkv_proj.weight[q_out:], None if bias is None else bias[q_out:])
 
-    def forward(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rope: RotaryEmbedding,
-                bias: torch.Tensor, cs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
+                cs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """``x [bs, H]`` with the rotary angles ``cs`` of its positions; ``keys``/``values [W+bs, Hkv, hd]`` (fp32)
         whose last ``bs`` rows are scratch for this block's own K/V; ``bias``: see
         :mod:`edgespec.kernels.block_attention`."""
         T, nh, nkv = x.shape[0], self.n_heads, self.n_kv
         heads = self.qkv_proj(x).view(T, nh + 2 * nkv, self.hd)
-        qk = rope(_head_rms_norm(heads, nh + nkv, self.qk_norm_weight, self.unit_norm_weight, self.eps), cs)
+        # q_norm / k_norm (w * x̂, rounded as RMSNorm rounds) and RoPE of the q and k heads in one launch.
+        qk = head_norm_rope(heads, nh + nkv, self.qk_norm_weight, *cs, self.eps)
         attn = block_attention(qk[:, :nh], qk[:, nh:], heads[:, nh + nkv:], keys, values, bias, self.scale)
         return self.o_proj(attn)
 
@@ -337,9 +326,8 @@ class DFlashProposer(Proposer):
         # the drafter dtype before they get here, which is what lets the CUDA kernel narrow them back exactly.
         self.window = FeatureWindow(window_size, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_key_value_heads,
                                     cfg.head_dim, torch.float32, device, scratch_rows=cfg.block_size)
-        # Every layer's k_norm weight, so one _head_rms_norm serves the context keys of all layers.
+        # Every layer's k_norm weight, so one head_norm_rope serves the context keys of all layers.
         self._context_k_norm = torch.stack([layer.self_attn.k_norm.weight for layer in drafter.layers])[:, None, None]
-        self._unit_norm = torch.ones(cfg.head_dim, dtype=dtype, device=device)
         self._block_ids = torch.full((cfg.block_size,), cfg.mask_token_id, dtype=torch.long, device=device)
         self._block_offsets = torch.arange(cfg.block_size, device=device)
         self._embed_weight = (drafter.embed_tokens if drafter.embed_tokens is not None
@@ -362,6 +350,10 @@ class DFlashProposer(Proposer):
         self._append_pos = torch.zeros(1, dtype=torch.long, device=device)
         self._append_in: dict[int, torch.Tensor] = {}                # row count -> static taps input
         self._append_graphs: dict[int, torch.cuda.CUDAGraph] = {}    # row count -> captured append
+        # Graph mode: a commit stages its rows (taps copied to the static input, position set) and the next propose
+        # replays the append right before the block, so a cycle's drafter work is one burst of device work in one
+        # stage. At most one append is pending: staging another flushes the first (runs of plain decode steps).
+        self._pending_rows = 0
 
     @property
     def window_size(self) -> int:
@@ -378,6 +370,7 @@ class DFlashProposer(Proposer):
         self.window.reset()
         self.history = []
         self._last_scores = None
+        self._pending_rows = 0
 
     @torch.inference_mode()
     def begin(self, prompt_ids: Sequence[int], prefill: ForwardOutput) -> None:
@@ -431,6 +424,7 @@ class DFlashProposer(Proposer):
     def block_hidden(self, anchor: int) -> torch.Tensor:
         """Final-normed hidden states ``[bs, H]`` of the block ``[anchor, MASK x (bs-1)]`` at positions
         ``end .. end+bs-1`` attending to the cached window (row 0 is the anchor; rows 1.. give the drafts)."""
+        self.flush_append()
         self._block_ids[0] = anchor
         return self._block_forward(self.window.end, None)
 
@@ -449,7 +443,7 @@ class DFlashProposer(Proposer):
             else:
                 h, x = layer.input_layernorm.add_forward(delta, h)
             bias = biases[(layer.causal, layer.sliding_window)]
-            attn = layer.self_attn(x, keys[i], values[i], self.rope, bias, cs)
+            attn = layer.self_attn(x, keys[i], values[i], bias, cs)
             h, y = layer.post_attention_layernorm.add_forward(attn, h)
             delta = layer.mlp(y)
         return self.drafter.norm.add_forward(delta, h)[1]
@@ -458,9 +452,10 @@ class DFlashProposer(Proposer):
     def _static_draft(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Graph body: all ``bs-1`` draft scores (head dtype) and tokens of the block at the device position."""
         scores = self._head(self._block_forward(0, self._pos)[1:])
-        return scores, scores.argmax(-1)
+        return scores, row_argmax(scores)
 
     def _run_static(self, anchor: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.flush_append()
         self._block_ids[0] = anchor      # host -> device writes, no sync
         self._pos.fill_(self.window.end)
         if self.target.device.type != "cuda":
@@ -478,10 +473,13 @@ class DFlashProposer(Proposer):
     def _append_body(self, rows: int) -> None:
         """Graph body of an append of ``rows`` tap rows from the static input at the device position."""
         feats, keys, values = self._context_kv(self._append_in[rows], 0, self._append_pos)
-        positions = self._append_pos + torch.arange(rows, device=feats.device)
-        self.window.write(positions, feats, keys, values)
+        self.window.write_at(self._append_pos, feats, keys, values)
 
     def _append_static(self, taps: torch.Tensor, start: int) -> None:
+        """Stage an append of ``taps`` rows at ``start``: copy them into the static input now (the forward that
+        produced them may be overwritten before the append runs) and leave the append itself to
+        :meth:`flush_append`. The host bookkeeping of the window advances at once."""
+        self.flush_append()
         rows = taps.shape[0]
         self.window.check_next(start)
         buf = self._append_in.get(rows)
@@ -489,16 +487,24 @@ class DFlashProposer(Proposer):
             buf = self._append_in[rows] = torch.empty_like(taps)
         buf.copy_(taps)
         self._append_pos.fill_(start)
+        self._pending_rows = rows
+        self.window.advance(start, rows)
+
+    def flush_append(self) -> None:
+        """Run the staged append, if any (graph mode), so the window's device buffers hold every committed row.
+        ``propose`` calls it before the block forward; anything else reading the window buffers must too."""
+        rows, self._pending_rows = self._pending_rows, 0
+        if rows == 0:
+            return
         if self.target.device.type != "cuda":
             self._append_body(rows)
-        else:
-            graph = self._append_graphs.get(rows)
-            if graph is None:
-                # Warm-up runs write exactly the rows this append writes (same input, same position), so
-                # capturing on first use is harmless; the replay below writes them once more.
-                graph = self._append_graphs[rows] = _capture(lambda: self._append_body(rows))[0]
-            graph.replay()
-        self.window.advance(start, rows)
+            return
+        graph = self._append_graphs.get(rows)
+        if graph is None:
+            # Warm-up runs write exactly the rows this append writes (same input, same position), so capturing
+            # on first use is harmless; the replay below writes them once more.
+            graph = self._append_graphs[rows] = _capture(lambda: self._append_body(rows))[0]
+        graph.replay()
 
     def _attn_biases(self, start: int, pos_t: torch.Tensor | None = None
                      ) -> dict[tuple[bool, int | None], torch.Tensor]:
@@ -534,6 +540,7 @@ class DFlashProposer(Proposer):
         if self.cuda_graphs and taps.shape[0] <= min(W, self.block_size):   # a cycle's rows (not the seed)
             self._append_static(taps, start)
             return
+        self.flush_append()            # appends land in order
         if taps.shape[0] > W:          # only the newest W survive the append: skip computing the rest
             start += taps.shape[0] - W
             taps = taps[-W:]
@@ -551,7 +558,7 @@ class DFlashProposer(Proposer):
         cs = self.rope.angles(start, T, pos_t, feats.dtype)
         kv = torch.stack([layer.self_attn.context_kv(feats) for layer in self.drafter.layers])
         kv = kv.view(len(self.drafter.layers), T, 2 * nkv, self.cfg.head_dim)
-        keys = self.rope(_head_rms_norm(kv, nkv, self._context_k_norm, self._unit_norm, self.cfg.rms_norm_eps), cs)
+        keys = head_norm_rope(kv, nkv, self._context_k_norm, *cs, self.cfg.rms_norm_eps)
         return feats, keys, kv[:, :, nkv:]
 
     def _require_taps(self, out: ForwardOutput, rows: int, what: str) -> torch.Tensor:

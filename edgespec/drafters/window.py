@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from edgespec.kernels.window_write import window_write
+
 
 class FeatureWindow:
     """Ring buffer of the last ``capacity`` context features and their per-layer K/V, keyed by absolute position.
@@ -76,6 +78,12 @@ class FeatureWindow:
         self.keys.index_copy_(1, slots, keys.to(self.keys.dtype))
         self.values.index_copy_(1, slots, values.to(self.values.dtype))
         self.positions.index_copy_(0, slots, positions)
+
+    def write_at(self, start_t: torch.Tensor, features: torch.Tensor, keys: torch.Tensor,
+                 values: torch.Tensor) -> None:
+        """Device part, start on the device: store rows of positions ``start_t[0] .. + r - 1`` (one launch on
+        CUDA, :func:`~edgespec.kernels.window_write.window_write`)."""
+        window_write(start_t, features, keys, values, self.features, self.keys, self.values, self.positions)
 
     def advance(self, start: int, rows: int) -> None:
         """Host part: account for ``rows`` positions appended at ``start``."""

@@ -128,6 +128,10 @@ class SpecSession:
 
         draft_len = DraftLength(k, self.adaptive_k)
         emitted: list[int] = []
+        # The proposer's commit of a cycle runs at the start of the next cycle's draft stage, right before its
+        # propose (and before any other forward, as the commit contract needs): one burst of drafter work per cycle
+        # (the window append, then the block) instead of two stages around the emit.
+        pending: tuple | None = None
         finish = self._emit([first], emitted, max_tokens, stop_set, on_tokens, constraint, policy)
         while finish is None:
             if cancelled is not None and cancelled():
@@ -139,9 +143,12 @@ class SpecSession:
                 break
             last = emitted[-1]
             draft = None
-            if proposer is not None and room > 0:
+            if proposer is not None and (room > 0 or pending is not None):
                 with tel.stage("draft"):
-                    draft = proposer.propose(last, room)
+                    if pending is not None:
+                        proposer.commit(*pending)
+                        pending = None
+                    draft = proposer.propose(last, room) if room > 0 else None
                     if draft is not None:
                         tokens = draft.tokens[:room]
                         if constraint is not None:
@@ -176,10 +183,13 @@ class SpecSession:
             tel.record_cycle(drafted, verdict.accepted)
             draft_len.update(drafted, verdict.accepted)
             if proposer is not None:
-                with tel.stage("draft"):
-                    proposer.commit(verdict.tokens, verdict.accepted, fwd, drafted)
+                pending = (verdict.tokens, verdict.accepted, fwd, drafted)
             with tel.stage("other"):
                 finish = self._emit(verdict.tokens, emitted, max_tokens, stop_set, on_tokens, constraint, policy)
+        if pending is not None:
+            # The last cycle's commit, so the proposer ends in step with the cache (as after every cycle).
+            with tel.stage("draft"):
+                proposer.commit(*pending)
         tel.decode_ms = (time.perf_counter() - t_first) * 1000.0
         tel.generated_tokens = len(emitted)
         return GenerationResult(emitted, finish, tel)
