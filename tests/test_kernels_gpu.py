@@ -588,14 +588,14 @@ def test_qk_norm_rope_write_rejects_bad_inputs() -> None:
 
 # ------------------------------------------------------------------------------- FP8-KV attention configs
 
-def _fp8_sweep_configs(T: int, group: int) -> list[dict]:
-    """The launch configurations ``tools/kernel_bench.py --fp8-sweep`` times (one list for bench and test)."""
+def _kernel_bench():
+    """``tools/kernel_bench.py`` as a module (one list of sweep configurations for bench and test)."""
     from pathlib import Path
     path = Path(__file__).resolve().parents[1] / "tools" / "kernel_bench.py"
     spec = importlib.util.spec_from_file_location("_kernel_bench_for_tests", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.fp8_sweep_configs(T, group)
+    return mod
 
 
 @pytest.mark.parametrize("n_q,n_kv", [(24, 4), (16, 4)])                 # Qwen3.5-27B / -4B heads, hd 256
@@ -608,7 +608,8 @@ def test_fp8_attention_sweep_configs(n_q: int, n_kv: int, T: int, start: int) ->
     cache = make_cache(start + T + 40, n_kv, hd, start + T, torch.bfloat16, True)
     q = torch.randn(T, n_q, hd, device=DEV, dtype=torch.bfloat16)
     ref = attention_oracle(q, cache, start, hd ** -0.5)
-    for cfg in _fp8_sweep_configs(T, n_q // n_kv):
+    bench = _kernel_bench()
+    for cfg in bench.fp8_sweep_configs(T, n_q // n_kv):
         for extra in ({}, {"n_splits": 1}, {"n_splits": 7}):
             poison_allocator()
             out = cached_attention_triton(q, cache, start, hd ** -0.5, config={**cfg, **extra})

@@ -275,7 +275,18 @@ def fp8_sweep_configs(T: int, group: int) -> list[dict[str, Any]]:
             {"BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "waves": 3},
             {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "waves": 1},
             {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "waves": 2},
-            {"waves": 6},                                                        # twice the splits
+            {"waves": 6},                                                        # more splits
+            # Round 5 (docs/measurements/fp8_sweep_h200_round5.txt): narrow programs, many of them. 2 warps on
+            # 32-key tiles at 4 programs per SM won (now the default); 1 warp, more programs per SM (register file
+            # full), 4 stages (shared memory) and register caps (maxnreg: spills) all lost.
+            {"BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "waves": 4},
+            {"BLOCK_N": 32, "num_warps": 2, "num_stages": 3, "waves": 3},
+            {"BLOCK_N": 32, "num_warps": 2, "num_stages": 3, "waves": 6},
+            {"BLOCK_N": 32, "num_warps": 2, "num_stages": 3, "waves": 4, "OPAQUE_CVT": 1},
+            {"BLOCK_N": 32, "num_warps": 2, "num_stages": 2, "waves": 4},
+            {"BLOCK_N": 16, "num_warps": 2, "num_stages": 4, "waves": 6},
+            {"BLOCK_N": 16, "num_warps": 1, "num_stages": 4, "waves": 8},
+            {"BLOCK_N": 32, "num_warps": 2, "num_stages": 3, "waves": 5, "maxnreg": 168},
         ]
     return [                                                 # verify: natural row blocks of 64-128, wgmma
         {},
@@ -323,13 +334,14 @@ def sweep_fp8_attention(budget_s: float) -> list[dict[str, Any]]:
         default_us = float("nan")
         for i, cfg in enumerate(fp8_sweep_configs(T, n_q // n_kv)):
             full = attention_launch_config(T, n_q, n_kv, hd, ctx, sm_count(q.device), 1, 2, overrides=cfg)
-            ident = (*(full[k] for k in LAUNCH_KEYS if k != "waves"), cfg.get("OPAQUE_CVT", 1),
-                     cfg.get("V_SCALE", "tile"))
+            opaque = cfg.get("OPAQUE_CVT", full.get("OPAQUE_CVT", 1))      # the policy's own when not swept
+            ident = (*(full.get(k) for k in LAUNCH_KEYS if k != "waves"), opaque, cfg.get("V_SCALE", "tile"))
             if ident in seen:                                # e.g. BLOCK_M 64 is the 4B verify default
                 continue
             seen.add(ident)
             shown = {**{k: full[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "n_splits")},
-                     "OPAQUE_CVT": cfg.get("OPAQUE_CVT", 1), "V_SCALE": cfg.get("V_SCALE", "tile")}
+                     "OPAQUE_CVT": opaque, "V_SCALE": cfg.get("V_SCALE", "tile"),
+                     **({"maxnreg": full["maxnreg"]} if full.get("maxnreg") else {})}
             tag = "default" if i == 0 else ("old default" if i == 1 else f"#{i}")
             row: dict[str, Any] = {"model": name, "ctx": ctx, "T": T, "tag": tag, "bf16_default_us": bf16_us,
                                    **shown}

@@ -29,8 +29,10 @@ tiles are read as 16-byte vectors, converted once, stored as fp16 and fed by ldm
 ~35 per key for twice the bytes). Fewer instructions did not mean less time, though: timed on an H200
 (``tools/kernel_bench.py --fp8-sweep``, 27B heads, 32k keys) the OPAQUE_CVT decode configurations ran 45-58 us and
 the compiler-placed conversion with 64-key tiles 34.0 us (bf16 cache 45.1 us: 1.33x), so decode keeps the latter
-with the per-tile V-scale fold (35.0 us with every V element scaled). At T=16 the OPAQUE_CVT form with 32-key tiles
-was the fastest FP8 form measured (120 us) but still slower than the bf16 cache (61 us): FP8 KV pays at decode only.
+with the per-tile V-scale fold (35.0 us with every V element scaled). Round 5 found the program shape mattered more
+than the conversion: 2 warps on 32-key tiles, 4 programs per SM, 30.8 us (1.48x; see ``FP8_LAUNCH``).
+At T=16 the OPAQUE_CVT form with 32-key tiles was the fastest FP8 form measured (120 us) but still slower than the
+bf16 cache (61 us): FP8 KV pays at decode only.
 (Pipelining needs ``num_stages`` >= 3: with 2 the next tile's copy is issued only after the current tile's dots.)
 
 Nothing about the position is compiled in: ``start`` is a plain runtime argument (not specialised), or is read
@@ -220,9 +222,12 @@ def _attn_combine_kernel(
 # hd 256; with 64-key tiles only one does). Any key may be overridden per call (``config=``), and so may
 # ``OPAQUE_CVT`` and ``V_SCALE`` (see ``cached_attention_triton``).
 FP8_LAUNCH: dict[str, dict[str, int]] = {
-    # Decode: measured best of the sweep (tools/kernel_bench.py --fp8-sweep, H200, hd 256, 32k keys: 34.0 us vs
-    # 45.1 us bf16 = 1.33x; 4k keys 1.15x): 64-key tiles, compiler-placed conversion, per-tile V scale fold.
-    "decode": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "waves": 2, "OPAQUE_CVT": 0},
+    # Decode: measured best of the sweep (tools/kernel_bench.py --fp8-sweep, H200, 27B heads, hd 256, 32k keys):
+    # narrow programs, many of them: 2 warps on 32-key tiles, 4 programs per SM (30.8 us vs 45.5 us bf16 = 1.48x;
+    # round 4's 4 warps on 64-key tiles, 2 per SM: 33.3 us). With one or two warps splitting a 16-row block the
+    # per-tile softmax and the P exchange between warps shrink; one warp was slower (48.8-93.5 us), and more than
+    # 4 programs per SM too. Compiler-placed conversion (OPAQUE_CVT 0: same time, less shared memory).
+    "decode": {"BLOCK_N": 32, "num_warps": 2, "num_stages": 3, "waves": 4, "OPAQUE_CVT": 0},
     # 32-key tiles: 64-key ones spill registers with 128 rows (ptxas: ~160 spill instructions per tile). Two
     # programs per SM where they fit (64-row blocks: 96 KB each at hd 256; 128-row ones fit once).
     "verify": {"BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "waves": 2},
@@ -230,8 +235,9 @@ FP8_LAUNCH: dict[str, dict[str, int]] = {
 # Largest model-dtype K+V of one layer (bytes, over the rows the grid is sized for) run with 16-row blocks whatever
 # T is (see attention_launch_config); the largest size measured to gain.
 SHORT_KV_BYTES = 8 << 20
-# Keys a caller may override (``config=``); ``n_splits`` given outright wins over the waves rule.
-LAUNCH_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "waves", "n_splits")
+# Keys a caller may override (``config=``); ``n_splits`` given outright wins over the waves rule; ``maxnreg`` caps
+# the registers per thread (absent: the compiler's choice), so more programs fit an SM's register file.
+LAUNCH_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "waves", "n_splits", "maxnreg")
 
 
 def fp8_smem_bytes(block_m: int, block_n: int, head_dim: int, num_stages: int, opaque: bool = True) -> int:
@@ -378,6 +384,7 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
         IS_FP8=cache.fp8, START_FROM_PTR=start_t is not None, DOT_IEEE=q.dtype == torch.float32,
         V_SCALE=v_scale, FP16_DOT=fp16_dot, OPAQUE_CVT=opaque, PDL=bool(pdl),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl,
+        **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
     )
     splits_p2 = max(2, triton.next_power_of_2(n_splits))
     block_d = max(16, min(hd, 8192 // splits_p2))          # keep the [splits, BLOCK_D] tile at <= 8k floats
