@@ -386,15 +386,23 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl,
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
     )
-    splits_p2 = max(2, triton.next_power_of_2(n_splits))
+    merge_splits(o_part, lse_part, out, pdl)
+    return out
+
+
+def merge_splits(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, pdl: dict) -> None:
+    """Second launch of a split attention: merge the normalised partials ``o_part [splits, T, Hq, hd]`` (float32)
+    by their log2-sum-exps ``lse_part [splits, T, Hq]`` into ``out [T, Hq, hd]``. ``pdl``: the launch options of
+    :func:`~edgespec.kernels.triton_pdl.pdl_launch` (empty: an ordinary launch)."""
+    splits, T, n_q, hd = o_part.shape
+    splits_p2 = max(2, triton.next_power_of_2(splits))
     block_d = max(16, min(hd, 8192 // splits_p2))          # keep the [splits, BLOCK_D] tile at <= 8k floats
     _attn_combine_kernel[(T * n_q, hd // block_d)](
-        o_part, lse_part, out, n_splits, n_q,
+        o_part, lse_part, out, splits, n_q,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
         out.stride(0), out.stride(1),
         BLOCK_D=block_d, SPLITS_P2=splits_p2, PDL=bool(pdl), num_warps=4, **pdl,
     )
-    return out
 
 
 def attention_bytes(T: int, n_q: int, n_kv: int, hd: int, key_len: int, fp8: bool, q_bytes: int = 2) -> int:

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from edgespec.kernels import sm_count
-from edgespec.kernels.triton_attention import _NEG_BIG, _attn_combine_kernel
+from edgespec.kernels.triton_attention import _NEG_BIG, merge_splits
 
 # Keys a caller may override through ``config=`` (benchmarking); the split count has its own argument.
 LAUNCH_KEYS = ("BLOCK_N", "num_warps", "num_stages")
@@ -183,12 +183,4 @@ def block_attention_triton(q: torch.Tensor, k_block: torch.Tensor, v_block: torc
 def _merge_splits(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor) -> None:
     """Second launch: the cached attention's combine kernel (no PDL: the split kernel above does not wait on a
     grid dependency, so neither side may take part in a PDL chain)."""
-    splits, T, Hq, hd = o_part.shape
-    splits_p2 = max(2, triton.next_power_of_2(splits))
-    block_d = max(16, min(hd, 8192 // splits_p2))          # keep the [splits, BLOCK_D] tile at <= 8k floats
-    _attn_combine_kernel[(T * Hq, hd // block_d)](
-        o_part, lse_part, out, splits, Hq,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
-        out.stride(0), out.stride(1),
-        BLOCK_D=block_d, SPLITS_P2=splits_p2, PDL=False, num_warps=4,
-    )
+    merge_splits(o_part, lse_part, out, {})

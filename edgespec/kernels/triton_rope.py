@@ -45,6 +45,21 @@ _MIN_SCALE = 1e-12  # edgespec.cache.kv._MIN_SCALE
 
 
 @triton.jit
+def _rope_lanes(cos_ptr, sin_ptr, t, stride_cos, stride_sin, HD: tl.constexpr, ROT: tl.constexpr,
+                BLOCK_D: tl.constexpr):
+    """Channel lanes of one head row and row t's rotary angles: ``d``, its masks (in the head, rotated, first
+    half), each channel's rotate-half partner, and ``cos``/``sin`` in float32 (0 past the rotary dims)."""
+    d = tl.arange(0, BLOCK_D)
+    dm = d < HD
+    in_rot = d < ROT
+    first_half = d < ROT // 2
+    partner = tl.where(first_half, d + ROT // 2, tl.where(in_rot, d - ROT // 2, d))
+    cos = tl.load(cos_ptr + t * stride_cos + d, mask=in_rot, other=0.0).to(tl.float32)
+    sin = tl.load(sin_ptr + t * stride_sin + d, mask=in_rot, other=0.0).to(tl.float32)
+    return d, dm, in_rot, first_half, partner, cos, sin
+
+
+@triton.jit
 def _norm_rope_row(base, w_ptr, d, partner, dm, in_rot, first_half, cos, sin, eps,
                    HD: tl.constexpr, HAS_NORM: tl.constexpr, ZERO_CENTRED: tl.constexpr):
     """One head's row ``base[0 .. HD)`` normed and rotated, in the activation dtype (masked lanes give 0)."""
@@ -102,13 +117,8 @@ def _qk_norm_rope_write_kernel(
     pdl_enter(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
-    d = tl.arange(0, BLOCK_D)
-    dm = d < HD
-    in_rot = d < ROT
-    first_half = d < ROT // 2
-    partner = tl.where(first_half, d + ROT // 2, tl.where(in_rot, d - ROT // 2, d))
-    cos = tl.load(cos_ptr + t * stride_cos + d, mask=in_rot, other=0.0).to(tl.float32)
-    sin = tl.load(sin_ptr + t * stride_sin + d, mask=in_rot, other=0.0).to(tl.float32)
+    d, dm, in_rot, first_half, partner, cos, sin = _rope_lanes(cos_ptr, sin_ptr, t, stride_cos, stride_sin,
+                                                               HD, ROT, BLOCK_D)
     row = qkv_ptr + t * stride_x
     if h < N_Q:
         y = _norm_rope_row(row + h * Q_HEAD_STRIDE, qw_ptr, d, partner, dm, in_rot, first_half, cos, sin, eps,
@@ -231,13 +241,8 @@ def _head_norm_rope_kernel(
     t = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)       # a leading index (drafter layer) times its stride may pass 2**31
-    d = tl.arange(0, BLOCK_D)
-    dm = d < HD
-    in_rot = d < ROT
-    first_half = d < ROT // 2
-    partner = tl.where(first_half, d + ROT // 2, tl.where(in_rot, d - ROT // 2, d))
-    cos = tl.load(cos_ptr + t * stride_cos + d, mask=in_rot, other=0.0).to(tl.float32)
-    sin = tl.load(sin_ptr + t * stride_sin + d, mask=in_rot, other=0.0).to(tl.float32)
+    d, dm, in_rot, first_half, partner, cos, sin = _rope_lanes(cos_ptr, sin_ptr, t, stride_cos, stride_sin,
+                                                               HD, ROT, BLOCK_D)
     row = x_ptr + b * stride_xb + t * stride_xt + h * stride_xh
     # Broadcast weight dims come with stride 0, so every (b, h) finds its own weight row.
     y = _norm_rope_row(row, w_ptr + b * stride_wb + h * stride_wh, d, partner, dm, in_rot, first_half, cos, sin,
