@@ -350,10 +350,6 @@ class DFlashProposer(Proposer):
         self._append_pos = torch.zeros(1, dtype=torch.long, device=device)
         self._append_in: dict[int, torch.Tensor] = {}                # row count -> static taps input
         self._append_graphs: dict[int, torch.cuda.CUDAGraph] = {}    # row count -> captured append
-        # Graph mode: a commit stages its rows (taps copied to the static input, position set) and the next propose
-        # replays the append right before the block, so a cycle's drafter work is one burst of device work in one
-        # stage. At most one append is pending: staging another flushes the first (runs of plain decode steps).
-        self._pending_rows = 0
 
     @property
     def window_size(self) -> int:
@@ -370,7 +366,6 @@ class DFlashProposer(Proposer):
         self.window.reset()
         self.history = []
         self._last_scores = None
-        self._pending_rows = 0
 
     @torch.inference_mode()
     def begin(self, prompt_ids: Sequence[int], prefill: ForwardOutput) -> None:
@@ -424,7 +419,6 @@ class DFlashProposer(Proposer):
     def block_hidden(self, anchor: int) -> torch.Tensor:
         """Final-normed hidden states ``[bs, H]`` of the block ``[anchor, MASK x (bs-1)]`` at positions
         ``end .. end+bs-1`` attending to the cached window (row 0 is the anchor; rows 1.. give the drafts)."""
-        self.flush_append()
         self._block_ids[0] = anchor
         return self._block_forward(self.window.end, None)
 
@@ -455,7 +449,6 @@ class DFlashProposer(Proposer):
         return scores, row_argmax(scores)
 
     def _run_static(self, anchor: int) -> tuple[torch.Tensor, torch.Tensor]:
-        self.flush_append()
         self._block_ids[0] = anchor      # host -> device writes, no sync
         self._pos.fill_(self.window.end)
         if self.target.device.type != "cuda":
@@ -476,10 +469,6 @@ class DFlashProposer(Proposer):
         self.window.write_at(self._append_pos, feats, keys, values)
 
     def _append_static(self, taps: torch.Tensor, start: int) -> None:
-        """Stage an append of ``taps`` rows at ``start``: copy them into the static input now (the forward that
-        produced them may be overwritten before the append runs) and leave the append itself to
-        :meth:`flush_append`. The host bookkeeping of the window advances at once."""
-        self.flush_append()
         rows = taps.shape[0]
         self.window.check_next(start)
         buf = self._append_in.get(rows)
@@ -487,24 +476,18 @@ class DFlashProposer(Proposer):
             buf = self._append_in[rows] = torch.empty_like(taps)
         buf.copy_(taps)
         self._append_pos.fill_(start)
-        self._pending_rows = rows
-        self.window.advance(start, rows)
-
-    def flush_append(self) -> None:
-        """Run the staged append, if any (graph mode), so the window's device buffers hold every committed row.
-        ``propose`` calls it before the block forward; anything else reading the window buffers must too."""
-        rows, self._pending_rows = self._pending_rows, 0
-        if rows == 0:
-            return
         if self.target.device.type != "cuda":
             self._append_body(rows)
-            return
-        graph = self._append_graphs.get(rows)
-        if graph is None:
-            # Warm-up runs write exactly the rows this append writes (same input, same position), so capturing
-            # on first use is harmless; the replay below writes them once more.
-            graph = self._append_graphs[rows] = _capture(lambda: self._append_body(rows))[0]
-        graph.replay()
+        else:
+            graph = self._append_graphs.get(rows)
+            if graph is None:
+                # Warm-up runs write exactly the rows this append writes (same input, same position), so
+                # capturing on first use is harmless; the replay below writes them once more.
+                graph = self._append_graphs[rows] = _capture(lambda: self._append_body(rows))[0]
+            # Replayed at once: the session commits at the start of the draft stage, so the device runs the
+            # append while the host prepares the propose.
+            graph.replay()
+        self.window.advance(start, rows)
 
     def _attn_biases(self, start: int, pos_t: torch.Tensor | None = None
                      ) -> dict[tuple[bool, int | None], torch.Tensor]:
@@ -540,7 +523,6 @@ class DFlashProposer(Proposer):
         if self.cuda_graphs and taps.shape[0] <= min(W, self.block_size):   # a cycle's rows (not the seed)
             self._append_static(taps, start)
             return
-        self.flush_append()            # appends land in order
         if taps.shape[0] > W:          # only the newest W survive the append: skip computing the rest
             start += taps.shape[0] - W
             taps = taps[-W:]
