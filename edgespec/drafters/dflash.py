@@ -449,7 +449,9 @@ class DFlashProposer(Proposer):
         return scores, row_argmax(scores)
 
     def _run_static(self, anchor: int) -> tuple[torch.Tensor, torch.Tensor]:
-        self._block_ids[0] = anchor      # host -> device writes, no sync
+        # Host -> device writes, no sync. A fill of a one-element view: item assignment (``ids[0] = anchor``) goes
+        # through torch's indexing machinery, tens of microseconds of host time in front of the block's launch.
+        self._block_ids[:1].fill_(anchor)
         self._pos.fill_(self.window.end)
         if self.target.device.type != "cuda":
             return self._static_draft()  # CPU: the same device-position path, eagerly (tests cover it)
