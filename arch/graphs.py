@@ -13,13 +13,29 @@ the same graph, so a greedy accept stage is one copy of ``rows + 1`` integers in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from edgespec.cache.model_cache import ModelCache
 from edgespec.kernels.argmax import greedy_verdict
 from edgespec.models.decoder import ForwardOutput, TargetModel
+
+
+def capture_graph(body: Callable[[], Any], warmups: int = 2) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """Run ``body`` ``warmups`` times on a side stream (Triton compiles, cuBLAS picks algorithms), then capture it
+    as a CUDA graph. Returns the graph and what the captured call returned (its static output buffers)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmups):
+            body()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = body()
+    return graph, out
 
 
 class StaticForward:
@@ -44,17 +60,8 @@ class StaticForward:
         return out
 
     def _capture(self) -> None:
-        # Warm up on a side stream (Triton compiles, cuBLAS picks algorithms), then capture. The warm-up writes
-        # cache rows at position 0: callers capture before serving and reset the cache afterwards.
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._forward()
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = self._forward()
+        # The warm-up writes cache rows at position 0: callers capture before serving and reset the cache afterwards.
+        self.graph, self.out = capture_graph(self._forward)
 
     def run(self, tokens: torch.Tensor, cache: ModelCache) -> ForwardOutput:
         """Forward ``tokens`` (exactly ``rows`` of them) at ``cache.length``; advances the cache."""

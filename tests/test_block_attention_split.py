@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from edgespec.arch.graphs import capture_graph
 from edgespec.kernels.block_attention import block_attention_ref
 
 triton = pytest.importorskip("triton")
@@ -91,14 +92,7 @@ def test_split_block_attention_replays_in_a_cuda_graph():
     q, k_block, v_block, keys, values = _inputs(T, Hq, Hkv, hd, W)
     bias = next(_drafter_biases(T, W, Hq // Hkv, window, "cuda"))[1]
     run = lambda: block_attention_triton(q, k_block, v_block, keys, values, bias, hd ** -0.5)  # noqa: E731
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()                                                   # compile outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run()
+    graph, out = capture_graph(run, warmups=1)                  # compile outside the capture
     q.copy_(torch.randn_like(q))
     graph.replay()
     torch.cuda.synchronize()

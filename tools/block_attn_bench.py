@@ -22,6 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from edgespec.arch.graphs import capture_graph  # noqa: E402
+from edgespec.bench.gpu import time_cuda  # noqa: E402
 from edgespec.kernels import sm_count  # noqa: E402
 from edgespec.kernels.block_attention import block_attention_ref  # noqa: E402
 
@@ -43,29 +45,13 @@ def make_inputs() -> tuple[torch.Tensor, ...]:
 
 
 def time_eager(fn: Callable[[], object], iters: int, warmup: int = 20) -> float:
-    """Microseconds per call, CUDA events around ``iters`` back-to-back calls."""
-    for _ in range(warmup):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / iters
+    """Microseconds per call, CUDA events around ``iters`` back-to-back calls after ``warmup`` ones."""
+    return time_cuda(fn, iters=iters, warmup=warmup, repeats=1) * 1e3
 
 
 def time_graph(fn: Callable[[], object], iters: int, calls_per_graph: int = 20) -> float:
     """Microseconds per call, replaying a CUDA graph of ``calls_per_graph`` calls (no host launch overhead)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()                                        # compile outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls_per_graph):
-            fn()
+    graph, _ = capture_graph(lambda: [fn() for _ in range(calls_per_graph)], warmups=1)   # compiles outside
     replays = max(1, iters // calls_per_graph)
     return time_eager(graph.replay, replays, warmup=3) / calls_per_graph
 

@@ -32,7 +32,7 @@ queries against ``W + bs`` keys per layer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from edgespec.arch.graphs import capture_graph
 from edgespec.config import Settings
 from edgespec.drafters.base import Draft, Proposer
 from edgespec.drafters.window import FeatureWindow
@@ -463,7 +464,7 @@ class DFlashProposer(Proposer):
     def _capture(self) -> None:
         # The block forward writes only the scratch K/V rows, so warming up and capturing mid-request leave the
         # window untouched.
-        self._graph, self._static_out = _capture(self._static_draft)
+        self._graph, self._static_out = capture_graph(self._static_draft)
 
     def _append_body(self, rows: int) -> None:
         """Graph body of an append of ``rows`` tap rows from the static input at the device position."""
@@ -485,7 +486,7 @@ class DFlashProposer(Proposer):
             if graph is None:
                 # Warm-up runs write exactly the rows this append writes (same input, same position), so
                 # capturing on first use is harmless; the replay below writes them once more.
-                graph = self._append_graphs[rows] = _capture(lambda: self._append_body(rows))[0]
+                graph = self._append_graphs[rows] = capture_graph(lambda: self._append_body(rows))[0]
             # Replayed at once: the session commits at the start of the draft stage, so the device runs the
             # append while the host prepares the propose.
             graph.replay()
@@ -557,21 +558,6 @@ class DFlashProposer(Proposer):
     def window_tokens(self) -> list[int]:
         """Token ids whose features the window holds, oldest first."""
         return self.history[self.window.end - self.window.length:self.window.end]
-
-
-def _capture(body: Callable[[], Any]) -> tuple[torch.cuda.CUDAGraph, Any]:
-    """Warm ``body`` up on a side stream (Triton compiles, cuBLAS picks algorithms), then capture it as a CUDA
-    graph. Returns the graph and what the captured call returned (its static output buffers)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            body()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = body()
-    return graph, out
 
 
 # ---- loading --------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from edgespec.kernels.window_write import window_write
+from edgespec.kernels.window_write import window_store_ref, window_write
 
 
 class FeatureWindow:
@@ -73,11 +73,7 @@ class FeatureWindow:
     def write(self, positions: torch.Tensor, features: torch.Tensor, keys: torch.Tensor,
               values: torch.Tensor) -> None:
         """Device part: store rows of (at most ``capacity`` distinct, contiguous) ``positions [r]``."""
-        slots = positions % self.capacity
-        self.features.index_copy_(0, slots, features.to(self.features.dtype))
-        self.keys.index_copy_(1, slots, keys.to(self.keys.dtype))
-        self.values.index_copy_(1, slots, values.to(self.values.dtype))
-        self.positions.index_copy_(0, slots, positions)
+        window_store_ref(positions, features, keys, values, self.features, self.keys, self.values, self.positions)
 
     def write_at(self, start_t: torch.Tensor, features: torch.Tensor, keys: torch.Tensor,
                  values: torch.Tensor) -> None:

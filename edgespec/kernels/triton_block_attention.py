@@ -176,11 +176,7 @@ def block_attention_triton(q: torch.Tensor, k_block: torch.Tensor, v_block: torc
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if splits > 1:
-        _merge_splits(o_part, lse_part, out)
+        # Second launch: the cached attention's merge, without PDL (the split kernel above does not wait on a grid
+        # dependency, so neither side may take part in a PDL chain).
+        merge_splits(o_part, lse_part, out, {})
     return out.view(T, Hq * hd)
-
-
-def _merge_splits(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor) -> None:
-    """Second launch: the cached attention's combine kernel (no PDL: the split kernel above does not wait on a
-    grid dependency, so neither side may take part in a PDL chain)."""
-    merge_splits(o_part, lse_part, out, {})

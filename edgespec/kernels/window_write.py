@@ -20,17 +20,25 @@ import torch
 from edgespec.kernels import use_triton
 
 
-def window_write_ref(start_t: torch.Tensor, features: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+def window_store_ref(positions: torch.Tensor, features: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                      feats_out: torch.Tensor, keys_out: torch.Tensor, values_out: torch.Tensor,
                      pos_out: torch.Tensor) -> None:
-    """The torch reference (CPU path and oracle): positions ``start_t[0] + 0 .. r-1``, slots modulo the ring."""
-    r = features.shape[0]
-    positions = start_t.view(1).to(torch.int64) + torch.arange(r, device=features.device)
+    """Store rows of the (distinct) ``positions [r]`` in slots modulo the ring: four ``index_copy_`` and their
+    casts (:meth:`~edgespec.drafters.window.FeatureWindow.write` and the reference below)."""
     slots = positions % pos_out.shape[0]
     feats_out.index_copy_(0, slots, features.to(feats_out.dtype))
     keys_out.index_copy_(1, slots, keys.to(keys_out.dtype))
     values_out.index_copy_(1, slots, values.to(values_out.dtype))
     pos_out.index_copy_(0, slots, positions)
+
+
+def window_write_ref(start_t: torch.Tensor, features: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     feats_out: torch.Tensor, keys_out: torch.Tensor, values_out: torch.Tensor,
+                     pos_out: torch.Tensor) -> None:
+    """The torch reference (CPU path and oracle): positions ``start_t[0] + 0 .. r-1``, stored by
+    :func:`window_store_ref`."""
+    positions = start_t.view(1).to(torch.int64) + torch.arange(features.shape[0], device=features.device)
+    window_store_ref(positions, features, keys, values, feats_out, keys_out, values_out, pos_out)
 
 
 def window_write(start_t: torch.Tensor, features: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
