@@ -12,10 +12,12 @@ Run from the repository root on a CUDA machine:  ``PYTHONPATH=. python3 tools/ke
    Attention covers FP8 vs bf16 KV at 1k/8k/32k context for Qwen3.5 (Hq 16/24, Hkv 4, hd 256) and Qwen3
    (Hq 32, Hkv 8, hd 128), at T=1 (decode) and T=16 (verify).
 4. ``--sweep`` also tries a few attention launch configurations at 32k and prints the best per case.
-5. ``--fp8-sweep`` times the FP8-KV attention's launch configurations (``fp8_sweep_configs``) at 32k and 4k
-   context, T=1 and T=16, Qwen3.5-27B and -4B heads, each against the bf16-KV path's default, and prints us,
-   GB/s and the speedup per configuration, then the best per case. It stops starting new cases after
-   ``--fp8-sweep-budget`` seconds (default 70). ``--skip-tests --only none --fp8-sweep`` runs it alone.
+5. ``--fp8-sweep`` times the FP8-KV attention at 32k and 4k context, T=1 and T=16 (``--fp8-sweep-rows``),
+   Qwen3.5-27B and -4B heads, each against the bf16-KV path's default: the runtime's dispatch first, then the
+   CUDA decode kernel's shapes (``CUDA_SWEEP``, T=1) and the Triton launch configurations
+   (``fp8_sweep_configs``); it prints us, GB/s and the speedup per form, then the best per case. It stops
+   starting new cases after ``--fp8-sweep-budget`` seconds (default 70). ``--skip-tests --only none
+   --fp8-sweep`` runs it alone.
 6. ``--attn-short`` times bf16 attention launches at 512 / 2048 keys, T=16 against T=1 (SmolLM2, Qwen3.5-4B and
    -27B heads), where a verify is latency-bound.
 7. ``--gdn-sweep`` times the recurrent GDN kernel's launches (dv tile, warps) at T=1 and T=16 on the
@@ -46,7 +48,7 @@ import triton  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
 from edgespec.cache.kv import KVCache  # noqa: E402
-from edgespec.kernels.attention import attention_ref  # noqa: E402
+from edgespec.kernels.attention import attention_ref, cached_attention  # noqa: E402
 from edgespec.kernels.conv import causal_conv1d_ref  # noqa: E402
 from edgespec.kernels.gdn import gdn_chunked_ref, gdn_recurrent_ref  # noqa: E402
 from edgespec.kernels.norm import gated_rms_norm_ref, rms_norm_ref  # noqa: E402
@@ -66,28 +68,45 @@ def bench_ms(fn: Callable[[], Any], quick: bool = False) -> float:
 
 
 _FLUSH: list[torch.Tensor] = []
+# How graph_us evicts L2 before each call: "write" zeroes a 256 MB buffer (L2 is left full of dirty lines, which
+# the timed kernel must write back as it reads: up to ~60 MB of extra traffic on an H200), "read" sums it (L2 is
+# left full of clean lines, as after the weight-streaming GEMVs that precede attention in a decode step).
+FLUSH_MODE = ["write"]
 
 
-def graph_us(fn: Callable[[], Any], reps: int = 10, rep_ms: int = 60) -> float:
-    """GPU microseconds per call, free of host launch overhead: ``reps`` calls, each after an L2 flush, are
-    captured in one CUDA graph and timed by replay; a graph of the flushes alone is timed and subtracted."""
+def graph_us(fn: Callable[[], Any], reps: int = 10, rep_ms: int = 60, flush_mode: str | None = None) -> float:
+    """GPU microseconds per call, free of host launch overhead: ``reps`` calls, each after an L2 flush
+    (``flush_mode``, default ``FLUSH_MODE[0]``), are captured in one CUDA graph and timed by replay; a graph of
+    the flushes alone is timed and subtracted."""
+    mode = flush_mode or FLUSH_MODE[0]
+    if mode not in ("write", "read"):
+        raise ValueError(f"flush mode {mode!r}: 'write' or 'read'")
     if not _FLUSH:
         _FLUSH.append(torch.empty(64 << 20, dtype=torch.int32, device=DEV))    # 256 MB, > L2
-    flush = _FLUSH[0]
+        _FLUSH.append(torch.zeros((), dtype=torch.int64, device=DEV))
+    flush, sink = _FLUSH
+
+    def evict() -> None:
+        if mode == "write":
+            flush.zero_()
+        else:
+            torch.sum(flush, dim=0, dtype=torch.int64, out=sink)
+
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):                          # compile and warm up outside the capture
+        evict()
         fn()
         fn()
     torch.cuda.current_stream().wait_stream(side)
     work, flush_only = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
     with torch.cuda.graph(work):
         for _ in range(reps):
-            flush.zero_()
+            evict()
             fn()
     with torch.cuda.graph(flush_only):
         for _ in range(reps):
-            flush.zero_()
+            evict()
     t_work = do_bench(work.replay, warmup=10, rep=rep_ms, return_mode="median")
     t_flush = do_bench(flush_only.replay, warmup=10, rep=rep_ms, return_mode="median")
     del work, flush_only
@@ -172,10 +191,10 @@ def bench_attention(table: Table, quick: bool) -> list[dict[str, Any]]:
                 scale = hd ** -0.5
                 times = {}
                 for fp8, cache in caches.items():
-                    out = cached_attention_triton(q, cache, start, scale)
+                    out = cached_attention(q, cache, start, scale)
                     k, v = cache.read(ctx)
                     err = rel_err(out, attention_ref(q.float(), k.float(), v.float(), start, scale))
-                    fn = partial(cached_attention_triton, q, cache, start, scale)
+                    fn = partial(cached_attention, q, cache, start, scale)       # what the runtime runs
                     gpu = graph_us(fn)
                     t = bench_ms(fn, True)
                     r = None
@@ -299,16 +318,66 @@ def fp8_sweep_configs(T: int, group: int) -> list[dict[str, Any]]:
     ]
 
 
-def sweep_fp8_attention(budget_s: float) -> list[dict[str, Any]]:
-    """``--fp8-sweep``: every ``fp8_sweep_configs`` entry per (model, context, T), graph-timed and checked against
-    the fp32 reference, with the bf16-KV default of the same case as the baseline. Cases run in order of
-    importance (32k before 4k); none is started after ``budget_s`` seconds."""
+# CUDA decode kernel shapes the sweep tries at T=1 (the first is CUDA_DECODE_LAUNCH): warps per block, ring depth,
+# blocks per SM. Shared memory per block at hd 256: 8.3 KB per warp and stage.
+CUDA_SWEEP = [
+    {},
+    {"num_warps": 4, "num_stages": 2, "waves": 3},
+    {"num_warps": 4, "num_stages": 2, "waves": 2},
+    {"num_warps": 4, "num_stages": 4, "waves": 1},
+    {"num_warps": 4, "num_stages": 3, "waves": 1},
+    {"num_warps": 8, "num_stages": 2, "waves": 1},
+    {"num_warps": 8, "num_stages": 3, "waves": 1},
+    {"num_warps": 2, "num_stages": 3, "waves": 4},
+    {"num_warps": 2, "num_stages": 4, "waves": 3},
+    {"num_warps": 4, "num_stages": 3, "waves": 4},
+]
+
+
+def _fp8_candidates(q: torch.Tensor, cache: KVCache, start: int, scale: float, n_q: int, n_kv: int, hd: int,
+                    ctx: int) -> list[tuple[str, Callable[[], Any], dict[str, Any]]]:
+    """(tag, call, shown launch) of every FP8 form the sweep times for this case: the runtime's own dispatch
+    first, then the CUDA decode kernel's shapes (T=1, where it builds), then the Triton launch configurations."""
     from edgespec.kernels import sm_count
+    from edgespec.kernels.attention import cached_attention
+    from edgespec.kernels.cuda_attention import cuda_decode_supported, decode_launch_config, fp8_decode_attention_cuda
     from edgespec.kernels.triton_attention import LAUNCH_KEYS, attention_launch_config
+    T = q.shape[0]
+    cands: list[tuple[str, Callable[[], Any], dict[str, Any]]] = []
+    cuda_ok = cuda_decode_supported(q, cache)
+    cands.append(("runtime", partial(cached_attention, q, cache, start, scale),
+                  {"kernel": "cuda" if cuda_ok else "triton"}))
+    if cuda_ok:
+        for i, cfg in enumerate(CUDA_SWEEP):
+            full = decode_launch_config(n_kv, ctx, sm_count(q.device), cfg)
+            cands.append(("cuda default" if i == 0 else f"cuda #{i}",
+                          partial(fp8_decode_attention_cuda, q, cache, start, scale, config=cfg),
+                          {"kernel": "cuda", **full}))
+    seen: set[tuple] = set()
+    for i, cfg in enumerate(fp8_sweep_configs(T, n_q // n_kv)):
+        full = attention_launch_config(T, n_q, n_kv, hd, ctx, sm_count(q.device), 1, 2, overrides=cfg)
+        opaque = cfg.get("OPAQUE_CVT", full.get("OPAQUE_CVT", 1))      # the policy's own when not swept
+        ident = (*(full.get(k) for k in LAUNCH_KEYS if k != "waves"), opaque, cfg.get("V_SCALE", "tile"))
+        if ident in seen:                                # e.g. BLOCK_M 64 is the 4B verify default
+            continue
+        seen.add(ident)
+        shown = {"kernel": "triton",
+                 **{k: full[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "n_splits")},
+                 "OPAQUE_CVT": opaque, "V_SCALE": cfg.get("V_SCALE", "tile"),
+                 **({"maxnreg": full["maxnreg"]} if full.get("maxnreg") else {})}
+        tag = "triton default" if i == 0 else ("triton old" if i == 1 else f"triton #{i}")
+        cands.append((tag, partial(cached_attention_triton, q, cache, start, scale, config=cfg), shown))
+    return cands
+
+
+def sweep_fp8_attention(budget_s: float, rows: tuple[int, ...] = (1, 16)) -> list[dict[str, Any]]:
+    """``--fp8-sweep``: every FP8 form of ``_fp8_candidates`` per (model, context, T), graph-timed and checked
+    against the fp32 reference, with the bf16-KV default of the same case as the baseline. Cases run in order of
+    importance (32k before 4k); none is started after ``budget_s`` seconds."""
     t0 = time.time()
     results: list[dict[str, Any]] = []
     summary: list[str] = []
-    cases = [(ctx, m, T) for ctx in FP8_SWEEP_CONTEXTS for m in FP8_SWEEP_MODELS for T in (1, 16)]
+    cases = [(ctx, m, T) for ctx in FP8_SWEEP_CONTEXTS for m in FP8_SWEEP_MODELS for T in rows]
     caches: dict[tuple[int, int, int, bool], KVCache] = {}
     for ctx, (name, n_q, n_kv, hd), T in cases:
         if summary and time.time() - t0 > budget_s:
@@ -329,42 +398,30 @@ def sweep_fp8_attention(budget_s: float) -> list[dict[str, Any]]:
         nbytes = attention_bytes(T, n_q, n_kv, hd, ctx, True)
         print(f"  {name} ctx={ctx} T={T}: bf16-KV default {bf16_us:.1f} us "
               f"({attention_bytes(T, n_q, n_kv, hd, ctx, False) / bf16_us * 1e-3:.0f} GB/s)", flush=True)
-        seen: set[tuple] = set()
-        best: tuple[float, dict[str, Any]] | None = None
-        default_us = float("nan")
-        for i, cfg in enumerate(fp8_sweep_configs(T, n_q // n_kv)):
-            full = attention_launch_config(T, n_q, n_kv, hd, ctx, sm_count(q.device), 1, 2, overrides=cfg)
-            opaque = cfg.get("OPAQUE_CVT", full.get("OPAQUE_CVT", 1))      # the policy's own when not swept
-            ident = (*(full.get(k) for k in LAUNCH_KEYS if k != "waves"), opaque, cfg.get("V_SCALE", "tile"))
-            if ident in seen:                                # e.g. BLOCK_M 64 is the 4B verify default
-                continue
-            seen.add(ident)
-            shown = {**{k: full[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "n_splits")},
-                     "OPAQUE_CVT": opaque, "V_SCALE": cfg.get("V_SCALE", "tile"),
-                     **({"maxnreg": full["maxnreg"]} if full.get("maxnreg") else {})}
-            tag = "default" if i == 0 else ("old default" if i == 1 else f"#{i}")
+        best: tuple[float, str, dict[str, Any]] | None = None
+        runtime_us = float("nan")
+        for tag, fn, shown in _fp8_candidates(q, c8, start, scale, n_q, n_kv, hd, ctx):
             row: dict[str, Any] = {"model": name, "ctx": ctx, "T": T, "tag": tag, "bf16_default_us": bf16_us,
                                    **shown}
             try:
-                fn = partial(cached_attention_triton, q, c8, start, scale, config=cfg)
                 row["rel_err"] = rel_err(fn(), ref)
                 us = graph_us(fn, reps=10, rep_ms=30)
                 row.update(us=us, GBps=nbytes / us * 1e-3, speedup=bf16_us / us)
                 ok = row["rel_err"] < 1e-2
-                print(f"    {tag:<11} {us:7.1f} us {row['GBps']:6.0f} GB/s {row['speedup']:5.2f}x  "
+                print(f"    {tag:<14} {us:7.1f} us {row['GBps']:6.0f} GB/s {row['speedup']:5.2f}x  "
                       f"err {row['rel_err']:.1e}{'' if ok else ' (WRONG)'}  {shown}", flush=True)
-                if i == 0:
-                    default_us = us
+                if tag == "runtime":
+                    runtime_us = us
                 if ok and (best is None or us < best[0]):
-                    best = (us, {"tag": tag, **shown})
+                    best = (us, tag, shown)
             except Exception as exc:  # e.g. out of shared memory
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:100]}"
-                print(f"    {tag:<11} failed: {row['error']}  {shown}", flush=True)
+                print(f"    {tag:<14} failed: {row['error']}  {shown}", flush=True)
             results.append(row)
         if best:
-            line = (f"{name:<12} ctx={ctx:<6} T={T:<3} bf16 {bf16_us:6.1f} us  fp8 default {default_us:6.1f} us "
-                    f"= {bf16_us / default_us:.2f}x  best {best[0]:6.1f} us ({nbytes / best[0] * 1e-3:.0f} GB/s) "
-                    f"= {bf16_us / best[0]:.2f}x  {best[1]}")
+            line = (f"{name:<12} ctx={ctx:<6} T={T:<3} bf16 {bf16_us:6.1f} us  fp8 runtime {runtime_us:6.1f} us "
+                    f"= {bf16_us / runtime_us:.2f}x  best {best[0]:6.1f} us ({nbytes / best[0] * 1e-3:.0f} GB/s) "
+                    f"= {bf16_us / best[0]:.2f}x  {best[1]} {best[2]}")
             print(f"  best: {line}", flush=True)
             summary.append(line)
     del caches
@@ -553,6 +610,9 @@ def main() -> int:
     ap.add_argument("--only", default="attn,gdn,conv,norm", help="comma list of kernel groups to time")
     ap.add_argument("--fp8-sweep", action="store_true",
                     help="sweep the FP8-KV attention launch configs at 32k/4k (27B and 4B heads, T=1 and 16)")
+    ap.add_argument("--flush", choices=("write", "read"), default="write",
+                    help="how graph timings evict L2 before each call (see FLUSH_MODE)")
+    ap.add_argument("--fp8-sweep-rows", default="1,16", help="comma list of query row counts --fp8-sweep times")
     ap.add_argument("--fp8-sweep-budget", type=float, default=70.0,
                     help="seconds after which --fp8-sweep starts no new case")
     ap.add_argument("--attn-short", action="store_true",
@@ -563,8 +623,9 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to benchmark")
         return 1
+    FLUSH_MODE[0] = args.flush
     report: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                              "triton": triton.__version__}
+                              "triton": triton.__version__, "flush": args.flush}
     t0 = time.time()
     if not args.skip_tests:
         import pytest
@@ -613,7 +674,8 @@ def main() -> int:
     if args.fp8_sweep:
         print("\nFP8-KV attention launch-config sweep (us, GB/s of the FP8 bytes, speedup over bf16-KV default):",
               flush=True)
-        report["fp8_sweep"] = sweep_fp8_attention(args.fp8_sweep_budget)
+        report["fp8_sweep"] = sweep_fp8_attention(args.fp8_sweep_budget,
+                                                  tuple(int(x) for x in args.fp8_sweep_rows.split(",")))
     if args.attn_short:
         print("\nshort-context bf16 attention (graph launch sized for a 2048-row cache):", flush=True)
         report["attn_short"] = sweep_short_attention()

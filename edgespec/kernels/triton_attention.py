@@ -390,13 +390,16 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
     return out
 
 
-def merge_splits(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, pdl: dict) -> None:
+def merge_splits(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, pdl: dict,
+                 block_d: int | None = None) -> None:
     """Second launch of a split attention: merge the normalised partials ``o_part [splits, T, Hq, hd]`` (float32)
     by their log2-sum-exps ``lse_part [splits, T, Hq]`` into ``out [T, Hq, hd]``. ``pdl``: the launch options of
-    :func:`~edgespec.kernels.triton_pdl.pdl_launch` (empty: an ordinary launch)."""
+    :func:`~edgespec.kernels.triton_pdl.pdl_launch` (empty: an ordinary launch). ``block_d``: columns per program
+    (benchmarks sweep it; default: the measured best)."""
     splits, T, n_q, hd = o_part.shape
     splits_p2 = max(2, triton.next_power_of_2(splits))
-    block_d = max(16, min(hd, 8192 // splits_p2))          # keep the [splits, BLOCK_D] tile at <= 8k floats
+    if block_d is None:
+        block_d = max(16, min(hd, 8192 // splits_p2))      # keep the [splits, BLOCK_D] tile at <= 8k floats
     _attn_combine_kernel[(T * n_q, hd // block_d)](
         o_part, lse_part, out, splits, n_q,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
