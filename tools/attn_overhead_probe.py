@@ -2,11 +2,15 @@
 """Where the time of one decode attention goes that does not scale with the cache (Qwen3.5-27B heads).
 
 1. Per call after an L2 flush (``kernel_bench.graph_us``, both flush modes), at 16, 4096 and 32768 keys: the
-   bf16-KV and FP8-KV Triton paths, the FP8 CUDA path, and the CUDA path's two launches alone (split kernel, merge).
-   The 16-key figures are the fixed cost; the differences to 32k are the streaming cost.
-2. Per call inside one CUDA graph of 16 back-to-back calls over 16 different 32k caches, as the 16 attention layers
+   bf16-KV and FP8-KV paths, and the FP8 path's merge launch alone. The 16-key figures are
+   the fixed cost; the differences to 32k are the streaming cost.
+2. The merge launch alone by split count and columns per program (``BLOCK_D``).
+3. Per call inside one CUDA graph of 16 back-to-back calls over 16 different 32k caches, as the 16 attention layers
    of a 27B decode step read 16 different caches: no flush is needed (16 caches are far larger than L2) and
    consecutive launches overlap as they do in a decode graph (programmatic dependent launch).
+
+Round 6 ran an earlier version with a CUDA decode kernel beside these (removed again: slower than the Triton
+one); its outputs are ``docs/measurements/attn_overhead_probe*_h200_round6.txt``.
 
 ``PYTHONPATH=. python3 tools/attn_overhead_probe.py`` on a CUDA machine.
 """
@@ -26,13 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernel_bench import graph_us, make_cache  # noqa: E402
 
 from edgespec.kernels import sm_count  # noqa: E402
-from edgespec.kernels.cuda_attention import (  # noqa: E402
-    cuda_decode_supported,
-    decode_launch_config,
-    fp8_decode_attention_cuda,
-    launch_splits,
+from edgespec.kernels.triton_attention import (  # noqa: E402
+    attention_bytes,
+    attention_launch_config,
+    cached_attention_triton,
+    merge_splits,
 )
-from edgespec.kernels.triton_attention import attention_bytes, cached_attention_triton, merge_splits  # noqa: E402
 from edgespec.kernels.triton_pdl import pdl_launch  # noqa: E402
 
 N_Q, N_KV, HD = 24, 4, 256
@@ -41,17 +44,13 @@ LAYERS = 16
 
 def forms(q: torch.Tensor, c16, c8, start: int, scale: float) -> dict:
     """name -> call, for one bf16 and one FP8 cache."""
-    out = {"bf16 triton": partial(cached_attention_triton, q, c16, start, scale),
-           "fp8 triton": partial(cached_attention_triton, q, c8, start, scale)}
-    if cuda_decode_supported(q, c8):
-        cfg = decode_launch_config(N_KV, start + 1, sm_count(q.device))
-        o_part = torch.empty((cfg["n_splits"], 1, N_Q, HD), dtype=torch.float32, device="cuda")
-        lse = torch.zeros((cfg["n_splits"], 1, N_Q), dtype=torch.float32, device="cuda")
-        res = torch.empty((1, N_Q, HD), dtype=torch.bfloat16, device="cuda")
-        out["fp8 cuda"] = partial(fp8_decode_attention_cuda, q, c8, start, scale)
-        out["cuda splits only"] = partial(launch_splits, q, c8, start, scale, None, o_part, lse, cfg)
-        out["cuda merge only"] = partial(merge_splits, o_part, lse, res, pdl_launch(q.device))
-    return out
+    cfg = attention_launch_config(1, N_Q, N_KV, HD, start + 1, sm_count(q.device), 1, 2)
+    o_part = torch.randn((cfg["n_splits"], 1, N_Q, HD), dtype=torch.float32, device="cuda")
+    lse = torch.randn((cfg["n_splits"], 1, N_Q), dtype=torch.float32, device="cuda")
+    res = torch.empty((1, N_Q, HD), dtype=torch.bfloat16, device="cuda")
+    return {"bf16": partial(cached_attention_triton, q, c16, start, scale),
+            "fp8": partial(cached_attention_triton, q, c8, start, scale),
+            "fp8 merge only": partial(merge_splits, o_part, lse, res, pdl_launch(q.device))}
 
 
 def sequence_us(calls: list) -> float:
@@ -86,7 +85,7 @@ def main() -> int:
             print(f"  ctx={ctx:<6} flush={flush:<5} " + " | ".join(cells), flush=True)
         del c16, c8
         torch.cuda.empty_cache()
-    print("3. the merge launch alone by split count and BLOCK_D (us, write flush)")
+    print("2. the merge launch alone by split count and BLOCK_D (us, write flush; None = the default rule)")
     for splits in (16, 32, 66, 132):
         o_part = torch.randn((splits, 1, N_Q, HD), dtype=torch.float32, device="cuda")
         lse = torch.randn((splits, 1, N_Q), dtype=torch.float32, device="cuda")
@@ -95,42 +94,13 @@ def main() -> int:
                  for bd in (None, 16, 32, 64, 128, 256)]
         print(f"  splits={splits:<4} " + " | ".join(cells), flush=True)
     ctx = 32768
-    print("4. the CUDA split kernel with its arithmetic left out (loads only), 32k keys, write flush")
-    c8 = make_cache(ctx, N_KV, HD, True)
-    for waves in (1, 2):
-        for stages in (3, -3):
-            cfg = decode_launch_config(N_KV, ctx, sm_count(q.device), {"num_warps": 4, "num_stages": stages,
-                                                                          "waves": waves})
-            o_part = torch.empty((cfg["n_splits"], 1, N_Q, HD), dtype=torch.float32, device="cuda")
-            lse = torch.zeros((cfg["n_splits"], 1, N_Q), dtype=torch.float32, device="cuda")
-            us = graph_us(partial(launch_splits, q, c8, ctx - 1, scale, None, o_part, lse, cfg))
-            print(f"  waves={waves} {'loads only' if stages < 0 else 'full':<10} {us:6.1f} us "
-                  f"{attention_bytes(1, N_Q, N_KV, HD, ctx, True) / us * 1e-3:5.0f} GB/s", flush=True)
-    del c8
-    torch.cuda.empty_cache()
-    print("5. fixed cost: the CUDA split kernel alone at 16 keys by (warps, ring depth) = shared memory")
-    c8 = make_cache(16, N_KV, HD, True)
-    for nw, st in ((2, 3), (4, 2), (4, 3), (4, -3), (8, 3)):
-        cfg = decode_launch_config(N_KV, 16, sm_count(q.device), {"num_warps": nw, "num_stages": st})
-        o_part = torch.empty((cfg["n_splits"], 1, N_Q, HD), dtype=torch.float32, device="cuda")
-        lse = torch.zeros((cfg["n_splits"], 1, N_Q), dtype=torch.float32, device="cuda")
-        fn = partial(launch_splits, q, c8, 15, scale, None, o_part, lse, cfg)
-        cells = [f"flush={f} {graph_us(fn, flush_mode=f):5.1f}" for f in ("write", "read")]
-        kb = nw * abs(st) * (32 * HD + 128) / 1024
-        print(f"  warps={nw} stages={st:<2} ({kb:4.0f} KB) " + " | ".join(cells), flush=True)
-    print(f"2. {LAYERS} calls over {LAYERS} different {ctx}-key caches in one graph (us per call, GB/s)")
+    print(f"3. {LAYERS} calls over {LAYERS} different {ctx}-key caches in one graph (us per call, GB/s)")
     for fp8 in (False, True):
         caches = [make_cache(ctx, N_KV, HD, fp8) for _ in range(LAYERS)]
         nbytes = attention_bytes(1, N_Q, N_KV, HD, ctx, fp8)
-        runs = {"triton": [partial(cached_attention_triton, q, c, ctx - 1, scale) for c in caches]}
-        if fp8 and cuda_decode_supported(q, caches[0]):
-            runs["cuda"] = [partial(fp8_decode_attention_cuda, q, c, ctx - 1, scale) for c in caches]
-            runs["cuda waves=1"] = [partial(fp8_decode_attention_cuda, q, c, ctx - 1, scale, config={"waves": 1})
-                                    for c in caches]
-        for name, calls in runs.items():
-            us = sequence_us(calls)
-            print(f"  {'fp8' if fp8 else 'bf16'} {name:<13} {us:6.1f} us  {nbytes / us * 1e-3:5.0f} GB/s", flush=True)
-        del caches, runs
+        us = sequence_us([partial(cached_attention_triton, q, c, ctx - 1, scale) for c in caches])
+        print(f"  {'fp8' if fp8 else 'bf16'} {us:6.1f} us  {nbytes / us * 1e-3:5.0f} GB/s", flush=True)
+        del caches
         torch.cuda.empty_cache()
     return 0
 

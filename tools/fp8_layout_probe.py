@@ -5,7 +5,8 @@ The cache is ``[keys, Hkv, hd]``: with Hkv = 4 and hd = 256, one (key, head) row
 and the four heads of a key share one 1 KB row, read by four different programs at different times. This script
 times the bf16 and FP8 attentions at equal bytes with Hkv = 4 (32k keys), 2 (64k) and 1 (128k keys: every read
 contiguous), 24 / 12 / 6 query heads (group 6). If the FP8 kernels speed up as rows get contiguous while the
-bf16 kernel (512-byte rows) does not, DRAM row locality, not kernel work, is what limits them.
+bf16 kernel (512-byte rows) does not, DRAM row locality, not kernel work, is what limits them. (Round 6: they
+do not; ``docs/measurements/fp8_layout_probe*_h200_round6.txt``, which also timed the CUDA kernel since removed.)
 
 ``PYTHONPATH=. python3 tools/fp8_layout_probe.py [write|read]`` on a CUDA machine (the L2 flush of the timer).
 """
@@ -23,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kernel_bench import graph_us, make_cache  # noqa: E402
 
-from edgespec.kernels.cuda_attention import cuda_decode_supported, fp8_decode_attention_cuda  # noqa: E402
 from edgespec.kernels.triton_attention import attention_bytes, cached_attention_triton  # noqa: E402
 
 
@@ -43,10 +43,6 @@ def main() -> int:
             cache = make_cache(keys, n_kv, hd, fp8)
             nbytes = attention_bytes(1, n_q, n_kv, hd, keys, fp8)
             forms = {"triton": partial(cached_attention_triton, q, cache, keys - 1, scale)}
-            if fp8 and cuda_decode_supported(q, cache):
-                forms["cuda"] = partial(fp8_decode_attention_cuda, q, cache, keys - 1, scale)
-                forms["cuda w1"] = partial(fp8_decode_attention_cuda, q, cache, keys - 1, scale,
-                                           config={"waves": 1})
             for name, fn in forms.items():
                 us = graph_us(fn, reps=10, rep_ms=30, flush_mode=flush)
                 row.append(f"{'fp8' if fp8 else 'bf16'} {name} {us:5.1f} us ({nbytes / us * 1e-3:4.0f} GB/s)")

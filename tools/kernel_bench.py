@@ -14,10 +14,9 @@ Run from the repository root on a CUDA machine:  ``PYTHONPATH=. python3 tools/ke
 4. ``--sweep`` also tries a few attention launch configurations at 32k and prints the best per case.
 5. ``--fp8-sweep`` times the FP8-KV attention at 32k and 4k context, T=1 and T=16 (``--fp8-sweep-rows``),
    Qwen3.5-27B and -4B heads, each against the bf16-KV path's default: the runtime's dispatch first, then the
-   CUDA decode kernel's shapes (``CUDA_SWEEP``, T=1) and the Triton launch configurations
-   (``fp8_sweep_configs``); it prints us, GB/s and the speedup per form, then the best per case. It stops
-   starting new cases after ``--fp8-sweep-budget`` seconds (default 70). ``--skip-tests --only none
-   --fp8-sweep`` runs it alone.
+   Triton launch configurations (``fp8_sweep_configs``); it prints us, GB/s and the speedup per form, then the
+   best per case. It stops starting new cases after ``--fp8-sweep-budget`` seconds (default 70).
+   ``--skip-tests --only none --fp8-sweep`` runs it alone.
 6. ``--attn-short`` times bf16 attention launches at 512 / 2048 keys, T=16 against T=1 (SmolLM2, Qwen3.5-4B and
    -27B heads), where a verify is latency-bound.
 7. ``--gdn-sweep`` times the recurrent GDN kernel's launches (dv tile, warps) at T=1 and T=16 on the
@@ -318,41 +317,15 @@ def fp8_sweep_configs(T: int, group: int) -> list[dict[str, Any]]:
     ]
 
 
-# CUDA decode kernel shapes the sweep tries at T=1 (the first is CUDA_DECODE_LAUNCH): warps per block, ring depth,
-# blocks per SM. Shared memory per block at hd 256: 8.3 KB per warp and stage.
-CUDA_SWEEP = [
-    {},
-    {"num_warps": 4, "num_stages": 2, "waves": 3},
-    {"num_warps": 4, "num_stages": 2, "waves": 2},
-    {"num_warps": 4, "num_stages": 4, "waves": 1},
-    {"num_warps": 4, "num_stages": 3, "waves": 1},
-    {"num_warps": 8, "num_stages": 2, "waves": 1},
-    {"num_warps": 8, "num_stages": 3, "waves": 1},
-    {"num_warps": 2, "num_stages": 3, "waves": 4},
-    {"num_warps": 2, "num_stages": 4, "waves": 3},
-    {"num_warps": 4, "num_stages": 3, "waves": 4},
-]
-
-
 def _fp8_candidates(q: torch.Tensor, cache: KVCache, start: int, scale: float, n_q: int, n_kv: int, hd: int,
                     ctx: int) -> list[tuple[str, Callable[[], Any], dict[str, Any]]]:
     """(tag, call, shown launch) of every FP8 form the sweep times for this case: the runtime's own dispatch
-    first, then the CUDA decode kernel's shapes (T=1, where it builds), then the Triton launch configurations."""
+    first, then the Triton launch configurations."""
     from edgespec.kernels import sm_count
-    from edgespec.kernels.attention import cached_attention
-    from edgespec.kernels.cuda_attention import cuda_decode_supported, decode_launch_config, fp8_decode_attention_cuda
     from edgespec.kernels.triton_attention import LAUNCH_KEYS, attention_launch_config
     T = q.shape[0]
     cands: list[tuple[str, Callable[[], Any], dict[str, Any]]] = []
-    cuda_ok = cuda_decode_supported(q, cache)
-    cands.append(("runtime", partial(cached_attention, q, cache, start, scale),
-                  {"kernel": "cuda" if cuda_ok else "triton"}))
-    if cuda_ok:
-        for i, cfg in enumerate(CUDA_SWEEP):
-            full = decode_launch_config(n_kv, ctx, sm_count(q.device), cfg)
-            cands.append(("cuda default" if i == 0 else f"cuda #{i}",
-                          partial(fp8_decode_attention_cuda, q, cache, start, scale, config=cfg),
-                          {"kernel": "cuda", **full}))
+    cands.append(("runtime", partial(cached_attention, q, cache, start, scale), {"kernel": "triton"}))
     seen: set[tuple] = set()
     for i, cfg in enumerate(fp8_sweep_configs(T, n_q // n_kv)):
         full = attention_launch_config(T, n_q, n_kv, hd, ctx, sm_count(q.device), 1, 2, overrides=cfg)

@@ -41,17 +41,12 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
 
 def cached_attention(q: torch.Tensor, cache: KVCache, start: int, scale: float,
                      pos_t: torch.Tensor | None = None) -> torch.Tensor:
-    """Attention of ``q`` over ``cache`` rows ``0 .. start+T-1``. Triton reads FP8 rows in place on CUDA; one-row
-    decode over an FP8 cache runs the CUDA kernel of :mod:`edgespec.kernels.cuda_attention` where it can be built.
+    """Attention of ``q`` over ``cache`` rows ``0 .. start+T-1``. Triton reads FP8 rows in place on CUDA.
 
     ``pos_t``: the start as a device tensor (CUDA graphs). The torch path then attends over the whole
     preallocated cache with a position mask: shape-static, so capturable, at the cost of reading every row.
     """
     T = q.shape[0]
-    if T == 1 and cache.fp8 and q.is_cuda:
-        from edgespec.kernels.cuda_attention import cuda_decode_supported, fp8_decode_attention_cuda
-        if cuda_decode_supported(q, cache):
-            return fp8_decode_attention_cuda(q, cache, start, scale, start_t=pos_t)
     if T <= 32 and use_triton(q):
         from edgespec.kernels.triton_attention import cached_attention_triton
         return cached_attention_triton(q, cache, start, scale, start_t=pos_t)
