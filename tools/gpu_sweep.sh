@@ -2,7 +2,7 @@
 # One device session: GPU correctness tests, the attention launch sweep, the shape sweep and the cycle split.
 # Usage on the GPU machine, from the repository root:  OUT=/some/dir bash tools/gpu_sweep.sh [stage ...]
 # Stages: tests, new-tests, gemv, profile, attn-sweep, kernels, fp8-sweep, pdl, gdn-tile, skinny, skinny-ab,
-# block-attn, drafter, shapes, cycle
+# block-attn, attn-probe, drafter, shapes, cycle
 # (default: tests attn-sweep kernels shapes cycle). Every output lands in $OUT.
 set -uo pipefail
 OUT=${OUT:-.}
@@ -29,6 +29,7 @@ for s in $stages; do
     fp8-sweep) python3 tools/kernel_bench.py --skip-tests --only none --fp8-sweep --fp8-sweep-budget 60 2>&1 \
              | tee "$OUT/fp8_sweep.txt" | grep -E "best|copy|default|#" ;;
     block-attn) python3 tools/block_attn_bench.py 2>&1 | tee "$OUT/block_attn.txt" ;;
+    attn-probe) python3 tools/attn_overhead_probe.py 2>&1 | tee "$OUT/attn_overhead_probe.txt" ;;
     pdl) for p in 0 1; do EDGESPEC_PDL=$p python3 tools/gpu_bench.py --shapes qwen3.5-4b --kv model \
              --compare-hf none --sweep-out "$OUT/pdl$p" 2>&1 | tail -1 | sed "s/^/PDL=$p /"; done | tee "$OUT/pdl.txt" ;;
     gdn-tile) python3 tools/kernel_bench.py --skip-tests --only none --gdn-sweep 2>&1 | tee "$OUT/gdn_tile.txt" \
