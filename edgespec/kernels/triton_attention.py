@@ -33,6 +33,9 @@ with the per-tile V-scale fold (35.0 us with every V element scaled). Round 5 fo
 than the conversion: 2 warps on 32-key tiles, 4 programs per SM, 30.8 us (1.48x; see ``FP8_LAUNCH``).
 At T=16 the OPAQUE_CVT form with 32-key tiles was the fastest FP8 form measured (120 us) but still slower than the
 bf16 cache (61 us): FP8 KV pays at decode only.
+Round 6 wrote the decode case as a CUDA kernel with hand-laid mma fragments (half the instructions, no byte loads);
+it was slower (32.2 vs 30.9 us), and a build of it that only streamed the cache already took 26.3 us: the kernel is
+bound by a call's fixed cost and the stream rate, not by its arithmetic (docs/benchmarks.md, round 6).
 (Pipelining needs ``num_stages`` >= 3: with 2 the next tile's copy is issued only after the current tile's dots.)
 
 Nothing about the position is compiled in: ``start`` is a plain runtime argument (not specialised), or is read
