@@ -12,7 +12,7 @@
 Round 6 ran an earlier version with a CUDA decode kernel beside these (removed again: slower than the Triton
 one); its outputs are ``docs/measurements/attn_overhead_probe*_h200_round6.txt``.
 
-``PYTHONPATH=. python3 tools/attn_overhead_probe.py`` on a CUDA machine.
+``bash tools/gpu_sweep.sh attn-probe`` on a CUDA machine (it installs the package first: ``edgespec.arch``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kernel_bench import graph_us, make_cache  # noqa: E402
 
+from edgespec.arch.graphs import capture_graph  # noqa: E402
 from edgespec.kernels import sm_count  # noqa: E402
 from edgespec.kernels.triton_attention import (  # noqa: E402
     attention_bytes,
@@ -55,16 +56,7 @@ def forms(q: torch.Tensor, c16, c8, start: int, scale: float) -> dict:
 
 def sequence_us(calls: list) -> float:
     """Per-call GPU time of ``calls`` captured back to back in one graph (no flush)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for c in calls:
-            c()
+    graph, _ = capture_graph(lambda: [c() for c in calls], warmups=1)
     ms = do_bench(graph.replay, warmup=10, rep=100, return_mode="median")
     del graph
     return ms * 1e3 / len(calls)
