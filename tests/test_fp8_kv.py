@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from edgespec.arch.detect import select_hooks
@@ -32,6 +33,34 @@ def test_cache_write_read_and_zero_rows():
     kk, vv = c.read(5)
     assert torch.allclose(kk[2:5], k, rtol=0.07, atol=1e-6)
     assert torch.count_nonzero(vv[2:5]) == 0 and torch.isfinite(vv).all()
+
+
+def test_blocked_v_layout_matches_key_major():
+    """The key-blocked, transposed V (the FP8 default) holds exactly the bytes of the key-major layout, through
+    slice writes, position-tensor writes (graph form), partial last blocks and overwrites."""
+    gen = torch.Generator().manual_seed(5)
+    k, v = torch.randn(70, 3, 32, generator=gen), torch.randn(70, 3, 32, generator=gen)
+    blocked = KVCache(70, 3, 32, torch.float32, "cpu", fp8=True, v_block=16)
+    rows = KVCache(70, 3, 32, torch.float32, "cpu", fp8=True, v_block=0)
+    assert blocked.v.shape == (5, 3, 32, 16) and rows.v.shape == (70, 3, 32)
+    for c in (blocked, rows):
+        c.write(0, k[:40], v[:40])
+        c.write(40, k[40:45], v[40:45], pos_t=torch.tensor(40))
+        c.write(45, k[45:], v[45:])
+        c.write(10, k[:3], -v[:3])                                   # overwrite inside a block
+    assert torch.equal(blocked.v_rows(70).view(torch.uint8), rows.v.view(torch.uint8))
+    assert torch.equal(blocked.v_rows(33).view(torch.uint8), rows.v[:33].view(torch.uint8))
+    for a, b in zip(blocked.read(70), rows.read(70), strict=True):
+        assert torch.equal(a, b)
+    assert blocked.v_strides() == (0, 32 * 16, 3 * 32 * 16) and rows.v_strides() == (3 * 32, 32, 0)
+    assert blocked.nbytes() - rows.nbytes() == (80 - 70) * 3 * 32      # whole blocks: 10 padding rows
+
+
+def test_v_block_must_be_a_multiple_of_16():
+    for bad in (8, -16, 20):
+        with pytest.raises(ValueError, match="v_block"):
+            KVCache(64, 2, 16, torch.float32, "cpu", fp8=True, v_block=bad)
+    assert KVCache(64, 2, 16, torch.float32, "cpu", v_block=16).v_block == 0       # model-dtype: key-major
 
 
 def test_fp8_logits_close_to_model_dtype(tiny_models):

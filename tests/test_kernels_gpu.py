@@ -623,7 +623,7 @@ def _fp8_oracle_fp32(q: torch.Tensor, cache: KVCache, start: int, scale: float) 
     large logits by more than the kernel's own error)."""
     n = start + q.shape[0]
     k = cache.k[:n].float() * cache.k_scale[:n, :, None]
-    v = cache.v[:n].float() * cache.v_scale[:n, :, None]
+    v = cache.v_rows(n).float() * cache.v_scale[:n, :, None]
     return attention_ref(q.float(), k, v, start, scale)
 
 
@@ -674,3 +674,25 @@ def test_fp8_attention_conversion_forms_agree(T: int) -> None:
         assert rel_err(out, outs[0]) < 5e-3
     with pytest.raises(ValueError, match="V_SCALE"):
         cached_attention_triton(q, cache, start, hd ** -0.5, config={"V_SCALE": "p"})   # fp16 products: unsafe
+
+
+@pytest.mark.parametrize("T,start", [(1, 0), (1, 2047), (1, 4000), (5, 1234), (16, 3001)])
+def test_fp8_v_layouts_give_the_same_attention(T: int, start: int) -> None:
+    """The key-blocked, transposed V (default) and the key-major V hold the same rows and give the same attention,
+    at lengths that end inside a 16-key group, a block and a split, for the decode and the verify launches."""
+    from edgespec.kernels.triton_attention import cached_attention_triton
+    n_q, n_kv, hd = 24, 4, 256
+    blocked = make_cache(start + T + 50, n_kv, hd, start + T, torch.bfloat16, True)
+    junk = 300.0 * torch.randn(20, n_kv, hd, device=DEV, dtype=torch.bfloat16)    # rows of a rolled-back draft
+    blocked.write(start + T, junk, junk)
+    rows = KVCache(blocked.max_len, n_kv, hd, torch.bfloat16, DEV, fp8=True, v_block=0)
+    rows.k.copy_(blocked.k)
+    rows.k_scale.copy_(blocked.k_scale)
+    rows.v_scale.copy_(blocked.v_scale)
+    rows.v.copy_(blocked.v_rows(blocked.max_len))
+    q = torch.randn(T, n_q, hd, device=DEV, dtype=torch.bfloat16)
+    ref = attention_oracle(q, blocked, start, hd ** -0.5)
+    a = cached_attention_triton(q, blocked, start, hd ** -0.5)
+    b = cached_attention_triton(q, rows, start, hd ** -0.5)
+    assert rel_err(a, ref) < TOL[torch.bfloat16] and rel_err(b, ref) < TOL[torch.bfloat16]
+    assert rel_err(a, b) < 1e-3

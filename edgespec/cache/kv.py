@@ -4,11 +4,19 @@ The buffers are sized to ``max_len`` at start-up and never reallocated: a decode
 a rollback touch only rows of the existing tensors. Truncation is O(1) because the valid length lives in the
 owning :class:`~edgespec.cache.model_cache.ModelCache`, not here.
 
-FP8 layout: ``k``/``v`` are ``float8_e4m3fn [max_len, n_kv_heads, head_dim]`` and ``k_scale``/``v_scale`` are
-``float32 [max_len, n_kv_heads]``. Each (token, head) vector is scaled by its own amax / 448 before the cast, so
-outlier heads and tokens keep their precision (FlashRT fixes one scale at 1.0, which clips and underflows).
-Rows are quantised once, when written, and every later read sees exactly the same values: decode, verify and
-replay all attend over identical keys, which is what lets speculative output equal plain output in FP8 mode.
+FP8 layout: ``k`` is ``float8_e4m3fn [max_len, n_kv_heads, head_dim]``, ``v`` is key-blocked and transposed,
+``float8_e4m3fn [cdiv(max_len, v_block), n_kv_heads, head_dim, v_block]`` (key ``n`` of head ``h``, column ``d`` at
+``v[n // v_block, h, d, n % v_block]``), and ``k_scale``/``v_scale`` are ``float32 [max_len, n_kv_heads]``. Why V
+is stored that way: the ``p . V`` product reduces over keys, and the tensor cores take that operand as pairs of
+consecutive keys. A 16-bit V is transposed on the way by ``ldmatrix``, which has no 8-bit form on sm_90, so a
+key-major e4m3 V was gathered byte by byte from shared memory (128 byte loads per thread per 32-key tile); with the
+keys contiguous the tile is copied and converted as 16-byte vectors (see ``triton_attention``). ``v_block=0`` keeps
+the key-major layout (benchmarks compare the two); model-dtype caches are always key-major.
+
+Each (token, head) vector is scaled by its own amax / 448 before the cast, so outlier heads and tokens keep their
+precision (FlashRT fixes one scale at 1.0, which clips and underflows). Rows are quantised once, when written, and
+every later read sees exactly the same values: decode, verify and replay all attend over identical keys, which is
+what lets speculative output equal plain output in FP8 mode.
 """
 
 from __future__ import annotations
@@ -17,6 +25,9 @@ import torch
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
+# Keys per block of an FP8 cache's transposed V: one 32-key attention tile is one contiguous 8 KB run at hd 256
+# (a multiple of 16 keys: the attention kernel reads 16-key vectors).
+V_BLOCK = 32
 # Smallest scale: keeps all-zero rows finite (0 / tiny = 0) without dividing by zero.
 _MIN_SCALE = 1e-12
 
@@ -37,14 +48,24 @@ class KVCache:
     """K and V of one attention layer for positions ``0..max_len-1``."""
 
     def __init__(self, max_len: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device | str, fp8: bool = False) -> None:
+                 device: torch.device | str, fp8: bool = False, v_block: int | None = None) -> None:
         self.max_len = max_len
         self.dtype = dtype  # compute dtype reads are returned in
         self.fp8 = fp8
+        # Keys per block of the transposed V (FP8 only; 0: key-major V).
+        self.v_block = (V_BLOCK if v_block is None else int(v_block)) if fp8 else 0
+        if self.v_block < 0 or self.v_block % 16:
+            raise ValueError(f"v_block {v_block} must be 0 (key-major V) or a positive multiple of 16")
         store = FP8_DTYPE if fp8 else dtype
         shape = (max_len, n_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=store, device=device)
-        self.v = torch.zeros(shape, dtype=store, device=device)
+        if self.v_block:
+            # Zeroed: the attention kernel reads whole 16-key groups past the last row (with p = 0), which must
+            # be finite.
+            blocks = -(-max_len // self.v_block)
+            self.v = torch.zeros((blocks, n_kv_heads, head_dim, self.v_block), dtype=store, device=device)
+        else:
+            self.v = torch.zeros(shape, dtype=store, device=device)
         if fp8:
             self.k_scale = torch.ones(max_len, n_kv_heads, dtype=torch.float32, device=device)
             self.v_scale = torch.ones(max_len, n_kv_heads, dtype=torch.float32, device=device)
@@ -62,7 +83,7 @@ class KVCache:
                 qv, sv = quantize_fp8(v)
                 # index_copy_ has no float8 kernel: move the bytes as uint8.
                 self.k.view(torch.uint8).index_copy_(0, rows, qk.view(torch.uint8))
-                self.v.view(torch.uint8).index_copy_(0, rows, qv.view(torch.uint8))
+                self._write_v_rows(rows, qv)
                 self.k_scale.index_copy_(0, rows, sk)
                 self.v_scale.index_copy_(0, rows, sv)
             else:
@@ -72,16 +93,47 @@ class KVCache:
         end = start + k.shape[0]
         if self.fp8:
             self.k[start:end], self.k_scale[start:end] = quantize_fp8(k)
-            self.v[start:end], self.v_scale[start:end] = quantize_fp8(v)
+            qv, self.v_scale[start:end] = quantize_fp8(v)
+            if self.v_block:
+                self._write_v_rows(torch.arange(start, end, device=v.device), qv)
+            else:
+                self.v[start:end] = qv
         else:
             self.k[start:end] = k
             self.v[start:end] = v
+
+    def v_strides(self) -> tuple[int, int, int]:
+        """Element strides of V for kernels: (per key, per head, per key block); the unused one is 0 (key-major V
+        has no blocks; blocked V steps one key by 1 within a block)."""
+        if self.v_block:
+            return 0, self.v.stride(1), self.v.stride(0)
+        return self.v.stride(0), self.v.stride(1), 0
+
+    def _v_by_row(self) -> torch.Tensor:
+        """The blocked V as a ``[blocks, v_block, n_kv_heads, head_dim]`` view (row ``n`` at ``[n // vb, n % vb]``)."""
+        return self.v.permute(0, 3, 1, 2)
+
+    def _write_v_rows(self, rows: torch.Tensor, qv: torch.Tensor) -> None:
+        """Store quantised V rows ``qv [T, n_kv_heads, head_dim]`` at positions ``rows`` (a device tensor)."""
+        if not self.v_block:
+            self.v.view(torch.uint8).index_copy_(0, rows, qv.view(torch.uint8))
+            return
+        # index_put_ has no float8 kernel either; a scatter into the permuted view, no host sync (graph-safe).
+        self._v_by_row().view(torch.uint8)[rows // self.v_block, rows % self.v_block] = qv.view(torch.uint8)
+
+    def v_rows(self, end: int) -> torch.Tensor:
+        """V of positions ``0 .. end-1`` as stored (e4m3 for FP8), ``[end, n_kv_heads, head_dim]``; a copy when V is
+        blocked."""
+        if not self.v_block:
+            return self.v[:end]
+        blocks = -(-end // self.v_block)
+        return self._v_by_row()[:blocks].reshape(blocks * self.v_block, *self.v.shape[1:3])[:end]
 
     def read(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of positions ``0 .. end-1`` in the compute dtype (dequantised for FP8)."""
         if self.fp8:
             return (dequantize_fp8(self.k[:end], self.k_scale[:end], self.dtype),
-                    dequantize_fp8(self.v[:end], self.v_scale[:end], self.dtype))
+                    dequantize_fp8(self.v_rows(end), self.v_scale[:end], self.dtype))
         return self.k[:end], self.v[:end]
 
     def nbytes(self) -> int:

@@ -151,7 +151,7 @@ def state_equal(a: ModelCache, b: ModelCache, atol: float = 0.0) -> bool:
     n = a.length
     for x, y in zip(a.layers, b.layers, strict=True):
         if isinstance(x, KVCache):
-            pairs = [(x.k[:n].float(), y.k[:n].float()), (x.v[:n].float(), y.v[:n].float())]
+            pairs = [(x.k[:n].float(), y.k[:n].float()), (x.v_rows(n).float(), y.v_rows(n).float())]
         else:
             pairs = [(x.conv, y.conv), (x.recurrent, y.recurrent)]
         for p, q in pairs:

@@ -133,7 +133,7 @@ class MTPProposer(Proposer):
         for i, old in enumerate(self.caches):
             new = KVCache(new_len, *self._kv_shape, old.dtype, old.k.device)
             new.k[:cap] = old.k
-            new.v[:cap] = old.v
+            new.v[:old.v.shape[0]] = old.v       # key-major rows, or whole blocks of a blocked V
             self.caches[i] = new
 
 

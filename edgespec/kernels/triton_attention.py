@@ -32,10 +32,18 @@ the compiler-placed conversion with 64-key tiles 34.0 us (bf16 cache 45.1 us: 1.
 with the per-tile V-scale fold (35.0 us with every V element scaled). Round 5 found the program shape mattered more
 than the conversion: 2 warps on 32-key tiles, 4 programs per SM, 30.8 us (1.48x; see ``FP8_LAUNCH``).
 At T=16 the OPAQUE_CVT form with 32-key tiles was the fastest FP8 form measured (120 us) but still slower than the
-bf16 cache (61 us): FP8 KV pays at decode only.
+bf16 cache (61 us). Round 7 (blocked V, 32-row mma.sync blocks, see ``FP8_LAUNCH``): 81.9 us against 59.8 (27B
+heads), 59.2 against 65.1 (4B heads, where FP8 now also wins at T=16).
 Round 6 wrote the decode case as a CUDA kernel with hand-laid mma fragments (half the instructions, no byte loads);
-it was slower (32.2 vs 30.9 us), and a build of it that only streamed the cache already took 26.3 us: the kernel is
-bound by a call's fixed cost and the stream rate, not by its arithmetic (docs/benchmarks.md, round 6).
+it was slower (32.2 vs 30.9 us), and a build of it that only streamed the cache already took 26.3 us
+(docs/benchmarks.md, round 6). Round 7 compiled the kernel for sm_90 off the GPU and counted the loop's SASS: 1204
+instructions per warp per 32-key tile, 128 of them single-byte shared-memory loads that gather V key pairs for the
+``p . V`` operand (the tensor cores pair consecutive keys; ``ldmatrix`` transposes 16-bit tiles but has no 8-bit
+form on sm_90). FP8 caches now store V key-blocked and transposed (:class:`~edgespec.cache.kv.KVCache`,
+``V_BLOCK``): the tile is read as ``[HEAD_DIM, BLOCK_N]`` with the keys contiguous, copied as 16-byte vectors and
+converted in place, and the loop is 873 instructions (210 registers, from 255). 27B heads, 32k keys, H200, key-major
+-> blocked V: 31.1 -> 30.3 us with the write flush, 29.0 -> 25.6 us with the read flush, 28.0 -> 25.8 us per layer
+over 16 back-to-back layers (docs/measurements/attn_overhead_probe_h200_round7.txt).
 (Pipelining needs ``num_stages`` >= 3: with 2 the next tile's copy is issued only after the current tile's dots.)
 
 Nothing about the position is compiled in: ``start`` is a plain runtime argument (not specialised), or is read
@@ -87,13 +95,13 @@ def _attn_split_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, o_part_ptr, lse_part_ptr,
     start, T, n_splits, qk_scale,
     stride_qt, stride_qh,
-    stride_kn, stride_kh, stride_vn, stride_vh,
+    stride_kn, stride_kh, stride_vn, stride_vh, stride_vb,
     stride_sn, stride_sh,
     stride_ps, stride_pt, stride_ph,
     stride_ls, stride_lt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_FP8: tl.constexpr, START_FROM_PTR: tl.constexpr, DOT_IEEE: tl.constexpr, V_SCALE: tl.constexpr,
-    FP16_DOT: tl.constexpr, OPAQUE_CVT: tl.constexpr, PDL: tl.constexpr,
+    FP16_DOT: tl.constexpr, OPAQUE_CVT: tl.constexpr, PDL: tl.constexpr, V_BLOCK: tl.constexpr,
 ):
     pdl_wait(PDL)
     pid_m = tl.program_id(0)
@@ -142,7 +150,18 @@ def _attn_split_kernel(
             ks_nx = tl.load(ks_ptr + n_nx * stride_sn + kvh * stride_sh, mask=n_nx < hi, other=0.0)
             vs_nx = tl.load(vs_ptr + n_nx * stride_sn + kvh * stride_sh, mask=n_nx < hi, other=0.0)
         k = tl.load(k_ptr + n[:, None] * stride_kn + kvh * stride_kh + d[None, :], mask=n_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + n[:, None] * stride_vn + kvh * stride_vh + d[None, :], mask=n_ok[:, None], other=0.0)
+        if V_BLOCK:
+            # Key-blocked, transposed V (FP8 caches, see KVCache): the tile is read as [HEAD_DIM, BLOCK_N] with the
+            # keys contiguous, which is the k-major operand the p.V product wants, so it is copied as 16-byte
+            # vectors and converted in place instead of being gathered byte by byte. The mask is rounded up to
+            # 16 keys (a uniform mask per vector); the extra keys are in bounds (whole blocks are allocated), finite
+            # (zero-initialised or written rows) and get p = 0 from the masked logits.
+            n_v = n < tl.multiple_of(tl.cdiv(hi, 16) * 16, 16)
+            v = tl.trans(tl.load(v_ptr + (n // V_BLOCK)[None, :] * stride_vb + kvh * stride_vh
+                                 + d[:, None] * V_BLOCK + (n % V_BLOCK)[None, :], mask=n_v[None, :], other=0.0))
+        else:
+            v = tl.load(v_ptr + n[:, None] * stride_vn + kvh * stride_vh + d[None, :], mask=n_ok[:, None],
+                        other=0.0)
         k = k.to(dot_ty)
         v = v.to(dot_ty)
         if OPAQUE_CVT:
@@ -219,22 +238,32 @@ def _attn_combine_kernel(
 
 
 # Launch policy of FP8 caches under 16-bit queries, kept apart from the model-dtype one so each is tuned alone
-# (``tools/kernel_bench.py --fp8-sweep``). "decode": natural row blocks of <= 32 packed rows (mma.sync);
-# "verify": larger ones (wgmma, which needs the converted tiles in shared memory whatever is done). ``waves``:
-# programs per SM the split count aims at (three 32-key, three-stage programs fit an SM's shared memory at
-# hd 256; with 64-key tiles only one does). Any key may be overridden per call (``config=``), and so may
-# ``OPAQUE_CVT`` and ``V_SCALE`` (see ``cached_attention_triton``).
+# (``tools/kernel_bench.py --fp8-sweep``). "decode": <= 16 packed rows, one mma.sync row block; "rows": more, in
+# 32-row mma.sync blocks; "wide": 64-128-row blocks a caller asks for (wgmma, which needs the
+# converted tiles in shared memory whatever is done). ``waves``: programs per SM the split count aims at (three
+# 32-key, three-stage programs fit an SM's shared memory at hd 256; with 64-key tiles only one does). Any key may be
+# overridden per call (``config=``), and so may ``OPAQUE_CVT`` and ``V_SCALE`` (see ``cached_attention_triton``).
 FP8_LAUNCH: dict[str, dict[str, int]] = {
     # Decode: measured best of the sweep (tools/kernel_bench.py --fp8-sweep, H200, 27B heads, hd 256, 32k keys):
     # narrow programs, many of them: 2 warps on 32-key tiles, 4 programs per SM (30.8 us vs 45.5 us bf16 = 1.48x;
     # round 4's 4 warps on 64-key tiles, 2 per SM: 33.3 us). With one or two warps splitting a 16-row block the
     # per-tile softmax and the P exchange between warps shrink; one warp was slower (48.8-93.5 us), and more than
-    # 4 programs per SM too. Compiler-placed conversion (OPAQUE_CVT 0: same time, less shared memory).
+    # 4 programs per SM too. Compiler-placed conversion (OPAQUE_CVT 0: same time, less shared memory). Round 7 (blocked
+    # V) swept again under both flushes: still the best; 5-6 programs per SM (register caps) ran 34-38 us.
     "decode": {"BLOCK_N": 32, "num_warps": 2, "num_stages": 3, "waves": 4, "OPAQUE_CVT": 0},
-    # 32-key tiles: 64-key ones spill registers with 128 rows (ptxas: ~160 spill instructions per tile). Two
-    # programs per SM where they fit (64-row blocks: 96 KB each at hd 256; 128-row ones fit once).
-    "verify": {"BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "waves": 2},
+    # More than 16 packed rows (verify, and decode of several rows): 32-row mma.sync blocks, each re-reading the KV
+    # tiles (from L2 after the first block), 64-key tiles on 4 warps. With the blocked V (round 7) this beat one
+    # 64/128-row wgmma block and 32-key tiles in every 32k case measured (H200, us; fp8_sweep_rows_h200_round7.txt,
+    # wgmma: fp8_sweep_verify_h200_round7.txt): 27B heads T=16 81.9 (wgmma 125.6, 32-key tiles 97.5), T=8 58.2
+    # (68.7); 4B heads T=16 58.9 (90.8, 68.5), T=8 36.4 (the T=1 launch: 52.5).
+    "rows": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "waves": 2, "OPAQUE_CVT": 0},
+    # Row blocks of 64-128 (only when a caller sets BLOCK_M; the verify default before round 7): wgmma. 32-key tiles:
+    # 64-key ones spill registers with 128 rows (ptxas: ~160 spill instructions per tile). Two programs per SM where
+    # they fit (64-row blocks: 96 KB each at hd 256; 128-row ones fit once).
+    "wide": {"BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "waves": 2},
 }
+# Warps of an FP8 decode program when the whole grid fits one program per SM (see attention_launch_config).
+FP8_SHORT_WARPS = 4
 # Largest model-dtype K+V of one layer (bytes, over the rows the grid is sized for) run with 16-row blocks whatever
 # T is (see attention_launch_config); the largest size measured to gain.
 SHORT_KV_BYTES = 8 << 20
@@ -272,7 +301,7 @@ def attention_launch_config(T: int, n_q_heads: int, n_kv_heads: int, head_dim: i
     group = n_q_heads // n_kv_heads
     m = T * group
     # One 128-row block serves a whole verify (e.g. 16 rows x 6 heads) per KV read: measured on an H200 at
-    # 32k, hd=256, T=16, it beat two 64-row blocks by 1.7x (FP8) and 1.9x (bf16).
+    # 32k, hd=256, T=16, it beat two 64-row blocks by 1.9x (bf16; FP8 caches now use 32-row blocks, below).
     max_m = 128 if q_bytes <= 2 else 32
     # A short model-dtype cache (all of its KV rows fit L2 easily) is latency-bound, not bandwidth-bound: 16-row
     # blocks, the decode launch, give more programs with less work each and re-read the KV from L2 (H200,
@@ -280,9 +309,12 @@ def attention_launch_config(T: int, n_q_heads: int, n_kv_heads: int, head_dim: i
     # 7.9 vs 10.4 us at 2048; Qwen3.5-4B 7.1 vs 9.7 and 14.7 vs 19.4; Qwen3.5-27B 8.5 vs 12.6 and 16.1 vs 17.2).
     if kv_bytes >= 2 and q_bytes <= 2 and 2 * key_len_hint * n_kv_heads * head_dim * kv_bytes <= SHORT_KV_BYTES:
         max_m = 16
+    if kv_bytes == 1 and q_bytes <= 2:
+        max_m = 32                                        # FP8 caches: mma.sync row blocks (see FP8_LAUNCH)
     block_m = overrides.get("BLOCK_M", min(max(16, triton.next_power_of_2(m)), max_m))
     if kv_bytes == 1 and q_bytes <= 2:
-        cfg = {"BLOCK_M": block_m, **FP8_LAUNCH["decode" if block_m <= 32 else "verify"]}
+        policy = "wide" if block_m > 32 else "rows" if m > 16 else "decode"
+        cfg = {"BLOCK_M": block_m, **FP8_LAUNCH[policy]}
     else:
         # 128 rows of bf16 hd=256 fit shared memory only with 32-key tiles.
         block_n = 32 if block_m >= 128 and head_dim >= 256 and kv_bytes >= 2 else 64
@@ -297,12 +329,26 @@ def attention_launch_config(T: int, n_q_heads: int, n_kv_heads: int, head_dim: i
         per_sm = smem_per_sm // (per_program + 1024)
         cfg["waves"] = max(1, min(cfg["waves"], per_sm))
     m_blocks = triton.cdiv(m, cfg["BLOCK_M"])
-    if "n_splits" in overrides:
-        n_splits = int(overrides["n_splits"])
-    else:
+
+    def split_count(block_n: int) -> int:
+        if "n_splits" in overrides:
+            return int(overrides["n_splits"])
         by_chip = triton.cdiv(cfg["waves"] * sm_count, m_blocks * n_kv_heads)
-        by_len = max(1, triton.cdiv(key_len_hint, 4 * cfg["BLOCK_N"]))
-        n_splits = max(1, min(by_chip, by_len, 256))
+        by_len = max(1, triton.cdiv(key_len_hint, 4 * block_n))
+        return max(1, min(by_chip, by_len, 256))
+
+    n_splits = split_count(cfg["BLOCK_N"])
+    if kv_bytes == 1 and q_bytes <= 2 and cfg["BLOCK_M"] <= 32:
+        # A key range too short to give every SM a program (the split count is capped by ~4 tiles per split).
+        # Under half the SMs busy with 64-key tiles: halve the tiles, which doubles the splits (H200, 27B heads,
+        # 4096 keys, T=4: 13.1 against 15.3 us); still at most one program per SM: more warps per program (4096
+        # keys, T=1, 32 splits: 4 warps 10.1 us, 2 warps 11.4). docs/measurements/fp8_sweep_*_h200_round7.txt.
+        if (cfg["BLOCK_N"] > 32 and "BLOCK_N" not in overrides
+                and m_blocks * n_kv_heads * n_splits <= sm_count // 2):
+            cfg["BLOCK_N"] = 32
+            n_splits = split_count(32)
+        if "num_warps" not in overrides and m_blocks * n_kv_heads * n_splits <= sm_count:
+            cfg["num_warps"] = FP8_SHORT_WARPS
     cfg.update(n_splits=n_splits, m_blocks=m_blocks)
     return cfg
 
@@ -379,13 +425,13 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
         q, k, v, ks, vs, start_t if start_t is not None else q, o_part, lse_part,
         int(start), T, n_splits, float(scale) * _LOG2E,
         q.stride(0), q.stride(1),
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k.stride(0), k.stride(1), *cache.v_strides(),
         *s_strides,
         o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part.stride(0), lse_part.stride(1),
         GROUP=group, HEAD_DIM=hd, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         IS_FP8=cache.fp8, START_FROM_PTR=start_t is not None, DOT_IEEE=q.dtype == torch.float32,
-        V_SCALE=v_scale, FP16_DOT=fp16_dot, OPAQUE_CVT=opaque, PDL=bool(pdl),
+        V_SCALE=v_scale, FP16_DOT=fp16_dot, OPAQUE_CVT=opaque, PDL=bool(pdl), V_BLOCK=cache.v_block,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl,
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
     )

@@ -89,14 +89,16 @@ def _norm_rope_row(base, w_ptr, d, partner, dm, in_rot, first_half, cos, sin, ep
 
 
 @triton.jit
-def _store_cache_row(row_ptr, scale_ptr, val, d, dm, ok, inv_fp8_max, min_scale, IS_FP8: tl.constexpr):
-    """Write one (token, head) vector; FP8: quantise it with its own scale, stored next to it."""
+def _store_cache_row(row_ptr, scale_ptr, val, d, dm, ok, inv_fp8_max, min_scale, IS_FP8: tl.constexpr,
+                     D_STRIDE: tl.constexpr = 1):
+    """Write one (token, head) vector, element d at ``row_ptr + d * D_STRIDE``; FP8: quantise it with its own
+    scale, stored next to it."""
     if IS_FP8:
         vf = val.to(tl.float32)
         amax = tl.max(tl.abs(vf), axis=0)
         scale = tl.maximum(amax * inv_fp8_max, min_scale)
         q = tl.minimum(tl.maximum(tl.math.div_rn(vf, scale), -448.0), 448.0)
-        tl.store(row_ptr + d, q.to(row_ptr.dtype.element_ty), mask=dm & ok)
+        tl.store(row_ptr + d * D_STRIDE, q.to(row_ptr.dtype.element_ty), mask=dm & ok)
         tl.store(scale_ptr, scale, mask=ok)
     else:
         tl.store(row_ptr + d, val.to(row_ptr.dtype.element_ty), mask=dm & ok)
@@ -108,11 +110,11 @@ def _qk_norm_rope_write_kernel(
     k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr,
     start, max_len, eps, inv_fp8_max, min_scale,
     stride_x, stride_cos, stride_sin, stride_qo,
-    stride_kn, stride_kh, stride_vn, stride_vh, stride_ksn, stride_ksh, stride_vsn, stride_vsh,
+    stride_kn, stride_kh, stride_vn, stride_vh, stride_vb, stride_ksn, stride_ksh, stride_vsn, stride_vsh,
     N_Q: tl.constexpr, Q_HEAD_STRIDE: tl.constexpr, K_COL: tl.constexpr, V_COL: tl.constexpr,
     HD: tl.constexpr, ROT: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr, ZERO_CENTRED: tl.constexpr,
-    IS_FP8: tl.constexpr, START_FROM_PTR: tl.constexpr, PDL: tl.constexpr,
+    IS_FP8: tl.constexpr, START_FROM_PTR: tl.constexpr, PDL: tl.constexpr, V_BLOCK: tl.constexpr,
 ):
     pdl_enter(PDL)
     t = tl.program_id(0)
@@ -135,8 +137,13 @@ def _qk_norm_rope_write_kernel(
         v = tl.load(row + V_COL + j * HD + d, mask=dm, other=0.0)
         _store_cache_row(k_ptr + pos * stride_kn + j * stride_kh, ks_ptr + pos * stride_ksn + j * stride_ksh,
                          k, d, dm, ok, inv_fp8_max, min_scale, IS_FP8)
-        _store_cache_row(v_ptr + pos * stride_vn + j * stride_vh, vs_ptr + pos * stride_vsn + j * stride_vsh,
-                         v, d, dm, ok, inv_fp8_max, min_scale, IS_FP8)
+        vs_row = vs_ptr + pos * stride_vsn + j * stride_vsh
+        if V_BLOCK:                                       # key-blocked, transposed V (FP8; see KVCache)
+            _store_cache_row(v_ptr + (pos // V_BLOCK) * stride_vb + j * stride_vh + pos % V_BLOCK, vs_row,
+                             v, d, dm, ok, inv_fp8_max, min_scale, IS_FP8, V_BLOCK)
+        else:
+            _store_cache_row(v_ptr + pos * stride_vn + j * stride_vh, vs_row, v, d, dm, ok, inv_fp8_max,
+                             min_scale, IS_FP8)
 
 
 _ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -191,7 +198,8 @@ def qk_norm_rope_write_triton(qkv: torch.Tensor, cache: KVCache, start: int,
                          f"(0, head_dim={hd}]")
     _check_norm_weight(q_norm, "q_norm", hd, qkv.dtype, zero_centred)
     _check_norm_weight(k_norm, "k_norm", hd, qkv.dtype, zero_centred)
-    if cache.k.shape[1:] != (n_kv, hd) or cache.v.shape != cache.k.shape:
+    v_rows = tuple(cache.v.shape[1:3] if cache.v_block else cache.v.shape[1:])    # blocked V: [blocks, h, d, vb]
+    if cache.k.shape[1:] != (n_kv, hd) or v_rows != (n_kv, hd):
         raise ValueError(f"cache rows {tuple(cache.k.shape[1:])} do not fit [n_kv={n_kv}, head_dim={hd}]")
     if cache.fp8 and (cache.k.dtype != FP8_DTYPE or cache.v.dtype != FP8_DTYPE):
         raise ValueError(f"FP8 cache must store {FP8_DTYPE}, has {cache.k.dtype} / {cache.v.dtype}")
@@ -221,11 +229,11 @@ def qk_norm_rope_write_triton(qkv: torch.Tensor, cache: KVCache, start: int,
         cache.k, cache.v, ks, vs, pos_t if pos_t is not None else qkv,
         int(start), cache.max_len, float(eps), _INV_FP8_MAX, _MIN_SCALE,
         qkv.stride(0), cos.stride(0), sin.stride(0), q.stride(0),
-        cache.k.stride(0), cache.k.stride(1), cache.v.stride(0), cache.v.stride(1), *ks_strides, *vs_strides,
+        cache.k.stride(0), cache.k.stride(1), *cache.v_strides(), *ks_strides, *vs_strides,
         N_Q=n_heads, Q_HEAD_STRIDE=(2 if gated else 1) * hd, K_COL=q_out, V_COL=q_out + n_kv * hd,
         HD=hd, ROT=rot, BLOCK_D=block_d,
         HAS_QNORM=q_norm is not None, HAS_KNORM=k_norm is not None, ZERO_CENTRED=zero_centred,
-        IS_FP8=cache.fp8, START_FROM_PTR=pos_t is not None, PDL=bool(pdl),
+        IS_FP8=cache.fp8, START_FROM_PTR=pos_t is not None, PDL=bool(pdl), V_BLOCK=cache.v_block,
         num_warps=max(1, min(4, block_d // 128)), **pdl,
     )
     return q, gate
