@@ -1,9 +1,14 @@
 #!/usr/bin/env python3
 """Where the time of one decode attention goes that does not scale with the cache (Qwen3.5-27B heads).
 
+0. The floor: a plain streaming read of as many bytes as the FP8 and the bf16 cache of 32768 keys hold, timed like
+   the attention (``kernel_bench.graph_us``, both flush modes). With the write flush, L2 starts full of dirty lines
+   that every read must first write back, so the floor there is far above bytes / bandwidth.
 1. Per call after an L2 flush (``kernel_bench.graph_us``, both flush modes), at 16, 4096 and 32768 keys: the
    bf16-KV and FP8-KV paths, and the FP8 path's merge launch alone. The 16-key figures are
    the fixed cost; the differences to 32k are the streaming cost.
+1b. The split kernel alone (the merge launch replaced by nothing) at 32768 keys: the merge's share of a call.
+   Then the same 32768-key calls with the merge launch left out (the split kernel alone): the merge's share.
 2. The merge launch alone by split count and columns per program (``BLOCK_D``).
 3. Per call inside one CUDA graph of 16 back-to-back calls over 16 different 32k caches, as the 16 attention layers
    of a 27B decode step read 16 different caches: no flush is needed (16 caches are far larger than L2) and
@@ -20,8 +25,11 @@ from __future__ import annotations
 import sys
 from functools import partial
 from pathlib import Path
+from unittest import mock
 
 import torch
+import triton
+import triton.language as tl
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -30,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernel_bench import graph_us, make_cache  # noqa: E402
 
 from edgespec.arch.graphs import capture_graph  # noqa: E402
-from edgespec.kernels import sm_count  # noqa: E402
+from edgespec.kernels import sm_count, triton_attention  # noqa: E402
 from edgespec.kernels.triton_attention import (  # noqa: E402
     attention_bytes,
     attention_launch_config,
@@ -43,14 +51,42 @@ N_Q, N_KV, HD = 24, 4, 256
 LAYERS = 16
 
 
-def forms(q: torch.Tensor, c16, c8, start: int, scale: float) -> dict:
-    """name -> call, for one bf16 and one FP8 cache."""
+@triton.jit
+def _stream_read_kernel(x_ptr, out_ptr, n_per_prog, BLOCK: tl.constexpr):
+    """Read ``n_per_prog`` int32 of ``x`` per program (16-byte vectors) and keep one xor of them."""
+    pid = tl.program_id(0)
+    base = x_ptr + pid.to(tl.int64) * n_per_prog
+    acc = tl.zeros([BLOCK], tl.int32)
+    for i in range(0, n_per_prog, BLOCK):
+        acc ^= tl.load(base + i + tl.arange(0, BLOCK))
+    tl.store(out_ptr + pid, tl.reduce(acc, 0, _xor))
+
+
+@triton.jit
+def _xor(a, b):
+    return a ^ b
+
+
+def stream_read_us(nbytes: int, flush: str) -> float:
+    """Graph-timed streaming read of ``nbytes`` (rounded to whole programs) after an L2 flush."""
+    programs = 4 * sm_count(torch.device("cuda"))
+    block = 4096
+    per_prog = -(-nbytes // (4 * programs * block)) * block
+    x = torch.zeros(programs * per_prog, dtype=torch.int32, device="cuda")
+    out = torch.empty(programs, dtype=torch.int32, device="cuda")
+    return graph_us(partial(_stream_read_kernel[(programs,)], x, out, per_prog, BLOCK=block, num_warps=8),
+                    reps=10, rep_ms=30, flush_mode=flush)
+
+
+def forms(q: torch.Tensor, c16, c8, c8_rows, start: int, scale: float) -> dict:
+    """name -> call, for one bf16 cache and one FP8 cache in each V layout (blocked: the default)."""
     cfg = attention_launch_config(1, N_Q, N_KV, HD, start + 1, sm_count(q.device), 1, 2)
     o_part = torch.randn((cfg["n_splits"], 1, N_Q, HD), dtype=torch.float32, device="cuda")
     lse = torch.randn((cfg["n_splits"], 1, N_Q), dtype=torch.float32, device="cuda")
     res = torch.empty((1, N_Q, HD), dtype=torch.bfloat16, device="cuda")
     return {"bf16": partial(cached_attention_triton, q, c16, start, scale),
             "fp8": partial(cached_attention_triton, q, c8, start, scale),
+            "fp8 key-major V": partial(cached_attention_triton, q, c8_rows, start, scale),
             "fp8 merge only": partial(merge_splits, o_part, lse, res, pdl_launch(q.device))}
 
 
@@ -68,14 +104,29 @@ def main() -> int:
         return 1
     scale = HD ** -0.5
     q = torch.randn(1, N_Q, HD, device="cuda", dtype=torch.bfloat16)
+    print("0. streaming read of the bytes of one 32768-key cache, no arithmetic (us, GB/s)")
+    for name, fp8 in (("fp8", True), ("bf16", False)):
+        nbytes = attention_bytes(1, N_Q, N_KV, HD, 32768, fp8)
+        cells = []
+        for flush in ("write", "read"):
+            us = stream_read_us(nbytes, flush)
+            cells.append(f"flush={flush} {us:6.1f} us {nbytes / us * 1e-3:5.0f} GB/s")
+        print(f"  {name:<5} {nbytes / 1e6:6.1f} MB  " + " | ".join(cells), flush=True)
     print("1. one call after an L2 flush (us)")
     for ctx in (16, 4096, 32768):
         c16, c8 = make_cache(ctx, N_KV, HD, False), make_cache(ctx, N_KV, HD, True)
+        c8_rows = make_cache(ctx, N_KV, HD, True, v_block=0)
         for flush in ("write", "read"):
             cells = [f"{name} {graph_us(fn, reps=10, rep_ms=30, flush_mode=flush):6.1f}"
-                     for name, fn in forms(q, c16, c8, ctx - 1, scale).items()]
+                     for name, fn in forms(q, c16, c8, c8_rows, ctx - 1, scale).items()]
             print(f"  ctx={ctx:<6} flush={flush:<5} " + " | ".join(cells), flush=True)
-        del c16, c8
+        if ctx == 32768:
+            with mock.patch.object(triton_attention, "merge_splits", lambda *args, **kwargs: None):
+                for flush in ("write", "read"):
+                    cells = [f"{name} {graph_us(fn, reps=10, rep_ms=30, flush_mode=flush):6.1f}"
+                             for name, fn in forms(q, c16, c8, c8_rows, ctx - 1, scale).items() if "merge" not in name]
+                    print(f"  ctx={ctx:<6} flush={flush:<5} split kernel alone: " + " | ".join(cells), flush=True)
+        del c16, c8, c8_rows
         torch.cuda.empty_cache()
     print("2. the merge launch alone by split count and BLOCK_D (us, write flush; None = the default rule)")
     for splits in (16, 32, 66, 132):
@@ -87,11 +138,11 @@ def main() -> int:
         print(f"  splits={splits:<4} " + " | ".join(cells), flush=True)
     ctx = 32768
     print(f"3. {LAYERS} calls over {LAYERS} different {ctx}-key caches in one graph (us per call, GB/s)")
-    for fp8 in (False, True):
-        caches = [make_cache(ctx, N_KV, HD, fp8) for _ in range(LAYERS)]
+    for name, fp8, v_block in (("bf16", False, None), ("fp8", True, None), ("fp8 key-major V", True, 0)):
+        caches = [make_cache(ctx, N_KV, HD, fp8, v_block) for _ in range(LAYERS)]
         nbytes = attention_bytes(1, N_Q, N_KV, HD, ctx, fp8)
         us = sequence_us([partial(cached_attention_triton, q, c, ctx - 1, scale) for c in caches])
-        print(f"  {'fp8' if fp8 else 'bf16'} {us:6.1f} us  {nbytes / us * 1e-3:5.0f} GB/s", flush=True)
+        print(f"  {name} {us:6.1f} us  {nbytes / us * 1e-3:5.0f} GB/s", flush=True)
         del caches
         torch.cuda.empty_cache()
     return 0

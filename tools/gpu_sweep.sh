@@ -14,7 +14,7 @@ for s in $stages; do
   case $s in
     tests) python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_gpu_session.py \
              tests/test_deferred_gpu.py tests/test_dflash.py tests/test_rope_fused.py tests/test_argmax.py \
-             tests/test_head_norm_rope.py tests/test_block_attention_split.py tests/test_window_write.py \
+             tests/test_head_norm_rope.py tests/test_block_attention_split.py tests/test_window_write.py tests/test_attn_sass.py \
              2>&1 | tail -15 | tee "$OUT/tests.txt" ;;
     new-tests) python3 -m pytest -q -p no:cacheprovider tests/test_argmax.py tests/test_head_norm_rope.py \
              tests/test_block_attention_split.py tests/test_window_write.py tests/test_dflash.py \

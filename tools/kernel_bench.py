@@ -163,8 +163,9 @@ class Table:
         return "\n".join(lines)
 
 
-def make_cache(max_len: int, n_kv: int, hd: int, fp8: bool) -> KVCache:
-    cache = KVCache(max_len, n_kv, hd, torch.bfloat16, DEV, fp8=fp8)
+def make_cache(max_len: int, n_kv: int, hd: int, fp8: bool, v_block: int | None = None) -> KVCache:
+    """A bf16 or FP8 cache of random rows; ``v_block`` picks an FP8 cache's V layout (None: the default)."""
+    cache = KVCache(max_len, n_kv, hd, torch.bfloat16, DEV, fp8=fp8, v_block=v_block)
     step = 8192                         # write in slices: quantising 32k rows at once needs a big fp32 temp
     for s0 in range(0, max_len, step):
         n = min(step, max_len - s0)
@@ -305,15 +306,32 @@ def fp8_sweep_configs(T: int, group: int) -> list[dict[str, Any]]:
             {"BLOCK_N": 16, "num_warps": 2, "num_stages": 4, "waves": 6},
             {"BLOCK_N": 16, "num_warps": 1, "num_stages": 4, "waves": 8},
             {"BLOCK_N": 32, "num_warps": 2, "num_stages": 3, "waves": 5, "maxnreg": 168},
+            # Round 7, with the key-blocked V (fewer registers: 210 against 255 per thread).
+            {"BLOCK_N": 64, "num_warps": 2, "num_stages": 3, "waves": 2},
+            {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "waves": 2},
+            {"BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "waves": 3},
+            {"BLOCK_N": 32, "num_warps": 2, "num_stages": 4, "waves": 3},
+            {"BLOCK_N": 32, "num_warps": 2, "num_stages": 3, "waves": 5},
+            # 200 registers (ptxas: no spills with the blocked V) let 5 programs share an SM; 168 (a few spills)
+            # and 2 stages (shared memory) let 6. Round 7: 34-38 us against the default's 25-26 (read flush).
+            {"BLOCK_N": 32, "num_warps": 2, "num_stages": 3, "waves": 4},          # the T=1 launch at 17-32 rows
+            {"waves": 5, "maxnreg": 200},
+            {"waves": 6, "maxnreg": 168, "num_stages": 2},
+            {"waves": 5, "maxnreg": 200, "num_stages": 2},
         ]
-    return [                                                 # verify: natural row blocks of 64-128, wgmma
+    wide = min(128, triton.next_power_of_2(T * group))      # one row block for all rows (wgmma)
+    return [                                                 # verify: 32-row mma.sync blocks, 64-key tiles (round 7)
         {},
-        {**old, "num_warps": 8, "waves": 1},
-        {"BLOCK_N": 16, "num_warps": 8, "num_stages": 4, "waves": 2},         # no register spills at 128 rows
+        {**old, "BLOCK_M": wide, "num_warps": 8, "waves": 1},                   # the pre-rework default
+        {"BLOCK_M": wide, "BLOCK_N": 16, "num_warps": 8, "num_stages": 4, "waves": 2},  # no spills at 128 rows
         {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "waves": 2},
         {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "waves": 2},   # mma.sync; KV re-read (L2)
         {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "waves": 2},
-        {"waves": 1},
+        {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "waves": 2},
+        {"BLOCK_M": wide, "waves": 1},
+        {"BLOCK_M": wide},                                   # the round-6 default: one wgmma block, OPAQUE_CVT
+        {"waves": 3},
+        {"num_warps": 2, "waves": 4},
     ]
 
 
@@ -367,6 +385,12 @@ def sweep_fp8_attention(budget_s: float, rows: tuple[int, ...] = (1, 16)) -> lis
         c8, c16 = caches[(ctx, n_kv, hd, True)], caches[(ctx, n_kv, hd, False)]
         start, scale = ctx - T, hd ** -0.5
         q = torch.randn(T, n_q, hd, device=DEV, dtype=torch.bfloat16)
+        # The same FP8 rows with a key-major V (the layout before round 7), under the default launch.
+        c8_rows = KVCache(ctx, n_kv, hd, torch.bfloat16, DEV, fp8=True, v_block=0)
+        c8_rows.k.copy_(c8.k)
+        c8_rows.k_scale.copy_(c8.k_scale)
+        c8_rows.v_scale.copy_(c8.v_scale)
+        c8_rows.v.copy_(c8.v_rows(ctx))
         bf16_us = graph_us(partial(cached_attention_triton, q, c16, start, scale), reps=10, rep_ms=30)
         ref = _attention_ref_from_cache(q.float(), c8, start, scale)
         nbytes = attention_bytes(T, n_q, n_kv, hd, ctx, True)
@@ -374,7 +398,10 @@ def sweep_fp8_attention(budget_s: float, rows: tuple[int, ...] = (1, 16)) -> lis
               f"({attention_bytes(T, n_q, n_kv, hd, ctx, False) / bf16_us * 1e-3:.0f} GB/s)", flush=True)
         best: tuple[float, str, dict[str, Any]] | None = None
         default_us = float("nan")
-        for tag, fn, shown in _fp8_candidates(q, c8, start, scale, n_q, n_kv, hd, ctx):
+        cands = _fp8_candidates(q, c8, start, scale, n_q, n_kv, hd, ctx)
+        cands.insert(1, ("key-major V", partial(cached_attention, q, c8_rows, start, scale),
+                         {**cands[0][2], "v_block": 0}))
+        for tag, fn, shown in cands:
             row: dict[str, Any] = {"model": name, "ctx": ctx, "T": T, "tag": tag, "bf16_default_us": bf16_us,
                                    **shown}
             try:

@@ -1,0 +1,61 @@
+"""The FP8 decode attention's compiled key loop (sm_90 SASS, compiled off the GPU by tools/attn_sass.py): the
+key-blocked V must keep the p.V operand free of single-byte shared-memory gathers. Needs Triton (the ``gpu`` extra),
+not a GPU; skipped where Triton is not installed."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _sass_tool():
+    spec = importlib.util.spec_from_file_location("_attn_sass_for_tests", ROOT / "tools" / "attn_sass.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _loop(v_block: int) -> tuple[int, dict[str, int]]:
+    tool = _sass_tool()
+    args = argparse.Namespace(kv="fp8", group=6, head_dim=256, block_m=16, block_n=32, warps=2, stages=3, opaque=0,
+                              v_block=v_block, maxnreg=0)
+    try:
+        kernel = tool.compile_split_kernel(args)
+    except Exception as exc:  # a Triton build without the NVIDIA backend's ptxas
+        pytest.skip(f"cannot compile for sm_90 here: {type(exc).__name__}: {exc}")
+    bin_dir = Path(tool.triton.__file__).parent / "backends" / "nvidia" / "bin"
+    cubin = ROOT / ".pytest_attn.cubin"
+    try:
+        cubin.write_bytes(kernel.asm["cubin"])
+        sass = subprocess.run([bin_dir / "cuobjdump", "--dump-sass", cubin], capture_output=True, text=True,
+                              check=True).stdout
+    finally:
+        cubin.unlink(missing_ok=True)
+    return tool.loop_histogram(sass)
+
+
+def test_blocked_v_has_no_byte_gathers():
+    n_blocked, blocked = _loop(32)
+    n_rows, rows = _loop(0)
+    assert rows.get("LDS.U8", 0) > 0                       # the key-major V: the operand gathered byte by byte
+    assert blocked.get("LDS.U8", 0) == 0 and blocked.get("LDG.E.U8", 0) == 0
+    assert blocked.get("LDGSTS.E.BYPASS.128", 0) > 0       # K and V tiles copied as 16-byte vectors
+    assert n_blocked < 0.8 * n_rows
+
+
+def test_tool_runs_as_a_script():
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "attn_sass.py"), "--top", "3"], capture_output=True,
+                         text=True, timeout=300)
+    if out.returncode != 0 and "ptxas" in out.stderr:
+        pytest.skip("no ptxas for sm_90 here")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "instructions per warp per 32-key tile" in out.stdout

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Compile the split attention kernel for sm_90 without a GPU and count what its key loop executes.
+
+Triton compiles for any target it is told (``GPUTarget("cuda", 90, 32)``) and ships ``ptxas`` and ``cuobjdump``, so
+registers, spills, shared memory and the SASS of the main loop can be read on a CPU machine. The loop is the largest
+backward branch of the kernel; its opcode counts are per warp and per key tile. Round 7 found the FP8 V byte gathers
+this way (``LDS.U8``: 128 per tile with a key-major V, none with the key-blocked V).
+
+Usage (from the repository root; FP8 decode launch of the 27B heads unless told otherwise)::
+
+    python tools/attn_sass.py                         # the default FP8 decode program
+    python tools/attn_sass.py --v-block 0             # the key-major V layout
+    python tools/attn_sass.py --kv bf16 --block-n 64 --warps 4
+    python tools/attn_sass.py --block-m 128 --warps 8 --opaque 1     # the FP8 verify program
+
+Pointers and strides are marked 16-divisible, as a real launch specialises them; without that hint every load
+compiles to single bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from edgespec.kernels import triton_attention as ta  # noqa: E402
+
+_INSTR = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
+_BRANCH = re.compile(r"BRA (0x[0-9a-f]+)")
+
+
+def compile_split_kernel(args: argparse.Namespace) -> triton.compiler.CompiledKernel:
+    """The kernel as ``cached_attention_triton`` would launch it with these constants."""
+    fp8 = args.kv == "fp8"
+    kv_ptr = "*fp8e4nv" if fp8 else "*bf16"
+    types = {"q_ptr": "*bf16", "k_ptr": kv_ptr, "v_ptr": kv_ptr, "ks_ptr": "*fp32" if fp8 else kv_ptr,
+             "vs_ptr": "*fp32" if fp8 else kv_ptr, "start_ptr": "*bf16", "o_part_ptr": "*fp32",
+             "lse_part_ptr": "*fp32", "qk_scale": "fp32"}
+    consts = dict(GROUP=args.group, HEAD_DIM=args.head_dim, BLOCK_M=args.block_m, BLOCK_N=args.block_n,
+                  IS_FP8=fp8, START_FROM_PTR=False, DOT_IEEE=False, V_SCALE=3 if fp8 else 0, FP16_DOT=fp8,
+                  OPAQUE_CVT=args.opaque if fp8 else 0, PDL=True, V_BLOCK=args.v_block if fp8 else 0)
+    names = ta._attn_split_kernel.arg_names
+    signature = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if n not in consts and (signature[n].startswith("*") or n.startswith("stride"))}
+    src = ASTSource(fn=ta._attn_split_kernel, signature=signature,
+                    constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
+    options = {"num_warps": args.warps, "num_stages": args.stages}
+    if args.maxnreg:
+        options["maxnreg"] = args.maxnreg
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def loop_histogram(sass: str) -> tuple[int, collections.Counter]:
+    """Instruction count and opcode histogram of the largest loop (largest backward branch) of ``sass``."""
+    ins = [(int(m.group(1), 16), m.group(2).strip()) for m in map(_INSTR.match, sass.splitlines()) if m]
+    best = (0, -1)
+    for addr, text in ins:
+        m = _BRANCH.search(text)
+        if m and int(m.group(1), 16) < addr and addr - int(m.group(1), 16) > best[1] - best[0]:
+            best = (int(m.group(1), 16), addr)
+    body = [t for a, t in ins if best[0] <= a <= best[1]]
+    return len(body), collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for t in body)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kv", choices=("fp8", "bf16"), default="fp8")
+    ap.add_argument("--group", type=int, default=6, help="query heads per KV head (27B: 24 / 4)")
+    ap.add_argument("--head-dim", type=int, default=256)
+    ap.add_argument("--block-m", type=int, default=16)
+    ap.add_argument("--block-n", type=int, default=ta.FP8_LAUNCH["decode"]["BLOCK_N"])
+    ap.add_argument("--warps", type=int, default=ta.FP8_LAUNCH["decode"]["num_warps"])
+    ap.add_argument("--stages", type=int, default=ta.FP8_LAUNCH["decode"]["num_stages"])
+    ap.add_argument("--opaque", type=int, default=ta.FP8_LAUNCH["decode"]["OPAQUE_CVT"])
+    ap.add_argument("--v-block", type=int, default=32, help="FP8 V layout: keys per block (0: key-major)")
+    ap.add_argument("--maxnreg", type=int, default=0)
+    ap.add_argument("--top", type=int, default=16, help="opcodes to print")
+    args = ap.parse_args()
+    kernel = compile_split_kernel(args)
+    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "attn.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        usage = subprocess.run([bin_dir / "cuobjdump", "--dump-resource-usage", cubin], capture_output=True,
+                               text=True, check=True).stdout
+        sass = subprocess.run([bin_dir / "cuobjdump", "--dump-sass", cubin], capture_output=True, text=True,
+                              check=True).stdout
+    regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    n, hist = loop_histogram(sass)
+    print(f"registers {regs.group(1)}  stack {regs.group(2)} B  shared {kernel.metadata.shared} B  "
+          f"loop {n} instructions per warp per {args.block_n}-key tile")
+    print("  " + "; ".join(f"{op} {c}" for op, c in hist.most_common(args.top)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
