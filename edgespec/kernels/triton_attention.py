@@ -255,7 +255,7 @@ FP8_LAUNCH: dict[str, dict[str, int]] = {
     # tiles (from L2 after the first block), 64-key tiles on 4 warps. With the blocked V (round 7) this beat one
     # 64/128-row wgmma block and 32-key tiles in every 32k case measured (H200, us; fp8_sweep_rows_h200_round7.txt,
     # wgmma: fp8_sweep_verify_h200_round7.txt): 27B heads T=16 81.9 (wgmma 125.6, 32-key tiles 97.5), T=8 58.2
-    # (68.7); 4B heads T=16 58.9 (90.8, 68.5), T=8 36.4 (the T=1 launch: 52.5).
+    # (wgmma 89.5, 32-key tiles 68.7); 4B heads T=16 58.9 (90.8, 68.5), T=8 36.4 (the T=1 launch: 52.5).
     "rows": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "waves": 2, "OPAQUE_CVT": 0},
     # Row blocks of 64-128 (only when a caller sets BLOCK_M; the verify default before round 7): wgmma. 32-key tiles:
     # 64-key ones spill registers with 128 rows (ptxas: ~160 spill instructions per tile). Two programs per SM where
