@@ -32,15 +32,7 @@ def _loop(v_block: int) -> tuple[int, dict[str, int]]:
         kernel = tool.compile_split_kernel(args)
     except Exception as exc:  # a Triton build without the NVIDIA backend's ptxas
         pytest.skip(f"cannot compile for sm_90 here: {type(exc).__name__}: {exc}")
-    bin_dir = Path(tool.triton.__file__).parent / "backends" / "nvidia" / "bin"
-    cubin = ROOT / ".pytest_attn.cubin"
-    try:
-        cubin.write_bytes(kernel.asm["cubin"])
-        sass = subprocess.run([bin_dir / "cuobjdump", "--dump-sass", cubin], capture_output=True, text=True,
-                              check=True).stdout
-    finally:
-        cubin.unlink(missing_ok=True)
-    return tool.loop_histogram(sass)
+    return tool.loop_histogram(tool.dump(kernel)[1])
 
 
 def test_blocked_v_has_no_byte_gathers():

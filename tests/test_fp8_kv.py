@@ -43,6 +43,7 @@ def test_blocked_v_layout_matches_key_major():
     blocked = KVCache(70, 3, 32, torch.float32, "cpu", fp8=True, v_block=16)
     rows = KVCache(70, 3, 32, torch.float32, "cpu", fp8=True, v_block=0)
     assert blocked.v.shape == (5, 3, 32, 16) and rows.v.shape == (70, 3, 32)
+    assert blocked.v_row_shape == rows.v_row_shape == (3, 32)
     for c in (blocked, rows):
         c.write(0, k[:40], v[:40])
         c.write(40, k[40:45], v[40:45], pos_t=torch.tensor(40))

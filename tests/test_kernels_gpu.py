@@ -685,11 +685,7 @@ def test_fp8_v_layouts_give_the_same_attention(T: int, start: int) -> None:
     blocked = make_cache(start + T + 50, n_kv, hd, start + T, torch.bfloat16, True)
     junk = 300.0 * torch.randn(20, n_kv, hd, device=DEV, dtype=torch.bfloat16)    # rows of a rolled-back draft
     blocked.write(start + T, junk, junk)
-    rows = KVCache(blocked.max_len, n_kv, hd, torch.bfloat16, DEV, fp8=True, v_block=0)
-    rows.k.copy_(blocked.k)
-    rows.k_scale.copy_(blocked.k_scale)
-    rows.v_scale.copy_(blocked.v_scale)
-    rows.v.copy_(blocked.v_rows(blocked.max_len))
+    rows = _kernel_bench().key_major_twin(blocked)
     q = torch.randn(T, n_q, hd, device=DEV, dtype=torch.bfloat16)
     ref = attention_oracle(q, blocked, start, hd ** -0.5)
     a = cached_attention_triton(q, blocked, start, hd ** -0.5)

@@ -7,7 +7,6 @@
 1. Per call after an L2 flush (``kernel_bench.graph_us``, both flush modes), at 16, 4096 and 32768 keys: the
    bf16-KV and FP8-KV paths, and the FP8 path's merge launch alone. The 16-key figures are
    the fixed cost; the differences to 32k are the streaming cost.
-1b. The split kernel alone (the merge launch replaced by nothing) at 32768 keys: the merge's share of a call.
    Then the same 32768-key calls with the merge launch left out (the split kernel alone): the merge's share.
 2. The merge launch alone by split count and columns per program (``BLOCK_D``).
 3. Per call inside one CUDA graph of 16 back-to-back calls over 16 different 32k caches, as the 16 attention layers

@@ -61,6 +61,16 @@ def compile_split_kernel(args: argparse.Namespace) -> triton.compiler.CompiledKe
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
+def dump(kernel: triton.compiler.CompiledKernel) -> tuple[str, str]:
+    """(resource usage, SASS) of a compiled kernel, read with the ``cuobjdump`` that Triton ships."""
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "attn.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        return tuple(subprocess.run([cuobjdump, flag, cubin], capture_output=True, text=True, check=True).stdout
+                     for flag in ("--dump-resource-usage", "--dump-sass"))
+
+
 def loop_histogram(sass: str) -> tuple[int, collections.Counter]:
     """Instruction count and opcode histogram of the largest loop (largest backward branch) of ``sass``."""
     ins = [(int(m.group(1), 16), m.group(2).strip()) for m in map(_INSTR.match, sass.splitlines()) if m]
@@ -88,14 +98,7 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=16, help="opcodes to print")
     args = ap.parse_args()
     kernel = compile_split_kernel(args)
-    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "attn.cubin"
-        cubin.write_bytes(kernel.asm["cubin"])
-        usage = subprocess.run([bin_dir / "cuobjdump", "--dump-resource-usage", cubin], capture_output=True,
-                               text=True, check=True).stdout
-        sass = subprocess.run([bin_dir / "cuobjdump", "--dump-sass", cubin], capture_output=True, text=True,
-                              check=True).stdout
+    usage, sass = dump(kernel)
     regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     n, hist = loop_histogram(sass)
     print(f"registers {regs.group(1)}  stack {regs.group(2)} B  shared {kernel.metadata.shared} B  "

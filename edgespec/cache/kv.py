@@ -102,6 +102,11 @@ class KVCache:
             self.k[start:end] = k
             self.v[start:end] = v
 
+    @property
+    def v_row_shape(self) -> tuple[int, int]:
+        """``(n_kv_heads, head_dim)`` of one V row, whatever the layout."""
+        return tuple(self.v.shape[1:3] if self.v_block else self.v.shape[1:])
+
     def v_strides(self) -> tuple[int, int, int]:
         """Element strides of V for kernels: (per key, per head, per key block); the unused one is 0 (key-major V
         has no blocks; blocked V steps one key by 1 within a block)."""

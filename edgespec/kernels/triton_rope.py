@@ -101,7 +101,7 @@ def _store_cache_row(row_ptr, scale_ptr, val, d, dm, ok, inv_fp8_max, min_scale,
         tl.store(row_ptr + d * D_STRIDE, q.to(row_ptr.dtype.element_ty), mask=dm & ok)
         tl.store(scale_ptr, scale, mask=ok)
     else:
-        tl.store(row_ptr + d, val.to(row_ptr.dtype.element_ty), mask=dm & ok)
+        tl.store(row_ptr + d * D_STRIDE, val.to(row_ptr.dtype.element_ty), mask=dm & ok)
 
 
 @triton.jit(do_not_specialize=["start"])
@@ -198,8 +198,7 @@ def qk_norm_rope_write_triton(qkv: torch.Tensor, cache: KVCache, start: int,
                          f"(0, head_dim={hd}]")
     _check_norm_weight(q_norm, "q_norm", hd, qkv.dtype, zero_centred)
     _check_norm_weight(k_norm, "k_norm", hd, qkv.dtype, zero_centred)
-    v_rows = tuple(cache.v.shape[1:3] if cache.v_block else cache.v.shape[1:])    # blocked V: [blocks, h, d, vb]
-    if cache.k.shape[1:] != (n_kv, hd) or v_rows != (n_kv, hd):
+    if cache.k.shape[1:] != (n_kv, hd) or cache.v_row_shape != (n_kv, hd):
         raise ValueError(f"cache rows {tuple(cache.k.shape[1:])} do not fit [n_kv={n_kv}, head_dim={hd}]")
     if cache.fp8 and (cache.k.dtype != FP8_DTYPE or cache.v.dtype != FP8_DTYPE):
         raise ValueError(f"FP8 cache must store {FP8_DTYPE}, has {cache.k.dtype} / {cache.v.dtype}")
