@@ -12,15 +12,25 @@
 3. Per call inside one CUDA graph of 16 back-to-back calls over 16 different 32k caches, as the 16 attention layers
    of a 27B decode step read 16 different caches: no flush is needed (16 caches are far larger than L2) and
    consecutive launches overlap as they do in a decode graph (programmatic dependent launch).
+4. Launch variants (``config=`` overrides, ``VARIANTS``) of both caches at 32k keys, timed all three ways.
+5. The target's figure, repeated: one call at 32k keys after each flush, ``--repeat`` times (fresh graphs each
+   time), with the median and the range of each path and of the bf16 / FP8 ratio. Single runs of it have moved by
+   up to 0.9 us between machine starts (round 8), which is 0.05 of the ratio.
+6. Head-major K and scales (``kernel_bench.head_major_twin``): the same rows with each KV head's keys contiguous,
+   read through strides by the unchanged kernel, timed like section 4 beside the default layout.
 
 Round 6 ran an earlier version with a CUDA decode kernel beside these (removed again: slower than the Triton
 one); its outputs are ``docs/measurements/attn_overhead_probe*_h200_round6.txt``.
 
-``bash tools/gpu_sweep.sh attn-probe`` on a CUDA machine (it installs the package first: ``edgespec.arch``).
+``bash tools/gpu_sweep.sh attn-probe`` on a CUDA machine (it installs the package first: ``edgespec.arch``);
+``python tools/attn_overhead_probe.py --sections 5 --repeat 9`` for the target figure alone.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import statistics
 import sys
 from functools import partial
 from pathlib import Path
@@ -34,7 +44,7 @@ from triton.testing import do_bench
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kernel_bench import graph_us, make_cache  # noqa: E402
+from kernel_bench import graph_us, head_major_twin, make_cache  # noqa: E402
 
 from edgespec.arch.graphs import capture_graph  # noqa: E402
 from edgespec.kernels import sm_count, triton_attention  # noqa: E402
@@ -97,12 +107,98 @@ def sequence_us(calls: list) -> float:
     return ms * 1e3 / len(calls)
 
 
+# Section 4: ``config=`` overrides of the default launch, each timed on both caches. Round 8 ran experimental kernel
+# forms here (branches round8-attn-experiments, round8-pipe-qk-experiment; docs/benchmarks.md, round 8).
+VARIANTS = [{}, {"waves": 3}, {"waves": 5}, {"num_warps": 4}, {"BLOCK_N": 64, "num_warps": 4, "waves": 2},
+            {"num_stages": 2}, {"num_stages": 4}]
+
+
+def variants_at_32k(q: torch.Tensor, scale: float, variants: list[dict]) -> None:
+    """4. Launch variants (``config=`` overrides) of both caches at 32768 keys: one call after either flush, and per
+    call over 16 back-to-back calls."""
+    ctx = 32768
+    print(f"4. launch variants at {ctx} keys (us: one call write | read flush | per call of {LAYERS} back to back)")
+    for name, fp8 in (("fp8", True), ("bf16", False)):
+        caches = [make_cache(ctx, N_KV, HD, fp8) for _ in range(LAYERS)]
+        for extra in variants:
+            fn = partial(cached_attention_triton, q, caches[0], ctx - 1, scale, config=dict(extra))
+            cells = [f"{graph_us(fn, reps=10, rep_ms=30, flush_mode=flush):6.1f}" for flush in ("write", "read")]
+            seq = sequence_us([partial(cached_attention_triton, q, c, ctx - 1, scale, config=dict(extra))
+                               for c in caches])
+            print(f"  {name} {extra or 'default'}: " + " | ".join(cells) + f" | {seq:6.1f}", flush=True)
+        del caches
+        torch.cuda.empty_cache()
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device")
         return 1
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sections", default="0,1,2,3,4,5,6", help="comma-separated sections to run (0-6)")
+    ap.add_argument("--repeat", type=int, default=5, help="section 5: timings per path and flush")
+    ap.add_argument("--variants", default=None,
+                    help='section 4: a JSON list of config overrides instead of VARIANTS, e.g. \'[{}, {"waves": 3}]\'')
+    args = ap.parse_args()
+    sections = {int(x) for x in args.sections.split(",")}
     scale = HD ** -0.5
     q = torch.randn(1, N_Q, HD, device="cuda", dtype=torch.bfloat16)
+    if 0 in sections:
+        floors()
+    if 1 in sections:
+        per_call(q, scale)
+    if 2 in sections:
+        merge_sweep(q)
+    if 3 in sections:
+        back_to_back(q, scale)
+    if 4 in sections:
+        variants_at_32k(q, scale, json.loads(args.variants) if args.variants else VARIANTS)
+    if 5 in sections:
+        repeated_target(q, scale, args.repeat)
+    if 6 in sections:
+        head_major_layouts(q, scale)
+    return 0
+
+
+def head_major_layouts(q: torch.Tensor, scale: float) -> None:
+    """6. The default layouts against head-major K (and key-major V) and scales, at 32768 keys."""
+    ctx = 32768
+    print(f"6. head-major K and scales at {ctx} keys (us: one call write | read flush | per call of {LAYERS} back to "
+          "back; max |difference| of the outputs)")
+    for name, fp8 in (("fp8", True), ("bf16", False)):
+        caches = [make_cache(ctx, N_KV, HD, fp8) for _ in range(LAYERS)]
+        for layout in ("default", "head-major"):
+            if layout == "head-major":
+                want = cached_attention_triton(q, caches[0], ctx - 1, scale)
+                caches = [head_major_twin(c) for c in caches]
+                diff = (cached_attention_triton(q, caches[0], ctx - 1, scale) - want).abs().max().item()
+            fn = partial(cached_attention_triton, q, caches[0], ctx - 1, scale)
+            cells = [f"{graph_us(fn, reps=10, rep_ms=30, flush_mode=flush):6.1f}" for flush in ("write", "read")]
+            seq = sequence_us([partial(cached_attention_triton, q, c, ctx - 1, scale) for c in caches])
+            tail = f" | diff {diff:.1e}" if layout == "head-major" else ""
+            print(f"  {name} {layout}: " + " | ".join(cells) + f" | {seq:6.1f}{tail}", flush=True)
+        del caches
+        torch.cuda.empty_cache()
+
+
+def repeated_target(q: torch.Tensor, scale: float, repeat: int) -> None:
+    """5. The FP8 target's figure, ``repeat`` times per path and flush, interleaved so drifts hit both paths."""
+    ctx = 32768
+    print(f"5. one call at {ctx} keys, {repeat} timings each (us: median [min - max]; ratio = bf16 / fp8 per round)")
+    caches = {"bf16": make_cache(ctx, N_KV, HD, False), "fp8": make_cache(ctx, N_KV, HD, True)}
+    for flush in ("write", "read"):
+        times: dict[str, list[float]] = {name: [] for name in caches}
+        for _ in range(repeat):
+            for name, cache in caches.items():
+                times[name].append(graph_us(partial(cached_attention_triton, q, cache, ctx - 1, scale),
+                                            reps=10, rep_ms=30, flush_mode=flush))
+        ratios = [b / f for b, f in zip(times["bf16"], times["fp8"], strict=True)]
+        cells = [f"{name} {statistics.median(ts):5.1f} [{min(ts):5.1f} - {max(ts):5.1f}]" for name, ts in times.items()]
+        print(f"  flush={flush:<5} " + " | ".join(cells)
+              + f" | ratio {statistics.median(ratios):4.2f} [{min(ratios):4.2f} - {max(ratios):4.2f}]", flush=True)
+
+
+def floors() -> None:
     print("0. streaming read of the bytes of one 32768-key cache, no arithmetic (us, GB/s)")
     for name, fp8 in (("fp8", True), ("bf16", False)):
         nbytes = attention_bytes(1, N_Q, N_KV, HD, 32768, fp8)
@@ -111,6 +207,9 @@ def main() -> int:
             us = stream_read_us(nbytes, flush)
             cells.append(f"flush={flush} {us:6.1f} us {nbytes / us * 1e-3:5.0f} GB/s")
         print(f"  {name:<5} {nbytes / 1e6:6.1f} MB  " + " | ".join(cells), flush=True)
+
+
+def per_call(q: torch.Tensor, scale: float) -> None:
     print("1. one call after an L2 flush (us)")
     for ctx in (16, 4096, 32768):
         c16, c8 = make_cache(ctx, N_KV, HD, False), make_cache(ctx, N_KV, HD, True)
@@ -127,6 +226,9 @@ def main() -> int:
                     print(f"  ctx={ctx:<6} flush={flush:<5} split kernel alone: " + " | ".join(cells), flush=True)
         del c16, c8, c8_rows
         torch.cuda.empty_cache()
+
+
+def merge_sweep(q: torch.Tensor) -> None:
     print("2. the merge launch alone by split count and BLOCK_D (us, write flush; None = the default rule)")
     for splits in (16, 32, 66, 132):
         o_part = torch.randn((splits, 1, N_Q, HD), dtype=torch.float32, device="cuda")
@@ -135,6 +237,9 @@ def main() -> int:
         cells = [f"bd={bd} {graph_us(partial(merge_splits, o_part, lse, res, pdl_launch(q.device), bd)):5.1f}"
                  for bd in (None, 16, 32, 64, 128, 256)]
         print(f"  splits={splits:<4} " + " | ".join(cells), flush=True)
+
+
+def back_to_back(q: torch.Tensor, scale: float) -> None:
     ctx = 32768
     print(f"3. {LAYERS} calls over {LAYERS} different {ctx}-key caches in one graph (us per call, GB/s)")
     for name, fp8, v_block in (("bf16", False, None), ("fp8", True, None), ("fp8 key-major V", True, 0)):
@@ -144,7 +249,6 @@ def main() -> int:
         print(f"  {name} {us:6.1f} us  {nbytes / us * 1e-3:5.0f} GB/s", flush=True)
         del caches
         torch.cuda.empty_cache()
-    return 0
 
 
 if __name__ == "__main__":

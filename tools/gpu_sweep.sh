@@ -2,7 +2,7 @@
 # One device session: GPU correctness tests, the attention launch sweep, the shape sweep and the cycle split.
 # Usage on the GPU machine, from the repository root:  OUT=/some/dir bash tools/gpu_sweep.sh [stage ...]
 # Stages: tests, new-tests, gemv, profile, attn-sweep, kernels, fp8-sweep, pdl, gdn-tile, skinny, skinny-ab,
-# block-attn, attn-probe, drafter, shapes, cycle
+# block-attn, attn-probe, attn-ncu, drafter, shapes, cycle
 # (default: tests attn-sweep kernels shapes cycle). Every output lands in $OUT.
 set -uo pipefail
 OUT=${OUT:-.}
@@ -30,6 +30,11 @@ for s in $stages; do
              | tee "$OUT/fp8_sweep.txt" | grep -E "best|copy|default|#" ;;
     block-attn) python3 tools/block_attn_bench.py 2>&1 | tee "$OUT/block_attn.txt" ;;
     attn-probe) python3 tools/attn_overhead_probe.py 2>&1 | tee "$OUT/attn_overhead_probe.txt" ;;
+    attn-ncu) for kv in fp8 bf16; do ncu --clock-control none --kernel-name regex:_attn_split_kernel --launch-skip 3 \
+             --launch-count 1 --section WarpStateStats --section SchedulerStats --section Occupancy \
+             --section MemoryWorkloadAnalysis --section SpeedOfLight \
+             --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" python3 tools/attn_one_call.py --kv $kv 2>&1 \
+             | tee "$OUT/attn_ncu_$kv.txt"; done ;;
     pdl) for p in 0 1; do EDGESPEC_PDL=$p python3 tools/gpu_bench.py --shapes qwen3.5-4b --kv model \
              --compare-hf none --sweep-out "$OUT/pdl$p" 2>&1 | tail -1 | sed "s/^/PDL=$p /"; done | tee "$OUT/pdl.txt" ;;
     gdn-tile) python3 tools/kernel_bench.py --skip-tests --only none --gdn-sweep 2>&1 | tee "$OUT/gdn_tile.txt" \

@@ -184,6 +184,24 @@ def key_major_twin(cache: KVCache) -> KVCache:
     return twin
 
 
+def head_major_twin(cache: KVCache) -> KVCache:
+    """A copy of ``cache`` with the same rows whose K (and a key-major V) and scales are stored head-major: each KV
+    head's keys contiguous, so one key tile is one contiguous block (8 KB at hd 256 in FP8) instead of 32 rows strided
+    by the other heads. The tensors keep their ``[max_len, Hkv, ...]`` shape as strided views, which the attention
+    kernel reads through their strides: nothing else in the runtime stores this layout (a layout probe only)."""
+    twin = KVCache(cache.max_len, *cache.v_row_shape, cache.dtype, cache.k.device, fp8=cache.fp8,
+                   v_block=cache.v_block)
+
+    def head_major(x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(0, 1).contiguous().transpose(0, 1)
+
+    twin.k = head_major(cache.k)
+    twin.v = cache.v.clone() if cache.v_block else head_major(cache.v)
+    if cache.fp8:
+        twin.k_scale, twin.v_scale = head_major(cache.k_scale), head_major(cache.v_scale)
+    return twin
+
+
 def _attention_ref_from_cache(q: torch.Tensor, cache: KVCache, start: int, scale: float) -> torch.Tensor:
     """The torch path as the dispatcher runs it off-GPU: read (dequantise) the rows, then SDPA."""
     k, v = cache.read(start + q.shape[0])
