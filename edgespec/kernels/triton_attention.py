@@ -45,6 +45,10 @@ converted in place, and the loop is 873 instructions (210 registers, from 255). 
 -> blocked V: 31.1 -> 30.3 us with the write flush, 29.0 -> 25.6 us with the read flush, 28.0 -> 25.8 us per layer
 over 16 back-to-back layers (docs/measurements/attn_overhead_probe_h200_round7.txt).
 (Pipelining needs ``num_stages`` >= 3: with 2 the next tile's copy is issued only after the current tile's dots.)
+Round 8 profiled the FP8 decode program (Nsight Compute, docs/benchmarks.md): two warps per scheduler issuing every
+2.1 cycles, stalled on the dependency chains of their own conversions, softmax and products rather than on memory.
+Forms with 8-15% fewer loop instructions (keys as the product rows; the next tile's logits ahead of the softmax,
+which keeps q in registers) and 16-key tiles with 6 programs per SM were all slower or equal.
 
 Nothing about the position is compiled in: ``start`` is a plain runtime argument (not specialised), or is read
 from a device tensor ``start_t``, and the grid then depends only on ``T`` and the cache size, so one CUDA
