@@ -4,7 +4,7 @@
 ``ncu --clock-control none --kernel-name regex:_attn_split_kernel --launch-skip 3 --launch-count 1
 --section WarpStateStats --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis
 python tools/attn_one_call.py --kv fp8`` (``bash tools/gpu_sweep.sh attn-ncu`` runs it for both caches). Each call
-is preceded by a write of 256 MB, so the cache is read from HBM as in the flushed timing.
+is preceded by a write of 256 MB (``kernel_bench.evict_l2``), so the cache is read from HBM as in the flushed timing.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kernel_bench import make_cache  # noqa: E402
+from kernel_bench import evict_l2, make_cache  # noqa: E402
 
 from edgespec.kernels.triton_attention import cached_attention_triton  # noqa: E402
 
@@ -35,9 +35,8 @@ def main() -> int:
         return 1
     cache = make_cache(CTX, N_KV, HD, args.kv == "fp8")
     q = torch.randn(1, N_Q, HD, device="cuda", dtype=torch.bfloat16)
-    flush = torch.empty(64 << 20, dtype=torch.int32, device="cuda")
     for _ in range(args.calls):
-        flush.zero_()
+        evict_l2("write")
         cached_attention_triton(q, cache, CTX - 1, HD ** -0.5)
     torch.cuda.synchronize()
     return 0

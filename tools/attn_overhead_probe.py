@@ -113,6 +113,17 @@ VARIANTS = [{}, {"waves": 3}, {"waves": 5}, {"num_warps": 4}, {"BLOCK_N": 64, "n
             {"num_stages": 2}, {"num_stages": 4}]
 
 
+def three_ways(q: torch.Tensor, caches: list, scale: float, config: dict | None = None) -> str:
+    """"write | read | back-to-back" us: one call on ``caches[0]`` after each flush, and per call over one call on
+    each cache of ``caches`` in one graph; the last key of each cache is the query's position."""
+    ctx = caches[0].max_len
+    fn = partial(cached_attention_triton, q, caches[0], ctx - 1, scale, config=dict(config or {}))
+    cells = [f"{graph_us(fn, reps=10, rep_ms=30, flush_mode=flush):6.1f}" for flush in ("write", "read")]
+    seq = sequence_us([partial(cached_attention_triton, q, c, ctx - 1, scale, config=dict(config or {}))
+                       for c in caches])
+    return " | ".join(cells) + f" | {seq:6.1f}"
+
+
 def variants_at_32k(q: torch.Tensor, scale: float, variants: list[dict]) -> None:
     """4. Launch variants (``config=`` overrides) of both caches at 32768 keys: one call after either flush, and per
     call over 16 back-to-back calls."""
@@ -121,11 +132,7 @@ def variants_at_32k(q: torch.Tensor, scale: float, variants: list[dict]) -> None
     for name, fp8 in (("fp8", True), ("bf16", False)):
         caches = [make_cache(ctx, N_KV, HD, fp8) for _ in range(LAYERS)]
         for extra in variants:
-            fn = partial(cached_attention_triton, q, caches[0], ctx - 1, scale, config=dict(extra))
-            cells = [f"{graph_us(fn, reps=10, rep_ms=30, flush_mode=flush):6.1f}" for flush in ("write", "read")]
-            seq = sequence_us([partial(cached_attention_triton, q, c, ctx - 1, scale, config=dict(extra))
-                               for c in caches])
-            print(f"  {name} {extra or 'default'}: " + " | ".join(cells) + f" | {seq:6.1f}", flush=True)
+            print(f"  {name} {extra or 'default'}: " + three_ways(q, caches, scale, extra), flush=True)
         del caches
         torch.cuda.empty_cache()
 
@@ -167,16 +174,11 @@ def head_major_layouts(q: torch.Tensor, scale: float) -> None:
           "back; max |difference| of the outputs)")
     for name, fp8 in (("fp8", True), ("bf16", False)):
         caches = [make_cache(ctx, N_KV, HD, fp8) for _ in range(LAYERS)]
-        for layout in ("default", "head-major"):
-            if layout == "head-major":
-                want = cached_attention_triton(q, caches[0], ctx - 1, scale)
-                caches = [head_major_twin(c) for c in caches]
-                diff = (cached_attention_triton(q, caches[0], ctx - 1, scale) - want).abs().max().item()
-            fn = partial(cached_attention_triton, q, caches[0], ctx - 1, scale)
-            cells = [f"{graph_us(fn, reps=10, rep_ms=30, flush_mode=flush):6.1f}" for flush in ("write", "read")]
-            seq = sequence_us([partial(cached_attention_triton, q, c, ctx - 1, scale) for c in caches])
-            tail = f" | diff {diff:.1e}" if layout == "head-major" else ""
-            print(f"  {name} {layout}: " + " | ".join(cells) + f" | {seq:6.1f}{tail}", flush=True)
+        print(f"  {name} default: " + three_ways(q, caches, scale), flush=True)
+        want = cached_attention_triton(q, caches[0], ctx - 1, scale)
+        caches = [head_major_twin(c) for c in caches]
+        diff = (cached_attention_triton(q, caches[0], ctx - 1, scale) - want).abs().max().item()
+        print(f"  {name} head-major: " + three_ways(q, caches, scale) + f" | diff {diff:.1e}", flush=True)
         del caches
         torch.cuda.empty_cache()
 

@@ -28,6 +28,7 @@ Writes everything as JSON to ``$OUT/kernel_bench.json`` when ``OUT`` is set. Pri
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -73,6 +74,24 @@ _FLUSH: list[torch.Tensor] = []
 FLUSH_MODE = ["write"]
 
 
+def _flush_buffers() -> list[torch.Tensor]:
+    """The 256 MB buffer (> L2) that :func:`evict_l2` writes or reads, and the sink of its sum; made on first use."""
+    if not _FLUSH:
+        _FLUSH.append(torch.empty(64 << 20, dtype=torch.int32, device=DEV))
+        _FLUSH.append(torch.zeros((), dtype=torch.int64, device=DEV))
+    return _FLUSH
+
+
+def evict_l2(mode: str) -> None:
+    """Push the L2 cache's contents out: write 256 MB ("write": L2 left full of dirty lines) or read them ("read":
+    L2 left full of clean lines)."""
+    flush, sink = _flush_buffers()
+    if mode == "write":
+        flush.zero_()
+    else:
+        torch.sum(flush, dim=0, dtype=torch.int64, out=sink)
+
+
 def graph_us(fn: Callable[[], Any], reps: int = 10, rep_ms: int = 60, flush_mode: str | None = None) -> float:
     """GPU microseconds per call, free of host launch overhead: ``reps`` calls, each after an L2 flush
     (``flush_mode``, default ``FLUSH_MODE[0]``), are captured in one CUDA graph and timed by replay; a graph of
@@ -80,17 +99,8 @@ def graph_us(fn: Callable[[], Any], reps: int = 10, rep_ms: int = 60, flush_mode
     mode = flush_mode or FLUSH_MODE[0]
     if mode not in ("write", "read"):
         raise ValueError(f"flush mode {mode!r}: 'write' or 'read'")
-    if not _FLUSH:
-        _FLUSH.append(torch.empty(64 << 20, dtype=torch.int32, device=DEV))    # 256 MB, > L2
-        _FLUSH.append(torch.zeros((), dtype=torch.int64, device=DEV))
-    flush, sink = _FLUSH
-
-    def evict() -> None:
-        if mode == "write":
-            flush.zero_()
-        else:
-            torch.sum(flush, dim=0, dtype=torch.int64, out=sink)
-
+    _flush_buffers()                                       # made on the current stream, before the side stream
+    evict = partial(evict_l2, mode)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):                          # compile and warm up outside the capture
@@ -189,8 +199,7 @@ def head_major_twin(cache: KVCache) -> KVCache:
     head's keys contiguous, so one key tile is one contiguous block (8 KB at hd 256 in FP8) instead of 32 rows strided
     by the other heads. The tensors keep their ``[max_len, Hkv, ...]`` shape as strided views, which the attention
     kernel reads through their strides: nothing else in the runtime stores this layout (a layout probe only)."""
-    twin = KVCache(cache.max_len, *cache.v_row_shape, cache.dtype, cache.k.device, fp8=cache.fp8,
-                   v_block=cache.v_block)
+    twin = copy.copy(cache)                    # the same settings; every tensor is replaced below
 
     def head_major(x: torch.Tensor) -> torch.Tensor:
         return x.transpose(0, 1).contiguous().transpose(0, 1)
