@@ -12,7 +12,8 @@
 3. Per call inside one CUDA graph of 16 back-to-back calls over 16 different 32k caches, as the 16 attention layers
    of a 27B decode step read 16 different caches: no flush is needed (16 caches are far larger than L2) and
    consecutive launches overlap as they do in a decode graph (programmatic dependent launch).
-4. Launch variants (``config=`` overrides, ``VARIANTS``) of both caches at 32k keys, timed all three ways.
+4. Launch variants (``config=`` overrides, ``VARIANTS``) of both caches at 32k keys, timed all three ways, for
+   ``--rows`` query rows (1: decode; 16: a verify).
 5. The target's figure, repeated: one call at 32k keys after each flush, ``--repeat`` times (fresh graphs each
    time), with the median and the range of each path and of the bf16 / FP8 ratio. Single runs of it have moved by
    up to 0.9 us between machine starts (round 8), which is 0.05 of the ratio.
@@ -115,11 +116,12 @@ VARIANTS = [{}, {"waves": 3}, {"waves": 5}, {"num_warps": 4}, {"BLOCK_N": 64, "n
 
 def three_ways(q: torch.Tensor, caches: list, scale: float, config: dict | None = None) -> str:
     """"write | read | back-to-back" us: one call on ``caches[0]`` after each flush, and per call over one call on
-    each cache of ``caches`` in one graph; the last key of each cache is the query's position."""
+    each cache of ``caches`` in one graph; the query rows are the last positions of each cache."""
     ctx = caches[0].max_len
-    fn = partial(cached_attention_triton, q, caches[0], ctx - 1, scale, config=dict(config or {}))
+    start = ctx - q.shape[0]
+    fn = partial(cached_attention_triton, q, caches[0], start, scale, config=dict(config or {}))
     cells = [f"{graph_us(fn, reps=10, rep_ms=30, flush_mode=flush):6.1f}" for flush in ("write", "read")]
-    seq = sequence_us([partial(cached_attention_triton, q, c, ctx - 1, scale, config=dict(config or {}))
+    seq = sequence_us([partial(cached_attention_triton, q, c, start, scale, config=dict(config or {}))
                        for c in caches])
     return " | ".join(cells) + f" | {seq:6.1f}"
 
@@ -128,7 +130,8 @@ def variants_at_32k(q: torch.Tensor, scale: float, variants: list[dict]) -> None
     """4. Launch variants (``config=`` overrides) of both caches at 32768 keys: one call after either flush, and per
     call over 16 back-to-back calls."""
     ctx = 32768
-    print(f"4. launch variants at {ctx} keys (us: one call write | read flush | per call of {LAYERS} back to back)")
+    print(f"4. launch variants at {ctx} keys, T={q.shape[0]} (us: one call write | read flush | per call of {LAYERS} "
+          "back to back)")
     for name, fp8 in (("fp8", True), ("bf16", False)):
         caches = [make_cache(ctx, N_KV, HD, fp8) for _ in range(LAYERS)]
         for extra in variants:
@@ -146,7 +149,11 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5, help="section 5: timings per path and flush")
     ap.add_argument("--variants", default=None,
                     help='section 4: a JSON list of config overrides instead of VARIANTS, e.g. \'[{}, {"waves": 3}]\'')
+    ap.add_argument("--rows", type=int, default=1,
+                    help="section 4: query rows T (1: decode; 16: a verify of 15 drafts)")
     args = ap.parse_args()
+    if not 1 <= args.rows <= 128:
+        ap.error(f"--rows {args.rows}: 1 to 128 query rows")
     sections = {int(x) for x in args.sections.split(",")}
     scale = HD ** -0.5
     q = torch.randn(1, N_Q, HD, device="cuda", dtype=torch.bfloat16)
@@ -159,7 +166,8 @@ def main() -> int:
     if 3 in sections:
         back_to_back(q, scale)
     if 4 in sections:
-        variants_at_32k(q, scale, json.loads(args.variants) if args.variants else VARIANTS)
+        rows_q = torch.randn(args.rows, N_Q, HD, device="cuda", dtype=torch.bfloat16)
+        variants_at_32k(rows_q, scale, json.loads(args.variants) if args.variants else VARIANTS)
     if 5 in sections:
         repeated_target(q, scale, args.repeat)
     if 6 in sections:

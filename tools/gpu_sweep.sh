@@ -2,7 +2,7 @@
 # One device session: GPU correctness tests, the attention launch sweep, the shape sweep and the cycle split.
 # Usage on the GPU machine, from the repository root:  OUT=/some/dir bash tools/gpu_sweep.sh [stage ...]
 # Stages: tests, new-tests, gemv, profile, attn-sweep, kernels, fp8-sweep, pdl, gdn-tile, skinny, skinny-ab,
-# block-attn, attn-probe, attn-ncu, drafter, shapes, cycle
+# block-attn, attn-probe, attn-ncu, attn-ncu-source, drafter, shapes, cycle
 # (default: tests attn-sweep kernels shapes cycle). Every output lands in $OUT.
 set -uo pipefail
 OUT=${OUT:-.}
@@ -35,6 +35,11 @@ for s in $stages; do
              --section MemoryWorkloadAnalysis --section SpeedOfLight \
              --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" python3 tools/attn_one_call.py --kv $kv 2>&1 \
              | tee "$OUT/attn_ncu_$kv.txt"; done ;;
+    attn-ncu-source) for kv in fp8 bf16; do ncu --clock-control none --kernel-name regex:_attn_split_kernel \
+             --launch-skip 3 --launch-count 1 --section SourceCounters -f -o "$OUT/attn_src_$kv" \
+             python3 tools/attn_one_call.py --kv $kv 2>&1 | tail -2;
+             ncu -i "$OUT/attn_src_$kv.ncu-rep" --page source --csv --print-source sass > "$OUT/attn_src_$kv.csv";
+             python3 tools/ncu_source_summary.py "$OUT/attn_src_$kv.csv" | tee "$OUT/attn_ncu_source_$kv.txt"; done ;;
     pdl) for p in 0 1; do EDGESPEC_PDL=$p python3 tools/gpu_bench.py --shapes qwen3.5-4b --kv model \
              --compare-hf none --sweep-out "$OUT/pdl$p" 2>&1 | tail -1 | sed "s/^/PDL=$p /"; done | tee "$OUT/pdl.txt" ;;
     gdn-tile) python3 tools/kernel_bench.py --skip-tests --only none --gdn-sweep 2>&1 | tee "$OUT/gdn_tile.txt" \

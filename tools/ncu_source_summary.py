@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Summarise Nsight Compute's per-instruction stall samples of one kernel: where its warps wait, by SASS line.
+
+Input: the CSV of ``ncu -i REPORT --page source --csv --print-source sass`` for a report taken with
+``--section SourceCounters`` (``bash tools/gpu_sweep.sh attn-ncu-source`` makes both for the attention split
+kernel). The hot loop is the span of the largest backward branch (as ``tools/attn_sass.py`` finds it); the samples
+are split into before / in / after that loop, the loop into ``--chunk``-instruction slices, and the instructions
+with the most samples are listed with their two largest stall reasons. Stall reasons are Nsight Compute's
+(``long_sb``: waiting on a global or local memory result; ``short_sb``: shared memory, shuffles, special functions;
+``wait``: a fixed-latency dependency; ``barrier``: a CTA barrier; ``selected``: issuing).
+
+Usage: ``python tools/ncu_source_summary.py attn_src.csv [--top 20] [--chunk 50]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import re
+import sys
+from pathlib import Path
+
+SAMPLES = "Warp Stall Sampling (All Samples)"
+EXECUTED = "Instructions Executed"
+_BRANCH = re.compile(r"\bBRA (0x[0-9a-f]+)")
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """The instruction rows of the CSV (the header is the row that names ``SAMPLES``)."""
+    lines = list(csv.reader(path.open(newline="")))
+    for i, row in enumerate(lines):
+        if SAMPLES in row and EXECUTED in row:
+            return [dict(zip(row, r, strict=False)) for r in lines[i + 1:] if len(r) == len(row)]
+    raise ValueError(f"{path}: no column {SAMPLES!r}; export with --page source --csv --print-source sass from a "
+                     "report taken with --section SourceCounters")
+
+
+def as_int(text: str) -> int:
+    return int(float(text.replace(",", ""))) if text.strip() else 0
+
+
+def reasons(row: dict[str, str]) -> collections.Counter:
+    """Stall samples of one instruction by reason (all samples, issued or not)."""
+    return collections.Counter({k[len("stall_"):]: as_int(v) for k, v in row.items()
+                                if k.startswith("stall_") and "Not Issued" not in k and as_int(v)})
+
+
+def loop_span(rows: list[dict[str, str]]) -> tuple[int, int]:
+    """Row indices (first, last) of the largest backward branch's body; the whole kernel if it has none."""
+    addr = [int(r["Address"], 16) for r in rows]
+    best = (0, len(rows) - 1, -1)
+    for i, r in enumerate(rows):
+        m = _BRANCH.search(r["Source"])
+        if m and int(m.group(1), 16) < addr[i] and addr[i] - int(m.group(1), 16) > best[2]:
+            target = int(m.group(1), 16)
+            first = next((j for j, a in enumerate(addr) if a >= target), 0)
+            best = (first, i, addr[i] - target)
+    return best[0], best[1]
+
+
+def summarise(rows: list[dict[str, str]], top: int, chunk: int) -> str:
+    first, last = loop_span(rows)
+    total = sum(as_int(r[SAMPLES]) for r in rows)
+    out = [f"{len(rows)} instructions, {total} samples; loop: {last - first + 1} instructions, each executed "
+           f"{as_int(rows[first][EXECUTED])} times"]
+    for name, part in (("before loop", rows[:first]), ("loop", rows[first:last + 1]), ("after loop", rows[last + 1:])):
+        n = sum(as_int(r[SAMPLES]) for r in part)
+        why = sum((reasons(r) for r in part), collections.Counter())
+        out.append(f"  {name:<12} {len(part):5d} instructions {n:6d} samples ({100 * n / max(total, 1):4.1f}%)  "
+                   + ", ".join(f"{k} {v}" for k, v in why.most_common(6)))
+    out.append(f"loop in slices of {chunk} instructions (samples; top reasons; top opcodes)")
+    body = rows[first:last + 1]
+    for i in range(0, len(body), chunk):
+        part = body[i:i + chunk]
+        n = sum(as_int(r[SAMPLES]) for r in part)
+        why = sum((reasons(r) for r in part), collections.Counter())
+        ops = collections.Counter(r["Source"].split()[1 if r["Source"].lstrip().startswith("@") else 0]
+                                  for r in part if r["Source"].split())
+        out.append(f"  {i:4d}  {n:5d}  " + ", ".join(f"{k} {v}" for k, v in why.most_common(3)) + "  |  "
+                   + ", ".join(f"{k} {v}" for k, v in ops.most_common(3)))
+    out.append(f"the {top} loop instructions with the most samples")
+    for idx in sorted(range(first, last + 1), key=lambda j: -as_int(rows[j][SAMPLES]))[:top]:
+        r = rows[idx]
+        why = ", ".join(f"{k} {v}" for k, v in reasons(r).most_common(2))
+        out.append(f"  +{idx - first:4d}  {as_int(r[SAMPLES]):5d}  {why:<32} {r['Source'].strip()}")
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("csv", type=Path)
+    ap.add_argument("--top", type=int, default=20, help="instructions to list")
+    ap.add_argument("--chunk", type=int, default=50, help="loop instructions per slice")
+    args = ap.parse_args()
+    if not args.csv.is_file():
+        print(f"no such file: {args.csv}", file=sys.stderr)
+        return 2
+    try:
+        rows = read_rows(args.csv)
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        return 2
+    if not rows:
+        print(f"{args.csv}: no instruction rows", file=sys.stderr)
+        return 2
+    print(summarise(rows, args.top, max(args.chunk, 1)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
