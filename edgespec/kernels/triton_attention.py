@@ -48,7 +48,10 @@ over 16 back-to-back layers (docs/measurements/attn_overhead_probe_h200_round7.t
 Round 8 profiled the FP8 decode program (Nsight Compute, docs/benchmarks.md): two warps per scheduler issuing every
 2.1 cycles, stalled on the dependency chains of their own conversions, softmax and products rather than on memory.
 Forms with 8-15% fewer loop instructions (keys as the product rows; the next tile's logits ahead of the softmax,
-which keeps q in registers) and 16-key tiles with 6 programs per SM were all slower or equal.
+which keeps q in registers) and 16-key tiles with 6 programs per SM were all slower or equal. Round 9 read the stall
+samples per instruction (``tools/ncu_source_summary.py``): two thirds issue or arithmetic latency, a fifth memory
+waits (the tile's data, the next tile's k scale). Prefetching the scales or the tiles into L2, shorter tensor-core
+chains (logits summed over head-dim slices) and one warp per head-dim half were all slower or equal.
 
 Nothing about the position is compiled in: ``start`` is a plain runtime argument (not specialised), or is read
 from a device tensor ``start_t``, and the grid then depends only on ``T`` and the cache size, so one CUDA
