@@ -54,3 +54,5 @@ def test_bad_inputs(tmp_path: Path) -> None:
     assert wrong.returncode == 2 and "SourceCounters" in wrong.stderr
     empty = _run(_write(tmp_path / "empty.csv", []))
     assert empty.returncode == 2 and "no instruction rows" in empty.stderr
+    odd = _run(_write(tmp_path / "odd.csv", [["here", "EXIT", "1", "1", "0", "1", "0", "0"]]))
+    assert odd.returncode == 2 and "not hexadecimal" in odd.stderr

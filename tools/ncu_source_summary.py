@@ -26,17 +26,28 @@ EXECUTED = "Instructions Executed"
 _BRANCH = re.compile(r"\bBRA (0x[0-9a-f]+)")
 
 
+REQUIRED = ("Address", "Source", SAMPLES, EXECUTED)
+
+
 def read_rows(path: Path) -> list[dict[str, str]]:
-    """The instruction rows of the CSV (the header is the row that names ``SAMPLES``)."""
-    lines = list(csv.reader(path.open(newline="")))
+    """The instruction rows of the CSV (the header is the first row that names every ``REQUIRED`` column)."""
+    with path.open(newline="") as f:
+        lines = list(csv.reader(f))
     for i, row in enumerate(lines):
-        if SAMPLES in row and EXECUTED in row:
-            return [dict(zip(row, r, strict=False)) for r in lines[i + 1:] if len(r) == len(row)]
-    raise ValueError(f"{path}: no column {SAMPLES!r}; export with --page source --csv --print-source sass from a "
-                     "report taken with --section SourceCounters")
+        if all(c in row for c in REQUIRED):
+            rows = [dict(zip(row, r, strict=True)) for r in lines[i + 1:] if len(r) == len(row)]
+            for r in rows:
+                try:
+                    int(r["Address"], 16)
+                except ValueError:
+                    raise ValueError(f"{path}: address {r['Address']!r} is not hexadecimal") from None
+            return rows
+    raise ValueError(f"{path}: no header with the columns {', '.join(REQUIRED)}; export with --page source --csv "
+                     "--print-source sass from a report taken with --section SourceCounters")
 
 
 def as_int(text: str) -> int:
+    """A counter cell as an integer (empty: 0; thousands separators allowed)."""
     return int(float(text.replace(",", ""))) if text.strip() else 0
 
 
