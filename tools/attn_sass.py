@@ -32,11 +32,13 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sass_loop import largest_backward_branch  # noqa: E402
 
 from edgespec.kernels import triton_attention as ta  # noqa: E402
 
 _INSTR = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
-_BRANCH = re.compile(r"BRA (0x[0-9a-f]+)")
 
 
 def compile_split_kernel(args: argparse.Namespace) -> triton.compiler.CompiledKernel:
@@ -74,12 +76,8 @@ def dump(kernel: triton.compiler.CompiledKernel) -> tuple[str, str]:
 def loop_histogram(sass: str) -> tuple[int, collections.Counter]:
     """Instruction count and opcode histogram of the largest loop (largest backward branch) of ``sass``."""
     ins = [(int(m.group(1), 16), m.group(2).strip()) for m in map(_INSTR.match, sass.splitlines()) if m]
-    best = (0, -1)
-    for addr, text in ins:
-        m = _BRANCH.search(text)
-        if m and int(m.group(1), 16) < addr and addr - int(m.group(1), 16) > best[1] - best[0]:
-            best = (int(m.group(1), 16), addr)
-    body = [t for a, t in ins if best[0] <= a <= best[1]]
+    lo, hi = largest_backward_branch(ins) or (0, -1)
+    body = [t for a, t in ins if lo <= a <= hi]
     return len(body), collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for t in body)
 
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
-import re
 import sys
 from pathlib import Path
 
+from sass_loop import largest_backward_branch
+
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
-_BRANCH = re.compile(r"\bBRA (0x[0-9a-f]+)")
 
 
 REQUIRED = ("Address", "Source", SAMPLES, EXECUTED)
@@ -60,14 +60,10 @@ def reasons(row: dict[str, str]) -> collections.Counter:
 def loop_span(rows: list[dict[str, str]]) -> tuple[int, int]:
     """Row indices (first, last) of the largest backward branch's body; the whole kernel if it has none."""
     addr = [int(r["Address"], 16) for r in rows]
-    best = (0, len(rows) - 1, -1)
-    for i, r in enumerate(rows):
-        m = _BRANCH.search(r["Source"])
-        if m and int(m.group(1), 16) < addr[i] and addr[i] - int(m.group(1), 16) > best[2]:
-            target = int(m.group(1), 16)
-            first = next((j for j, a in enumerate(addr) if a >= target), 0)
-            best = (first, i, addr[i] - target)
-    return best[0], best[1]
+    span = largest_backward_branch(zip(addr, (r["Source"] for r in rows), strict=True))
+    if span is None:
+        return 0, len(rows) - 1
+    return next(j for j, a in enumerate(addr) if a >= span[0]), addr.index(span[1])
 
 
 def summarise(rows: list[dict[str, str]], top: int, chunk: int) -> str:
