@@ -56,3 +56,22 @@ def test_bad_inputs(tmp_path: Path) -> None:
     assert empty.returncode == 2 and "no instruction rows" in empty.stderr
     odd = _run(_write(tmp_path / "odd.csv", [["here", "EXIT", "1", "1", "0", "1", "0", "0"]]))
     assert odd.returncode == 2 and "not hexadecimal" in odd.stderr
+
+
+def test_loop_is_not_a_barrier_retry_after_exit() -> None:
+    """A TMA or wgmma kernel retries its barrier waits from stubs after EXIT that branch back into the loop: the span
+    of such a retry is longer than the loop, but the loop (no EXIT inside) is what is found."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from sass_loop import largest_backward_branch
+    sass = [(0x100, "LDC R1, c[0x0][0x28]"),
+            (0x110, "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR11+0xa400], R49"),     # loop start: the wait
+            (0x120, "@!P0 BRA 0x170"),
+            (0x130, "HMMA.16816.F32 R4, R8, R12, R4"),
+            (0x140, "@P1 BRA 0x110"),                                            # loop end
+            (0x150, "EXIT"),
+            (0x160, "BRA 0x160"),
+            (0x170, "@!P0 BRA 0x170"),                                           # the retry stub
+            (0x180, "BRA 0x130")]
+    assert largest_backward_branch(sass) == (0x110, 0x140)
+    assert largest_backward_branch(sass[5:]) == (0x130, 0x180)          # only a retry: taken, as before
+    assert largest_backward_branch(sass[:2]) is None

@@ -7,14 +7,23 @@ import re
 from collections.abc import Iterable
 
 _BRANCH = re.compile(r"\bBRA (0x[0-9a-f]+)")
+_EXIT = re.compile(r"(^|\s)EXIT\b")
 
 
 def largest_backward_branch(instructions: Iterable[tuple[int, str]]) -> tuple[int, int] | None:
     """(target address, branch address) of the backward branch spanning the most bytes among ``instructions``
-    ((address, SASS text) pairs); None when there is none."""
-    best: tuple[int, int] | None = None
-    for addr, text in instructions:
+    ((address, SASS text) pairs); None when there is none.
+
+    Spans that contain an ``EXIT`` lose to those that do not: kernels that wait on memory barriers (TMA copies,
+    ``wgmma``) place the retry of each wait after the kernel's exit, and the retry branches back to the wait. The
+    retry of a wait inside the loop then spans from the loop to the end of the kernel, more bytes than the loop."""
+    listed = list(instructions)
+    exits = [addr for addr, text in listed if _EXIT.search(text)]
+    best: tuple[bool, int, int, int] | None = None             # (no exit inside, span, target, branch)
+    for addr, text in listed:
         m = _BRANCH.search(text)
-        if m and int(m.group(1), 16) < addr and (best is None or addr - int(m.group(1), 16) > best[1] - best[0]):
-            best = (int(m.group(1), 16), addr)
-    return best
+        target = int(m.group(1), 16) if m else addr
+        if target < addr:
+            key = (not any(target <= e <= addr for e in exits), addr - target, target, addr)
+            best = key if best is None or key[:2] > best[:2] else best
+    return None if best is None else (best[2], best[3])
