@@ -5,27 +5,20 @@ not a GPU; skipped where Triton is not installed."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _tools import load_tool
 
 pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _sass_tool():
-    spec = importlib.util.spec_from_file_location("_attn_sass_for_tests", ROOT / "tools" / "attn_sass.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _loop(v_block: int) -> tuple[int, dict[str, int]]:
-    tool = _sass_tool()
+    tool = load_tool("attn_sass")
     args = argparse.Namespace(kv="fp8", group=6, head_dim=256, block_m=16, block_n=32, warps=2, stages=3, opaque=0,
                               v_block=v_block, maxnreg=0)
     try:

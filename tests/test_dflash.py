@@ -10,7 +10,6 @@ plain continuation with one corrupted token, which forces partial accepts of eve
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import itertools
 import json
 import random
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from _tools import load_tool
 from safetensors.torch import load_file, save_file
 
 from edgespec.arch.base import ROLLBACK_STRATEGIES
@@ -45,17 +45,7 @@ from edgespec.spec.acceptance import StrictGreedy
 from edgespec.spec.session import SpecSession
 
 CPU = torch.device("cpu")
-_TOOL = Path(__file__).resolve().parents[1] / "tools" / "make_drafter.py"
-
-
-def _load_tool():
-    spec = importlib.util.spec_from_file_location("make_drafter", _TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-make_drafter = _load_tool()
+make_drafter = load_tool("make_drafter")
 
 
 # ---- shared helpers (also used by test_mtp.py) ----------------------------------------------------------------

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from _tools import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_configuration_doc_is_current():
-    spec = importlib.util.spec_from_file_location("gen_config_doc", ROOT / "tools/gen_config_doc.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_tool("gen_config_doc")
     assert (ROOT / "docs/configuration.md").read_text() == mod.render(), "run: python tools/gen_config_doc.py"

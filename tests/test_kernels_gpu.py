@@ -13,6 +13,7 @@ import zlib
 
 import pytest
 import torch
+from _tools import load_tool
 
 from edgespec.cache.kv import KVCache
 from edgespec.kernels.attention import attention_ref, cached_attention
@@ -588,16 +589,6 @@ def test_qk_norm_rope_write_rejects_bad_inputs() -> None:
 
 # ------------------------------------------------------------------------------- FP8-KV attention configs
 
-def _kernel_bench():
-    """``tools/kernel_bench.py`` as a module (one list of sweep configurations for bench and test)."""
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "tools" / "kernel_bench.py"
-    spec = importlib.util.spec_from_file_location("_kernel_bench_for_tests", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.parametrize("n_q,n_kv", [(24, 4), (16, 4)])                 # Qwen3.5-27B / -4B heads, hd 256
 @pytest.mark.parametrize("T,start", [(1, 1500), (16, 1234)])
 def test_fp8_attention_sweep_configs(n_q: int, n_kv: int, T: int, start: int) -> None:
@@ -608,7 +599,7 @@ def test_fp8_attention_sweep_configs(n_q: int, n_kv: int, T: int, start: int) ->
     cache = make_cache(start + T + 40, n_kv, hd, start + T, torch.bfloat16, True)
     q = torch.randn(T, n_q, hd, device=DEV, dtype=torch.bfloat16)
     ref = attention_oracle(q, cache, start, hd ** -0.5)
-    bench = _kernel_bench()
+    bench = load_tool("kernel_bench")
     for cfg in bench.fp8_sweep_configs(T, n_q // n_kv):
         for extra in ({}, {"n_splits": 1}, {"n_splits": 7}):
             poison_allocator()
@@ -685,7 +676,7 @@ def test_fp8_v_layouts_give_the_same_attention(T: int, start: int) -> None:
     blocked = make_cache(start + T + 50, n_kv, hd, start + T, torch.bfloat16, True)
     junk = 300.0 * torch.randn(20, n_kv, hd, device=DEV, dtype=torch.bfloat16)    # rows of a rolled-back draft
     blocked.write(start + T, junk, junk)
-    rows = _kernel_bench().key_major_twin(blocked)
+    rows = load_tool("kernel_bench").key_major_twin(blocked)
     q = torch.randn(T, n_q, hd, device=DEV, dtype=torch.bfloat16)
     ref = attention_oracle(q, blocked, start, hd ** -0.5)
     a = cached_attention_triton(q, blocked, start, hd ** -0.5)

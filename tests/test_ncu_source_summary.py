@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from _tools import load_tool
+
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "ncu_source_summary.py"
 HEADER = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_long_sb",
@@ -61,8 +63,7 @@ def test_bad_inputs(tmp_path: Path) -> None:
 def test_loop_is_not_a_barrier_retry_after_exit() -> None:
     """A TMA or wgmma kernel retries its barrier waits from stubs after EXIT that branch back into the loop: the span
     of such a retry is longer than the loop, but the loop (no EXIT inside) is what is found."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    from sass_loop import largest_backward_branch
+    largest_backward_branch = load_tool("sass_loop").largest_backward_branch
     sass = [(0x100, "LDC R1, c[0x0][0x28]"),
             (0x110, "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR11+0xa400], R49"),     # loop start: the wait
             (0x120, "@!P0 BRA 0x170"),
