@@ -15,6 +15,7 @@ import pytest
 import torch
 from _tools import load_tool
 
+from edgespec.arch.graphs import capture_graph
 from edgespec.cache.kv import KVCache
 from edgespec.kernels.attention import attention_ref, cached_attention
 from edgespec.kernels.conv import causal_conv1d_ref
@@ -129,33 +130,31 @@ def test_attention_strided_query_and_dispatcher() -> None:
     assert rel_err(out, attention_oracle(q, cache, start, hd ** -0.5)) < 1e-2
 
 
-@pytest.mark.parametrize("fp8", [True, False])
-def test_attention_start_tensor_and_cuda_graph(fp8: bool) -> None:
-    """Capture once with the start in a device tensor, replay at other positions: every replay is right."""
+@pytest.mark.parametrize("fp8,T,config", [
+    (True, 4, {}), (False, 4, {}),
+    (True, 1, {"GLUON": 1}), (True, 1, {"GLUON": 1, "num_warps": 2, "BLOCK_W": 16}),   # the Gluon decode program
+])
+def test_attention_start_tensor_and_cuda_graph(fp8: bool, T: int, config: dict) -> None:
+    """Capture once with the start in a device tensor, replay at other positions: every replay is right; eager with
+    ``start_t`` agrees with eager with the int start (a ``start_t`` grid is sized for the whole cache, so the split
+    counts differ)."""
     from edgespec.kernels.triton_attention import cached_attention_triton
-    T, n_q, n_kv, hd, max_len = 4, 24, 4, 256, 4096
+    n_q, n_kv, hd, max_len = 24, 4, 256, 4096
     cache = make_cache(max_len, n_kv, hd, max_len, torch.bfloat16, fp8)
     scale = hd ** -0.5
     q = torch.randn(T, n_q, hd, device=DEV, dtype=torch.bfloat16)
     start_t = torch.tensor([17], dtype=torch.int32, device=DEV)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):                       # compile and warm up outside the capture
-        cached_attention_triton(q, cache, 17, scale, start_t=start_t)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = cached_attention_triton(q, cache, 17, scale, start_t=start_t)
+    graph, out = capture_graph(
+        lambda: cached_attention_triton(q, cache, 17, scale, start_t=start_t, config=dict(config)), warmups=1)
     for start in (0, 17, 1000, 2500, max_len - T):
         q.copy_(torch.randn_like(q))
         start_t.fill_(start)
         out.fill_(float("nan"))
         graph.replay()
         assert rel_err(out, attention_oracle(q, cache, start, scale)) < 1e-2, start
-    # Eager with start_t equals eager with the int start.
     start_t.fill_(1234)
-    a = cached_attention_triton(q, cache, 0, scale, start_t=start_t)
-    b = cached_attention_triton(q, cache, 1234, scale)
+    a = cached_attention_triton(q, cache, 0, scale, start_t=start_t, config=dict(config))
+    b = cached_attention_triton(q, cache, 1234, scale, config=dict(config))
     assert rel_err(a, b) < 1e-2
 
 

@@ -12,6 +12,8 @@ Usage (from the repository root; FP8 decode launch of the 27B heads unless told 
     python tools/attn_sass.py --v-block 0             # the key-major V layout
     python tools/attn_sass.py --kv bf16 --block-n 64 --warps 4
     python tools/attn_sass.py --block-m 128 --warps 8 --opaque 1     # the FP8 verify program
+    python tools/attn_sass.py --gluon                 # the Gluon FP8 decode program (its default launch)
+    python tools/attn_sass.py --gluon --warps 2 --block-n 16          # Gluon: 2 warps on 16 keys each
 
 Pointers and strides are marked 16-divisible, as a real launch specialises them; without that hint every load
 compiles to single bytes.
@@ -63,6 +65,30 @@ def compile_split_kernel(args: argparse.Namespace) -> triton.compiler.CompiledKe
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
+def compile_gluon_kernel(args: argparse.Namespace) -> triton.compiler.CompiledKernel:
+    """The Gluon decode program (``edgespec.kernels.gluon_attention_fp8``) as ``gluon_decode_split`` launches it;
+    ``--warps``/``--block-n``/``--stages`` are its ``num_warps``/``BLOCK_W``/``num_stages``."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from edgespec.kernels import gluon_attention_fp8 as ga
+    consts = dict(GROUP=args.group, HEAD_DIM=args.head_dim, BLOCK_W=args.block_n, STAGES=args.stages, W=args.warps,
+                  START_FROM_PTR=False, PDL=True, TRACE=False)
+    types = {"q_ptr": "*bf16", "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv", "ks_ptr": "*fp32", "vs_ptr": "*fp32",
+             "start_ptr": "*i32", "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "trace_ptr": "*i64",
+             "qk_scale": "fp32"}
+    fn = ga._fp8_decode_kernel
+    names = fn.arg_names
+    signature = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if n not in consts and (signature[n].startswith("*") or n.startswith("stride"))}
+    src = GluonASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in consts.items()},
+                         attrs=attrs)
+    options = {"num_warps": args.warps}
+    if args.maxnreg:
+        options["maxnreg"] = args.maxnreg
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
 def dump(kernel: triton.compiler.CompiledKernel) -> tuple[str, str]:
     """(resource usage, SASS) of a compiled kernel, read with the ``cuobjdump`` that Triton ships."""
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -81,7 +107,7 @@ def loop_histogram(sass: str) -> tuple[int, collections.Counter]:
     return len(body), collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for t in body)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kv", choices=("fp8", "bf16"), default="fp8")
     ap.add_argument("--group", type=int, default=6, help="query heads per KV head (27B: 24 / 4)")
@@ -94,8 +120,16 @@ def main() -> int:
     ap.add_argument("--v-block", type=int, default=32, help="FP8 V layout: keys per block (0: key-major)")
     ap.add_argument("--maxnreg", type=int, default=0)
     ap.add_argument("--top", type=int, default=16, help="opcodes to print")
-    args = ap.parse_args()
-    kernel = compile_split_kernel(args)
+    ap.add_argument("--gluon", action="store_true",
+                    help="the Gluon decode program (defaults: its launch, GLUON_DECODE) instead of the Triton one")
+    args = ap.parse_args(argv)
+    if args.gluon:
+        from edgespec.kernels.gluon_attention_fp8 import GLUON_DECODE
+        given = set(argv if argv is not None else sys.argv[1:])
+        args.warps = args.warps if "--warps" in given else GLUON_DECODE["num_warps"]
+        args.block_n = args.block_n if "--block-n" in given else GLUON_DECODE["BLOCK_W"]
+        args.stages = args.stages if "--stages" in given else GLUON_DECODE["num_stages"]
+    kernel = compile_gluon_kernel(args) if args.gluon else compile_split_kernel(args)
     usage, sass = dump(kernel)
     regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     n, hist = loop_histogram(sass)

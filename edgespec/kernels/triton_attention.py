@@ -71,6 +71,11 @@ from edgespec.cache.kv import KVCache
 from edgespec.kernels import sm_count
 from edgespec.kernels.triton_pdl import pdl_enter, pdl_launch, pdl_release, pdl_wait
 
+try:  # Gluon (Triton's explicit-layout dialect; Triton 3.6 has it): without it, the Triton program only.
+    from edgespec.kernels import gluon_attention_fp8
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    gluon_attention_fp8 = None
+
 _LOG2E = 1.4426950408889634
 # Finite stand-in for -inf in the running max, so fully masked rows give exp2(-inf - m) = 0 and never NaN.
 _NEG_BIG = tl.constexpr(-1.0e30)
@@ -374,6 +379,24 @@ def _smem_per_sm(device: torch.device) -> int:
     return 228 * 1024
 
 
+# The Gluon decode program runs by default from this many keys (the grid's key-length hint) on: below it the Triton
+# program's short-cache launches win (H200, 27B heads, one call: 1024 keys 8.6-9.2 against 9.1-9.5 us, 4096 keys
+# 10.0-10.2 against 10.5-11.1; from 8192 keys on the two are level or the Gluon program leads; docs/benchmarks.md,
+# round 11).
+GLUON_MIN_KEYS = 8192
+# Config keys that tune the Triton program only: a config with one of them runs it unless it sets GLUON.
+TRITON_ONLY_KEYS = frozenset({"BLOCK_M", "BLOCK_N", "OPAQUE_CVT", "V_SCALE", "FP16_DOT", "maxnreg"})
+
+
+def use_gluon_decode(config: dict, supported: bool, key_len_hint: int) -> bool:
+    """Whether a call runs the Gluon decode program: ``config["GLUON"]`` when given (1 where it is not
+    ``supported`` is the caller's error), else where it is supported, the grid is sized for at least
+    ``GLUON_MIN_KEYS`` keys and the config tunes nothing of the Triton program's."""
+    if "GLUON" in config:
+        return bool(config["GLUON"])
+    return supported and key_len_hint >= GLUON_MIN_KEYS and not (TRITON_ONLY_KEYS & set(config))
+
+
 def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: float,
                             start_t: torch.Tensor | None = None,
                             config: dict[str, int | str] | None = None) -> torch.Tensor:
@@ -384,7 +407,10 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
     ``start`` inside the kernel and the launch no longer depends on the position (CUDA-graph safe).
     ``config``: optional override of :func:`attention_launch_config`'s choice (benchmarks sweep it; any of
     ``LAUNCH_KEYS``), plus for FP8 caches ``FP16_DOT`` (0: bf16 products for bf16 queries), ``V_SCALE`` ("p",
-    "rows", "tile") and ``OPAQUE_CVT`` (0: let the compiler place the e4m3 conversion).
+    "rows", "tile") and ``OPAQUE_CVT`` (0: let the compiler place the e4m3 conversion). ``GLUON`` (1 / 0) picks
+    the Gluon decode program (:mod:`edgespec.kernels.gluon_attention_fp8`) for one query row over an FP8 cache, whose
+    own keys are ``num_warps``, ``BLOCK_W``, ``num_stages``, ``waves`` and ``n_splits`` (default: see
+    :func:`use_gluon_decode`).
     """
     T, n_q, hd = q.shape
     n_kv = cache.k.shape[1]
@@ -397,6 +423,13 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
     group = n_q // n_kv
     hint = cache.max_len if start_t is not None else start + T
     config = config or {}
+    gluon_ok = (gluon_attention_fp8 is not None and q.is_cuda and not _interpreting()
+                and gluon_attention_fp8.gluon_decode_supported(T, n_q, n_kv, hd, cache.fp8, cache.v_block, q.dtype))
+    if use_gluon_decode(config, gluon_ok, hint):
+        if not gluon_ok:
+            raise ValueError("GLUON decode needs Triton's Gluon and one CUDA query row of 16 bits over an FP8 cache "
+                             "with 32-key V blocks and at most 8 query heads per KV head")
+        return _gluon_decode(q, cache, start, scale, start_t, config, hint)
     cfg = attention_launch_config(T, n_q, n_kv, hd, hint, sm_count(q.device), cache.k.element_size(),
                                   q.element_size(), overrides=config, smem_per_sm=_smem_per_sm(q.device))
     n_splits = cfg["n_splits"]
@@ -442,6 +475,23 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl,
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
     )
+    merge_splits(o_part, lse_part, out, pdl)
+    return out
+
+
+def _gluon_decode(q: torch.Tensor, cache: KVCache, start: int, scale: float, start_t: torch.Tensor | None,
+                  config: dict, key_len_hint: int) -> torch.Tensor:
+    """FP8 decode (one query row) by the Gluon split program (:mod:`edgespec.kernels.gluon_attention_fp8`), then the
+    same merge launch as the Triton program's."""
+    T, n_q, hd = q.shape
+    cfg = gluon_attention_fp8.gluon_decode_config(cache.k.shape[1], hd, key_len_hint, sm_count(q.device),
+                                                  _smem_per_sm(q.device), overrides=config)
+    o_part = torch.empty((cfg["n_splits"], T, n_q, hd), dtype=torch.float32, device=q.device)
+    lse_part = torch.empty((cfg["n_splits"], T, n_q), dtype=torch.float32, device=q.device)
+    out = torch.empty((T, n_q, hd), dtype=q.dtype, device=q.device)
+    pdl = pdl_launch(q.device)
+    gluon_attention_fp8.gluon_decode_split(q, cache, start, start_t, float(scale) * _LOG2E, o_part, lse_part, cfg,
+                                           pdl)
     merge_splits(o_part, lse_part, out, pdl)
     return out
 
