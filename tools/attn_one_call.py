@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the decode attention of the 27B heads at 32768 keys a few times, for a profiler to catch one launch.
 
-``ncu --clock-control none --kernel-name regex:_attn_split_kernel --launch-skip 3 --launch-count 1
+``ncu --clock-control none --kernel-name regex:"_attn_split_kernel|_fp8_decode_kernel" --launch-skip 3 --launch-count 1
 --section WarpStateStats --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis
 python tools/attn_one_call.py --kv fp8`` (``bash tools/gpu_sweep.sh attn-ncu`` runs it for both caches). Each call
 is preceded by a write of 256 MB (``kernel_bench.evict_l2``), so the cache is read from HBM as in the flushed timing.
@@ -10,6 +10,7 @@ is preceded by a write of 256 MB (``kernel_bench.evict_l2``), so the cache is re
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -29,6 +30,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kv", choices=("fp8", "bf16"), default="fp8")
     ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--config", default="{}", help='launch overrides as JSON, e.g. \'{"GLUON": 1}\' (FP8 only)')
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device")
@@ -37,7 +39,7 @@ def main() -> int:
     q = torch.randn(1, N_Q, HD, device="cuda", dtype=torch.bfloat16)
     for _ in range(args.calls):
         evict_l2("write")
-        cached_attention_triton(q, cache, CTX - 1, HD ** -0.5)
+        cached_attention_triton(q, cache, CTX - 1, HD ** -0.5, config=json.loads(args.config))
     torch.cuda.synchronize()
     return 0
 

@@ -96,6 +96,7 @@ def forms(q: torch.Tensor, c16, c8, c8_rows, start: int, scale: float) -> dict:
     res = torch.empty((1, N_Q, HD), dtype=torch.bfloat16, device="cuda")
     return {"bf16": partial(cached_attention_triton, q, c16, start, scale),
             "fp8": partial(cached_attention_triton, q, c8, start, scale),
+            "fp8 Triton program": partial(cached_attention_triton, q, c8, start, scale, config={"GLUON": 0}),
             "fp8 key-major V": partial(cached_attention_triton, q, c8_rows, start, scale),
             "fp8 merge only": partial(merge_splits, o_part, lse, res, pdl_launch(q.device))}
 
@@ -150,7 +151,9 @@ def main() -> int:
         return 1
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sections", default="0,1,2,3,4,5,6", help="comma-separated sections to run (0-6)")
+    ap.add_argument("--heads", default="24,4", help="query heads,KV heads (24,4: Qwen3.5-27B; 16,4: Qwen3.5-4B)")
     ap.add_argument("--repeat", type=int, default=5, help="section 5: timings per path and flush")
+    ap.add_argument("--contexts", default="16,4096,32768", help="section 1: cache lengths (keys)")
     ap.add_argument("--variants", default=None,
                     help='section 4: a JSON list of config overrides instead of VARIANTS, e.g. \'[{}, {"waves": 3}]\'')
     ap.add_argument("--rows", type=int, default=1,
@@ -158,13 +161,21 @@ def main() -> int:
     args = ap.parse_args()
     if not 1 <= args.rows <= 128:
         ap.error(f"--rows {args.rows}: 1 to 128 query rows")
+    global N_Q, N_KV
+    try:
+        N_Q, N_KV = (int(x) for x in args.heads.split(","))
+    except ValueError:
+        ap.error(f"--heads {args.heads!r}: two integers, query heads,KV heads")
+    if N_Q % N_KV:
+        ap.error(f"--heads {args.heads}: {N_Q} query heads do not group over {N_KV} KV heads")
+    print(f"{N_Q} query heads, {N_KV} KV heads, head dim {HD}")
     sections = {int(x) for x in args.sections.split(",")}
     scale = HD ** -0.5
     q = torch.randn(1, N_Q, HD, device="cuda", dtype=torch.bfloat16)
     if 0 in sections:
         floors()
     if 1 in sections:
-        per_call(q, scale)
+        per_call(q, scale, tuple(int(c) for c in args.contexts.split(",")))
     if 2 in sections:
         merge_sweep(q)
     if 3 in sections:
@@ -223,9 +234,9 @@ def floors() -> None:
         print(f"  {name:<5} {nbytes / 1e6:6.1f} MB  " + " | ".join(cells), flush=True)
 
 
-def per_call(q: torch.Tensor, scale: float) -> None:
+def per_call(q: torch.Tensor, scale: float, contexts: tuple[int, ...] = (16, 4096, 32768)) -> None:
     print("1. one call after an L2 flush (us)")
-    for ctx in (16, 4096, 32768):
+    for ctx in contexts:
         c16, c8 = make_cache(ctx, N_KV, HD, False), make_cache(ctx, N_KV, HD, True)
         c8_rows = make_cache(ctx, N_KV, HD, True, v_block=0)
         for flush in ("write", "read"):

@@ -2,7 +2,7 @@
 # One device session: GPU correctness tests, the attention launch sweep, the shape sweep and the cycle split.
 # Usage on the GPU machine, from the repository root:  OUT=/some/dir bash tools/gpu_sweep.sh [stage ...]
 # Stages: tests, new-tests, gemv, profile, attn-sweep, kernels, fp8-sweep, pdl, gdn-tile, skinny, skinny-ab,
-# block-attn, attn-probe, attn-ncu, attn-ncu-source, drafter, shapes, cycle
+# block-attn, attn-probe, attn-ncu, attn-ncu-source, attn-trace, drafter, shapes, cycle
 # (default: tests attn-sweep kernels shapes cycle). Every output lands in $OUT.
 set -uo pipefail
 OUT=${OUT:-.}
@@ -15,6 +15,7 @@ for s in $stages; do
     tests) python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_gpu_session.py \
              tests/test_deferred_gpu.py tests/test_dflash.py tests/test_rope_fused.py tests/test_argmax.py \
              tests/test_head_norm_rope.py tests/test_block_attention_split.py tests/test_window_write.py tests/test_attn_sass.py \
+             tests/test_gluon_attention_gpu.py tests/test_gluon_attention.py \
              2>&1 | tail -15 | tee "$OUT/tests.txt" ;;
     new-tests) python3 -m pytest -q -p no:cacheprovider tests/test_argmax.py tests/test_head_norm_rope.py \
              tests/test_block_attention_split.py tests/test_window_write.py tests/test_dflash.py \
@@ -30,12 +31,13 @@ for s in $stages; do
              | tee "$OUT/fp8_sweep.txt" | grep -E "best|copy|default|#" ;;
     block-attn) python3 tools/block_attn_bench.py 2>&1 | tee "$OUT/block_attn.txt" ;;
     attn-probe) python3 tools/attn_overhead_probe.py 2>&1 | tee "$OUT/attn_overhead_probe.txt" ;;
-    attn-ncu) for kv in fp8 bf16; do ncu --clock-control none --kernel-name regex:_attn_split_kernel --launch-skip 3 \
+    attn-ncu) for kv in fp8 bf16; do ncu --clock-control none --kernel-name regex:"_attn_split_kernel|_fp8_decode_kernel" --launch-skip 3 \
              --launch-count 1 --section WarpStateStats --section SchedulerStats --section Occupancy \
              --section MemoryWorkloadAnalysis --section SpeedOfLight \
              --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" python3 tools/attn_one_call.py --kv $kv 2>&1 \
              | tee "$OUT/attn_ncu_$kv.txt"; done ;;
-    attn-ncu-source) for kv in fp8 bf16; do ncu --clock-control none --kernel-name regex:_attn_split_kernel \
+    attn-trace) python3 tools/attn_trace.py 2>&1 | tee "$OUT/attn_trace.txt" ;;
+    attn-ncu-source) for kv in fp8 bf16; do ncu --clock-control none --kernel-name regex:"_attn_split_kernel|_fp8_decode_kernel" \
              --launch-skip 3 --launch-count 1 --section SourceCounters -f -o "$OUT/attn_src_$kv" \
              python3 tools/attn_one_call.py --kv $kv 2>&1 | tail -2;
              ncu -i "$OUT/attn_src_$kv.ncu-rep" --page source --csv --print-source sass > "$OUT/attn_src_$kv.csv";
