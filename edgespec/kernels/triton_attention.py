@@ -391,10 +391,12 @@ TRITON_ONLY_KEYS = frozenset({"BLOCK_M", "BLOCK_N", "OPAQUE_CVT", "V_SCALE", "FP
 def use_gluon_decode(config: dict, supported: bool, key_len_hint: int) -> bool:
     """Whether a call runs the Gluon decode program: ``config["GLUON"]`` when given (1 where it is not
     ``supported`` is the caller's error), else where it is supported, the grid is sized for at least
-    ``GLUON_MIN_KEYS`` keys and the config tunes nothing of the Triton program's."""
+    ``GLUON_MIN_KEYS`` keys, the config tunes nothing of the Triton program's and ``EDGESPEC_GLUON`` is not 0 (the
+    switch back to the Triton program everywhere, e.g. for a Triton build whose Gluon misbehaves)."""
     if "GLUON" in config:
         return bool(config["GLUON"])
-    return supported and key_len_hint >= GLUON_MIN_KEYS and not (TRITON_ONLY_KEYS & set(config))
+    return (supported and key_len_hint >= GLUON_MIN_KEYS and not (TRITON_ONLY_KEYS & set(config))
+            and os.environ.get("EDGESPEC_GLUON", "1") != "0")
 
 
 def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: float,
