@@ -28,11 +28,12 @@ they are written out:
   it does not queue behind them; it is converted after them.
 
 Default launch (``GLUON_DECODE``): one warp per program on 32-key tiles, four programs per SM, one wave. Measured
-(H200, 27B heads, 32k keys): one call 29.6-30.2 us after a write flush and 23.5-24.5 us after a read flush, 24.1-24.8
-us per call over 16 back-to-back calls, against the Triton program's 29.3-30.2 / 25.1-25.6 / 25.7-25.9 us. Its loop is
-777 instructions per 32 keys (the Triton program: 2 x 873). Still 6 us above a plain streaming read of the same bytes:
-the first tile lands 3.8-8.7 us after the start (all programs ask at once) and programs finish 5 us apart
-(``tools/attn_trace.py``); claiming tiles dynamically from a counter to even that out was slower (35 us).
+(H200, 27B heads, 32k keys, round 11): one call 29.3-30.2 us after a write flush and 24.2-25.0 us after a read flush,
+24.4-24.6 us per call over 16 back-to-back calls; the Triton program on the same machine starts 30.2 / 25.3-25.5 /
+25.8-25.9 us. Its loop is 777 instructions per 32 keys (the Triton program: 2 x 873). Still 7 us above a plain
+streaming read of the same bytes: the first tile lands 4-9 us after the start (all programs ask at once) and
+programs finish 5 us apart (``tools/attn_trace.py``); claiming tiles dynamically from a counter to even that out was
+slower (35 us), and so was a ramped ring start (31 us).
 
 The scales follow the Triton program's "tile" rule (``V_SCALE_TILE``): the k scale multiplies the logits, and each
 warp folds ``v_scale / vmax`` (its tile's largest v scale) into the probabilities and carries ``vmax`` in its
@@ -298,10 +299,10 @@ def _fp8_decode_kernel(
 
 # Launch of the Gluon decode program (``config`` keys of cached_attention_triton): warps per program, keys per warp
 # per iteration, copy stages; ``waves`` (programs per SM) follows from shared memory. Measured on an H200 (27B heads,
-# 32k keys, us: write flush / read flush / per call of 16 back to back; docs/benchmarks.md, round 11): one warp on
-# 32 keys 29.6-30.2 / 23.5-24.5 / 24.1-24.8 (the Triton program: 29.3-30.2 / 25.1-25.6 / 25.7-25.9); two warps on
-# 32 keys each 30.2-30.5 / 24.3-25.0 / 24.6-24.8; warps on 16 keys each 35-45 (their copies and per-tile costs);
-# 2 or 4 stages 30.8 / 25.4-24.5.
+# 32k keys, us: write flush / read flush / per call of 16 back to back; docs/measurements/attn_experiments_h200_
+# round11.txt): one warp on 32 keys 29.3-30.2 / 24.2-25.0 / 24.4-24.6 (the Triton program: 30.2 / 25.3-25.5 /
+# 25.8-25.9); two warps on 32 keys each 30.2-30.5 / 24.3-25.0 / 24.6-24.7; four 31.9 / 26.6 / 26.3; warps on 16 keys
+# each 35-45 (their per-tile costs); 2 or 4 stages 30.8 / 25.4 and 30.8 / 24.5.
 GLUON_DECODE: dict[str, int] = {"num_warps": 1, "BLOCK_W": 32, "num_stages": 3}
 
 
