@@ -66,14 +66,9 @@ def test_default_program_choice(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _loop(*argv: str) -> tuple[int, dict[str, int], int, int]:
     tool = load_tool("attn_sass")
-    args = tool.argparse.Namespace(kv="fp8", group=6, head_dim=256, block_m=16, block_n=32, warps=1, stages=3,
-                                   opaque=0, v_block=32, maxnreg=0, gluon="--gluon" in argv)
-    if args.gluon:
-        args.warps, args.block_n, args.stages = (ga.GLUON_DECODE[k] for k in ("num_warps", "BLOCK_W", "num_stages"))
-    else:
-        args.warps = 2
+    args = tool.parse_args(list(argv))
     try:
-        kernel = tool.compile_gluon_kernel(args) if args.gluon else tool.compile_split_kernel(args)
+        kernel = tool.compile_kernel(args)
     except Exception as exc:  # a Triton build without the NVIDIA backend's ptxas
         pytest.skip(f"cannot compile for sm_90 here: {type(exc).__name__}: {exc}")
     usage, sass = tool.dump(kernel)

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Where the time of one decode attention goes that does not scale with the cache (Qwen3.5-27B heads).
+"""Where the time of one decode attention goes that does not scale with the cache (27B heads; ``--heads``).
 
 0. The floor: a plain streaming read of as many bytes as the FP8 and the bf16 cache of 32768 keys hold, timed like
    the attention (``kernel_bench.graph_us``, both flush modes). With the write flush, L2 starts full of dirty lines
    that every read must first write back, so the floor there is far above bytes / bandwidth.
-1. Per call after an L2 flush (``kernel_bench.graph_us``, both flush modes), at 16, 4096 and 32768 keys: the
-   bf16-KV and FP8-KV paths, and the FP8 path's merge launch alone. The 16-key figures are
-   the fixed cost; the differences to 32k are the streaming cost.
+1. Per call after an L2 flush (``kernel_bench.graph_us``, both flush modes), at ``--contexts`` keys (16, 4096
+   and 32768): the bf16-KV and FP8-KV paths (the FP8 default, the Triton program, key-major V), and the FP8 path's
+   merge launch alone. The 16-key figures are the fixed cost; the differences to 32k are the streaming cost.
    Then the same 32768-key calls with the merge launch left out (the split kernel alone): the merge's share.
 2. The merge launch alone by split count and columns per program (``BLOCK_D``).
 3. Per call inside one CUDA graph of 16 back-to-back calls over 16 different 32k caches, as the 16 attention layers

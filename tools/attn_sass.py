@@ -43,6 +43,18 @@ from edgespec.kernels import triton_attention as ta  # noqa: E402
 _INSTR = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
 
 
+def _compile_sm90(fn, consts: dict, types: dict, options: dict, source=ASTSource) -> triton.compiler.CompiledKernel:
+    """Compile ``fn`` for sm_90 with these constexprs and pointer/scalar ``types`` (other arguments i32), pointers and
+    strides marked 16-divisible as a launch specialises them."""
+    names = fn.arg_names
+    signature = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if n not in consts and (signature[n].startswith("*") or n.startswith("stride"))}
+    src = source(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in consts.items()},
+                 attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
 def compile_split_kernel(args: argparse.Namespace) -> triton.compiler.CompiledKernel:
     """The kernel as ``cached_attention_triton`` would launch it with these constants."""
     fp8 = args.kv == "fp8"
@@ -53,16 +65,10 @@ def compile_split_kernel(args: argparse.Namespace) -> triton.compiler.CompiledKe
     consts = dict(GROUP=args.group, HEAD_DIM=args.head_dim, BLOCK_M=args.block_m, BLOCK_N=args.block_n,
                   IS_FP8=fp8, START_FROM_PTR=False, DOT_IEEE=False, V_SCALE=3 if fp8 else 0, FP16_DOT=fp8,
                   OPAQUE_CVT=args.opaque if fp8 else 0, PDL=True, V_BLOCK=args.v_block if fp8 else 0)
-    names = ta._attn_split_kernel.arg_names
-    signature = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if n not in consts and (signature[n].startswith("*") or n.startswith("stride"))}
-    src = ASTSource(fn=ta._attn_split_kernel, signature=signature,
-                    constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
     options = {"num_warps": args.warps, "num_stages": args.stages}
     if args.maxnreg:
         options["maxnreg"] = args.maxnreg
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return _compile_sm90(ta._attn_split_kernel, consts, types, options)
 
 
 def compile_gluon_kernel(args: argparse.Namespace) -> triton.compiler.CompiledKernel:
@@ -76,17 +82,15 @@ def compile_gluon_kernel(args: argparse.Namespace) -> triton.compiler.CompiledKe
     types = {"q_ptr": "*bf16", "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv", "ks_ptr": "*fp32", "vs_ptr": "*fp32",
              "start_ptr": "*i32", "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "trace_ptr": "*i64",
              "qk_scale": "fp32"}
-    fn = ga._fp8_decode_kernel
-    names = fn.arg_names
-    signature = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if n not in consts and (signature[n].startswith("*") or n.startswith("stride"))}
-    src = GluonASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in consts.items()},
-                         attrs=attrs)
     options = {"num_warps": args.warps}
     if args.maxnreg:
         options["maxnreg"] = args.maxnreg
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return _compile_sm90(ga._fp8_decode_kernel, consts, types, options, source=GluonASTSource)
+
+
+def compile_kernel(args: argparse.Namespace) -> triton.compiler.CompiledKernel:
+    """The program ``args`` (from :func:`parse_args`) names: the Gluon decode program or the Triton split kernel."""
+    return compile_gluon_kernel(args) if args.gluon else compile_split_kernel(args)
 
 
 def dump(kernel: triton.compiler.CompiledKernel) -> tuple[str, str]:
@@ -107,15 +111,17 @@ def loop_histogram(sass: str) -> tuple[int, collections.Counter]:
     return len(body), collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for t in body)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; ``--gluon`` without ``--warps``/``--block-n``/``--stages`` takes the Gluon program's own
+    launch (``GLUON_DECODE``) for them."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kv", choices=("fp8", "bf16"), default="fp8")
     ap.add_argument("--group", type=int, default=6, help="query heads per KV head (27B: 24 / 4)")
     ap.add_argument("--head-dim", type=int, default=256)
     ap.add_argument("--block-m", type=int, default=16)
-    ap.add_argument("--block-n", type=int, default=ta.FP8_LAUNCH["decode"]["BLOCK_N"])
-    ap.add_argument("--warps", type=int, default=ta.FP8_LAUNCH["decode"]["num_warps"])
-    ap.add_argument("--stages", type=int, default=ta.FP8_LAUNCH["decode"]["num_stages"])
+    ap.add_argument("--block-n", type=int, default=None)
+    ap.add_argument("--warps", type=int, default=None)
+    ap.add_argument("--stages", type=int, default=None)
     ap.add_argument("--opaque", type=int, default=ta.FP8_LAUNCH["decode"]["OPAQUE_CVT"])
     ap.add_argument("--v-block", type=int, default=32, help="FP8 V layout: keys per block (0: key-major)")
     ap.add_argument("--maxnreg", type=int, default=0)
@@ -124,12 +130,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="the Gluon decode program (defaults: its launch, GLUON_DECODE) instead of the Triton one")
     args = ap.parse_args(argv)
     if args.gluon:
-        from edgespec.kernels.gluon_attention_fp8 import GLUON_DECODE
-        given = set(argv if argv is not None else sys.argv[1:])
-        args.warps = args.warps if "--warps" in given else GLUON_DECODE["num_warps"]
-        args.block_n = args.block_n if "--block-n" in given else GLUON_DECODE["BLOCK_W"]
-        args.stages = args.stages if "--stages" in given else GLUON_DECODE["num_stages"]
-    kernel = compile_gluon_kernel(args) if args.gluon else compile_split_kernel(args)
+        from edgespec.kernels.gluon_attention_fp8 import GLUON_DECODE as launch
+        keys = {"block_n": "BLOCK_W", "warps": "num_warps", "stages": "num_stages"}
+    else:
+        launch = ta.FP8_LAUNCH["decode"]
+        keys = {"block_n": "BLOCK_N", "warps": "num_warps", "stages": "num_stages"}
+    for name, key in keys.items():
+        if getattr(args, name) is None:
+            setattr(args, name, launch[key])
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    kernel = compile_kernel(args)
     usage, sass = dump(kernel)
     regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     n, hist = loop_histogram(sass)

@@ -27,7 +27,7 @@ from kernel_bench import evict_l2, make_cache  # noqa: E402
 
 from edgespec.kernels import gluon_attention_fp8 as g  # noqa: E402
 from edgespec.kernels import sm_count  # noqa: E402
-from edgespec.kernels.triton_attention import _LOG2E, _smem_per_sm  # noqa: E402
+from edgespec.kernels.triton_attention import _LOG2E, _smem_per_sm, _split_buffers  # noqa: E402
 from edgespec.kernels.triton_pdl import pdl_launch  # noqa: E402
 
 N_Q, N_KV, HD, CTX = 24, 4, 256, 32768
@@ -85,8 +85,7 @@ def main() -> int:
     q = torch.randn(1, N_Q, HD, device="cuda", dtype=torch.bfloat16)
     cfg = g.gluon_decode_config(N_KV, HD, CTX, sm_count(q.device), _smem_per_sm(q.device),
                                 overrides=json.loads(args.config))
-    o_part = torch.empty((cfg["n_splits"], 1, N_Q, HD), dtype=torch.float32, device="cuda")
-    lse_part = torch.empty((cfg["n_splits"], 1, N_Q), dtype=torch.float32, device="cuda")
+    o_part, lse_part, _ = _split_buffers(q, cfg["n_splits"])
     trace = torch.zeros((cfg["n_splits"], N_KV, 5), dtype=torch.int64, device="cuda")
     print(f"Gluon FP8 decode, 27B heads, {CTX} keys, {cfg}")
     for flush in ("write", "read"):

@@ -42,6 +42,15 @@ def sm_count(device: torch.device) -> int:
     return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def split_count(waves: int, sm_count: int, parallel: int, key_len_hint: int, tile_keys: int) -> int:
+    """Splits of the key range of a split-K attention launch: enough for ``waves`` programs per SM when each split
+    runs ``parallel`` programs (row blocks x KV heads), but never below ~4 tiles of ``tile_keys`` keys per split,
+    because every split costs a partial-output write and read, and at most 256 (the merge's tile)."""
+    by_chip = -(-waves * sm_count // parallel)
+    by_len = max(1, -(-key_len_hint // (4 * tile_keys)))
+    return max(1, min(by_chip, by_len, 256))
+
+
 @functools.cache
 def _cuda_sm_count(index: int) -> int:
     import torch

@@ -43,29 +43,20 @@ accumulator's factor, so fp16 products never see a value above 1.
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from edgespec.cache.kv import V_BLOCK
+from edgespec.kernels import split_count
 
 _NEG_BIG = gl.constexpr(-1.0e30)
 # Stamps of a ``TRACE`` build, per program: start (after the PDL wait), first tile in shared memory, loop done,
 # partials stored; then the SM it ran on.
 TRACE_POINTS = ("start", "first tile", "loop done", "stored")
-N_HEADS = 8                        # the mma's N: query heads per KV head, padded
-
-
-@gluon.jit
-def _gdc_wait():
-    """``griddepcontrol.wait`` (see :mod:`edgespec.kernels.triton_pdl`): the predecessor is done and visible."""
-    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _gdc_launch_dependents():
-    """``griddepcontrol.launch_dependents``: the successor may launch (only stores remain here)."""
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)
+N_HEADS = gl.constexpr(8)          # the mma's N: query heads per KV head, padded
+_V_BLOCK = gl.constexpr(V_BLOCK)   # keys per block of the transposed V: the only layout this program reads
 
 
 @gluon.jit
@@ -110,7 +101,8 @@ def _issue_tile(k_fill, v_smem, s_fill, slot, k_ptr, v_ptr, s_base, n0, hi, live
         mask=((n0 + k_key) < hi) & live)
     vk = n0 + v_key
     async_copy.async_copy_global_to_shared(
-        v_smem.index(slot), v_ptr + (vk // 32).to(gl.int64) * stride_vb + kvh * stride_vh + v_dim * 32 + vk % 32,
+        v_smem.index(slot), v_ptr + (vk // _V_BLOCK).to(gl.int64) * stride_vb + kvh * stride_vh + v_dim * _V_BLOCK
+        + vk % _V_BLOCK,
         mask=(vk < gl.cdiv(hi, 16) * 16) & live)
     # the tile's k and v scales (4-byte copies): they arrive with the tile, however long the memory queue is
     sk = n0 + s_key
@@ -162,12 +154,13 @@ def _fp8_decode_kernel(
     GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_W: gl.constexpr, STAGES: gl.constexpr,
     W: gl.constexpr, START_FROM_PTR: gl.constexpr, PDL: gl.constexpr, TRACE: gl.constexpr,
 ):
-    NH: gl.constexpr = 8
+    NH: gl.constexpr = N_HEADS
+    gl.static_assert(_V_BLOCK == 32, "the V copies take 32-byte rows: one 32-key block")
     BN: gl.constexpr = W * BLOCK_W                                  # keys per program per iteration
     KC: gl.constexpr = 64                                           # head dims per chunk of the logits product
     NCH: gl.constexpr = HEAD_DIM // KC
     if PDL:
-        _gdc_wait()
+        gdc_wait()
     if TRACE:
         _stamp(trace_ptr, 0)
     pid_s = gl.program_id(0)
@@ -281,7 +274,7 @@ def _fp8_decode_kernel(
     o = gl.sum(acc * gl.expand_dims(fac, 1), axis=0)                            # O^T [HD, NH]
     lse = gl.where(has, m_all + gl.log2(gl.where(has, l_all, 1.0)), _NEG_BIG)
     if PDL:
-        _gdc_launch_dependents()
+        gdc_launch_dependents()
     # stored through a layout with 4 consecutive head dims per thread: 16-byte stores along each head's row
     st: gl.constexpr = gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[32, 1], warps_per_cta=[W, 1],
                                         order=[0, 1])
@@ -310,8 +303,8 @@ def gluon_decode_supported(T: int, n_q: int, n_kv: int, head_dim: int, fp8: bool
                            q_dtype: torch.dtype) -> bool:
     """True where the Gluon decode program applies: one query row, an FP8 cache with key-blocked V (32 keys per
     block), 16-bit queries, at most 8 query heads per KV head and a head dim the copies tile (64-256)."""
-    return (T == 1 and fp8 and v_block == 32 and q_dtype in (torch.bfloat16, torch.float16)
-            and n_q % n_kv == 0 and n_q // n_kv <= N_HEADS and head_dim in (64, 128, 256))
+    return (T == 1 and fp8 and v_block == V_BLOCK and q_dtype in (torch.bfloat16, torch.float16)
+            and n_q % n_kv == 0 and n_q // n_kv <= N_HEADS.value and head_dim in (64, 128, 256))
 
 
 def gluon_decode_config(n_kv: int, head_dim: int, key_len_hint: int, sm_count: int, smem_per_sm: int,
@@ -325,9 +318,7 @@ def gluon_decode_config(n_kv: int, head_dim: int, key_len_hint: int, sm_count: i
     by_smem = smem_per_sm // (smem + 1024)
     by_regs = 65536 // (w * 32 * 192)
     waves = cfg.get("waves", max(1, min(by_smem, by_regs)))
-    by_chip = triton.cdiv(waves * sm_count, n_kv)
-    by_len = max(1, triton.cdiv(key_len_hint, 4 * w * bw))
-    cfg["n_splits"] = int(cfg.get("n_splits", max(1, min(by_chip, by_len, 256))))
+    cfg["n_splits"] = int(cfg.get("n_splits", split_count(waves, sm_count, n_kv, key_len_hint, w * bw)))
     cfg["waves"] = waves
     return cfg
 

@@ -68,7 +68,7 @@ import triton
 import triton.language as tl
 
 from edgespec.cache.kv import KVCache
-from edgespec.kernels import sm_count
+from edgespec.kernels import sm_count, split_count
 from edgespec.kernels.triton_pdl import pdl_enter, pdl_launch, pdl_release, pdl_wait
 
 try:  # Gluon (Triton's explicit-layout dialect; Triton 3.6 has it): without it, the Triton program only.
@@ -342,14 +342,12 @@ def attention_launch_config(T: int, n_q_heads: int, n_kv_heads: int, head_dim: i
         cfg["waves"] = max(1, min(cfg["waves"], per_sm))
     m_blocks = triton.cdiv(m, cfg["BLOCK_M"])
 
-    def split_count(block_n: int) -> int:
+    def splits(block_n: int) -> int:
         if "n_splits" in overrides:
             return int(overrides["n_splits"])
-        by_chip = triton.cdiv(cfg["waves"] * sm_count, m_blocks * n_kv_heads)
-        by_len = max(1, triton.cdiv(key_len_hint, 4 * block_n))
-        return max(1, min(by_chip, by_len, 256))
+        return split_count(cfg["waves"], sm_count, m_blocks * n_kv_heads, key_len_hint, block_n)
 
-    n_splits = split_count(cfg["BLOCK_N"])
+    n_splits = splits(cfg["BLOCK_N"])
     if kv_bytes == 1 and q_bytes <= 2 and cfg["BLOCK_M"] <= 32:
         # A key range too short to give every SM a program (the split count is capped by ~4 tiles per split).
         # Under half the SMs busy with 64-key tiles: halve the tiles, which doubles the splits (H200, 27B heads,
@@ -358,7 +356,7 @@ def attention_launch_config(T: int, n_q_heads: int, n_kv_heads: int, head_dim: i
         if (cfg["BLOCK_N"] > 32 and "BLOCK_N" not in overrides
                 and m_blocks * n_kv_heads * n_splits <= sm_count // 2):
             cfg["BLOCK_N"] = 32
-            n_splits = split_count(32)
+            n_splits = splits(32)
         if "num_warps" not in overrides and m_blocks * n_kv_heads * n_splits <= sm_count:
             cfg["num_warps"] = FP8_SHORT_WARPS
     cfg.update(n_splits=n_splits, m_blocks=m_blocks)
@@ -436,9 +434,7 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
                                   q.element_size(), overrides=config, smem_per_sm=_smem_per_sm(q.device))
     n_splits = cfg["n_splits"]
 
-    o_part = torch.empty((n_splits, T, n_q, hd), dtype=torch.float32, device=q.device)
-    lse_part = torch.empty((n_splits, T, n_q), dtype=torch.float32, device=q.device)
-    out = torch.empty((T, n_q, hd), dtype=q.dtype, device=q.device)
+    o_part, lse_part, out = _split_buffers(q, n_splits)
     k, v = cache.k, cache.v
     ks = cache.k_scale if cache.fp8 else k
     vs = cache.v_scale if cache.fp8 else v
@@ -481,16 +477,22 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
     return out
 
 
+def _split_buffers(q: torch.Tensor, n_splits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The partial outputs ``[n_splits, T, Hq, hd]`` and log2-sum-exps ``[n_splits, T, Hq]`` (float32) a split
+    launch writes for ``q [T, Hq, hd]``, and the merged output (q's dtype)."""
+    T, n_q, hd = q.shape
+    return (torch.empty((n_splits, T, n_q, hd), dtype=torch.float32, device=q.device),
+            torch.empty((n_splits, T, n_q), dtype=torch.float32, device=q.device),
+            torch.empty((T, n_q, hd), dtype=q.dtype, device=q.device))
+
+
 def _gluon_decode(q: torch.Tensor, cache: KVCache, start: int, scale: float, start_t: torch.Tensor | None,
                   config: dict, key_len_hint: int) -> torch.Tensor:
     """FP8 decode (one query row) by the Gluon split program (:mod:`edgespec.kernels.gluon_attention_fp8`), then the
     same merge launch as the Triton program's."""
-    T, n_q, hd = q.shape
-    cfg = gluon_attention_fp8.gluon_decode_config(cache.k.shape[1], hd, key_len_hint, sm_count(q.device),
+    cfg = gluon_attention_fp8.gluon_decode_config(cache.k.shape[1], q.shape[-1], key_len_hint, sm_count(q.device),
                                                   _smem_per_sm(q.device), overrides=config)
-    o_part = torch.empty((cfg["n_splits"], T, n_q, hd), dtype=torch.float32, device=q.device)
-    lse_part = torch.empty((cfg["n_splits"], T, n_q), dtype=torch.float32, device=q.device)
-    out = torch.empty((T, n_q, hd), dtype=q.dtype, device=q.device)
+    o_part, lse_part, out = _split_buffers(q, cfg["n_splits"])
     pdl = pdl_launch(q.device)
     gluon_attention_fp8.gluon_decode_split(q, cache, start, start_t, float(scale) * _LOG2E, o_part, lse_part, cfg,
                                            pdl)
