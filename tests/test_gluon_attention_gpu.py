@@ -27,7 +27,7 @@ GLUON = {"GLUON": 1}
 # Launch forms the benchmark times; each must give the same attention.
 FORMS = [{}, {"num_warps": 4}, {"num_warps": 1}, {"BLOCK_W": 32}, {"num_warps": 1, "BLOCK_W": 32},
          {"num_stages": 2}, {"num_stages": 4},
-         {"n_splits": 1}, {"n_splits": 7}, {"n_splits": 200}]
+         {"n_splits": 1}, {"n_splits": 7}, {"n_splits": 200}, {"BALANCE": 0}, {"BALANCE": 0, "n_splits": 7}]
 
 
 @pytest.fixture(autouse=True)

@@ -78,7 +78,7 @@ def compile_gluon_kernel(args: argparse.Namespace) -> triton.compiler.CompiledKe
 
     from edgespec.kernels import gluon_attention_fp8 as ga
     consts = dict(GROUP=args.group, HEAD_DIM=args.head_dim, BLOCK_W=args.block_n, STAGES=args.stages, W=args.warps,
-                  START_FROM_PTR=False, PDL=True, TRACE=False)
+                  START_FROM_PTR=False, PDL=True, TRACE=False, BALANCE=bool(ga.GLUON_DECODE["BALANCE"]))
     types = {"q_ptr": "*bf16", "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv", "ks_ptr": "*fp32", "vs_ptr": "*fp32",
              "start_ptr": "*i32", "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "trace_ptr": "*i64",
              "qk_scale": "fp32"}

@@ -33,7 +33,9 @@ Default launch (``GLUON_DECODE``): one warp per program on 32-key tiles, four pr
 25.8-25.9 us. Its loop is 777 instructions per 32 keys (the Triton program: 2 x 873). Still 7 us above a plain
 streaming read of the same bytes: the first tile lands 4-9 us after the start (all programs ask at once) and
 programs finish 5 us apart (``tools/attn_trace.py``); claiming tiles dynamically from a counter to even that out was
-slower (35 us), and so was a ramped ring start (31 us).
+slower (35 us), and so was a ramped ring start (31 us). Round 12 deals the 32-key blocks out evenly (``BALANCE``:
+no split left empty, every SM four busy programs; 29.0-29.8 against 29.8-30.0 us, loop 782 instructions); merging
+the splits inside this launch behind a per-KV-head barrier was slower (32.3 us; docs/benchmarks.md).
 
 The scales follow the Triton program's "tile" rule (``V_SCALE_TILE``): the k scale multiplies the logits, and each
 warp folds ``v_scale / vmax`` (its tile's largest v scale) into the probabilities and carries ``vmax`` in its
@@ -152,7 +154,7 @@ def _fp8_decode_kernel(
     stride_qh, stride_kn, stride_kh, stride_vb, stride_vh, stride_sn, stride_sh,
     stride_ps, stride_ph, stride_ls,
     GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_W: gl.constexpr, STAGES: gl.constexpr,
-    W: gl.constexpr, START_FROM_PTR: gl.constexpr, PDL: gl.constexpr, TRACE: gl.constexpr,
+    W: gl.constexpr, START_FROM_PTR: gl.constexpr, PDL: gl.constexpr, TRACE: gl.constexpr, BALANCE: gl.constexpr,
 ):
     NH: gl.constexpr = N_HEADS
     gl.static_assert(_V_BLOCK == 32, "the V copies take 32-byte rows: one 32-key block")
@@ -168,9 +170,19 @@ def _fp8_decode_kernel(
     if START_FROM_PTR:
         start = gl.load(start_ptr).to(gl.int32)
     L = start + 1
-    chunk = gl.cdiv(gl.cdiv(L, n_splits), BN) * BN
-    lo = pid_s * chunk
-    hi = gl.minimum(lo + chunk, L)
+    if BALANCE:
+        # Every split gets the same number of 16-key units, give or take one, so every program (and every SM) has
+        # work: whole-tile chunks left the last splits empty (32768 keys over 132 splits: 128 splits of 8 tiles, 4
+        # empty) and 4 SMs with next to nothing. 16 keys keep the V copies inside one 32-key block.
+        units = gl.cdiv(L, _V_BLOCK)
+        per = units // n_splits
+        extra = units % n_splits
+        lo = gl.multiple_of((pid_s * per + gl.minimum(pid_s, extra)) * _V_BLOCK, 32)
+        hi = gl.minimum(lo + (per + (pid_s < extra).to(gl.int32)) * _V_BLOCK, L)
+    else:
+        chunk = gl.cdiv(gl.cdiv(L, n_splits), BN) * BN
+        lo = pid_s * chunk
+        hi = gl.minimum(lo + chunk, L)
 
     # ---- layouts: a leading dimension of W, one warp each ----
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1, 1], instr_shape=[1, 16, 8])
@@ -295,8 +307,11 @@ def _fp8_decode_kernel(
 # 32k keys, us: write flush / read flush / per call of 16 back to back; docs/measurements/attn_experiments_h200_
 # round11.txt): one warp on 32 keys 29.3-30.2 / 24.2-25.0 / 24.4-24.6 (the Triton program: 30.2 / 25.3-25.5 /
 # 25.8-25.9); two warps on 32 keys each 30.2-30.5 / 24.3-25.0 / 24.6-24.7; four 31.9 / 26.6 / 26.3; warps on 16 keys
-# each 35-45 (their per-tile costs); 2 or 4 stages 30.8 / 25.4 and 30.8 / 24.5.
-GLUON_DECODE: dict[str, int] = {"num_warps": 1, "BLOCK_W": 32, "num_stages": 3}
+# each 35-45 (their per-tile costs); 2 or 4 stages 30.8 / 25.4 and 30.8 / 24.5. ``BALANCE`` 1: the key range dealt
+# out in whole 32-key blocks, 8 or 7 per split at 32k keys (0: whole tiles per split, rounded up, which left the
+# last splits empty); round 12, four pairs: 29.0-29.8 / 23.9-24.2 / 24.2 against 29.8-30.0 / 24.2-24.4 / 24.3
+# (attn_experiments_h200_round12.txt). 16-key units were slower (31-32 us: half of a V block's 32-byte rows each).
+GLUON_DECODE: dict[str, int] = {"num_warps": 1, "BLOCK_W": 32, "num_stages": 3, "BALANCE": 1}
 
 
 def gluon_decode_supported(T: int, n_q: int, n_kv: int, head_dim: int, fp8: bool, v_block: int,
@@ -312,7 +327,7 @@ def gluon_decode_config(n_kv: int, head_dim: int, key_len_hint: int, sm_count: i
     """Warps, keys per warp, stages and split count: as many programs per SM as shared memory holds (at most 4
     per SM's worth of 2-warp programs, the register file's limit at ~190 registers), one wave of them."""
     cfg = {**GLUON_DECODE, **{k: int(v) for k, v in (overrides or {}).items()
-                              if k in ("num_warps", "BLOCK_W", "num_stages", "waves", "n_splits")}}
+                              if k in ("num_warps", "BLOCK_W", "num_stages", "waves", "n_splits", "BALANCE")}}
     w, bw, stages = cfg["num_warps"], cfg["BLOCK_W"], cfg["num_stages"]
     smem = stages * w * 2 * bw * head_dim
     by_smem = smem_per_sm // (smem + 1024)
@@ -340,5 +355,6 @@ def gluon_decode_split(q: torch.Tensor, cache, start: int, start_t: torch.Tensor
         cache.k_scale.stride(0), cache.k_scale.stride(1),
         o_part.stride(0), o_part.stride(2), lse_part.stride(0),
         GROUP=n_q // n_kv, HEAD_DIM=hd, BLOCK_W=cfg["BLOCK_W"], STAGES=cfg["num_stages"], W=cfg["num_warps"],
-        START_FROM_PTR=start_t is not None, PDL=bool(pdl), TRACE=trace is not None, num_warps=cfg["num_warps"],
+        START_FROM_PTR=start_t is not None, PDL=bool(pdl), TRACE=trace is not None, BALANCE=bool(cfg["BALANCE"]),
+        num_warps=cfg["num_warps"],
         **pdl)
