@@ -171,9 +171,10 @@ def _fp8_decode_kernel(
         start = gl.load(start_ptr).to(gl.int32)
     L = start + 1
     if BALANCE:
-        # Every split gets the same number of 16-key units, give or take one, so every program (and every SM) has
-        # work: whole-tile chunks left the last splits empty (32768 keys over 132 splits: 128 splits of 8 tiles, 4
-        # empty) and 4 SMs with next to nothing. 16 keys keep the V copies inside one 32-key block.
+        # Every split gets the same number of 32-key V blocks, give or take one, so every program (and every SM)
+        # has work: whole-tile chunks left the last splits empty (32768 keys over 132 splits: 128 splits of 8 tiles,
+        # 4 empty) and 4 SMs with next to nothing. Whole blocks: a split starting mid-block would read half of each
+        # 32-byte V row, and its neighbour the same sectors again (16-key units measured 31-32 us against 30).
         units = gl.cdiv(L, _V_BLOCK)
         per = units // n_splits
         extra = units % n_splits
