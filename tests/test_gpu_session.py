@@ -40,7 +40,6 @@ def test_graph_spec_equals_plain_on_cuda(tmp_path, family, dtype):
                 assert lossless(model, prompt, plain.token_ids, out.token_ids, kv_fp8), (arch, rollback, kv_fp8)
 
 
-
 def test_fp8_decode_over_a_long_cache_runs_the_gluon_program_losslessly(tmp_path, monkeypatch):
     """A graphed plain decode over an FP8 cache of 8192 rows takes the Gluon decode program (its grid is sized for
     the cache: edgespec.kernels.triton_attention.GLUON_MIN_KEYS); greedy output equals the eager session's, whose

@@ -36,7 +36,7 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sass_loop import largest_backward_branch  # noqa: E402
+from sass_loop import largest_backward_branch, opcode  # noqa: E402
 
 from edgespec.kernels import triton_attention as ta  # noqa: E402
 
@@ -108,7 +108,7 @@ def loop_histogram(sass: str) -> tuple[int, collections.Counter]:
     ins = [(int(m.group(1), 16), m.group(2).strip()) for m in map(_INSTR.match, sass.splitlines()) if m]
     lo, hi = largest_backward_branch(ins) or (0, -1)
     body = [t for a, t in ins if lo <= a <= hi]
-    return len(body), collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for t in body)
+    return len(body), collections.Counter(opcode(t) for t in body)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -6,6 +6,9 @@
 # (default: tests attn-sweep kernels shapes cycle). Every output lands in $OUT.
 set -uo pipefail
 OUT=${OUT:-.}
+# Nsight Compute on one launch of the attention split kernel (either program) of tools/attn_one_call.py.
+NCU_ONE_ATTN_CALL=(--clock-control none --kernel-name regex:"_attn_split_kernel|_fp8_decode_kernel" --launch-skip 3
+                   --launch-count 1)
 stages=${*:-tests attn-sweep kernels shapes cycle}
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip install failed"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -31,14 +34,12 @@ for s in $stages; do
              | tee "$OUT/fp8_sweep.txt" | grep -E "best|copy|default|#" ;;
     block-attn) python3 tools/block_attn_bench.py 2>&1 | tee "$OUT/block_attn.txt" ;;
     attn-probe) python3 tools/attn_overhead_probe.py 2>&1 | tee "$OUT/attn_overhead_probe.txt" ;;
-    attn-ncu) for kv in fp8 bf16; do ncu --clock-control none --kernel-name regex:"_attn_split_kernel|_fp8_decode_kernel" --launch-skip 3 \
-             --launch-count 1 --section WarpStateStats --section SchedulerStats --section Occupancy \
+    attn-ncu) for kv in fp8 bf16; do ncu "${NCU_ONE_ATTN_CALL[@]}" --section WarpStateStats --section SchedulerStats --section Occupancy \
              --section MemoryWorkloadAnalysis --section SpeedOfLight \
              --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" python3 tools/attn_one_call.py --kv $kv 2>&1 \
              | tee "$OUT/attn_ncu_$kv.txt"; done ;;
     attn-trace) python3 tools/attn_trace.py 2>&1 | tee "$OUT/attn_trace.txt" ;;
-    attn-ncu-source) for kv in fp8 bf16; do ncu --clock-control none --kernel-name regex:"_attn_split_kernel|_fp8_decode_kernel" \
-             --launch-skip 3 --launch-count 1 --section SourceCounters -f -o "$OUT/attn_src_$kv" \
+    attn-ncu-source) for kv in fp8 bf16; do ncu "${NCU_ONE_ATTN_CALL[@]}" --section SourceCounters -f -o "$OUT/attn_src_$kv" \
              python3 tools/attn_one_call.py --kv $kv 2>&1 | tail -2;
              ncu -i "$OUT/attn_src_$kv.ncu-rep" --page source --csv --print-source sass > "$OUT/attn_src_$kv.csv";
              python3 tools/ncu_source_summary.py "$OUT/attn_src_$kv.csv" | tee "$OUT/attn_ncu_source_$kv.txt"; done ;;

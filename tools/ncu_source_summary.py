@@ -20,7 +20,7 @@ import csv
 import sys
 from pathlib import Path
 
-from sass_loop import largest_backward_branch
+from sass_loop import largest_backward_branch, opcode
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
@@ -66,24 +66,26 @@ def loop_span(rows: list[dict[str, str]]) -> tuple[int, int]:
     return next(j for j, a in enumerate(addr) if a >= span[0]), addr.index(span[1])
 
 
+def tally(rows: list[dict[str, str]]) -> tuple[int, collections.Counter]:
+    """Stall samples of ``rows`` in all, and by reason."""
+    return sum(as_int(r[SAMPLES]) for r in rows), sum((reasons(r) for r in rows), collections.Counter())
+
+
 def summarise(rows: list[dict[str, str]], top: int, chunk: int) -> str:
     first, last = loop_span(rows)
     total = sum(as_int(r[SAMPLES]) for r in rows)
     out = [f"{len(rows)} instructions, {total} samples; loop: {last - first + 1} instructions, each executed "
            f"{as_int(rows[first][EXECUTED])} times"]
     for name, part in (("before loop", rows[:first]), ("loop", rows[first:last + 1]), ("after loop", rows[last + 1:])):
-        n = sum(as_int(r[SAMPLES]) for r in part)
-        why = sum((reasons(r) for r in part), collections.Counter())
+        n, why = tally(part)
         out.append(f"  {name:<12} {len(part):5d} instructions {n:6d} samples ({100 * n / max(total, 1):4.1f}%)  "
                    + ", ".join(f"{k} {v}" for k, v in why.most_common(6)))
     out.append(f"loop in slices of {chunk} instructions (samples; top reasons; top opcodes)")
     body = rows[first:last + 1]
     for i in range(0, len(body), chunk):
         part = body[i:i + chunk]
-        n = sum(as_int(r[SAMPLES]) for r in part)
-        why = sum((reasons(r) for r in part), collections.Counter())
-        ops = collections.Counter(r["Source"].split()[1 if r["Source"].lstrip().startswith("@") else 0]
-                                  for r in part if r["Source"].split())
+        n, why = tally(part)
+        ops = collections.Counter(opcode(r["Source"]) for r in part if r["Source"].split())
         out.append(f"  {i:4d}  {n:5d}  " + ", ".join(f"{k} {v}" for k, v in why.most_common(3)) + "  |  "
                    + ", ".join(f"{k} {v}" for k, v in ops.most_common(3)))
     out.append(f"the {top} loop instructions with the most samples")

@@ -1,5 +1,6 @@
-"""The main loop of a kernel's SASS: the span of its largest backward branch. Shared by ``tools/attn_sass.py``
-(SASS compiled off the GPU) and ``tools/ncu_source_summary.py`` (Nsight Compute's source page)."""
+"""The main loop of a kernel's SASS: the span of its largest backward branch, and the opcode of a SASS line. Shared by
+``tools/attn_sass.py`` (SASS compiled off the GPU) and ``tools/ncu_source_summary.py`` (Nsight Compute's source
+page)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,11 @@ def largest_backward_branch(instructions: Iterable[tuple[int, str]]) -> tuple[in
             key = (not any(target <= e <= addr for e in exits), addr - target, target, addr)
             best = key if best is None or key[:2] > best[:2] else best
     return None if best is None else (best[2], best[3])
+
+
+def opcode(text: str) -> str:
+    """The opcode of one SASS instruction's text, its predicate (``@P0``, ``@!UP1``, ``@PT``) left out; "" if blank."""
+    parts = text.split()
+    if parts and parts[0].startswith("@"):
+        parts = parts[1:]
+    return parts[0] if parts else ""

@@ -313,6 +313,8 @@ def _fp8_decode_kernel(
 # last splits empty); round 12, four pairs: 29.0-29.8 / 23.9-24.2 / 24.2 against 29.8-30.0 / 24.2-24.4 / 24.3
 # (attn_experiments_h200_round12.txt). 16-key units were slower (31-32 us: half of a V block's 32-byte rows each).
 GLUON_DECODE: dict[str, int] = {"num_warps": 1, "BLOCK_W": 32, "num_stages": 3, "BALANCE": 1}
+# The config keys this program takes: its launch's, and the programs per SM and split count the rule derives.
+GLUON_KEYS = frozenset({*GLUON_DECODE, "waves", "n_splits"})
 
 
 def gluon_decode_supported(T: int, n_q: int, n_kv: int, head_dim: int, fp8: bool, v_block: int,
@@ -327,8 +329,7 @@ def gluon_decode_config(n_kv: int, head_dim: int, key_len_hint: int, sm_count: i
                         overrides: dict | None = None) -> dict[str, int]:
     """Warps, keys per warp, stages and split count: as many programs per SM as shared memory holds (at most 4
     per SM's worth of 2-warp programs, the register file's limit at ~190 registers), one wave of them."""
-    cfg = {**GLUON_DECODE, **{k: int(v) for k, v in (overrides or {}).items()
-                              if k in ("num_warps", "BLOCK_W", "num_stages", "waves", "n_splits", "BALANCE")}}
+    cfg = {**GLUON_DECODE, **{k: int(v) for k, v in (overrides or {}).items() if k in GLUON_KEYS}}
     w, bw, stages = cfg["num_warps"], cfg["BLOCK_W"], cfg["num_stages"]
     smem = stages * w * 2 * bw * head_dim
     by_smem = smem_per_sm // (smem + 1024)

@@ -409,8 +409,8 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
     ``LAUNCH_KEYS``), plus for FP8 caches ``FP16_DOT`` (0: bf16 products for bf16 queries), ``V_SCALE`` ("p",
     "rows", "tile") and ``OPAQUE_CVT`` (0: let the compiler place the e4m3 conversion). ``GLUON`` (1 / 0) picks
     the Gluon decode program (:mod:`edgespec.kernels.gluon_attention_fp8`) for one query row over an FP8 cache, whose
-    own keys are ``num_warps``, ``BLOCK_W``, ``num_stages``, ``waves`` and ``n_splits`` (default: see
-    :func:`use_gluon_decode`).
+    own keys are ``GLUON_KEYS`` (``num_warps``, ``BLOCK_W``, ``num_stages``, ``BALANCE``, ``waves``, ``n_splits``;
+    default: see :func:`use_gluon_decode`).
     """
     T, n_q, hd = q.shape
     n_kv = cache.k.shape[1]
