@@ -38,6 +38,8 @@ def test_bench_shape_sweep_rejects_bad_input_before_any_work(capsys):
     assert "gpt-5" in capsys.readouterr().err
     assert main(["bench", "--shapes", "qwen3.5-4b", "--kv", "int4"]) == 2
     assert "int4" in capsys.readouterr().err
+    assert main(["bench", "--shapes", "qwen3.5-4b", "--kv", "none"]) == 2       # nothing left to measure
+    assert "--attn-in-place" in capsys.readouterr().err
     import torch
 
     if not torch.cuda.is_available():

@@ -20,6 +20,9 @@
 6. Head-major K and scales (``kernel_bench.head_major_twin``): the same rows with each KV head's keys contiguous,
    read through strides by the unchanged kernel, timed like section 4 beside the default layout.
 
+From round 13 the GPU issue's 1.6x target is judged on one call inside a decode step instead
+(``edgespec bench --attn-in-place``, ``edgespec/bench/attn_in_place.py``); section 5 stays as the one-call figure.
+
 Round 6 ran an earlier version with a CUDA decode kernel beside these (removed again: slower than the Triton
 one); its outputs are ``docs/measurements/attn_overhead_probe*_h200_round6.txt``.
 

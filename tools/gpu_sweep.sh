@@ -2,7 +2,7 @@
 # One device session: GPU correctness tests, the attention launch sweep, the shape sweep and the cycle split.
 # Usage on the GPU machine, from the repository root:  OUT=/some/dir bash tools/gpu_sweep.sh [stage ...]
 # Stages: tests, new-tests, gemv, profile, attn-sweep, kernels, fp8-sweep, pdl, gdn-tile, skinny, skinny-ab,
-# block-attn, attn-probe, attn-ncu, attn-ncu-source, attn-trace, drafter, shapes, cycle
+# block-attn, attn-probe, attn-in-place, attn-ncu, attn-ncu-source, attn-trace, drafter, shapes, cycle
 # (default: tests attn-sweep kernels shapes cycle). Every output lands in $OUT.
 set -uo pipefail
 OUT=${OUT:-.}
@@ -34,6 +34,8 @@ for s in $stages; do
              | tee "$OUT/fp8_sweep.txt" | grep -E "best|copy|default|#" ;;
     block-attn) python3 tools/block_attn_bench.py 2>&1 | tee "$OUT/block_attn.txt" ;;
     attn-probe) python3 tools/attn_overhead_probe.py 2>&1 | tee "$OUT/attn_overhead_probe.txt" ;;
+    attn-in-place) python3 tools/gpu_bench.py --shapes qwen3.5-27b,qwen3.5-4b --kv none --attn-in-place \
+             --context 32768 --sweep-out "$OUT" 2>&1 | tee "$OUT/attn_in_place.txt" ;;
     attn-ncu) for kv in fp8 bf16; do ncu "${NCU_ONE_ATTN_CALL[@]}" --section WarpStateStats --section SchedulerStats --section Occupancy \
              --section MemoryWorkloadAnalysis --section SpeedOfLight \
              --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" python3 tools/attn_one_call.py --kv $kv 2>&1 \

@@ -28,7 +28,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    "(comma list of edgespec.loading.synthetic.SHAPES names)")
     p.add_argument("--compare-hf-shapes", default="qwen3.5-4b", help="with --shapes: shapes also run in transformers")
     p.add_argument("--context", type=int, default=512, help="with --shapes: KV context of decode and verify")
-    p.add_argument("--kv", default="model,fp8", help="with --shapes: KV formats")
+    p.add_argument("--kv", default="model,fp8", help="with --shapes: KV formats (none: no decode sweep)")
+    p.add_argument("--attn-in-place", action="store_true", help="with --shapes: also time one attention call "
+                   "inside a decode step at --context, FP8 vs model-dtype KV (edgespec.bench.attn_in_place)")
     p.add_argument("--sweep-out", default=".", help="with --shapes: folder for gpu_bench.json")
     p.add_argument("--prompts", help="prompt set YAML (default: the packaged bench set)")
     p.add_argument("--tokens", type=int, default=128, help="max new tokens per prompt")

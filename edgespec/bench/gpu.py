@@ -244,7 +244,9 @@ def add_sweep_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--shapes", default=DEFAULT_SHAPES)
     ap.add_argument("--compare-hf", default="qwen3.5-4b", help="shapes also run with transformers (comma list)")
     ap.add_argument("--context", type=int, default=512)
-    ap.add_argument("--kv", default="model,fp8", help="KV formats to run decode with")
+    ap.add_argument("--kv", default="model,fp8", help="KV formats to run decode with (none: no decode sweep)")
+    ap.add_argument("--attn-in-place", action="store_true",
+                    help="also time one attention call inside a decode step at --context, FP8 vs model-dtype KV")
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--rollback", default=None, help="verify rollback strategy (default: the arch default)")
     ap.add_argument("--sweep-out", default=os.environ.get("OUT", "."), help="folder for gpu_bench.json")
@@ -256,9 +258,10 @@ def run_sweep(args: argparse.Namespace) -> int:
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown:
         raise ConfigError(f"unknown shape(s) {', '.join(unknown)}; known: {', '.join(sorted(SHAPES))}")
-    kvs = [k for k in args.kv.split(",") if k]
-    if not kvs or any(k not in ("model", "fp8") for k in kvs):
-        raise ConfigError(f"--kv {args.kv!r}: give model and/or fp8, comma-separated")
+    kvs = [] if args.kv == "none" else [k for k in args.kv.split(",") if k]
+    in_place = getattr(args, "attn_in_place", False)
+    if (not kvs and not in_place) or any(k not in ("model", "fp8") for k in kvs):
+        raise ConfigError(f"--kv {args.kv!r}: give model and/or fp8, comma-separated (none: with --attn-in-place)")
     if not torch.cuda.is_available():
         raise ConfigError("the shape sweep measures GPU bandwidth and CUDA graphs: it needs a CUDA device")
     device = torch.device("cuda")
@@ -289,12 +292,15 @@ def run_sweep(args: argparse.Namespace) -> int:
             print(json.dumps(r), flush=True)
             gc.collect()                 # free this shape's weights and graphs before the next one
             torch.cuda.empty_cache()
+    attn = attention_in_place_sweep(shapes, args.context, device, bw) if in_place else {}
     out = Path(args.sweep_out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_bench.json").write_text(json.dumps({"bandwidth_GBps": bw / 1e9, "results": results}, indent=2))
-    print()
-    print(f"{'shape':<14} {'kv':<5} {'weights GB':>10} {'decode ms':>9} {'limit ms':>8} {'% limit':>7} "
-          f"{'tok/s':>7} {'v16/dec':>7} {'rb16 ms':>7} {'HF tok/s':>8} {'Thor proj':>9}")
+    (out / "gpu_bench.json").write_text(json.dumps({"bandwidth_GBps": bw / 1e9, "results": results,
+                                                    "attention_in_place": attn}, indent=2))
+    if results:
+        print()
+        print(f"{'shape':<14} {'kv':<5} {'weights GB':>10} {'decode ms':>9} {'limit ms':>8} {'% limit':>7} "
+              f"{'tok/s':>7} {'v16/dec':>7} {'rb16 ms':>7} {'HF tok/s':>8} {'Thor proj':>9}")
     for r in results:
         if "error" in r:
             print(f"{r['shape']:<14} {r['kv']:<5} ERROR {r['error'][:80]}")
@@ -304,5 +310,30 @@ def run_sweep(args: argparse.Namespace) -> int:
               f"{r['decode_limit_ms']:>8.3f} {100 * r['decode_fraction_of_limit']:>6.1f}% {r['decode_tok_s']:>7.1f} "
               f"{v16.get('x_decode', float('nan')):>7.2f} {v16.get('rollback_ms', float('nan')):>7.3f} "
               f"{r.get('hf_decode_tok_s', float('nan')):>8.1f} {r['thor_projected_decode_tok_s_at_limit']:>9.1f}")
+    if attn:
+        from edgespec.bench.attn_in_place import format_in_place
+
+        print(f"\none attention call inside a decode step (edgespec.bench.attn_in_place), {args.context} keys")
+        for shape, r in attn.items():
+            print("\n".join(format_in_place(shape, r, bw) if "error" not in r else [f"{shape:<14} ERROR {r['error']}"]))
     return 0
+
+
+def attention_in_place_sweep(shapes: list[str], context: int, device: torch.device, bw: float) -> dict[str, Any]:
+    """:func:`edgespec.bench.attn_in_place.compare_in_place` for each shape (a fresh random model each)."""
+    from edgespec.bench.attn_in_place import compare_in_place, format_in_place
+
+    found: dict[str, Any] = {}
+    for shape in shapes:
+        try:
+            model = random_model(shape, device, torch.bfloat16, context + 64)
+            found[shape] = compare_in_place(model, context)
+            del model
+            print("\n".join(format_in_place(shape, found[shape], bw)), flush=True)
+        except Exception as e:  # one shape failing (e.g. out of memory) must not lose the others
+            traceback.print_exc()
+            found[shape] = {"error": repr(e)}
+        gc.collect()
+        torch.cuda.empty_cache()
+    return found
 
