@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from edgespec.bench import attn_in_place
-from edgespec.kernels.triton_attention import attention_bytes
+from edgespec.kernels import attention_bytes
 from edgespec.models import layers
 
 CONTEXT = 64

@@ -51,9 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernel_bench import graph_us, head_major_twin, make_cache  # noqa: E402
 
 from edgespec.arch.graphs import capture_graph  # noqa: E402
-from edgespec.kernels import sm_count, triton_attention  # noqa: E402
+from edgespec.kernels import attention_bytes, sm_count, triton_attention  # noqa: E402
 from edgespec.kernels.triton_attention import (  # noqa: E402
-    attention_bytes,
     attention_launch_config,
     cached_attention_triton,
     merge_splits,

@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kernel_bench import graph_us, make_cache  # noqa: E402
 
-from edgespec.kernels.triton_attention import attention_bytes, cached_attention_triton  # noqa: E402
+from edgespec.kernels import attention_bytes  # noqa: E402
+from edgespec.kernels.triton_attention import cached_attention_triton  # noqa: E402
 
 
 def main() -> int:

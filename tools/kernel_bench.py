@@ -48,11 +48,12 @@ import triton  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
 from edgespec.cache.kv import KVCache  # noqa: E402
+from edgespec.kernels import attention_bytes  # noqa: E402
 from edgespec.kernels.attention import attention_ref, cached_attention  # noqa: E402
 from edgespec.kernels.conv import causal_conv1d_ref  # noqa: E402
 from edgespec.kernels.gdn import gdn_chunked_ref, gdn_recurrent_ref  # noqa: E402
 from edgespec.kernels.norm import gated_rms_norm_ref, rms_norm_ref  # noqa: E402
-from edgespec.kernels.triton_attention import attention_bytes, cached_attention_triton  # noqa: E402
+from edgespec.kernels.triton_attention import cached_attention_triton  # noqa: E402
 from edgespec.kernels.triton_conv import causal_conv1d_triton  # noqa: E402
 from edgespec.kernels.triton_gdn import _chunk_prep, gdn_chunked_triton, gdn_recurrent_triton  # noqa: E402
 from edgespec.kernels.triton_norm import gated_rms_norm_triton, rms_norm_triton  # noqa: E402

@@ -28,7 +28,7 @@ import torch
 
 from edgespec.arch.detect import select_hooks
 from edgespec.bench.gpu import time_cuda
-from edgespec.kernels.triton_attention import attention_bytes
+from edgespec.kernels import attention_bytes
 from edgespec.models.decoder import TargetModel
 from edgespec.spec.session import SpecSession
 

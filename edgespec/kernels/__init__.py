@@ -70,3 +70,10 @@ def pdl_enabled(device: torch.device) -> bool:
 def _cuda_capability(index: int) -> tuple[int, int]:
     import torch
     return torch.cuda.get_device_capability(index)
+
+
+def attention_bytes(T: int, n_q: int, n_kv: int, hd: int, key_len: int, fp8: bool, q_bytes: int = 2) -> int:
+    """Fewest bytes one call must move: every visible KV row (and its scales) once, q in, out back."""
+    kv = 2 * key_len * n_kv * hd * (1 if fp8 else q_bytes)
+    scales = 2 * key_len * n_kv * 4 if fp8 else 0
+    return kv + scales + 2 * T * n_q * hd * q_bytes

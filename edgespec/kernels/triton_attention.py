@@ -519,11 +519,3 @@ def merge_splits(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor
         out.stride(0), out.stride(1),
         BLOCK_D=block_d, SPLITS_P2=splits_p2, PDL=bool(pdl), num_warps=4, **pdl,
     )
-
-
-def attention_bytes(T: int, n_q: int, n_kv: int, hd: int, key_len: int, fp8: bool, q_bytes: int = 2) -> int:
-    """Fewest bytes one call must move: every visible KV row (and its scales) once, q in, out back."""
-    kv = 2 * key_len * n_kv * hd * (1 if fp8 else q_bytes)
-    scales = 2 * key_len * n_kv * 4 if fp8 else 0
-    return kv + scales + 2 * T * n_q * hd * q_bytes
-
