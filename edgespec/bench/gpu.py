@@ -259,7 +259,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     if unknown:
         raise ConfigError(f"unknown shape(s) {', '.join(unknown)}; known: {', '.join(sorted(SHAPES))}")
     kvs = [] if args.kv == "none" else [k for k in args.kv.split(",") if k]
-    in_place = getattr(args, "attn_in_place", False)
+    in_place = args.attn_in_place
     if (not kvs and not in_place) or any(k not in ("model", "fp8") for k in kvs):
         raise ConfigError(f"--kv {args.kv!r}: give model and/or fp8, comma-separated (none: with --attn-in-place)")
     if not torch.cuda.is_available():
