@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from edgespec.kernels import sm_count, triton_available
+from edgespec.weights.base import is_packed
 
 # Up to this many rows, one GEMV per row beats a GEMM on small-M shapes (measured on a 2-core EPYC, AVX2).
 ROWS_MAX = 8
@@ -58,7 +59,10 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x [..., in] @ weight[out, in]^T (+ bias)``: on CUDA one bf16/fp16 row goes to the Triton GEMV and 2-16
     rows to the skinny GEMM (``edgespec.kernels.triton_gemv``; :func:`~edgespec.kernels.triton_gemv.skinny_pays`
-    says why not cuBLAS), on CPU fp32 to OpenBLAS when active; everything else to torch."""
+    says why not cuBLAS), on CPU fp32 to OpenBLAS when active; everything else to torch. A packed weight
+    (:class:`edgespec.weights.PackedWeight`) computes its own product."""
+    if is_packed(weight):
+        return weight.matmul(x, bias)
     if x.is_cuda:
         route = _triton_route(x, weight)
         if route is not None:
