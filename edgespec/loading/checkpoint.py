@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from edgespec.errors import CheckpointError
 from edgespec.loading.hf_config import load_config
-from edgespec.loading.weights import load_parameters, weight_files
+from edgespec.loading.quant_config import QuantSpec, detect_quantization
+from edgespec.loading.quantized import ignored, pack_linears, packed_slots, part_view
+from edgespec.loading.safetensors_io import Slot, TensorEntry, fill_slots, read_headers
+from edgespec.loading.weights import weight_files
+from edgespec.memory import MemoryBudget, module_bytes, plan_budget
 from edgespec.models.config import ModelConfig
 from edgespec.models.decoder import TargetModel
 from edgespec.models.layers import RotaryEmbedding
+from edgespec.weights.base import PackedLinear
 
 # Parameters kept in fp32 whatever the model dtype: tiny, and they feed exp()/softplus() of the GDN decay.
 _FP32_PARAMS = ("A_log", "dt_bias")
@@ -34,56 +39,112 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                max_positions: int | None = None, merge: bool = True) -> TargetModel:
+                max_positions: int | None = None, merge: bool = True, *, kv_fp8: bool = False,
+                drafter_bytes: int = 0, check_memory: bool = True) -> TargetModel:
     """Build the model described by ``folder/config.json`` and load its safetensors weights.
 
     ``merge``: merge the projections as served (see :meth:`TargetModel.merge_projections`); ``False`` keeps the
     checkpoint's layout, which rounds exactly like transformers (the golden tests compare in that layout).
+
+    Quantized checkpoints (block-FP8, NVFP4, AWQ/GPTQ int4; :mod:`edgespec.loading.quant_config`) load into
+    packed layers that stay quantized in memory. Every tensor streams from the files into its final place, so
+    the load never holds more than the weights plus one staging buffer. Before anything is allocated the memory
+    budget (weights + KV cache for ``max_positions`` + ``drafter_bytes`` + workspace) is compared with the
+    device's free memory (``check_memory``); the budget is kept as ``model.memory_budget``.
 
     Errors name the file and key: unexpected keys, missing keys and shape mismatches are all reported at
     once (a partly loaded model would produce plausible-looking garbage).
     """
     folder = Path(folder)
     cfg = load_config(folder)
+    spec = detect_quantization(folder)
     files = weight_files(folder)
-    has_mtp = _has_mtp_keys(files)
+    raw = read_headers(files)
+    has_mtp = any(k.startswith("mtp.") for k in raw)
     device = torch.device(device)
-    model = build_empty(cfg, dtype, device, max_positions, with_mtp=has_mtp)
 
     def name_of(key: str) -> str | None:
         name = normalise_key(key)
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             return None  # tied: the embedding serves as the head
+        if name is not None and spec is not None and ignored(name):
+            return None
         return name
 
-    problems = load_parameters(dict(model.named_parameters()), files, name_of)
+    entries = {n: e for k, e in raw.items() if (n := name_of(k)) is not None}
+    max_len = max_positions or cfg.max_position_embeddings
+
+    def budget_of(weights: int, packed: bool) -> MemoryBudget:
+        return plan_budget(cfg, weights, device, dtype, max_len, kv_fp8=kv_fp8, drafter=drafter_bytes,
+                           packed=packed)
+
+    model = build_empty(cfg, dtype, device, max_positions, with_mtp=has_mtp, quant=spec, entries=entries,
+                        budget=budget_of if check_memory else None, merge=merge)
+    problems = fill_slots(model_slots(model, spec), raw, name_of)
     if problems:
-        raise CheckpointError(f"checkpoint {folder} does not fit model_type {cfg.model_type!r}: "
-                              + " | ".join(problems))
-    # One GEMV per merged projection: fewer launches on a GPU, fewer BLAS calls and Python steps on CPU.
+        raise CheckpointError(f"checkpoint {folder} does not fit model_type {cfg.model_type!r}"
+                              + (f" quantized as {spec.method}" if spec else "") + ": " + " | ".join(problems))
+    # Merges that depend on loaded values (NVFP4 parts sharing one global scale) happen now, one group at a time.
     return (model.merge_projections() if merge else model).eval()
 
 
+def model_slots(model: TargetModel, spec: QuantSpec | None) -> dict[str, Slot]:
+    """Every checkpoint tensor the model expects, by parameter name, and where it goes. A projection merged on the
+    meta device expects its parts under their own names, each loaded straight into its rows of the merged layer."""
+    slots: dict[str, Slot] = {}
+    merged_params: set[str] = set()
+    for name, module in model.named_modules():
+        parts = getattr(module, "merged_parts", None)
+        if isinstance(module, PackedLinear) and not parts:
+            slots.update(packed_slots(name, module, spec))
+        if not parts:
+            continue
+        parent = name.rpartition(".")[0]
+        merged_params.update(f"{name}.{p}" for p, _ in module.named_parameters())
+        row = 0
+        for part, rows in parts:
+            part_name = f"{parent}.{part}" if parent else part
+            if isinstance(module, PackedLinear):
+                slots.update(packed_slots(part_name, PackedLinear(part_view(module.weight, row, row + rows)), spec))
+            else:
+                slots[f"{part_name}.weight"] = Slot(module.weight.data[row:row + rows],
+                                                     (rows, module.in_features))
+            if module.bias is not None:
+                slots[f"{part_name}.bias"] = Slot(module.bias.data[row:row + rows], (rows,))
+            row += rows
+    for name, p in model.named_parameters():
+        if name not in merged_params:
+            slots[name] = Slot(p.data, tuple(p.shape))
+    return slots
+
+
 def build_empty(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int | None,
-                with_mtp: bool = False) -> TargetModel:
-    """Construct the module tree without random init (meta device), then allocate it on ``device``."""
+                with_mtp: bool = False, *, quant: QuantSpec | None = None,
+                entries: dict[str, TensorEntry] | None = None,
+                budget: Callable[[int, bool], MemoryBudget] | None = None, merge: bool = False) -> TargetModel:
+    """Construct the module tree on the meta device, give every tensor its serving dtype or packed format there,
+    then allocate each once on ``device`` (no fp32 staging: peak memory is the weights themselves).
+
+    ``quant`` + ``entries`` (checkpoint tensors by parameter name): layers whose tensors are quantized become
+    :class:`PackedLinear` s. ``budget``: called with the weight bytes (and whether any layer is packed) before
+    allocation; its :class:`MemoryBudget` is checked and kept as ``model.memory_budget``. ``merge``: merge the
+    projections on the meta device, so loading fills each merged layer part by part (no second copy).
+    """
     with torch.device("meta"):
         model = TargetModel(cfg, max_positions=1, with_mtp=with_mtp)
-    model = model.to_empty(device=device).to(dtype)
-    for name, p in model.named_parameters():
-        if name.rsplit(".", 1)[-1] in _FP32_PARAMS:
-            p.data = p.data.float()
+        model.to(dtype)
+        for name, p in model.named_parameters():
+            if name.rsplit(".", 1)[-1] in _FP32_PARAMS:
+                p.data = p.data.float()
+    packed = pack_linears(model, quant, entries or {}, dtype) if quant is not None else 0
+    if merge:
+        model.merge_projections()
+    plan = None
+    if budget is not None:
+        plan = budget(module_bytes(model), packed > 0)
+        plan.check()
+    model = model.to_empty(device=device)
+    model.memory_budget = plan
     # Rotary tables are derived, not loaded: rebuild them for real on the target device.
     model.rope = RotaryEmbedding(cfg, max_positions or cfg.max_position_embeddings).to(device)
     return model
-
-
-def _has_mtp_keys(files: list[Path]) -> bool:
-    for path in files:
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                if any(k.startswith("mtp.") for k in f.keys()):
-                    return True
-        except Exception as e:  # a corrupt header: report it the same way iter_tensors does
-            raise CheckpointError(f"cannot read weights from {path}: {e} (truncated or corrupt file?)") from None
-    return False

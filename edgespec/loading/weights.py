@@ -10,6 +10,7 @@ from safetensors import SafetensorError, safe_open
 
 from edgespec.errors import CheckpointError
 from edgespec.loading.hf_config import read_json
+from edgespec.loading.safetensors_io import Slot, fill_slots, read_headers
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -48,32 +49,9 @@ def load_parameters(params: dict[str, torch.Tensor], files: list[Path], name_of:
                     shape_hint: Callable[[str], str] = lambda name: "") -> list[str]:
     """Copy every checkpoint tensor into the parameter ``name_of(key)`` (None: ignored key), checking shapes.
 
-    Returns the problems found (shape mismatches, missing and unexpected keys), each naming key and file, so the
-    caller reports them all at once: a partly loaded model would produce plausible-looking garbage.
+    Tensors stream from the files into the parameters (:mod:`edgespec.loading.safetensors_io`): no tensor is
+    held twice. Returns the problems found (shape mismatches, missing and unexpected keys), each naming key and
+    file, so the caller reports them all at once: a partly loaded model would produce plausible-looking garbage.
     """
-    seen: set[str] = set()
-    unexpected: list[str] = []
-    mismatched: list[str] = []
-    for key, path, tensor in iter_tensors(files):
-        name = name_of(key)
-        if name is None:
-            continue
-        param = params.get(name)
-        if param is None:
-            unexpected.append(f"{key} (in {path.name})")
-            continue
-        if tuple(param.shape) != tuple(tensor.shape):
-            mismatched.append(f"{key} in {path.name}: checkpoint {tuple(tensor.shape)}, expected "
-                              f"{tuple(param.shape)}{shape_hint(name)}")
-            continue
-        with torch.no_grad():
-            param.copy_(tensor.to(param.dtype))
-        seen.add(name)
-    missing = sorted(set(params) - seen)
-    problems = []
-    if mismatched:
-        problems.append("shape mismatch: " + "; ".join(mismatched))
-    for label, keys in (("missing", missing), ("unexpected", unexpected)):
-        if keys:
-            problems.append(f"{label} key(s): " + ", ".join(keys[:20]) + (" ..." if len(keys) > 20 else ""))
-    return problems
+    slots = {name: Slot(p.data, tuple(p.shape), hint=shape_hint(name)) for name, p in params.items()}
+    return fill_slots(slots, read_headers(files), name_of)

@@ -43,7 +43,8 @@ class GatedDeltaNet(nn.Module):
         self._in_split = [conv_dim, self.value_dim, self.hv, self.hv]
 
     def merge_projections(self) -> None:
-        self.in_proj = merge_linears(self, ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"])
+        if self.in_proj is None:            # None after a merge: the parts stay separate
+            self.in_proj = merge_linears(self, ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"])
 
     def forward(self, x: torch.Tensor, state: GDNState, *, chunked: bool, checkpoint: bool,
                 defer: bool = False) -> torch.Tensor:

@@ -115,22 +115,49 @@ class Linear(nn.Linear):
         return linear(x, self.weight, self.bias)
 
 
-def merge_linears(parent: nn.Module, names: list[str]) -> Linear:
+def merge_linears(parent: nn.Module, names: list[str]) -> nn.Module | None:
     """Replace the Linears ``names`` of ``parent`` by one whose output is their outputs concatenated.
 
     A batch-1 forward is weight-read bound and each projection is a separate GEMV launch; one GEMV over the stacked
-    rows reads the same bytes with fewer launches and a better-shaped matrix. The parts are removed, so the merge
-    costs no memory once done (checkpoints still load under the original names: merge after loading).
+    rows reads the same bytes with fewer launches and a better-shaped matrix. The loader merges on the meta device,
+    before anything is allocated, and streams each checkpoint part into its rows of the merged weight (the
+    ``merged_parts`` attribute records the row layout); merging loaded layers copies each part into its rows and
+    drops the parts, at most one group of extra memory. Packed parts merge through their format's ``cat``; where
+    that cannot split at the part boundaries, or the parts mix formats, nothing changes and None is returned (the
+    caller keeps the separate layers).
     """
+    from edgespec.weights.base import PackedLinear, PackedWeight
+
     parts = [getattr(parent, n) for n in names]
-    merged = Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=parts[0].bias is not None,
-                       device=parts[0].weight.device, dtype=parts[0].weight.dtype)
+    has_bias = parts[0].bias is not None
+    if any((p.bias is not None) != has_bias for p in parts):
+        return None
+    weights = [p.weight for p in parts]
+    packed = [isinstance(w, PackedWeight) for w in weights]
+    if any(packed):
+        if not all(packed) or len({type(w) for w in weights}) != 1:
+            return None
+        merged_weight = type(weights[0]).cat(weights)
+        if merged_weight is None:
+            return None
+        bias = torch.cat([p.bias.detach() for p in parts]) if has_bias else None
+        merged: nn.Module = PackedLinear(merged_weight, bias)
+        merged.merged_parts = [(n, p.out_features) for n, p in zip(names, parts, strict=True)]
+        for n in names:
+            delattr(parent, n)
+        return merged
+    merged = Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=has_bias,
+                    device=parts[0].weight.device, dtype=parts[0].weight.dtype)
+    row = 0
     with torch.no_grad():
-        merged.weight.copy_(torch.cat([p.weight for p in parts]))
-        if merged.bias is not None:
-            merged.bias.copy_(torch.cat([p.bias for p in parts]))
-    for n in names:
-        delattr(parent, n)
+        for n, p in zip(names, parts, strict=True):
+            merged.weight[row:row + p.out_features].copy_(p.weight)
+            if has_bias:
+                merged.bias[row:row + p.out_features].copy_(p.bias)
+            row += p.out_features
+            delattr(parent, n)
+    # Row layout of the merge, so a loader can fill a merged layer built on the meta device part by part.
+    merged.merged_parts = [(n, p.out_features) for n, p in zip(names, parts, strict=True)]
     return merged
 
 
@@ -152,7 +179,8 @@ class MLP(nn.Module):
         self.gate_up_proj: Linear | None = None
 
     def merge_projections(self) -> None:
-        self.gate_up_proj = merge_linears(self, ["gate_proj", "up_proj"])
+        if self.gate_up_proj is None:       # None after a merge: the parts stay separate
+            self.gate_up_proj = merge_linears(self, ["gate_proj", "up_proj"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is not None:
@@ -189,7 +217,8 @@ class Attention(nn.Module):
         self.qkv_proj: Linear | None = None
 
     def merge_projections(self) -> None:
-        self.qkv_proj = merge_linears(self, ["q_proj", "k_proj", "v_proj"])
+        if self.qkv_proj is None:           # None after a merge: the parts stay separate
+            self.qkv_proj = merge_linears(self, ["q_proj", "k_proj", "v_proj"])
 
     def forward(self, x: torch.Tensor, cache: KVCache, start: int, rope: RotaryEmbedding,
                 pos_t: torch.Tensor | None = None, cs: tuple[torch.Tensor, torch.Tensor] | None = None
