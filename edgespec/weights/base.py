@@ -29,6 +29,9 @@ from torch import nn
 # in fp32, so a reference step never holds a second copy of a large matrix.
 REF_TILE_ELEMENTS = 1 << 25
 
+# Up to this many rows (decode and verify) the reference product runs row by row (see matmul_ref).
+ROW_EXACT_MAX = 32
+
 _FORMATS: dict[str, type[PackedWeight]] = {}
 
 
@@ -103,9 +106,17 @@ class PackedWeight(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         out = torch.empty(x2.shape[0], self.out_features, dtype=x.dtype, device=x.device)
         tile = max(1, REF_TILE_ELEMENTS // max(1, self.in_features))
+        rows = x2.shape[0]
         for s in range(0, self.out_features, tile):
             e = min(self.out_features, s + tile)
-            torch.matmul(x2, self.dequantize_rows(s, e, x.dtype).t(), out=out[:, s:e])
+            w = self.dequantize_rows(s, e, x.dtype).t()
+            if rows <= ROW_EXACT_MAX:
+                # One product per row: a verify row then rounds exactly like the plain decode step of the same
+                # token (a multi-row GEMM may sum in another order), so greedy speculative output equals plain.
+                for r in range(rows):
+                    torch.matmul(x2[r:r + 1], w, out=out[r:r + 1, s:e])
+            else:
+                torch.matmul(x2, w, out=out[:, s:e])
         if bias is not None:
             out += bias
         return out.reshape(*lead, self.out_features)
