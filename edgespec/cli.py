@@ -1,4 +1,4 @@
-"""``edgespec`` command line: serve | generate | bench | profile | convert | doctor."""
+"""``edgespec`` command line: serve | generate | bench | profile | convert | quantize | doctor."""
 
 from __future__ import annotations
 
@@ -55,6 +55,9 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
     for key, value in report().items():
         print(f"{key:>22}: {value}")
+    if args.model:
+        from edgespec.doctor import model_budget
+        print("\n".join(model_budget(args.model, args.max_seq_len, args.device, args.dtype, args.load)))
     return 0
 
 
@@ -74,6 +77,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from edgespec.bench.cli import run_bench
 
     return run_bench(args)
+
+
+def _cmd_quantize(args: argparse.Namespace) -> int:
+    from edgespec.quantize import run_quantize
+
+    return run_quantize(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,7 +120,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="convert again even if done")
     p.set_defaults(func=_cmd_convert)
 
-    p = sub.add_parser("doctor", help="print versions, device and detected arch")
+    p = sub.add_parser("quantize", help="quantize a bf16 checkpoint to int4 (AWQ), nvfp4 (ModelOpt) or fp8 (block)")
+    from edgespec.quantize import add_quantize_arguments
+    add_quantize_arguments(p)
+    p.set_defaults(func=_cmd_quantize)
+
+    p = sub.add_parser("doctor", help="print versions, device and detected arch (and a model's memory budget)")
+    p.add_argument("--model", help="checkpoint folder: print its memory budget on this device")
+    p.add_argument("--max-seq-len", type=int, default=4096, help="with --model: KV cache length")
+    p.add_argument("--device", default="auto", help="with --model: cpu, cuda, cuda:N")
+    p.add_argument("--dtype", default="auto", help="with --model: activation dtype")
+    p.add_argument("--load", action="store_true", help="with --model: also load it and print the measured peak")
     p.set_defaults(func=_cmd_doctor)
     return parser
 

@@ -42,3 +42,48 @@ def report() -> dict[str, Any]:
         info.update({"device": "cpu", "compute capability": "n/a", "cpu threads": torch.get_num_threads(),
                      "free memory": f"{pages / 2**30:.1f} GiB", "detected arch": "base"})
     return info
+
+
+def model_budget(model_dir: str, max_seq_len: int, device_name: str = "auto", dtype_name: str = "auto",
+                 load: bool = False, drafter_path: str | None = None) -> list[str]:
+    """The memory budget of serving ``model_dir`` on this machine (from the config and tensor headers, nothing
+    allocated), and with ``load`` the measured peak of actually loading it. Raises nothing for a model that does
+    not fit: the lines say so."""
+    from pathlib import Path
+
+    from edgespec.engine import resolve_device
+    from edgespec.loading.checkpoint import build_empty, normalise_key, resolve_dtype
+    from edgespec.loading.hf_config import load_config
+    from edgespec.loading.quant_config import detect_quantization
+    from edgespec.loading.safetensors_io import read_headers
+    from edgespec.loading.weights import weight_files
+    from edgespec.memory import GiB, checkpoint_bytes, module_bytes, peak_bytes, plan_budget
+    from edgespec.weights.base import PackedWeight
+
+    folder = Path(model_dir).expanduser()
+    device = resolve_device(device_name)
+    dtype = resolve_dtype(dtype_name, device)
+    cfg = load_config(folder)
+    spec = detect_quantization(folder)
+    raw = read_headers(weight_files(folder))
+    entries = {n: e for k, e in raw.items() if (n := normalise_key(k)) is not None}
+    def record(weights: int, packed: bool):
+        return plan_budget(cfg, weights, device, dtype, max_seq_len, drafter=checkpoint_bytes(drafter_path),
+                           packed=packed)
+
+    # Built on the meta device only: exact bytes of every tensor as it would be held.
+    meta = build_empty(cfg, dtype, torch.device("meta"), 1, with_mtp=any(k.startswith("mtp.") for k in raw),
+                       quant=spec, entries=entries, budget=None, merge=True)
+    budget = record(module_bytes(meta), any(isinstance(m, PackedWeight) for m in meta.modules()))
+    lines = [f"model {folder} ({cfg.model_type}, {spec.method if spec else 'dense'} weights, {str(dtype)[6:]} "
+             f"activations, max_seq_len {max_seq_len})"]
+    lines += budget.lines()
+    lines.append("fits" if budget.fits else "DOES NOT FIT: edgespec refuses to load it with these settings")
+    if load and budget.fits:
+        from edgespec.loading.checkpoint import load_target
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        load_target(folder, dtype=dtype, device=device, max_positions=max_seq_len)
+        lines.append(f"{'measured load peak':>18}: {peak_bytes(device) / GiB:8.2f} GiB "
+                     f"({'CUDA allocator' if device.type == 'cuda' else 'process peak RSS, incl. the runtime'})")
+    return lines

@@ -105,7 +105,10 @@ class Engine:
         else:
             model_dir = Path(settings.model).expanduser()
         dtype = resolve_dtype(settings.dtype, device)
-        model = load_target(model_dir, dtype=dtype, device=device, max_positions=settings.max_seq_len)
+        from edgespec.memory import checkpoint_bytes
+        drafter_bytes = checkpoint_bytes(settings.drafter_path) if settings.drafter == "dflash" else 0
+        model = load_target(model_dir, dtype=dtype, device=device, max_positions=settings.max_seq_len,
+                            kv_fp8=settings.kv_dtype == "fp8", drafter_bytes=drafter_bytes)
         if device.type == "cpu" and dtype == torch.float32 and settings.cpu_blas:
             configure_cpu()   # OpenBLAS GEMVs, torch single-threaded: see edgespec.kernels.linear
         tokenizer = ChatTokenizer.from_folder(model_dir)

@@ -29,6 +29,11 @@ VERIFY_ROWS = 32
 PREFILL_CHUNK = 512
 
 
+def format_bytes(n: int) -> str:
+    """``1.23 GiB`` from a GiB up, ``45.6 MiB`` below."""
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / (1 << 20):.1f} MiB"
+
+
 class MemoryBudgetError(EdgespecError):
     """The model, caches and drafter do not fit the memory the device has free."""
 
@@ -56,12 +61,12 @@ class MemoryBudget:
         """Human-readable split, one part per line."""
         rows = [("weights", self.weights), ("kv cache + states", self.kv_cache), ("drafter", self.drafter),
                 ("workspace", self.workspace), ("total", self.total), (f"free on {self.device}", self.available)]
-        return [f"{name:>18}: {value / GiB:8.2f} GiB" for name, value in rows]
+        return [f"{name:>18}: {format_bytes(value):>11}" for name, value in rows]
 
     def summary(self) -> str:
-        return (f"weights {self.weights / GiB:.2f} + kv {self.kv_cache / GiB:.2f} + drafter "
-                f"{self.drafter / GiB:.2f} + workspace {self.workspace / GiB:.2f} = {self.total / GiB:.2f} GiB; "
-                f"free on {self.device}: {self.available / GiB:.2f} GiB")
+        f = format_bytes
+        return (f"weights {f(self.weights)} + kv {f(self.kv_cache)} + drafter {f(self.drafter)} + workspace "
+                f"{f(self.workspace)} = {f(self.total)}; free on {self.device}: {f(self.available)}")
 
     def check(self) -> None:
         """Raise :class:`MemoryBudgetError` naming every part when the total exceeds the free memory."""

@@ -92,3 +92,30 @@ def test_budget_refuses_up_front_with_the_numbers(tmp_path):
         load_target(path, max_positions=1 << 30)
     budget = plan_budget(load_target(path, max_positions=64).config, 10, torch.device("cpu"), torch.float32, 64)
     assert budget.fits
+
+
+def test_doctor_prints_the_budget_and_the_measured_peak(tmp_path, capsys):
+    from edgespec.cli import main
+
+    path = write_random_checkpoint(tmp_path / "m", tiny_config("qwen3_5"), seed=2, with_mtp=True)
+    assert main(["doctor", "--model", str(path), "--max-seq-len", "512", "--device", "cpu", "--load"]) == 0
+    out = capsys.readouterr().out
+    for part in ("weights:", "kv cache + states:", "drafter:", "workspace:", "free on cpu:", "fits",
+                 "measured load peak:"):
+        assert part in out
+    huge = write_random_checkpoint(tmp_path / "h", tiny_config("llama", max_position_embeddings=1 << 31), seed=2)
+    assert main(["doctor", "--model", str(huge), "--max-seq-len", str(1 << 31), "--device", "cpu"]) == 0
+    assert "DOES NOT FIT" in capsys.readouterr().out
+
+
+def test_bench_random_model_is_built_lean_and_merged():
+    from edgespec.bench.gpu import random_model, weight_bytes_per_token
+
+    model = random_model("smollm2-135m", torch.device("cpu"), torch.bfloat16, 64)
+    layer = model.model.layers[0]
+    assert layer.self_attn.qkv_proj is not None and layer.mlp.gate_up_proj is not None
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert model.memory_budget.weights == module_bytes(model)
+    assert 0 < weight_bytes_per_token(model) <= module_bytes(model)
+    out = model.forward(torch.tensor([1, 2, 3]), model.new_cache(64)).logits
+    assert torch.isfinite(out).all()

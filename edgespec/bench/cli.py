@@ -32,6 +32,11 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attn-in-place", action="store_true", help="with --shapes: also time one attention call "
                    "inside a decode step at --context, FP8 vs model-dtype KV (edgespec.bench.attn_in_place)")
     p.add_argument("--sweep-out", default=".", help="with --shapes: folder for gpu_bench.json")
+    p.add_argument("--formats", help="weight-format comparison instead of the prompt benchmark: comma list of "
+                   "dense,fp8,nvfp4,int4 on one random shape (edgespec.bench.formats)")
+    p.add_argument("--format-shape", default="smollm2-135m", help="with --formats: a SHAPES name or tiny:FAMILY")
+    p.add_argument("--group-size", type=int, default=128, help="with --formats: int4 group size")
+    p.add_argument("--format-iters", type=int, default=10, help="with --formats: decode steps per timing")
     p.add_argument("--prompts", help="prompt set YAML (default: the packaged bench set)")
     p.add_argument("--tokens", type=int, default=128, help="max new tokens per prompt")
     p.add_argument("--repeats", type=int, default=1, help="timed runs per prompt (median reported)")
@@ -90,6 +95,10 @@ def _run_hf(model, ids: list[int], tokens: int, eos: list[int], lookup: int | No
 def run_bench(args: argparse.Namespace) -> int:
     from edgespec.engine import Engine
 
+    if args.formats:
+        from edgespec.bench.formats import run_format_bench
+
+        return run_format_bench(args)
     if args.shapes:
         from edgespec.bench.gpu import run_sweep
 
@@ -137,12 +146,19 @@ def run_bench(args: argparse.Namespace) -> int:
             rows.append(row)
             al = f"{row['al']:.2f}" if row["al"] is not None else "-"
             print(f"{pr.id:<26} {name:<22} {tok_s:>8.1f} {al:>6} {len(best['tokens']):>6} {same}", flush=True)
+    from edgespec.memory import format_bytes, peak_bytes
+    budget = engine.model.memory_budget
+    peak = peak_bytes(engine.device)
+    print(f"memory budget: {budget.summary() if budget else 'n/a'}")
+    kind = "CUDA allocator" if engine.device.type == "cuda" else "process peak RSS"
+    print(f"measured peak: {format_bytes(peak)} ({kind})")
     if args.out:
         meta = {"device": str(engine.device), "cpu": platform.processor() or platform.machine(),
                 "threads": torch.get_num_threads(), "hf_threads": hf_threads, "torch": torch.__version__,
                 "model": str(engine.model_dir),
                 "settings": {"drafter": settings.drafter, "k": engine.session.k, "dtype": str(engine.model.dtype)},
-                "tokens": args.tokens, "repeats": args.repeats}
+                "tokens": args.tokens, "repeats": args.repeats, "peak_memory_bytes": peak,
+                "memory_budget": budget.to_dict() if budget else None}
         Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     return 0
 

@@ -26,6 +26,7 @@ from edgespec.errors import ConfigError
 from edgespec.loading.checkpoint import build_empty
 from edgespec.loading.hf_config import parse_config
 from edgespec.loading.synthetic import SHAPES, config_dict
+from edgespec.memory import peak_bytes, plan_budget
 from edgespec.models.decoder import TargetModel
 from edgespec.spec.session import SpecSession
 
@@ -71,9 +72,14 @@ def time_cuda(fn: Callable[[], Any], iters: int = 50, warmup: int = 5, repeats: 
 
 
 def random_model(shape: str, device: torch.device, dtype: torch.dtype, max_len: int) -> TargetModel:
-    """A model of a published shape with N(0, 0.02) weights, built directly on ``device``."""
+    """A model of a published shape with N(0, 0.02) weights, built directly on ``device``: merged on the meta
+    device and allocated once in ``dtype`` (peak memory = the weights), after the memory budget said it fits."""
     cfg = parse_config(config_dict(**SHAPES[shape]))
-    model = build_empty(cfg, dtype, device, max_positions=max_len)
+
+    def budget(weights: int, packed: bool):
+        return plan_budget(cfg, weights, device, dtype, max_len, packed=packed)
+
+    model = build_empty(cfg, dtype, device, max_positions=max_len, merge=True, budget=budget)
     gen = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -83,7 +89,7 @@ def random_model(shape: str, device: torch.device, dtype: torch.dtype, max_len: 
                 p.uniform_(0.0, 2.7, generator=gen)
             else:
                 p.normal_(0.0, 0.02, generator=gen)
-    return model.merge_projections().eval()     # the layout load_target serves on CUDA
+    return model.eval()     # the layout load_target serves on CUDA
 
 
 def weight_bytes_per_token(model: TargetModel) -> int:
@@ -91,7 +97,7 @@ def weight_bytes_per_token(model: TargetModel) -> int:
     the matrix is read in full as the lm_head)."""
     total = 0
     emb = model.model.embed_tokens.weight
-    for name, p in model.named_parameters():
+    for name, p in [*model.named_parameters(), *_packed_buffers(model)]:
         if p is emb:
             continue
         if name.startswith("mtp."):
@@ -99,6 +105,14 @@ def weight_bytes_per_token(model: TargetModel) -> int:
         total += p.numel() * p.element_size()
     total += emb.numel() * emb.element_size() if model.lm_head is None else emb.shape[1] * emb.element_size()
     return total
+
+
+def _packed_buffers(model: TargetModel) -> list[tuple[str, torch.Tensor]]:
+    """Buffers of packed (quantized) weights: read by every forward like the dense parameters."""
+    from edgespec.weights.base import PackedWeight
+
+    return [(f"{name}.{b}", t) for name, m in model.named_modules() if isinstance(m, PackedWeight)
+            for b, t in m.named_buffers(recurse=False)]
 
 
 def kv_bytes_read(session: SpecSession, context: int) -> int:
@@ -121,13 +135,16 @@ def bench_shape(shape: str, *, device: torch.device, dtype: torch.dtype = torch.
     bw = bandwidth or measure_copy_bandwidth(device)
     torch.cuda.reset_peak_memory_stats(device) if device.type == "cuda" else None
     model = random_model(shape, device, dtype, max_len)
+    load_peak = peak_bytes(device)
     hooks = select_hooks(arch, device)
     session = SpecSession(model, hooks, None, kv_fp8=kv_fp8, max_len=max_len, cuda_graphs=graphs)
     wbytes = weight_bytes_per_token(model)
     out: dict[str, Any] = {"shape": shape, "device": torch.cuda.get_device_name(device) if device.type == "cuda"
                            else "cpu", "dtype": str(dtype).replace("torch.", ""), "arch": hooks.name,
                            "kv": "fp8" if session.kv_fp8 else "model", "bandwidth_GBps": bw / 1e9,
-                           "weight_GB": wbytes / 1e9, "context": context}
+                           "weight_GB": wbytes / 1e9, "context": context, "load_peak_GB": load_peak / 1e9,
+                           "budget_GB": {k: v / 1e9 for k, v in model.memory_budget.to_dict().items()
+                                         if k != "device"}}
     cache = session.cache
     prompt = torch.randint(0, model.config.vocab_size, (context,), device=device)
 
@@ -193,8 +210,7 @@ def bench_shape(shape: str, *, device: torch.device, dtype: torch.dtype = torch.
         p_ms = time_cuda(prefill_step, iters=3, warmup=1, repeats=3)
         prefill[n] = {"ms": p_ms, "tok_s": n / p_ms * 1e3}
     out["prefill"] = prefill
-    if device.type == "cuda":
-        out["peak_memory_GB"] = torch.cuda.max_memory_allocated(device) / 1e9
+    out["peak_memory_GB"] = peak_bytes(device) / 1e9
     return out
 
 
@@ -289,6 +305,10 @@ def run_sweep(args: argparse.Namespace) -> int:
             thor_limit_ms = r["decode_limit_ms"] * r["bandwidth_GBps"] * 1e9 / THOR_BW
             r["thor_projected_decode_tok_s_at_limit"] = 1e3 / thor_limit_ms
             results.append(r)
+            b = r["budget_GB"]
+            print(f"{shape} budget: weights {b['weights']:.2f} + kv {b['kv_cache']:.2f} + workspace "
+                  f"{b['workspace']:.2f} = {b['total']:.2f} GB of {b['available']:.2f} GB free; measured peak "
+                  f"{r['load_peak_GB']:.2f} GB after load, {r['peak_memory_GB']:.2f} GB over the run", flush=True)
             print(json.dumps(r), flush=True)
             gc.collect()                 # free this shape's weights and graphs before the next one
             torch.cuda.empty_cache()
@@ -300,7 +320,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     if results:
         print()
         print(f"{'shape':<14} {'kv':<5} {'weights GB':>10} {'decode ms':>9} {'limit ms':>8} {'% limit':>7} "
-              f"{'tok/s':>7} {'v16/dec':>7} {'rb16 ms':>7} {'HF tok/s':>8} {'Thor proj':>9}")
+              f"{'tok/s':>7} {'v16/dec':>7} {'rb16 ms':>7} {'HF tok/s':>8} {'Thor proj':>9} {'load pk GB':>10} "
+              f"{'peak GB':>7}")
     for r in results:
         if "error" in r:
             print(f"{r['shape']:<14} {r['kv']:<5} ERROR {r['error'][:80]}")
@@ -309,7 +330,8 @@ def run_sweep(args: argparse.Namespace) -> int:
         print(f"{r['shape']:<14} {r['kv']:<5} {r['weight_GB']:>10.2f} {r['decode_ms']:>9.3f} "
               f"{r['decode_limit_ms']:>8.3f} {100 * r['decode_fraction_of_limit']:>6.1f}% {r['decode_tok_s']:>7.1f} "
               f"{v16.get('x_decode', float('nan')):>7.2f} {v16.get('rollback_ms', float('nan')):>7.3f} "
-              f"{r.get('hf_decode_tok_s', float('nan')):>8.1f} {r['thor_projected_decode_tok_s_at_limit']:>9.1f}")
+              f"{r.get('hf_decode_tok_s', float('nan')):>8.1f} {r['thor_projected_decode_tok_s_at_limit']:>9.1f} "
+              f"{r['load_peak_GB']:>10.2f} {r['peak_memory_GB']:>7.2f}")
     if attn:
         from edgespec.bench.attn_in_place import format_in_place
 

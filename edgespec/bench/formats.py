@@ -1,0 +1,188 @@
+"""Weight-format comparison (``edgespec bench --formats dense,fp8,nvfp4,int4``): the same random model shape
+served in each format, with its weight bytes read per decode step, its peak memory and its measured decode speed.
+
+Batch-1 decode reads every weight once per token, so the bytes per token set the speed limit of a
+bandwidth-bound device: the table projects it at Thor's 273 GB/s next to the measured speed. Until the fast
+kernels of each format land, packed layers run the torch reference product (dequantize a tile, multiply), whose
+speed on a CPU is bound by the dequantization arithmetic, not by the bytes; the bytes and the memory columns are
+what a format buys.
+
+Each format's model is built on the meta device, allocated once, and its packed layers filled by quantizing one
+random dense layer at a time (so the peak is the packed weights plus one dense layer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from edgespec.bench.gpu import THOR_BW, time_cuda, weight_bytes_per_token
+from edgespec.errors import ConfigError
+from edgespec.loading.hf_config import parse_config
+from edgespec.loading.synthetic import SHAPES, TINY_SHAPES, config_dict, tiny_config
+from edgespec.memory import module_bytes, peak_bytes, plan_budget
+from edgespec.models.decoder import TargetModel
+from edgespec.models.layers import Linear
+from edgespec.weights.base import PackedLinear, PackedWeight
+from edgespec.weights.fp8_block import FP8BlockWeight
+from edgespec.weights.int4 import Int4Weight
+from edgespec.weights.nvfp4 import NVFP4Weight
+
+FORMATS = ("dense", "fp8", "nvfp4", "int4")
+
+
+def shape_config(shape: str) -> dict[str, Any]:
+    """A :data:`SHAPES` name, or ``tiny:FAMILY`` for one of the test shapes."""
+    if shape.startswith("tiny:") and shape[5:] in TINY_SHAPES:
+        return tiny_config(shape[5:])
+    if shape in SHAPES:
+        return config_dict(**SHAPES[shape])
+    raise ConfigError(f"unknown shape {shape!r}; known: {', '.join(sorted(SHAPES))}, "
+                      + ", ".join(f"tiny:{f}" for f in TINY_SHAPES))
+
+
+def _packed_for(fmt: str, out_f: int, in_f: int, dtype: torch.dtype, group: int) -> PackedWeight | None:
+    if fmt == "fp8":
+        return FP8BlockWeight(out_f, in_f, dtype, device="meta")
+    if fmt == "nvfp4" and in_f % 16 == 0:
+        return NVFP4Weight(out_f, in_f, dtype, device="meta")
+    if fmt == "int4" and in_f % group == 0:
+        return Int4Weight(out_f, in_f, dtype, group, device="meta")
+    return None
+
+
+def reset_peak(device: torch.device) -> None:
+    """Start a new peak measurement (CUDA allocator stats; on the CPU, the kernel's VmHWM where allowed)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def current_rss() -> int:
+    """Resident bytes of this process now (``VmRSS``): the CPU peak is reported as growth over it."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def format_model(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype: torch.dtype, max_len: int,
+                 group: int = 128, seed: int = 0) -> TargetModel:
+    """A random model of ``cfg_dict`` whose linear layers (lm_head and embeddings excepted) are in ``fmt``."""
+    cfg = parse_config(cfg_dict)
+    with torch.device("meta"):
+        model = TargetModel(cfg, max_positions=1)
+        model.to(dtype)
+        for name, p in model.named_parameters():
+            if name.endswith(("A_log", "dt_bias")):
+                p.data = p.data.float()
+    if fmt != "dense":
+        for name, module in list(model.named_modules()):
+            if isinstance(module, Linear) and name != "lm_head":
+                packed = _packed_for(fmt, module.out_features, module.in_features, dtype, group)
+                if packed is not None:
+                    parent, _, leaf = name.rpartition(".")
+                    setattr(model.get_submodule(parent), leaf, PackedLinear(packed))
+    model.merge_projections()
+    budget = plan_budget(cfg, module_bytes(model), device, dtype, max_len, packed=fmt != "dense")
+    budget.check()
+    model = model.to_empty(device=device)
+    model.memory_budget = budget
+    from edgespec.models.layers import RotaryEmbedding
+    model.rope = RotaryEmbedding(cfg, max_len).to(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.fill_(0.0 if cfg.zero_centred_norms else 1.0)
+            elif name.endswith("A_log"):
+                p.uniform_(0.0, 2.7, generator=gen)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+        for module in model.modules():
+            if isinstance(module, PackedWeight):
+                dense = torch.empty(module.out_features, module.in_features, device=device).normal_(
+                    0.0, 0.02, generator=gen)
+                q = _quantize(module, dense, group)
+                for b, t in q.named_buffers(recurse=False):
+                    getattr(module, b).copy_(t)
+                del dense, q
+    return model.eval()
+
+
+def _quantize(like: PackedWeight, dense: torch.Tensor, group: int) -> PackedWeight:
+    if isinstance(like, FP8BlockWeight):
+        return FP8BlockWeight.quantize(dense)
+    if isinstance(like, NVFP4Weight):
+        return NVFP4Weight.quantize(dense)
+    return Int4Weight.quantize(dense, group)
+
+
+def bench_format(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype: torch.dtype, context: int,
+                 group: int, iters: int) -> dict[str, Any]:
+    """Bytes per token, peak memory and decode time of one format (one decode step at ``context``)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    reset_peak(device)
+    base = 0 if device.type == "cuda" else current_rss()
+    model = format_model(cfg_dict, fmt, device, dtype, context + 8, group)
+    cache = model.new_cache(context + 8)
+    prompt = torch.randint(0, model.config.vocab_size, (context,), device=device)
+    model.prefill(prompt, cache, chunk=min(context, 256))
+    tok = torch.tensor([1], device=device)
+
+    def step() -> None:
+        model.forward(tok, cache, logits="all")
+        cache.length -= 1
+
+    ms = time_cuda(step, iters=iters, warmup=2, repeats=3)
+    wbytes = weight_bytes_per_token(model)
+    packed = sum(1 for m in model.modules() if isinstance(m, PackedLinear))
+    out = {"format": fmt, "packed_layers": packed, "weight_bytes_per_token": wbytes, "decode_ms": ms,
+           "decode_tok_s": 1e3 / ms, "thor_limit_tok_s": THOR_BW / wbytes, "peak_bytes": peak_bytes(device) - base,
+           "budget": model.memory_budget.to_dict()}
+    return out
+
+
+def run_format_bench(args: argparse.Namespace) -> int:
+    """Entry of ``edgespec bench --formats``: one row per format, same shape, table last."""
+    formats = [f for f in args.formats.split(",") if f]
+    bad = [f for f in formats if f not in FORMATS]
+    if bad:
+        raise ConfigError(f"--formats: unknown {', '.join(bad)}; choose from {', '.join(FORMATS)}")
+    cfg_dict = shape_config(args.format_shape)
+    device = torch.device(args.device if getattr(args, "device", None) not in (None, "auto")
+                          else ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    import os
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"weight formats on {args.format_shape}, device={device}, dtype={str(dtype)[6:]}, context="
+          f"{args.context}, torch threads={torch.get_num_threads()}, load average {load:.2f}; packed layers run "
+          f"the torch reference product", flush=True)
+    rows = []
+    for fmt in formats:
+        r = bench_format(cfg_dict, fmt, device, dtype, args.context, args.group_size, args.format_iters)
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    print()
+    peak = "peak MB" if device.type == "cuda" else "RSS+ MB"     # CPU: peak resident growth during build + run
+    print(f"{'format':<7} {'packed':>6} {'weights/token MB':>16} {peak:>9} {'decode ms':>9} {'tok/s':>8} "
+          f"{'Thor limit tok/s':>16}")
+    for r in rows:
+        print(f"{r['format']:<7} {r['packed_layers']:>6} {r['weight_bytes_per_token'] / 1e6:>16.2f} "
+              f"{r['peak_bytes'] / 1e6:>9.1f} {r['decode_ms']:>9.2f} {r['decode_tok_s']:>8.1f} "
+              f"{r['thor_limit_tok_s']:>16.1f}")
+    if getattr(args, "out", None):
+        Path(args.out).write_text(json.dumps({"shape": args.format_shape, "device": str(device),
+                                              "load_average": load, "rows": rows}, indent=2))
+    return 0
