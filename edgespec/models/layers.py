@@ -18,6 +18,7 @@ from edgespec.kernels.linear import linear
 from edgespec.kernels.norm import add_rms_norm, rms_norm
 from edgespec.kernels.rope import qk_norm_rope_write, rope_ref
 from edgespec.models.config import ModelConfig
+from edgespec.weights.base import PackedLinear
 
 
 class RMSNorm(nn.Module):
@@ -115,14 +116,26 @@ class Linear(nn.Linear):
         return linear(x, self.weight, self.bias)
 
 
-def merge_linears(parent: nn.Module, names: list[str]) -> Linear:
+def merge_linears(parent: nn.Module, names: list[str]) -> Linear | PackedLinear | None:
     """Replace the Linears ``names`` of ``parent`` by one whose output is their outputs concatenated.
 
     A batch-1 forward is weight-read bound and each projection is a separate GEMV launch; one GEMV over the stacked
     rows reads the same bytes with fewer launches and a better-shaped matrix. The parts are removed, so the merge
-    costs no memory once done (checkpoints still load under the original names: merge after loading).
+    costs no memory once done (checkpoints still load under the original names: merge after loading). Packed
+    layers merge through their format's :meth:`~edgespec.weights.base.PackedWeight.cat` (None: not mergeable,
+    the parts are kept).
     """
     parts = [getattr(parent, n) for n in names]
+    if any(isinstance(p, PackedLinear) for p in parts):
+        packed = None
+        if all(isinstance(p, PackedLinear) for p in parts):
+            packed = type(parts[0].weight).cat([p.weight for p in parts])
+        if packed is None:
+            return None   # the format cannot stack these parts: they stay separate layers
+        bias = torch.cat([p.bias for p in parts]) if parts[0].bias is not None else None
+        for n in names:
+            delattr(parent, n)
+        return PackedLinear(packed, bias)
     merged = Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=parts[0].bias is not None,
                        device=parts[0].weight.device, dtype=parts[0].weight.dtype)
     with torch.no_grad():
