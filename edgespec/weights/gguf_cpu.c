@@ -13,6 +13,9 @@
  * of the fp32 sums (per block: dot(q, x) then times d).
  */
 #include <immintrin.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,8 +125,106 @@ enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* ggml type ids */
  * matrices, large enough that the per-chunk overhead stays negligible. */
 #define CHUNK 16
 
-/* y[M, N] = x[M, K] @ W[N, K]^T with W in ggml type `kind` (K a multiple of 32). Returns 0, -1 for an unknown
- * kind, -2 when out of memory. */
+/* ---- threads ----------------------------------------------------------------------------------------------
+ * A product is split into chunks of CHUNK output rows that the calling thread and the pool's workers take from
+ * a shared counter. The caller never waits for a worker to *arrive* (OpenMP's barrier did: on a shared,
+ * oversubscribed machine every product then waited for a descheduled thread, one time slice each, and a decode
+ * step of 211 products took a second); it waits only for chunks a worker has actually taken. Idle workers spin
+ * briefly (the next product follows within microseconds during a forward), then sleep on a condition variable.
+ *
+ * The counter holds (generation << 32 | next chunk). A job's parameters live in jobs[generation & 1]; the
+ * caller fills the other slot only after every chunk of the current job is done, and a worker uses a slot only
+ * after a compare-and-swap on the counter proves the generation it read the slot under is still current. */
+typedef struct {
+    int kind, N, M, nb, chunks;
+    size_t K, bpb, row_bytes;
+    const uint8_t *w;
+    const float *x, *xsum;
+    float *y;
+} job_t;
+
+static job_t jobs[2];
+static _Atomic uint64_t counter;
+static _Atomic int done;
+static _Atomic uint32_t published;
+static _Atomic int sleepers;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+static int workers;
+static uint32_t generation;
+#define SPIN 20000
+
+static void run_chunk(const job_t *j, int c) {
+    const int n1 = (c + 1) * CHUNK < j->N ? (c + 1) * CHUNK : j->N;
+    for (int m = 0; m < j->M; m += 4) {
+        const int R = j->M - m < 4 ? j->M - m : 4;
+        for (int n = c * CHUNK; n < n1; n++)
+            rows_kind(j->kind, j->w + (size_t)n * j->row_bytes, j->bpb, j->nb, j->x + (size_t)m * j->K, j->K,
+                      j->kind == Q4_1 ? j->xsum + (size_t)m * j->nb : NULL, j->y + (size_t)m * j->N + n,
+                      (size_t)j->N, R);
+    }
+}
+
+/* Take and run chunks of generation g until none is left (or a newer job replaced it). */
+static void take_chunks(uint32_t g) {
+    for (;;) {
+        uint64_t v = atomic_load(&counter);
+        if ((uint32_t)(v >> 32) != g)
+            return;
+        const job_t *j = &jobs[g & 1];
+        const int c = (int)(uint32_t)v, chunks = j->chunks;
+        if (c >= chunks)
+            return;
+        if (!atomic_compare_exchange_weak(&counter, &v, v + 1))
+            continue;
+        run_chunk(j, c);
+        atomic_fetch_add(&done, 1);
+    }
+}
+
+static void *worker(void *arg) {
+    (void)arg;
+    uint32_t seen = atomic_load(&published);
+    for (;;) {
+        uint32_t g;
+        int spins = 0;
+        while ((g = atomic_load(&published)) == seen) {
+            if (++spins < SPIN) {
+                _mm_pause();
+                if (spins % 256 == 0)
+                    sched_yield();
+                continue;
+            }
+            pthread_mutex_lock(&mu);
+            atomic_fetch_add(&sleepers, 1);
+            while (atomic_load(&published) == seen)
+                pthread_cond_wait(&cv, &mu);
+            atomic_fetch_sub(&sleepers, 1);
+            pthread_mutex_unlock(&mu);
+            spins = 0;
+        }
+        seen = g;
+        take_chunks(g);
+    }
+    return NULL;
+}
+
+static void start_workers(int want) {
+    for (; workers < want; workers++) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int rc = pthread_create(&t, &attr, worker, NULL);
+        pthread_attr_destroy(&attr);
+        if (rc != 0)
+            break;
+    }
+}
+
+/* y[M, N] = x[M, K] @ W[N, K]^T with W in ggml type `kind` (K a multiple of 32), on `threads` threads (the
+ * caller plus a pool kept for the process). Not reentrant: one product at a time (the model runs one forward
+ * at a time). Returns 0, -1 for an unknown kind, -2 when out of memory. */
 int gguf_matmul(int kind, const uint8_t *w, int N, int K, const float *x, int M, float *y, int threads) {
     const int nb = K / 32;
     size_t bpb;
@@ -133,7 +234,6 @@ int gguf_matmul(int kind, const uint8_t *w, int N, int K, const float *x, int M,
     case Q8_0: bpb = 34; break;
     default: return -1;
     }
-    const size_t row_bytes = bpb * (size_t)nb;
     float *xsum = NULL;
     if (kind == Q4_1) {
         /* the m term of Q4_1: m * (sum of x over the block), one scalar sum per row and block */
@@ -148,15 +248,25 @@ int gguf_matmul(int kind, const uint8_t *w, int N, int K, const float *x, int M,
         }
     }
     const int chunks = (N + CHUNK - 1) / CHUNK;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int c = 0; c < chunks; c++) {
-        const int n1 = (c + 1) * CHUNK < N ? (c + 1) * CHUNK : N;
-        for (int m = 0; m < M; m += 4) {
-            const int R = M - m < 4 ? M - m : 4;
-            for (int n = c * CHUNK; n < n1; n++)
-                rows_kind(kind, w + (size_t)n * row_bytes, bpb, nb, x + (size_t)m * K, (size_t)K,
-                          kind == Q4_1 ? xsum + (size_t)m * nb : NULL, y + (size_t)m * N + n, (size_t)N, R);
+    job_t *j = &jobs[(generation + 1) & 1];
+    *j = (job_t){kind, N, M, nb, chunks, (size_t)K, bpb, bpb * (size_t)nb, w, x, xsum, y};
+    if (threads <= 1 || chunks < 2) {
+        for (int c = 0; c < chunks; c++)
+            run_chunk(j, c);
+    } else {
+        start_workers(threads - 1);
+        const uint32_t g = ++generation;
+        atomic_store(&done, 0);
+        atomic_store(&counter, (uint64_t)g << 32);
+        atomic_store(&published, g);
+        if (atomic_load(&sleepers) > 0) {
+            pthread_mutex_lock(&mu);
+            pthread_cond_broadcast(&cv);
+            pthread_mutex_unlock(&mu);
         }
+        take_chunks(g);
+        while (atomic_load(&done) < chunks)
+            _mm_pause();
     }
     free(xsum);
     return 0;

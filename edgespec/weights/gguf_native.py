@@ -1,7 +1,7 @@
 """Build and call the compiled GGUF block products (``gguf_cpu.c``) through ctypes.
 
-The library is compiled once with the system ``gcc`` (``-O3 -march=native -fopenmp``: this machine's vector
-units, OpenMP from the libgomp torch already loads) by ``tools/setup.sh`` or on first use, into the package
+The library is compiled once with the system ``gcc`` (``-O3 -march=native -pthread``: this machine's vector
+units, and a small thread pool of its own) by ``tools/setup.sh`` or on first use, into the package
 folder when it is writable, else the user cache. No compiler or a CPU without AVX2/FMA/F16C: :func:`library`
 returns None and the GGUF formats fall back to their torch reference product (correct, slower), saying so once.
 """
@@ -22,7 +22,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("gguf_cpu.c")
-_FLAGS = ["-O3", "-march=native", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
+_FLAGS = ["-O3", "-march=native", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-pthread", "-shared", "-fPIC"]
 
 _lib: ctypes.CDLL | None = None
 _tried = False
