@@ -33,9 +33,11 @@ class Settings:
     """Every runtime setting of edgespec, with its default. See ``docs/configuration.md``."""
 
     # --- model -------------------------------------------------------------------------------------------------
-    model: str = _knob("demo", "checkpoint folder (HF layout) or 'demo' for the embedded SmolLM2-135M")
+    model: str = _knob("demo", "checkpoint folder (HF layout), a llama .gguf file, or 'demo' (embedded SmolLM2-135M)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = _knob(
         "auto", "weight/activation dtype; auto = bfloat16 on CUDA, float32 on CPU")
+    gguf_weights: Literal["packed", "fp32"] = _knob(
+        "packed", "GGUF models (demo, *.gguf): packed = serve the file's Q4/Q8 blocks, fp32 = convert to fp32")
     device: str = _knob("auto", "torch device: auto, cpu, cuda, cuda:N")
     kv_dtype: Literal["auto", "model", "fp8"] = _knob(
         "auto", "KV cache format: model (= dtype), fp8 (e4m3 with per-token-head scales), auto = arch default")
@@ -185,7 +187,8 @@ def read_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
 
 
 # Variables with the prefix that are not settings (paths the CLI or tests use directly).
-_ENV_IGNORED = frozenset({"EDGESPEC_CACHE_DIR", "EDGESPEC_CONFIG", "EDGESPEC_REQUIRE_DEMO", "EDGESPEC_NO_TRITON"})
+_ENV_IGNORED = frozenset({"EDGESPEC_CACHE_DIR", "EDGESPEC_CONFIG", "EDGESPEC_REQUIRE_DEMO", "EDGESPEC_NO_TRITON",
+                          "EDGESPEC_GGUF_THREADS", "EDGESPEC_GGUF_NATIVE"})
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:

@@ -99,16 +99,30 @@ class Engine:
     @classmethod
     def from_settings(cls, settings: Settings) -> Engine:
         device = resolve_device(settings.device)
+        dtype = resolve_dtype(settings.dtype, device)
+        gguf = None
         if settings.model == "demo":
-            from edgespec.loading.gguf_demo import ensure_demo_model
-            model_dir = ensure_demo_model()
+            from edgespec.loading.gguf_demo import demo_gguf_path, ensure_demo_model
+            gguf = demo_gguf_path() if settings.gguf_weights == "packed" else None
+            model_dir = ensure_demo_model() if gguf is None else None
+        elif settings.model.endswith(".gguf"):
+            from edgespec.loading.gguf_demo import convert_gguf, gguf_metadata_folder
+            gguf = Path(settings.model).expanduser()
+            if settings.gguf_weights == "fp32":
+                model_dir = convert_gguf(gguf, gguf_metadata_folder(gguf).with_name(gguf.stem + "-fp32"))
+                gguf = None
         else:
             model_dir = Path(settings.model).expanduser()
-        dtype = resolve_dtype(settings.dtype, device)
         from edgespec.memory import checkpoint_bytes
         drafter_bytes = checkpoint_bytes(settings.drafter_path) if settings.drafter == "dflash" else 0
-        model = load_target(model_dir, dtype=dtype, device=device, max_positions=settings.max_seq_len,
-                            kv_fp8=settings.kv_dtype == "fp8", drafter_bytes=drafter_bytes)
+        if gguf is not None:
+            # The file's Q4/Q8 blocks served as they are (edgespec.loading.gguf_model).
+            from edgespec.loading.gguf_model import load_gguf_target
+            model, model_dir = load_gguf_target(gguf, dtype=dtype, device=device,
+                                                max_positions=settings.max_seq_len)
+        else:
+            model = load_target(model_dir, dtype=dtype, device=device, max_positions=settings.max_seq_len,
+                                kv_fp8=settings.kv_dtype == "fp8", drafter_bytes=drafter_bytes)
         if device.type == "cpu" and dtype == torch.float32 and settings.cpu_blas:
             configure_cpu()   # OpenBLAS GEMVs, torch single-threaded: see edgespec.kernels.linear
         tokenizer = ChatTokenizer.from_folder(model_dir)

@@ -19,6 +19,7 @@ Two llama.cpp conventions have to be undone on the way:
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
@@ -44,6 +45,8 @@ __all__ = [
     "convert_gguf",
     "demo_gguf_path",
     "ensure_demo_model",
+    "gguf_metadata_folder",
+    "open_gguf",
     "is_converted",
 ]
 
@@ -298,15 +301,22 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def _convert_into(gguf_path: Path, dest: Path) -> None:
-    """Write every output file of ``gguf_path`` into the (empty) folder ``dest``."""
+def open_gguf(gguf_path: Path) -> Any:
+    """A ``gguf.GGUFReader`` over the file (memory-mapped); a damaged file raises a named error."""
     import gguf
-    from safetensors.numpy import save_file
 
     try:
-        reader = gguf.GGUFReader(str(gguf_path))
+        return gguf.GGUFReader(str(gguf_path))
     except Exception as exc:  # gguf-py raises ValueError/struct.error/... on damaged files
         raise CheckpointError(f"{gguf_path}: not a readable GGUF file: {exc}") from exc
+
+
+def _convert_into(gguf_path: Path, dest: Path, weights: bool = True) -> None:
+    """Write every output file of ``gguf_path`` into the (empty) folder ``dest``; ``weights=False``: all but
+    ``model.safetensors`` (config and tokenizer for a model whose weights are read from the GGUF itself)."""
+    from safetensors.numpy import save_file
+
+    reader = open_gguf(gguf_path)
     meta = _Meta(reader, gguf_path)
 
     arch = meta.require("general.architecture")
@@ -336,9 +346,10 @@ def _convert_into(gguf_path: Path, dest: Path) -> None:
     eot_id, _ = tok_of("eot_token_id")
     eos_ids = [i for i in dict.fromkeys([eos_id, eot_id]) if i is not None]
 
-    weights = _convert_tensors(reader, gguf_path, n_heads, n_kv_heads)
-    tied = "lm_head.weight" not in weights
-    if "model.embed_tokens.weight" not in weights:
+    names = {_hf_name(t.name)[0] for t in reader.tensors}   # also rejects tensors we do not know
+    tensors = _convert_tensors(reader, gguf_path, n_heads, n_kv_heads) if weights else {}
+    tied = "lm_head.weight" not in names
+    if "model.embed_tokens.weight" not in names:
         raise CheckpointError(f"{gguf_path}: no token_embd.weight tensor")
     context_length = int(meta.require(f"{arch}.context_length"))
     rope_theta = _float32_clean(meta.get(f"{arch}.rope.freq_base", 10000.0))
@@ -361,7 +372,7 @@ def _convert_into(gguf_path: Path, dest: Path) -> None:
         "max_position_embeddings": context_length,
         "vocab_size": vocab_size,
         "tie_word_embeddings": tied,
-        "attention_bias": "model.layers.0.self_attn.q_proj.bias" in weights,
+        "attention_bias": "model.layers.0.self_attn.q_proj.bias" in names,
         "mlp_bias": False,
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
@@ -373,8 +384,9 @@ def _convert_into(gguf_path: Path, dest: Path) -> None:
         "torch_dtype": "float32",
     }
 
-    save_file(weights, str(dest / "model.safetensors"), metadata={"format": "pt"})
-    del weights
+    if weights:
+        save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    del tensors
     _write_json(dest / "config.json", config)
 
     tokenizer.save(str(dest / "tokenizer.json"))
@@ -406,8 +418,9 @@ def _convert_into(gguf_path: Path, dest: Path) -> None:
     _write_json(dest / "generation_config.json", {k: v for k, v in gen_cfg.items() if v not in (None, [])})
 
 
-def is_converted(folder: Path, source: Path | None = None) -> bool:
-    """True when ``folder`` is a finished conversion of this format (and of ``source``, when given)."""
+def is_converted(folder: Path, source: Path | None = None, weights: bool = True) -> bool:
+    """True when ``folder`` is a finished conversion of this format (and of ``source``, when given);
+    ``weights=False``: a metadata-only folder (:func:`gguf_metadata_folder`) is enough."""
     marker = folder / MARKER
     if not marker.is_file():
         return False
@@ -419,7 +432,9 @@ def is_converted(folder: Path, source: Path | None = None) -> bool:
         return False
     if source is not None and info.get("source_size") != source.stat().st_size:
         return False  # the package shipped a different GGUF
-    return all((folder / name).is_file() for name in OUTPUT_FILES)
+    if weights and not info.get("weights", True):
+        return False
+    return all((folder / name).is_file() for name in OUTPUT_FILES if weights or name != "model.safetensors")
 
 
 def _remove_tree(path: Path) -> None:
@@ -430,7 +445,7 @@ def _remove_tree(path: Path) -> None:
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, force: bool = False,
-                 progress: Callable[[str], None] | None = None) -> Path:
+                 progress: Callable[[str], None] | None = None, weights: bool = True) -> Path:
     """Convert a llama-architecture GGUF into an HF-style folder ``out_dir`` and return it.
 
     Skips the work when ``out_dir`` already holds a finished conversion (unless ``force``). The folder is
@@ -442,7 +457,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, force: bool = Fa
     out = Path(out_dir).expanduser()
     if not src.is_file():
         raise CheckpointError(f"{src}: GGUF file not found")
-    if not force and is_converted(out, src):
+    if not force and is_converted(out, src, weights):
         return out
     if out.exists() and not (out / MARKER).is_file() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(
@@ -453,8 +468,12 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, force: bool = Fa
     try:
         if progress is not None:
             progress(f"converting {src.name} -> {out}")
-        _convert_into(src, tmp)
-        _write_json(tmp / MARKER, {"format": FORMAT, "source": str(src), "source_size": src.stat().st_size})
+        if weights:
+            _convert_into(src, tmp)
+        else:
+            _convert_into(src, tmp, weights=False)
+        _write_json(tmp / MARKER, {"format": FORMAT, "source": str(src), "source_size": src.stat().st_size,
+                                   "weights": weights})
         # mkdtemp makes the folder 0700 (and safetensors writes 0600); a model cache is ordinary readable
         # data.
         for item in tmp.iterdir():
@@ -466,7 +485,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, force: bool = Fa
             os.rename(tmp, out)
         except OSError:
             # Another process finished the same conversion first; theirs is as good as ours.
-            if is_converted(out, src):
+            if is_converted(out, src, weights):
                 return out
             raise
     except OSError as exc:
@@ -482,6 +501,17 @@ def convert_demo(out_dir: str | Path | None = None, force: bool = False) -> Path
     src = demo_gguf_path()
     out = Path(out_dir) if out_dir is not None else cache_root() / DEMO_SUBDIR
     return convert_gguf(src, out, force=force, progress=log.info)
+
+
+def gguf_metadata_folder(gguf_path: str | Path) -> Path:
+    """A folder with the config and tokenizer files of ``gguf_path`` (no weights: the native loader reads them
+    from the GGUF), written once into the user cache under a name keyed by the file's path, size and mtime."""
+    src = Path(gguf_path).expanduser()
+    if not src.is_file():
+        raise CheckpointError(f"{src}: GGUF file not found")
+    st = src.stat()
+    key = hashlib.sha256(f"{src.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    return convert_gguf(src, cache_root() / "gguf-meta" / f"{src.stem}-{key}", weights=False, progress=log.info)
 
 
 def ensure_demo_model() -> Path:

@@ -22,6 +22,7 @@ from edgespec.kernels.linear import linear
 from edgespec.models.config import ModelConfig
 from edgespec.models.gdn import GatedDeltaNet
 from edgespec.models.layers import MLP, Attention, Linear, RMSNorm, RotaryEmbedding, gather_rows, merge_all_projections
+from edgespec.weights.base import is_packed
 
 
 @dataclass
@@ -122,7 +123,8 @@ class TargetModel(nn.Module):
     # -- properties ---------------------------------------------------------------------------------------------
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        w = self.model.embed_tokens.weight
+        return w.compute_dtype if is_packed(w) else w.dtype
 
     @property
     def device(self) -> torch.device:
@@ -133,8 +135,9 @@ class TargetModel(nn.Module):
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Embedding rows of ``tokens`` (see :func:`gather_rows`)."""
-        return gather_rows(self.model.embed_tokens.weight, tokens)
+        """Embedding rows of ``tokens`` (see :func:`gather_rows`; a packed table decodes just those rows)."""
+        w = self.model.embed_tokens.weight
+        return w.rows(tokens) if is_packed(w) else gather_rows(w, tokens)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project final post-norm hidden states ``[T, H]`` to float32 logits ``[T, V]``."""

@@ -18,6 +18,7 @@ from edgespec.kernels.linear import linear
 from edgespec.kernels.norm import add_rms_norm, rms_norm
 from edgespec.kernels.rope import qk_norm_rope_write, rope_ref
 from edgespec.models.config import ModelConfig
+from edgespec.weights.base import PackedLinear
 
 
 class RMSNorm(nn.Module):
