@@ -125,8 +125,10 @@ def workspace_bytes(cfg: ModelConfig, dtype: torch.dtype, packed: bool, rows: in
 
 def available_bytes(device: torch.device) -> int:
     """Memory free for a new model on ``device``: the CUDA driver's free bytes, else ``MemAvailable``."""
-    if device.type == "cuda":
+    if device.type == "cuda" and not getattr(torch.cuda.get_device_properties(device), "is_integrated", False):
         return int(torch.cuda.mem_get_info(device)[0])
+    # CPU, and integrated GPUs (Jetson Thor) whose memory is the system's: the kernel's estimate of what can be
+    # allocated without swapping, page cache included (the driver's free figure leaves the cache out).
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):

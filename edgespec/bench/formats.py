@@ -75,12 +75,13 @@ def current_rss() -> int:
     return 0
 
 
-def format_model(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype: torch.dtype, max_len: int,
-                 group: int = 128, seed: int = 0) -> TargetModel:
-    """A random model of ``cfg_dict`` whose linear layers (lm_head and embeddings excepted) are in ``fmt``."""
+def meta_model(cfg_dict: dict[str, Any], fmt: str, dtype: torch.dtype, group: int = 128,
+               with_mtp: bool = False) -> TargetModel:
+    """The served module tree of ``cfg_dict`` in ``fmt`` on the meta device (exact sizes, nothing allocated):
+    linear layers packed where the format fits them (lm_head and embeddings stay ``dtype``), projections merged."""
     cfg = parse_config(cfg_dict)
     with torch.device("meta"):
-        model = TargetModel(cfg, max_positions=1)
+        model = TargetModel(cfg, max_positions=1, with_mtp=with_mtp)
         model.to(dtype)
         for name, p in model.named_parameters():
             if name.endswith(("A_log", "dt_bias")):
@@ -93,6 +94,14 @@ def format_model(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype
                     parent, _, leaf = name.rpartition(".")
                     setattr(model.get_submodule(parent), leaf, PackedLinear(packed))
     model.merge_projections()
+    return model
+
+
+def format_model(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype: torch.dtype, max_len: int,
+                 group: int = 128, seed: int = 0) -> TargetModel:
+    """A random model of ``cfg_dict`` whose linear layers (lm_head and embeddings excepted) are in ``fmt``."""
+    cfg = parse_config(cfg_dict)
+    model = meta_model(cfg_dict, fmt, dtype, group)
     budget = plan_budget(cfg, module_bytes(model), device, dtype, max_len, packed=fmt != "dense")
     budget.check()
     model = model.to_empty(device=device)
