@@ -40,7 +40,8 @@ def test_packed_demo_equals_its_fp32_conversion(demo_gguf: Path, demo_model_dir:
     configure_cpu()
     tok = ChatTokenizer.from_folder(folder)
     assert tok.encode("robot arm") == ChatTokenizer.from_folder(demo_model_dir).encode("robot arm")
-    ids = torch.tensor(tok.encode_chat([{"role": "user", "content": "Plan robot navigation from the dock to shelf B."}]))
+    messages = [{"role": "user", "content": "Plan robot navigation from the dock to shelf B."}]
+    ids = torch.tensor(tok.encode_chat(messages))
     c1, c2 = packed.new_cache(256), dense.new_cache(256)
     a, b = packed.forward(ids, c1).logits, dense.forward(ids, c2).logits
     scale = b.abs().max().item()

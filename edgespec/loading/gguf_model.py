@@ -15,6 +15,8 @@ The fp32 conversion (``edgespec convert``, ``weights: fp32``) stays the oracle t
 
 from __future__ import annotations
 
+import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +24,7 @@ import torch
 from torch import nn
 
 from edgespec.errors import CheckpointError, UnsupportedModelError
-from edgespec.loading.gguf_demo import _hf_name, _unpermute_rows, gguf_metadata_folder, open_gguf
+from edgespec.loading.gguf_demo import _hf_name, _unpermute_rows, gguf_metadata_folder
 from edgespec.loading.hf_config import load_config
 from edgespec.models.decoder import TargetModel
 from edgespec.models.layers import RotaryEmbedding
@@ -44,6 +46,102 @@ class PackedEmbedding(nn.Module):
         return self.weight.rows(tokens)
 
 
+@dataclass
+class GGUFTensor:
+    """One tensor of a GGUF file: ``shape`` innermost dimension first (as GGUF lists it); ``data`` a read-only
+    view of the mapped file (uint8 ``[rows, row_bytes]`` for block types, the element dtype otherwise)."""
+
+    name: str
+    tensor_type: int
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+
+# Byte sizes of GGUF metadata value types (8 = string, 9 = array are variable).
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def read_tensor_table(path: Path) -> list[GGUFTensor]:
+    """The tensors of a GGUF file, reading only what locating them needs (gguf-py's reader also decodes every
+    metadata value -- the demo's 49k-token vocabulary took most of a load). Damaged files raise
+    :class:`CheckpointError` naming the file."""
+    import gguf
+
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    buf = memoryview(mm)
+    pos = 0
+
+    def take(fmt: str) -> tuple:
+        nonlocal pos
+        vals = struct.unpack_from("<" + fmt, buf, pos)
+        pos += struct.calcsize("<" + fmt)
+        return vals
+
+    def skip_value(kind: int) -> None:
+        nonlocal pos
+        if kind == 8:
+            (n,) = take("Q")
+            pos += n
+        elif kind == 9:
+            sub, count = take("IQ")
+            if sub in _SCALAR_BYTES:
+                pos += _SCALAR_BYTES[sub] * count
+            else:
+                for _ in range(count):
+                    skip_value(sub)
+        else:
+            pos += _SCALAR_BYTES[kind]
+
+    try:
+        magic, version, n_tensors, n_kv = take("4sIQQ")
+        if magic != b"GGUF" or version < 2:
+            raise CheckpointError(f"{path}: not a GGUF v2/v3 file (magic {magic!r}, version {version})")
+        alignment = 32
+        for _ in range(n_kv):
+            (n,) = take("Q")
+            key = bytes(buf[pos:pos + n]).decode("utf-8", errors="replace")
+            pos += n
+            (kind,) = take("I")
+            if key == "general.alignment" and kind == 4:
+                (alignment,) = take("I")
+            else:
+                skip_value(kind)
+        infos = []
+        for _ in range(n_tensors):
+            (n,) = take("Q")
+            name = bytes(buf[pos:pos + n]).decode("utf-8")
+            pos += n
+            (n_dims,) = take("I")
+            dims = take("Q" * n_dims)
+            kind, offset = take("IQ")
+            infos.append((name, dims, kind, offset))
+    except (struct.error, KeyError, RecursionError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: not a readable GGUF file (header: {exc})") from None
+    start = (pos + alignment - 1) // alignment * alignment
+    tensors = []
+    for name, dims, kind, offset in infos:
+        try:
+            block, type_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
+        except (ValueError, KeyError):
+            raise UnsupportedModelError(f"{path}: tensor {name} has unknown ggml type {kind}") from None
+        count = int(np.prod(dims)) if dims else 1
+        nbytes = count // block * type_bytes
+        begin = start + offset
+        if begin + nbytes > mm.size:
+            raise CheckpointError(f"{path}: tensor {name} ends at byte {begin + nbytes} but the file has "
+                                  f"{mm.size} bytes (truncated file?)")
+        raw = mm[begin:begin + nbytes]
+        rows = count // dims[0] if dims else 1
+        if kind in (0, 1):
+            data = raw.view(np.float32 if kind == 0 else np.float16).reshape(tuple(reversed(dims)))
+        elif kind == 30:
+            data = raw.view(np.uint16).reshape(tuple(reversed(dims)))
+        else:
+            data = raw.reshape(rows, nbytes // max(1, rows))
+        tensors.append(GGUFTensor(name, kind, tuple(int(d) for d in dims), data))
+    return tensors
+
+
 def _type_name(kind: int) -> str:
     try:
         import gguf
@@ -52,12 +150,11 @@ def _type_name(kind: int) -> str:
         return f"ggml type {kind}"
 
 
-def _dense(tensor, shape: tuple[int, ...]) -> torch.Tensor:
+def _dense(tensor: GGUFTensor, shape: tuple[int, ...]) -> torch.Tensor:
     kind = int(tensor.tensor_type)
     data = np.asarray(tensor.data)
     if kind == 30:
-        raw = np.ascontiguousarray(data).view(np.uint16).astype(np.uint32) << 16
-        arr = raw.view(np.float32)
+        arr = (data.astype(np.uint32) << 16).view(np.float32)
     else:
         arr = data.astype(np.float32)
     return torch.from_numpy(np.ascontiguousarray(arr).reshape(shape))
@@ -88,13 +185,13 @@ def load_gguf_target(path: str | Path, dtype: torch.dtype = torch.float32, devic
     folder = gguf_metadata_folder(path)   # validates architecture, tensor names and tokenizer
     cfg = load_config(folder)
     device = torch.device(device)
-    reader = open_gguf(path)
+    tensors = read_tensor_table(path)
     with torch.device("meta"):
         model = TargetModel(cfg, max_positions=1)
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
     dense: dict[str, torch.Tensor] = {}
     problems: list[str] = []
-    for tensor in reader.tensors:
+    for tensor in tensors:
         name, role, _ = _hf_name(tensor.name)
         kind = int(tensor.tensor_type)
         shape = tuple(int(d) for d in reversed(tensor.shape))   # GGUF lists dims innermost first

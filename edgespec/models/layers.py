@@ -234,6 +234,12 @@ class Attention(nn.Module):
             qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         if cs is None:
             cs = rope.angles(start, T, pos_t, qkv.dtype)
+        if self.q_norm is None and not self.gated and pos_t is None and qkv.device.type == "cpu":
+            # Llama on CPU: RoPE, cache write and attention in one compiled call (edgespec.kernels.cpu_step).
+            from edgespec.kernels.cpu_step import llama_attention_cpu
+            out = llama_attention_cpu(qkv, cache, start, cs, self.n_heads, self.n_kv, self.hd, self.scale)
+            if out is not None:
+                return self.o_proj(out)
         # q/k norm, RoPE and the K/V cache write: one kernel on CUDA (the split, norms, rotate-half and the
         # scatter were ~19 small kernels per layer), the unfused torch sequence elsewhere.
         norms = self.q_norm is not None

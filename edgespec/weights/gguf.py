@@ -100,8 +100,11 @@ class GGUFBlockWeight(PackedWeight):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).contiguous()
         out = torch.empty(x2.shape[0], self.out_features, dtype=torch.float32)
-        gguf_native.matmul(self.ggml_type, self.blocks, self.out_features, self.in_features, x2, out,
-                           gguf_native.threads())
+        rc = gguf_native.library().gguf_matmul(self.ggml_type, self.blocks.data_ptr(), self.out_features,
+                                               self.in_features, x2.data_ptr(), x2.shape[0], out.data_ptr(),
+                                               gguf_native.threads())
+        if rc != 0:
+            raise MemoryError(f"{self.format} product failed (code {rc})")
         if bias is not None:
             out += bias
         return out.reshape(*lead, self.out_features)

@@ -13,6 +13,7 @@
  * of the fp32 sums (per block: dot(q, x) then times d).
  */
 #include <immintrin.h>
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -270,4 +271,100 @@ int gguf_matmul(int kind, const uint8_t *w, int N, int K, const float *x, int M,
     }
     free(xsum);
     return 0;
+}
+
+/* ---- step helpers of the fp32 CPU decode ------------------------------------------------------------------
+ * One call each for work that costs a dozen small torch operations per layer (each a few microseconds of
+ * dispatch on a small CPU, more than the arithmetic): the residual add + RMSNorm, and a Llama attention layer
+ * (RoPE of q and k, K/V cache write, causal GQA attention). Each output row is computed by the same operations
+ * whatever the number of rows in the call, like the products above. */
+
+static inline float dot(const float *a, const float *b, int n) {
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    float s = hsum8(acc);
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* sum = residual + x (when x is not NULL; else sum = residual); norm = w * (sum * 1/sqrt(mean(sum^2) + eps)),
+ * rows of D. */
+void add_rms_norm_f32(const float *x, const float *residual, const float *w, float eps, int T, int D, float *sum,
+                      float *norm) {
+    for (int t = 0; t < T; t++) {
+        const float *r = residual + (size_t)t * D;
+        float *s = sum + (size_t)t * D;
+        if (x != NULL) {
+            const float *xt = x + (size_t)t * D;
+            for (int i = 0; i < D; i++)
+                s[i] = r[i] + xt[i];
+        } else if (s != r) {
+            memcpy(s, r, sizeof(float) * D);
+        }
+        const float inv = 1.0f / sqrtf(dot(s, s, D) / (float)D + eps);
+        float *y = norm + (size_t)t * D;
+        for (int i = 0; i < D; i++)
+            y[i] = w[i] * (s[i] * inv);
+    }
+}
+
+/* NeoX (rotate-half) RoPE of one head over its first rd channels (the rest copied). */
+static void rope_head(const float *x, float *dst, const float *c, const float *s, int rd, int hd) {
+    const int half = rd / 2;
+    for (int i = 0; i < half; i++) {
+        const float a = x[i], b = x[i + half];
+        dst[i] = a * c[i] - b * s[i];
+        dst[i + half] = b * c[i + half] + a * s[i + half];
+    }
+    for (int i = rd; i < hd; i++)
+        dst[i] = x[i];
+}
+
+/* qkv [T, (H + 2 Hkv) hd] (merged projection rows of positions start..start+T-1), cos/sin [T, rd];
+ * kc/vc [max_len, Hkv, hd] (rows start.. are written); out [T, H hd]. scratch: start + T floats.
+ * Row t attends to keys 0..start+t; query head h reads KV head h / (H / Hkv). */
+void llama_attention_f32(const float *qkv, int T, int H, int Hkv, int hd, const float *cos, const float *sin,
+                         int rd, float *kc, float *vc, int start, float scale, float *out, float *scratch) {
+    const int qo = H * hd, row = qo + 2 * Hkv * hd, rep = H / Hkv;
+    float q[512];
+    for (int t = 0; t < T; t++) {
+        const float *src = qkv + (size_t)t * row;
+        for (int h = 0; h < Hkv; h++) {
+            float *kd = kc + ((size_t)(start + t) * Hkv + h) * hd;
+            rope_head(src + qo + h * hd, kd, cos + (size_t)t * rd, sin + (size_t)t * rd, rd, hd);
+            memcpy(vc + ((size_t)(start + t) * Hkv + h) * hd, src + qo + Hkv * hd + h * hd, sizeof(float) * hd);
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        const int L = start + t + 1;
+        for (int h = 0; h < H; h++) {
+            const int g = h / rep;
+            rope_head(qkv + (size_t)t * row + h * hd, q, cos + (size_t)t * rd, sin + (size_t)t * rd, rd, hd);
+            float m = -INFINITY;
+            for (int j = 0; j < L; j++) {
+                const float s = dot(q, kc + ((size_t)j * Hkv + g) * hd, hd) * scale;
+                scratch[j] = s;
+                m = s > m ? s : m;
+            }
+            float total = 0.0f;
+            for (int j = 0; j < L; j++) {
+                scratch[j] = expf(scratch[j] - m);
+                total += scratch[j];
+            }
+            float *o = out + (size_t)t * qo + h * hd;
+            memset(o, 0, sizeof(float) * hd);
+            for (int j = 0; j < L; j++) {
+                const float p = scratch[j];
+                const float *v = vc + ((size_t)j * Hkv + g) * hd;
+                for (int i = 0; i < hd; i++)
+                    o[i] += p * v[i];
+            }
+            const float inv = 1.0f / total;
+            for (int i = 0; i < hd; i++)
+                o[i] *= inv;
+        }
+    }
 }

@@ -1,4 +1,4 @@
-"""Build and call the compiled GGUF block products (``gguf_cpu.c``) through ctypes.
+"""Build and call the compiled GGUF block products and CPU step helpers (``gguf_cpu.c``) through ctypes.
 
 The library is compiled once with the system ``gcc`` (``-O3 -march=native -pthread``: this machine's vector
 units, and a small thread pool of its own) by ``tools/setup.sh`` or on first use, into the package
@@ -56,7 +56,7 @@ def build(quiet: bool = False) -> Path | None:
             os.close(fd)
         except OSError:
             continue
-        proc = subprocess.run([cc, *_FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+        proc = subprocess.run([cc, *_FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
         if proc.returncode != 0:
             os.unlink(tmp)
             if not quiet:
@@ -84,16 +84,25 @@ def library() -> ctypes.CDLL | None:
     lib.gguf_matmul.restype = ctypes.c_int
     lib.gguf_matmul.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                 ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    lib.add_rms_norm_f32.restype = None
+    lib.add_rms_norm_f32.argtypes = [p, p, p, f, i, i, p, p]
+    lib.llama_attention_f32.restype = None
+    lib.llama_attention_f32.argtypes = [p, i, i, i, i, p, p, i, p, p, i, f, p, p]
     _lib = lib
     return lib
 
 
+_threads: int | None = None
+
+
 def threads() -> int:
-    """Threads of one product: ``EDGESPEC_GGUF_THREADS``, else every core this process may use."""
-    explicit = os.environ.get("EDGESPEC_GGUF_THREADS")
-    if explicit:
-        return max(1, int(explicit))
-    return max(1, len(os.sched_getaffinity(0)))
+    """Threads of one product: ``EDGESPEC_GGUF_THREADS``, else every core this process may use (read once)."""
+    global _threads
+    if _threads is None:
+        explicit = os.environ.get("EDGESPEC_GGUF_THREADS")
+        _threads = max(1, int(explicit)) if explicit else max(1, len(os.sched_getaffinity(0)))
+    return _threads
 
 
 def matmul(kind: int, blocks: torch.Tensor, n: int, k: int, x: torch.Tensor, out: torch.Tensor,

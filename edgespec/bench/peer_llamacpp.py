@@ -1,0 +1,139 @@
+"""edgespec against llama.cpp on the same GGUF, on this CPU, interleaved (run by ``tools/peer_llamacpp_cpu.sh``).
+
+Each repeat runs ``llama-bench`` (prompt ``pp`` and decode ``tg`` speed) and then edgespec on the same file:
+prefill of a prompt of the same length, plain greedy decode and n-gram speculative decode of the robot
+navigation and repeated-text bench prompts. Medians over the repeats are printed with the load average seen
+during the run, the ratios against the targets of issue 24 (plain >= llama.cpp decode, n-gram >= 1.5x llama.cpp
+decode, prefill >= llama.cpp prompt), and the bandwidth limit of this machine: the bytes one decode step reads
+(packed weights) over the memory read bandwidth measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import numpy as np
+import torch
+
+PROMPTS = ("robot_navigation_plan", "repeated_text_stress")
+
+
+def read_bandwidth_gbs(mib: int = 256, repeats: int = 5) -> float:
+    """Memory read bandwidth (GB/s) of one numpy reduction over ``mib`` MiB (beyond any cache), best of
+    ``repeats``."""
+    a = np.ones(mib * (1 << 20) // 4, dtype=np.float32)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a.sum()
+        best = min(best, time.perf_counter() - t0)
+    return a.nbytes / best / 1e9
+
+
+def llama_bench(binary: str, gguf: Path, prompt: int, tokens: int, threads: int) -> dict[str, float]:
+    """``{"pp": tok/s, "tg": tok/s}`` from one llama-bench run (one repetition each)."""
+    out = subprocess.run([binary, "-m", str(gguf), "-t", str(threads), "-p", str(prompt), "-n", str(tokens),
+                          "-r", "1", "-o", "json"], capture_output=True, text=True, check=True).stdout
+    result = {}
+    for row in json.loads(out):
+        kind = "pp" if row.get("n_prompt", 0) > 0 else "tg"
+        result[kind] = float(row["avg_ts"])
+    return result
+
+
+def edgespec_run(engine, prompt_len: int, tokens: int) -> dict[str, float]:
+    """Prefill tok/s of ``prompt_len`` tokens; plain and n-gram decode tok/s (and AL) on :data:`PROMPTS`."""
+    from edgespec.bench.prompts import load_prompts
+    from edgespec.spec.acceptance import StrictGreedy
+
+    model = engine.model
+    ids = torch.randint(0, model.config.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(0))
+    cache = model.new_cache(prompt_len + 1)
+    t0 = time.perf_counter()
+    model.forward(ids, cache, logits="last")
+    out: dict[str, float] = {"pp": prompt_len / (time.perf_counter() - t0)}
+    prompts = {p.id: p for p in load_prompts(None)}
+    for pid in PROMPTS:
+        chat = engine.tokenizer.encode_chat([{"role": "user", "content": prompts[pid].user}])
+        for name, k in (("plain", 0), ("ngram", None)):
+            res = engine.session.generate(chat, max_tokens=tokens, policy=StrictGreedy(),
+                                          stop_ids=engine.tokenizer.stop_token_ids, k=k)
+            out[f"{pid}/{name}"] = res.telemetry.decode_tok_s
+            if k is None:
+                out[f"{pid}/al"] = res.telemetry.acceptance_length
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--llama-bench", required=True, help="path of the llama-bench binary")
+    p.add_argument("--gguf", required=True, type=Path)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--prompt", type=int, default=64, help="prompt tokens of the prefill comparison")
+    p.add_argument("--tokens", type=int, default=128, help="decode tokens")
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--out", help="write every figure as JSON here")
+    args = p.parse_args(argv)
+
+    from edgespec.config import Settings
+    from edgespec.engine import Engine
+    from edgespec.weights.base import is_packed
+
+    engine = Engine.from_settings(Settings(model=str(args.gguf), drafter="ngram", max_seq_len=1024))
+    step_bytes = sum(m.nbytes for m in engine.model.modules() if is_packed(m))
+    step_bytes += sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    edgespec_run(engine, args.prompt, 16)   # warm-up (first products, page cache)
+    llama_bench(args.llama_bench, args.gguf, 8, 8, args.threads)
+    runs: list[dict[str, Any]] = []
+    for r in range(args.repeats):
+        lc = llama_bench(args.llama_bench, args.gguf, args.prompt, args.tokens, args.threads)
+        load1 = os.getloadavg()[0]
+        es = edgespec_run(engine, args.prompt, args.tokens)
+        runs.append({"llama.cpp": lc, "edgespec": es, "load1": [load1, os.getloadavg()[0]]})
+        print(f"repeat {r + 1}: llama.cpp {json.dumps({k: round(v, 1) for k, v in lc.items()})} | edgespec "
+              f"{json.dumps({k: round(v, 2) for k, v in es.items()})} | load {load1:.2f}", flush=True)
+    bw = read_bandwidth_gbs()
+
+    def med(side: str, key: str) -> float:
+        return median(run[side][key] for run in runs)
+
+    lc_tg, lc_pp = med("llama.cpp", "tg"), med("llama.cpp", "pp")
+    loads = [x for run in runs for x in run["load1"]]
+    print(f"\nmedians of {args.repeats} interleaved repeats; load average (1 min) {min(loads):.2f}-{max(loads):.2f}; "
+          f"threads {args.threads}")
+    print(f"{'':34} {'tok/s':>8} {'vs llama.cpp':>13} target")
+    print(f"{'llama.cpp prompt (pp' + str(args.prompt) + ')':34} {lc_pp:>8.1f}")
+    print(f"{'llama.cpp decode (tg' + str(args.tokens) + ')':34} {lc_tg:>8.1f}")
+    pp = med("edgespec", "pp")
+    print(f"{'edgespec prefill':34} {pp:>8.1f} {pp / lc_pp:>12.2f}x >= 1.00x {'met' if pp >= lc_pp else 'MISSED'}")
+    summary: dict[str, Any] = {"llama.cpp": {"pp": lc_pp, "tg": lc_tg}, "edgespec": {"pp": pp}}
+    for pid in PROMPTS:
+        for name, target in (("plain", 1.0), ("ngram", 1.5)):
+            v = med("edgespec", f"{pid}/{name}")
+            summary["edgespec"][f"{pid}/{name}"] = v
+            label = f"edgespec {name} {pid}"
+            extra = f" AL {med('edgespec', pid + '/al'):.2f}" if name == "ngram" else ""
+            print(f"{label:34} {v:>8.1f} {v / lc_tg:>12.2f}x >= {target:.2f}x "
+                  f"{'met' if v >= target * lc_tg else 'MISSED'}{extra}")
+    limit = bw * 1e9 / step_bytes
+    print(f"\nbytes one decode step reads (packed weights + dense parameters): {step_bytes / 1e6:.1f} MB; "
+          f"read bandwidth (numpy sum of 256 MiB) {bw:.1f} GB/s -> bandwidth limit {limit:.0f} tok/s; "
+          f"llama.cpp decode at {lc_tg / limit:.0%} of it")
+    import resource
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"edgespec peak RSS {rss:.0f} MiB (process: torch, tokenizer, model, caches)")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"runs": runs, "medians": summary, "bandwidth_gbs": bw,
+                                              "step_bytes": step_bytes, "threads": args.threads}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
