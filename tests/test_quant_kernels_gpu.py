@@ -63,9 +63,23 @@ def test_bias_split_and_launches(fmt: str, dtype: torch.dtype) -> None:
         x = torch.randn(rows, k, device=DEV, dtype=dtype)
         ref = p.matmul_ref(x, bias)
         for cfg in ({"SPLIT_K": 1, "DOT": 0}, {"SPLIT_K": 1, "DOT": 1}, {"SPLIT_K": 4, "DOT": 1},
-                    {"SPLIT_K": 8, "DOT": 0, "BLOCK_N": 32}, {"SPLIT_K": 2, "DOT": 0, "WORDS": 0}):
+                    {"SPLIT_K": 8, "DOT": 0, "BLOCK_N": 32}, {"SPLIT_K": 2, "DOT": 0, "WORDS": 0},
+                    {"SPLIT_K": 1, "DOT": 0, "H2": 0}, {"SPLIT_K": 3, "DOT": 0, "H2": 1, "BLOCK_N": 64}):
             poison()
             assert rel_err(quant_matmul(p, x, bias, config=cfg), ref) < TOL[dtype], (fmt, rows, cfg)
+
+
+def test_int4_fp16_pair_products_large_inputs() -> None:
+    """The one-row int4 kernel multiplies in fp16 pairs with x scaled by 2^-4: inputs in the thousands (LLM
+    activation outliers) stay finite and within tolerance."""
+    from edgespec.kernels.triton_quant_gemv import quant_matmul
+    p = pack("int4", torch.randn(256, 1024, device=DEV) * 0.05)
+    x = torch.randn(1, 1024, device=DEV) * 3.0
+    x[0, ::97] = 4000.0
+    x = x.to(torch.bfloat16)
+    out = quant_matmul(p, x, config={"DOT": 0, "H2": 1})
+    assert torch.isfinite(out).all()
+    assert rel_err(out, p.matmul_ref(x)) < 1e-2
 
 
 def test_fp8_ragged_k() -> None:

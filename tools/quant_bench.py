@@ -41,8 +41,9 @@ from edgespec.models.decoder import TargetModel  # noqa: E402
 DEV = "cuda"
 
 DECODE_SWEEP = {
-    "int4": [dict(DOT=0, BLOCK_N=bn, num_warps=w, num_stages=st) for bn, w, st in
-             ((64, 4, 3), (128, 4, 3), (128, 8, 3), (128, 4, 1), (256, 8, 3))],
+    "int4": [dict(DOT=0, BLOCK_N=bn, num_warps=w, num_stages=st, H2=h) for bn, w, st, h in
+             ((64, 4, 3, 0), (128, 4, 1, 0), (64, 4, 3, 1), (128, 4, 3, 1), (128, 8, 3, 1), (128, 4, 1, 1),
+              (256, 8, 3, 1))],
     "nvfp4": [dict(DOT=d, BLOCK_N=bn, num_warps=w, num_stages=st) for d, bn, w, st in
               ((0, 16, 4, 4), (0, 32, 4, 4), (0, 64, 4, 4), (0, 128, 8, 4), (1, 128, 4, 3))],
     "fp8_block": [dict(DOT=d, BLOCK_N=bn, num_warps=w, num_stages=st) for d, bn, w, st in
@@ -56,8 +57,32 @@ VERIFY_SWEEP = {
 }
 
 
+# The peer shape (tools/peer_llamacpp.sh): set by --llama, named "llama" in --shapes / --prefill-shapes.
+LLAMA_COUNTS: Counter = Counter()
+
+
+def llama_counts(spec: str) -> Counter:
+    """Merged matrices of a plain llama (qkv, o, gate_up, down per layer; untied lm_head) from peer_gguf.py's
+    shape arguments (``--hidden 3072 --layers 28 ...``)."""
+    ap = argparse.ArgumentParser()
+    for name, default in (("hidden", 3072), ("layers", 28), ("heads", 24), ("kv-heads", 8), ("ffn", 8192),
+                          ("vocab", 49152)):
+        ap.add_argument(f"--{name}", type=int, default=default)
+    a = ap.parse_args(spec.split())
+    hd = a.hidden // a.heads
+    c: Counter = Counter()
+    c[(a.hidden + 2 * a.kv_heads * hd, a.hidden)] += a.layers
+    c[(a.hidden, a.heads * hd)] += a.layers
+    c[(2 * a.ffn, a.hidden)] += a.layers
+    c[(a.hidden, a.ffn)] += a.layers
+    c[(a.vocab, a.hidden)] += 1
+    return c
+
+
 def matrix_counts(shape: str) -> Counter:
     """``(N, K) -> uses per decode step`` of a shape's merged model, lm_head included (built on the meta device)."""
+    if shape == "llama":
+        return Counter(LLAMA_COUNTS)
     cfg = parse_config(config_dict(**SHAPES[shape]))
     with torch.device("meta"):
         model = TargetModel(cfg, max_positions=16).merge_projections()
@@ -302,9 +327,10 @@ def print_entry(fmt: str, entry: dict) -> None:
         tuned = (f"  tuned: decode {entry['tuned_us_1']:.0f} us {limit_us / entry['tuned_us_1'] * 100:.1f}%, "
                  f"v16/d {entry['tuned_us_16'] / entry['tuned_us_1']:.2f}") if "tuned_us_1" in entry else ""
         err = f"  err {entry['max_rel_err_vs_ref']:.1e}" if "max_rel_err_vs_ref" in entry else ""
+        peak = f"  peak {entry['peak_GB']:.1f} GB" if "peak_GB" in entry else "  (same weights as bf16)"
         print(f"  {fmt:>10}: {entry['bytes'] / 1e9:6.2f} GB  decode {d:8.0f} us {limit_us / d * 100:5.1f}% of "
               f"limit  4 rows {entry['us_4']:.0f}  8 rows {entry['us_8']:.0f}  16 rows {v:.0f} us "
-              f"(v16/d {v / d:.2f}, {limit_us / v * 100:.1f}%)  peak {entry.get('peak_GB', 0):.1f} GB{err}{tuned}",
+              f"(v16/d {v / d:.2f}, {limit_us / v * 100:.1f}%){peak}{err}{tuned}",
               flush=True)
 
 
@@ -341,7 +367,11 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--prefill", default="", help="prefill row counts, e.g. 512,2048")
     ap.add_argument("--prefill-shapes", default="qwen3.5-4b")
+    ap.add_argument("--llama", default="", help="peer llama shape, e.g. '--hidden 3072 --layers 28' (shape 'llama')")
     args = ap.parse_args()
+    if args.llama:
+        LLAMA_COUNTS.update(llama_counts(args.llama))
+        args.shapes = ",".join(["llama"] + [s for s in args.shapes.split(",") if s])
     formats = [f for f in args.formats.split(",") if f]
     bw = measure_copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e9:.0f} GB/s (% = bytes / time / copy bandwidth)",

@@ -206,6 +206,83 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, part_ptr, b_ptr, y_ptr, M, N, 
     _finish(acc, part_ptr, b_ptr, y_ptr, m, n, M, N, pid_k, stride_ps, 0, 0, False, DIRECT, HAS_BIAS)
 
 
+# The same unpacking, then the eight products of a word summed in fp16 pairs (four HFMA2) and widened once: ~2.25
+# instructions per weight. Inputs: word ($1), (1024 + z) pair ($2), and the x pairs (x[8w + p], x[8w + p + 4]) as
+# fp16 bits ($3..$6, p = 0..3); output: the fp32 sum of (q - z) * x over the word.
+_INT4_WORD_DOT_ASM = tl.constexpr("""
+{
+.reg .b32 t0, t1, t2, t3, a;
+.reg .b16 lo, hi;
+.reg .f32 fl, fh;
+lop3.b32 t0, $1, 0x000F000F, 0x64006400, 0xea;
+shr.b32 t1, $1, 4;
+lop3.b32 t1, t1, 0x000F000F, 0x64006400, 0xea;
+shr.b32 t2, $1, 8;
+lop3.b32 t2, t2, 0x000F000F, 0x64006400, 0xea;
+shr.b32 t3, $1, 12;
+lop3.b32 t3, t3, 0x000F000F, 0x64006400, 0xea;
+sub.f16x2 t0, t0, $2;
+sub.f16x2 t1, t1, $2;
+sub.f16x2 t2, t2, $2;
+sub.f16x2 t3, t3, $2;
+mul.rn.f16x2 a, t0, $3;
+fma.rn.f16x2 a, t1, $4, a;
+fma.rn.f16x2 a, t2, $5, a;
+fma.rn.f16x2 a, t3, $6, a;
+mov.b32 {lo, hi}, a;
+cvt.f32.f16 fl, lo;
+cvt.f32.f16 fh, hi;
+add.f32 $0, fl, fh;
+}
+""")
+
+# x is scaled by 2^-X_SHIFT before it becomes fp16 (and the group scale by 2^X_SHIFT): a word's fp16 partial sum
+# (at most 4 x 15 x |x| per lane) stays finite for |x| up to ~17k.
+X_SHIFT = 4
+
+
+@triton.jit
+def _int4_gemv_h2_kernel(x_ptr, q_ptr, s_ptr, z_ptr, part_ptr, b_ptr, y_ptr, M, N, n_tiles, tiles_per_split,
+                         stride_qn, stride_sn, stride_zn, stride_ps,
+                         GROUP: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """One row, products in fp16 pairs per word (``_INT4_WORD_DOT_ASM``), accumulated in fp32 across words."""
+    WORDS: tl.constexpr = GROUP // 8
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    w_idx = tl.arange(0, WORDS)
+    acc2 = tl.zeros([BLOCK_N, WORDS], tl.float32)
+    lo_t = pid_k * tiles_per_split
+    w_ptrs = q_ptr + n[:, None] * stride_qn + (lo_t * WORDS + w_idx)[None, :]
+    nxt = tl.load(w_ptrs, mask=n_ok[:, None], other=0)
+    for i in range(0, tiles_per_split):
+        t = lo_t + i
+        words = nxt
+        w_ptrs += WORDS
+        nxt = tl.load(w_ptrs, mask=n_ok[:, None] & (i + 1 < tiles_per_split), other=0)
+        z = tl.load(z_ptr + n * stride_zn + t, mask=n_ok, other=0).to(tl.int32)
+        s = tl.load(s_ptr + n * stride_sn + t, mask=n_ok, other=0.0).to(tl.float32) * (1 << 4)
+        zh = z | 0x6400
+        zpair = (zh | (zh << 16))[:, None] + tl.zeros_like(words)
+        xf = tl.load(x_ptr + t * GROUP + tl.arange(0, GROUP)).to(tl.float32) * (1.0 / (1 << 4))
+        bits = xf.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        lo_b, hi_b = tl.split(tl.permute(tl.reshape(bits, [WORDS, 2, 4]), (0, 2, 1)))   # inputs p and p + 4
+        pairs = lo_b | (hi_b << 16)                                                       # [WORDS, 4] over p
+        e, o = tl.split(tl.reshape(pairs, [WORDS, 2, 2]))
+        xp0, xp2 = tl.split(e)
+        xp1, xp3 = tl.split(o)
+        zero = tl.zeros_like(words)
+        part = tl.inline_asm_elementwise(
+            _INT4_WORD_DOT_ASM, "=r,r,r,r,r,r,r",
+            [words, zpair, xp0[None, :] + zero, xp1[None, :] + zero, xp2[None, :] + zero, xp3[None, :] + zero],
+            dtype=tl.float32, is_pure=True, pack=1)
+        acc2 += part * s[:, None]
+    acc = tl.sum(acc2, axis=1)
+    m = tl.arange(0, 1)
+    _finish(acc, part_ptr, b_ptr, y_ptr, m, n, M, N, pid_k, stride_ps, 0, 0, False, DIRECT, HAS_BIAS)
+
+
 @triton.jit
 def _nvfp4_kernel(x_ptr, q_ptr, s_ptr, scale2_ptr, part_ptr, b_ptr, y_ptr, M, N, n_tiles, tiles_per_split,
                   stride_xm, stride_qn, stride_sn, stride_ps, stride_pm, stride_ym,
@@ -296,17 +373,19 @@ def _fp8_block_kernel(x_ptr, w_ptr, s_ptr, part_ptr, b_ptr, y_ptr, M, N, K, n_ti
 # ---- launch ---------------------------------------------------------------------------------------------------
 
 def quant_config(fmt: str, N: int, K: int, M: int, sms: int) -> dict[str, int]:
-    """Launch of one product, from the H100 sweep of ``tools/quant_bench.py --sweep``. 1..16 rows: ``BLOCK_N``
-    weight rows per program, ``SPLIT_K`` K ranges when there are too few row blocks to fill the chip (about
-    ``WAVES`` programs per SM); one row takes the CUDA-core path (int4: the word kernel), 2+ rows the tensor-core
+    """Launch of one product: the per-matrix winners of ``tools/quant_bench.py --sweep`` on an H100 (2026-11-25,
+    docs/quant_kernels.md). 1..16 rows: ``BLOCK_N`` weight rows per program, ``SPLIT_K`` K ranges when there are
+    too few row blocks to fill the chip (about ``waves`` programs per SM); one int4/nvfp4 row takes the CUDA-core
+    path (int4: the word kernel with fp16-pair products, ``H2``), fp8 rows and 2+ rows the tensor-core
     tile. More rows (prefill): 64x128 output tiles, the row blocks of a weight tile side by side."""
     if M > MAX_ROWS:
         return {"BLOCK_M": 64, "BLOCK_N": 128, "SPLIT_K": 1, "DOT": 1, "num_warps": 8, "num_stages": 3}
-    if M == 1:
-        block_n, warps, stages, waves = {"int4": (128, 4, 3, 2), "nvfp4": (32, 4, 4, 4),
-                                         "fp8_block": (32, 4, 4, 4)}[fmt]
-        cfg = {"BLOCK_M": 16, "DOT": 0, "num_warps": warps, "num_stages": stages}
+    if M == 1 and fmt != "fp8_block":
+        block_n, warps, stages, waves = {"int4": (64, 4, 3, 4), "nvfp4": (32, 4, 4, 4)}[fmt]
+        cfg = {"BLOCK_M": 16, "DOT": 0, "num_warps": warps, "num_stages": stages, "H2": int(fmt == "int4")}
     else:
+        # fp8: one row rides the 16-row tensor-core tile too (it won on 4 of the 6 Qwen3.5-27B matrices), so a
+        # decode row and a verify row take the same launch
         block_n, warps, stages, waves = (128, 4, 3, 2) if fmt != "fp8_block" else (32, 4, 4, 4)
         cfg = {"BLOCK_M": 16, "DOT": 1, "num_warps": warps, "num_stages": stages}
     n_blocks = triton.cdiv(N, block_n)
@@ -366,7 +445,8 @@ def quant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
     if fmt == "int4" and M == 1 and not cfg["DOT"] and cfg.get("WORDS", 1):
         q, s, z = packed.qweight, packed.scales, packed.zeros
         qw = q.view(torch.int32)                 # 8 codes per word: rows of in/2 bytes are whole words
-        _int4_gemv_kernel[grid](x2, qw, s, z, part, b, y, M, N, n_tiles, per_split, qw.stride(0), s.stride(0),
+        kern = _int4_gemv_h2_kernel if cfg.get("H2", 0) else _int4_gemv_kernel
+        kern[grid](x2, qw, s, z, part, b, y, M, N, n_tiles, per_split, qw.stride(0), s.stride(0),
                                 z.stride(0), ps, GROUP=tile, BLOCK_N=block_n, DIRECT=direct,
                                 HAS_BIAS=bias is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     elif fmt == "int4":
