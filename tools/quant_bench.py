@@ -263,11 +263,11 @@ class Stack:
         return time_us(run, reps=1)
 
 
-def bench_shape(shape: str, formats: list[str], bw: float, sweep: bool, report: dict) -> None:
+def bench_shape(shape: str, formats: list[str], bw: float, sweep: bool, report: dict, baselines: bool = True) -> None:
     counts = matrix_counts(shape)
     print(f"\n== {shape}: {sum(counts.values())} matrices per step, distinct {sorted(counts)}", flush=True)
     rows_out = {}
-    for fmt in formats + ["bf16", "tinygemm", "scaled_mm"]:
+    for fmt in formats + (["bf16", "tinygemm", "scaled_mm"] if baselines else []):
         if fmt in ("tinygemm",) and "int4" not in formats or fmt == "scaled_mm" and "fp8_block" not in formats:
             continue
         torch.cuda.empty_cache()
@@ -365,6 +365,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="qwen3.5-27b,qwen3.5-4b")
     ap.add_argument("--formats", default="int4,nvfp4,fp8_block")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--no-baselines", action="store_true", help="leave out bf16, tinygemm and _scaled_mm")
     ap.add_argument("--prefill", default="", help="prefill row counts, e.g. 512,2048")
     ap.add_argument("--prefill-shapes", default="qwen3.5-4b")
     ap.add_argument("--llama", default="", help="peer llama shape, e.g. '--hidden 3072 --layers 28' (shape 'llama')")
@@ -378,7 +379,7 @@ def main() -> int:
           flush=True)
     report = {"device": torch.cuda.get_device_name(), "bandwidth_GBps": bw / 1e9, "shapes": {}}
     for shape in [s for s in args.shapes.split(",") if s]:
-        bench_shape(shape, formats, bw, args.sweep, report)
+        bench_shape(shape, formats, bw, args.sweep, report, not args.no_baselines)
     if args.prefill:
         rows = [int(r) for r in args.prefill.split(",")]
         for shape in [s for s in args.prefill_shapes.split(",") if s]:
