@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Peer run: llama.cpp (CUDA, built from the llama-cpp-python sdist's vendor/ folder) against edgespec's quantized
+# products on the same random-weight llama shape, printed side by side. Opt-in: never part of CI or tools/test.sh.
+#
+#   bash tools/peer_llamacpp.sh prepare        # on a machine with PyPI: download the sdist, strip it into .peer/
+#   bash tools/peer_llamacpp.sh build          # on the GPU host: CUDA build of llama-bench + llama-quantize (~5 min)
+#   bash tools/peer_llamacpp.sh bench          # on the GPU host: GGUFs (F16, Q8_0, Q4_0, Q4_K_M), llama-bench, ours
+#
+# .peer/ holds the stripped llama.cpp source (.peer/llama.cpp.tar.gz, ~10 MB: no docs/models/tests/examples or
+# non-CUDA/CPU backends) and, on the GPU host, the build and the GGUF files. Shape (the issue's random llama):
+# hidden 3072, 28 layers, 24/8 heads, ffn 8192, vocab 49152; override with PEER_SHAPE="--hidden .. --layers ..".
+# The edgespec side is tools/quant_bench.py on the same shape: the linear stack of a step (every matrix, lm_head
+# included) as one CUDA graph, so its tok/s is an upper bound of an end-to-end edgespec decode (no attention,
+# norms or sampling), printed as such.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PEER=.peer
+SRC=$PEER/llama.cpp
+BUILD=$PEER/build
+MODELS=${PEER_MODELS:-$PEER/models}
+SHAPE=${PEER_SHAPE:-"--hidden 3072 --layers 28 --heads 24 --kv-heads 8 --ffn 8192 --vocab 49152"}
+PY=${PYTHON:-python3}
+
+strip_tree() {   # $1: llama.cpp source dir -> only what a CUDA/CPU build of the two tools needs
+  local d=$1
+  rm -rf "$d"/{docs,models,benches,tests,examples,media,.github,.devops,scripts,pocs,app,skills,grammars} \
+         "$d"/tools/ui "$d"/tools/server/public* "$d"/tools/mtmd/legacy-models 2>/dev/null || true
+  for b in "$d"/ggml/src/ggml-*/; do
+    case "$(basename "$b")" in ggml-cuda|ggml-cpu|ggml-blas) ;; *) rm -rf "$b" ;; esac
+  done
+  for sub in tests examples pocs app; do mkdir -p "$d/$sub"; : > "$d/$sub/CMakeLists.txt"; done
+}
+
+case "${1:-}" in
+prepare)
+  mkdir -p $PEER/dl
+  "$PY" -m pip download --no-deps --no-binary :all: llama-cpp-python -d $PEER/dl
+  rm -rf $PEER/x && mkdir -p $PEER/x
+  tar -xzf $PEER/dl/llama_cpp_python-*.tar.gz -C $PEER/x
+  rm -rf $SRC && mv $PEER/x/*/vendor/llama.cpp $SRC && rm -rf $PEER/x $PEER/dl
+  strip_tree $SRC
+  tar -czf $PEER/llama.cpp.tar.gz -C $PEER llama.cpp && rm -rf $SRC
+  du -sh $PEER/llama.cpp.tar.gz
+  ;;
+build)
+  [ -d $SRC ] || tar -xzf $PEER/llama.cpp.tar.gz -C $PEER
+  cmake -S $SRC -B $BUILD -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release \
+        ${PEER_CMAKE:-} >/dev/null
+  cmake --build $BUILD -j "$(nproc)" --target llama-bench llama-quantize 2>&1 | tail -3
+  ls -l $BUILD/bin/llama-bench $BUILD/bin/llama-quantize
+  ;;
+bench)
+  mkdir -p "$MODELS"
+  [ -f "$MODELS/f16.gguf" ] || "$PY" tools/peer_gguf.py "$MODELS/f16.gguf" --gguf-py $SRC/gguf-py $SHAPE
+  for q in Q8_0 Q4_0 Q4_K_M; do
+    [ -f "$MODELS/$q.gguf" ] || $BUILD/bin/llama-quantize "$MODELS/f16.gguf" "$MODELS/$q.gguf" $q "$(nproc)" \
+      >/dev/null 2>&1
+  done
+  out=${OUT:-$PEER}
+  for f in f16 Q8_0 Q4_0 Q4_K_M; do
+    $BUILD/bin/llama-bench -m "$MODELS/$f.gguf" -ngl 99 -fa 1 -p 512,2048 -n 128 -r 3 -o json 2>/dev/null \
+      > "$out/llamacpp_$f.json"
+  done
+  OUT=$out "$PY" tools/quant_bench.py --llama="$SHAPE" --shapes '' --formats int4,nvfp4,fp8_block \
+    --prefill 512,2048 --prefill-shapes llama | tee "$out/edgespec_peer.txt"
+  "$PY" tools/peer_report.py "$out"
+  ;;
+*)
+  sed -n '2,15p' "$0"; exit 2 ;;
+esac

@@ -1,0 +1,58 @@
+"""Side-by-side table of a peer run (tools/peer_llamacpp.sh): llama.cpp's llama-bench JSON per GGUF type and
+edgespec's quant_bench.json on the same shape, with ratios.
+
+    python tools/peer_report.py DIR      # DIR holds llamacpp_{f16,Q8_0,Q4_0,Q4_K_M}.json and quant_bench.json
+
+edgespec's decode figure is its linear stack alone (one CUDA graph of every matrix of a step), so it bounds an
+end-to-end decode from above; llama.cpp's is a whole token (tg128). Prefill likewise counts edgespec's linear
+layers only (pp512 / pp2048 on the llama.cpp side).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+PAIRS = (("f16", "bf16"), ("Q8_0", "fp8_block"), ("Q4_0", "int4"), ("Q4_K_M", "int4"), ("Q4_K_M", "nvfp4"))
+
+
+def llamacpp_figures(path: Path) -> dict[str, float]:
+    """``{"decode": tok/s, "pp512": tok/s, "pp2048": tok/s}`` from one llama-bench JSON output."""
+    out = {}
+    for r in json.loads(path.read_text()):
+        if r.get("n_gen", 0) > 0 and r.get("n_prompt", 0) == 0:
+            out["decode"] = r["avg_ts"]
+        elif r.get("n_prompt", 0) > 0 and r.get("n_gen", 0) == 0:
+            out[f"pp{r['n_prompt']}"] = r["avg_ts"]
+    return out
+
+
+def main() -> int:
+    d = Path(sys.argv[1])
+    ours = json.loads((d / "quant_bench.json").read_text())
+    stack = ours["shapes"].get("llama", {})
+    prefill = ours.get("prefill", {}).get("llama", {})
+    print(f"device {ours['device']}, copy bandwidth {ours['bandwidth_GBps']:.0f} GB/s")
+    print(f"{'llama.cpp':>8} {'tok/s':>8} {'pp512':>8} {'pp2048':>8} | {'edgespec':>9} {'tok/s*':>8} {'pp512*':>8} "
+          f"{'pp2048*':>8} | decode x  pp512 x  pp2048 x")
+    for theirs, mine in PAIRS:
+        f = d / f"llamacpp_{theirs}.json"
+        if not f.exists() or mine not in stack or "us_1" not in stack[mine]:
+            continue
+        t = llamacpp_figures(f)
+        dec = 1e6 / stack[mine]["us_1"]
+        pre = {r: v["tok_s"] for r, v in prefill.get(mine if mine != "bf16" else "cublas", {}).items()}
+        p512, p2048 = pre.get("512", pre.get(512)), pre.get("2048", pre.get(2048))
+
+        def ratio(a, b):
+            return f"{a / b:8.2f}" if a and b else f"{'-':>8}"
+        print(f"{theirs:>8} {t.get('decode', 0):8.0f} {t.get('pp512', 0):8.0f} {t.get('pp2048', 0):8.0f} | "
+              f"{mine:>9} {dec:8.0f} {p512 or 0:8.0f} {p2048 or 0:8.0f} | {ratio(dec, t.get('decode'))} "
+              f"{ratio(p512, t.get('pp512'))} {ratio(p2048, t.get('pp2048'))}")
+    print("* edgespec: linear layers only (an upper bound of its end-to-end figure)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,393 @@
+"""Quantized weight-only products on the GPU, measured against the byte limit and against torch's own kernels.
+
+    python tools/quant_bench.py [--shapes qwen3.5-27b,qwen3.5-4b] [--formats int4,nvfp4,fp8_block] [--sweep]
+                                [--prefill 512,2048] [--prefill-shapes qwen3.5-4b]
+
+For each model shape it builds the whole linear stack (every matrix of every layer, merged projections as served,
+lm_head included) once per format from random packed data (no dense copy is staged), checks one product per
+distinct matrix against the torch reference (``edgespec.kernels.quant_ref.matmul_ref``), and times the stack as
+one CUDA graph for 1 row (decode) and 16 rows (verify). Printed per format: weight bytes, decode us, % of the byte
+limit (bytes / copy bandwidth measured in the same run), verify16 / decode, peak GPU memory, and the same stack
+through torch's alternatives on the device: bf16 cuBLAS and edgespec's bf16 GEMV (16-bit bytes), tinygemm int4
+(``torch._weight_int4pack_mm``, group 128) and ``torch._scaled_mm`` (FP8 x FP8 with per-tensor scales: it also
+quantizes the activations, so it is a different product, shown for its speed only).
+``--sweep`` first tries launch configurations per distinct matrix and times the stack with the best of each as
+well. ``--prefill`` times the stack at those row counts (tensor-core GEMM over dequantized tiles) against bf16
+cuBLAS. Writes quant_bench.json to $OUT when set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from edgespec.kernels import sm_count  # noqa: E402
+from edgespec.kernels.quant_ref import RawPacked, matmul_ref  # noqa: E402
+from edgespec.kernels.triton_gemv import gemv_triton, skinny_gemm_triton  # noqa: E402
+from edgespec.kernels.triton_quant_gemv import quant_config, quant_matmul  # noqa: E402
+from edgespec.loading.hf_config import parse_config  # noqa: E402
+from edgespec.loading.synthetic import SHAPES, config_dict  # noqa: E402
+from edgespec.models.decoder import TargetModel  # noqa: E402
+
+DEV = "cuda"
+
+DECODE_SWEEP = {
+    "int4": [dict(DOT=0, BLOCK_N=bn, num_warps=w, num_stages=st, H2=h) for bn, w, st, h in
+             ((64, 4, 3, 0), (128, 4, 1, 0), (64, 4, 3, 1), (128, 4, 3, 1), (128, 8, 3, 1), (128, 4, 1, 1),
+              (256, 8, 3, 1))],
+    "nvfp4": [dict(DOT=d, BLOCK_N=bn, num_warps=w, num_stages=st) for d, bn, w, st in
+              ((0, 16, 4, 4), (0, 32, 4, 4), (0, 64, 4, 4), (0, 128, 8, 4), (1, 128, 4, 3))],
+    "fp8_block": [dict(DOT=d, BLOCK_N=bn, num_warps=w, num_stages=st) for d, bn, w, st in
+                  ((0, 16, 4, 4), (0, 32, 4, 4), (0, 32, 4, 6), (1, 32, 4, 4), (0, 64, 8, 4))],
+}
+VERIFY_SWEEP = {
+    fmt: [dict(DOT=1, BLOCK_N=bn, num_warps=w, num_stages=st) for bn, w, st in
+          (((32, 4, 4), (64, 4, 4), (128, 4, 3), (128, 8, 4)) if fmt != "fp8_block" else
+           ((32, 4, 4), (32, 4, 6), (64, 4, 4), (128, 8, 4)))]
+    for fmt in ("int4", "nvfp4", "fp8_block")
+}
+
+
+# The peer shape (tools/peer_llamacpp.sh): set by --llama, named "llama" in --shapes / --prefill-shapes.
+LLAMA_COUNTS: Counter = Counter()
+
+
+def llama_counts(spec: str) -> Counter:
+    """Merged matrices of a plain llama (qkv, o, gate_up, down per layer; untied lm_head) from peer_gguf.py's
+    shape arguments (``--hidden 3072 --layers 28 ...``)."""
+    ap = argparse.ArgumentParser()
+    for name, default in (("hidden", 3072), ("layers", 28), ("heads", 24), ("kv-heads", 8), ("ffn", 8192),
+                          ("vocab", 49152)):
+        ap.add_argument(f"--{name}", type=int, default=default)
+    a = ap.parse_args(spec.split())
+    hd = a.hidden // a.heads
+    c: Counter = Counter()
+    c[(a.hidden + 2 * a.kv_heads * hd, a.hidden)] += a.layers
+    c[(a.hidden, a.heads * hd)] += a.layers
+    c[(2 * a.ffn, a.hidden)] += a.layers
+    c[(a.hidden, a.ffn)] += a.layers
+    c[(a.vocab, a.hidden)] += 1
+    return c
+
+
+def matrix_counts(shape: str) -> Counter:
+    """``(N, K) -> uses per decode step`` of a shape's merged model, lm_head included (built on the meta device)."""
+    if shape == "llama":
+        return Counter(LLAMA_COUNTS)
+    cfg = parse_config(config_dict(**SHAPES[shape]))
+    with torch.device("meta"):
+        model = TargetModel(cfg, max_positions=16).merge_projections()
+    counts: Counter = Counter()
+    for name, p in model.named_parameters():
+        if p.dim() == 2 and not name.startswith("mtp.") and "embed_tokens" not in name:
+            counts[tuple(p.shape)] += 1
+    if model.lm_head is None:
+        counts[tuple(model.model.embed_tokens.weight.shape)] += 1
+    return counts
+
+
+def measure_copy_bandwidth(nbytes: int = 2 << 30) -> float:
+    """Bytes/s of a device-to-device copy (bytes read plus bytes written), best of 10."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device=DEV)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(10):
+        start.record()
+        b.copy_(a)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return 2 * nbytes / best
+
+
+def time_us(fn, reps: int = 20) -> float:
+    """Per-call microseconds of ``fn`` captured ``reps`` times in one CUDA graph (best of 5 replays)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(5):
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) * 1e3 / reps)
+    return best
+
+
+def random_packed(fmt: str, n: int, k: int) -> RawPacked:
+    """Random packed tensors of an ``[n, k]`` weight, made on the GPU in their packed dtypes (no dense copy)."""
+    if fmt == "int4":
+        t = {"qweight": torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=DEV),
+             "scales": (torch.rand(n, k // 128, device=DEV) * 2e-3 + 1e-3).half(),
+             "zeros": torch.randint(0, 16, (n, k // 128), dtype=torch.uint8, device=DEV)}
+        return RawPacked(fmt, n, k, t, 128)
+    if fmt == "nvfp4":
+        t = {"weight": torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=DEV),
+             "weight_scale": (torch.rand(n, k // 16, device=DEV) * 200 + 20).to(torch.float8_e4m3fn),
+             "weight_scale_2": torch.tensor(1e-4, device=DEV)}
+        return RawPacked(fmt, n, k, t, 16)
+    if fmt == "fp8_block":
+        w = torch.randint(0, 256, (n, k), dtype=torch.uint8, device=DEV)
+        w[(w & 0x7F) == 0x7F] = 0            # the two NaN codes
+        t = {"weight": w.view(torch.float8_e4m3fn),
+             "weight_scale_inv": torch.rand(-(-n // 128), -(-k // 128), device=DEV) * 1e-4 + 1e-5}
+        return RawPacked(fmt, n, k, t, 128)
+    raise ValueError(fmt)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def per_matrix_us(items: list, call) -> float:
+    """Microseconds per product of ``call(item)``, cycling through ``items`` (more bytes than L2) in a graph."""
+    def run() -> None:
+        for it in items:
+            call(it)
+    return time_us(run, reps=2) / len(items)
+
+
+def copies_for(nbytes: int) -> int:
+    return max(2, (512 << 20) // nbytes)
+
+
+def sweep_matrix(fmt: str, n: int, k: int, bw: float) -> dict:
+    """Best decode (1 row) and verify (16 rows) launch for one matrix, weights streamed from DRAM."""
+    one = random_packed(fmt, n, k)
+    items = [one] + [random_packed(fmt, n, k) for _ in range(copies_for(one.nbytes) - 1)]
+    out = {}
+    sms = sm_count(torch.device(DEV))
+    for rows, configs in ((1, DECODE_SWEEP[fmt]), (16, VERIFY_SWEEP[fmt])):
+        x = torch.randn(rows, k, device=DEV, dtype=torch.bfloat16)
+        ref = matmul_ref(one, x).float()
+        auto = quant_config(fmt, n, k, rows, sms)["SPLIT_K"]
+        results = []
+        for cfg in configs:
+            for split in sorted({auto, 1, 2 * auto} if auto > 1 else {1}):
+                c = {**cfg, "SPLIT_K": split}
+                if fmt == "fp8_block" and c["BLOCK_N"] > 128:
+                    continue
+                try:
+                    e = rel_err(quant_matmul(one, x, config=c), ref)
+                    t = per_matrix_us(items, lambda p, c=c, x=x: quant_matmul(p, x, config=c))
+                except Exception as exc:   # a launch that does not fit (registers, shared memory)
+                    print(f"    {fmt} {n}x{k} {c}: {type(exc).__name__}: {str(exc)[:80]}", flush=True)
+                    continue
+                if e < 2e-2:
+                    results.append({**c, "us": t, "pct": one.nbytes / t / bw * 1e8})
+        best = min(results, key=lambda r: r["us"]) if results else None
+        out[rows] = best
+        print(f"    sweep {fmt} {n}x{k} rows {rows}: best {best}", flush=True)
+    return out
+
+
+def make_weight(fmt: str, n: int, k: int):
+    """One random ``[n, k]`` weight in the layout ``fmt``'s product reads."""
+    if fmt in ("bf16", "cublas"):
+        return torch.randn(n, k, device=DEV, dtype=torch.bfloat16) * 0.02
+    if fmt == "tinygemm":
+        q = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=DEV)
+        packed = torch._convert_weight_to_int4pack(q, 8)
+        sz = torch.rand(k // 128, n, 2, device=DEV, dtype=torch.bfloat16) * 1e-3
+        return (packed, sz)
+    if fmt == "scaled_mm":
+        w = torch.randint(0, 256, (n, k), dtype=torch.uint8, device=DEV)
+        w[(w & 0x7F) == 0x7F] = 0
+        return w.view(torch.float8_e4m3fn)
+    return random_packed(fmt, n, k)
+
+
+class Stack:
+    """One format's linear stack of a shape: a list of ``(weight, K)`` in model order, and how to multiply."""
+
+    def __init__(self, fmt: str, counts, configs: dict | None = None) -> None:
+        self.fmt = fmt
+        self.items = []
+        self.configs = configs or {}
+        for (n, k), uses in counts.items():
+            for _ in range(uses):
+                self.items.append((self.make(n, k), n, k))
+        self.nbytes = sum(self.weight_bytes(w) for w, _, _ in self.items)
+
+    def make(self, n: int, k: int):
+        return make_weight(self.fmt, n, k)
+
+
+    @staticmethod
+    def weight_bytes(w) -> int:
+        if isinstance(w, tuple):
+            return sum(t.numel() * t.element_size() for t in w)
+        if isinstance(w, torch.Tensor):
+            return w.numel() * w.element_size()
+        return w.nbytes
+
+    def call(self, w, n: int, k: int, x: torch.Tensor):
+        if self.fmt == "bf16":
+            return gemv_triton(x, w) if x.shape[0] == 1 else skinny_gemm_triton(x, w)
+        if self.fmt == "cublas":
+            return F.linear(x, w)
+        if self.fmt == "tinygemm":
+            return torch._weight_int4pack_mm(x, w[0], 128, w[1])
+        if self.fmt == "scaled_mm":
+            one = torch.ones((), device=DEV)
+            return torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        return quant_matmul(w, x, config=self.configs.get((n, k, min(x.shape[0], 16))))
+
+    def time(self, rows: int) -> float:
+        """Microseconds of the whole stack for ``rows`` activation rows, as one CUDA graph."""
+        dt = torch.float8_e4m3fn if self.fmt == "scaled_mm" else torch.bfloat16
+        r = max(rows, 16) if self.fmt == "scaled_mm" else rows     # _scaled_mm wants 16-row multiples
+        xs = {k: torch.randn(r, k, device=DEV).to(dt) for k in {k for _, _, k in self.items}}
+
+        def run() -> None:
+            for w, n, k in self.items:
+                self.call(w, n, k, xs[k])
+        return time_us(run, reps=1)
+
+
+def bench_shape(shape: str, formats: list[str], bw: float, sweep: bool, report: dict, baselines: bool = True) -> None:
+    counts = matrix_counts(shape)
+    print(f"\n== {shape}: {sum(counts.values())} matrices per step, distinct {sorted(counts)}", flush=True)
+    rows_out = {}
+    for fmt in formats + (["bf16", "tinygemm", "scaled_mm"] if baselines else []):
+        if fmt in ("tinygemm",) and "int4" not in formats or fmt == "scaled_mm" and "fp8_block" not in formats:
+            continue
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        entry: dict = {}
+        configs = {}
+        try:
+            if fmt in ("int4", "nvfp4", "fp8_block"):
+                errs = []
+                for n, k in counts:
+                    p = random_packed(fmt, n, k)
+                    for rows in (1, 5, 16):
+                        x = torch.randn(rows, k, device=DEV, dtype=torch.bfloat16)
+                        errs.append(rel_err(quant_matmul(p, x), matmul_ref(p, x)))
+                    if sweep:
+                        best = sweep_matrix(fmt, n, k, bw)
+                        for rows, b in best.items():
+                            if b:
+                                configs[(n, k, rows)] = {key: b[key] for key in b if key not in ("us", "pct")}
+                    del p
+                    torch.cuda.empty_cache()
+                entry["max_rel_err_vs_ref"] = max(errs)
+            stack = Stack(fmt, counts)
+            entry["bytes"] = stack.nbytes
+            limit_us = stack.nbytes / bw * 1e6
+            entry["limit_us"] = limit_us
+            for rows in (1, 4, 8, 16):
+                entry[f"us_{rows}"] = stack.time(rows)
+            if configs:
+                stack.configs = configs
+                entry["tuned_us_1"] = stack.time(1)
+                entry["tuned_us_16"] = stack.time(16)
+                entry["tuned_configs"] = {f"{n}x{k}/{r}": c for (n, k, r), c in configs.items()}
+            entry["peak_GB"] = torch.cuda.max_memory_allocated() / 1e9
+            if fmt == "bf16":        # the same weights through cuBLAS
+                stack.fmt = "cublas"
+                rows_out["cublas"] = {"bytes": stack.nbytes, "limit_us": limit_us,
+                                      **{f"us_{r}": stack.time(r) for r in (1, 4, 8, 16)}}
+            del stack
+        except Exception as exc:
+            entry["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            print(f"  {fmt}: {entry['error']}", flush=True)
+            torch.cuda.empty_cache()
+            rows_out[fmt] = entry
+            continue
+        rows_out[fmt] = entry
+        for name, e in ((fmt, entry), ("cublas", rows_out.get("cublas") if fmt == "bf16" else None)):
+            if e:
+                print_entry(name, e)
+    report["shapes"][shape] = rows_out
+
+
+def print_entry(fmt: str, entry: dict) -> None:
+    if True:
+        limit_us = entry["limit_us"]
+        d, v = entry["us_1"], entry["us_16"]
+        tuned = (f"  tuned: decode {entry['tuned_us_1']:.0f} us {limit_us / entry['tuned_us_1'] * 100:.1f}%, "
+                 f"v16/d {entry['tuned_us_16'] / entry['tuned_us_1']:.2f}") if "tuned_us_1" in entry else ""
+        err = f"  err {entry['max_rel_err_vs_ref']:.1e}" if "max_rel_err_vs_ref" in entry else ""
+        peak = f"  peak {entry['peak_GB']:.1f} GB" if "peak_GB" in entry else "  (same weights as bf16)"
+        print(f"  {fmt:>10}: {entry['bytes'] / 1e9:6.2f} GB  decode {d:8.0f} us {limit_us / d * 100:5.1f}% of "
+              f"limit  4 rows {entry['us_4']:.0f}  8 rows {entry['us_8']:.0f}  16 rows {v:.0f} us "
+              f"(v16/d {v / d:.2f}, {limit_us / v * 100:.1f}%){peak}{err}{tuned}",
+              flush=True)
+
+
+def bench_prefill(shape: str, formats: list[str], rows_list: list[int], report: dict) -> None:
+    """Tokens/s of the linear stack at prefill row counts: one copy per distinct matrix, times its uses."""
+    counts = matrix_counts(shape)
+    out = {}
+    for fmt in formats + ["cublas"]:
+        torch.cuda.empty_cache()
+        res = {}
+        for rows in rows_list:
+            total = 0.0
+            for (n, k), uses in counts.items():
+                w = make_weight(fmt, n, k)
+                x = torch.randn(rows, k, device=DEV, dtype=torch.bfloat16)
+                call = (lambda w=w, x=x: F.linear(x, w)) if fmt == "cublas" else (lambda w=w, x=x: quant_matmul(w, x))
+                if fmt != "cublas" and rows == rows_list[0]:
+                    e = rel_err(call(), matmul_ref(w, x))
+                    if e > 2e-2:
+                        print(f"  prefill {fmt} {n}x{k}: rel err {e:.1e} vs reference", flush=True)
+                total += uses * time_us(call, reps=3)
+                del w
+            res[rows] = {"us": total, "tok_s": rows / total * 1e6}
+        out[fmt] = res
+        print(f"  prefill {shape} {fmt:>10}: " + "  ".join(f"{r} rows {v['us'] / 1e3:.1f} ms ({v['tok_s']:.0f} tok/s "
+                                                              f"linear only)" for r, v in res.items()), flush=True)
+    report.setdefault("prefill", {})[shape] = out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="qwen3.5-27b,qwen3.5-4b")
+    ap.add_argument("--formats", default="int4,nvfp4,fp8_block")
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--no-baselines", action="store_true", help="leave out bf16, tinygemm and _scaled_mm")
+    ap.add_argument("--prefill", default="", help="prefill row counts, e.g. 512,2048")
+    ap.add_argument("--prefill-shapes", default="qwen3.5-4b")
+    ap.add_argument("--llama", default="", help="peer llama shape, e.g. '--hidden 3072 --layers 28' (shape 'llama')")
+    args = ap.parse_args()
+    if args.llama:
+        LLAMA_COUNTS.update(llama_counts(args.llama))
+        args.shapes = ",".join(["llama"] + [s for s in args.shapes.split(",") if s])
+    formats = [f for f in args.formats.split(",") if f]
+    bw = measure_copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e9:.0f} GB/s (% = bytes / time / copy bandwidth)",
+          flush=True)
+    report = {"device": torch.cuda.get_device_name(), "bandwidth_GBps": bw / 1e9, "shapes": {}}
+    for shape in [s for s in args.shapes.split(",") if s]:
+        bench_shape(shape, formats, bw, args.sweep, report, not args.no_baselines)
+    if args.prefill:
+        rows = [int(r) for r in args.prefill.split(",")]
+        for shape in [s for s in args.prefill_shapes.split(",") if s]:
+            bench_prefill(shape, formats, rows, report)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "quant_bench.json").write_text(json.dumps(report, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
