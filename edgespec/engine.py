@@ -39,6 +39,7 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: Sequence[str] = ()
     enable_thinking: bool | None = None
+    tools: Sequence[Mapping[str, Any]] | None = None   # rendered by the chat template (OpenAI tool objects)
     num_draft_tokens: int | None = None           # per-request K (<= the engine's K); 0 disables drafting
     constraint: TokenConstraint | None = None
     on_text: Callable[[str], None] | None = None  # streaming: called with each new piece of text
@@ -125,7 +126,8 @@ class Engine:
             return list(req.prompt_ids)
         if req.messages is not None:
             thinking = self.settings.enable_thinking if req.enable_thinking is None else req.enable_thinking
-            return self.tokenizer.encode_chat(req.messages, enable_thinking=thinking)
+            extra = {"tools": list(req.tools)} if req.tools else {}
+            return self.tokenizer.encode_chat(req.messages, enable_thinking=thinking, **extra)
         if req.prompt is not None:
             return self.tokenizer.encode(req.prompt, add_special_tokens=True)
         raise RequestError("request has neither messages nor prompt")

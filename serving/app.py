@@ -32,7 +32,7 @@ from edgespec.errors import ConfigError, EdgespecError, PromptTooLongError
 
 from . import protocol, systemd
 from .errors import APIError, error_body, install_error_handlers
-from .grammar import ANY_OBJECT, GrammarCompiler
+from .grammar import ANY_OBJECT, JSON_DEFAULTS, AfterThink, GrammarCompiler
 from .metrics import ServerMetrics
 from .middleware import ApiKeyMiddleware, BodyLimitMiddleware
 from .schemas import (
@@ -42,6 +42,7 @@ from .schemas import (
     JsonSchemaFormat,
     unsupported_fields,
 )
+from .tools import OutputSplitter, tool_format, tool_grammar
 from .worker import END, EngineWorker, Job, JobError, QueueFull, WorkerStopped
 
 log = logging.getLogger("edgespec.serving")
@@ -162,15 +163,16 @@ def _check_fields(body: ChatCompletionRequest | CompletionRequest) -> None:
     bad = unsupported_fields(body)
     if bad:
         raise APIError(400, f"unsupported field(s): {', '.join(bad)} (edgespec serves one text choice, no "
-                       "tools or logprobs)", param=bad[0], code="unsupported_field")
+                       "logprobs or penalties)", param=bad[0], code="unsupported_field")
     if body.stream_options is not None and not body.stream:
         raise APIError(400, "stream_options is only allowed with stream: true", param="stream_options",
                        code="invalid_request")
 
 
 def _prepare(state: ServerState, engine: Engine, req: EngineRequest,
-             body: ChatCompletionRequest | CompletionRequest) -> EngineRequest:
-    """Tokenise and validate before queueing (runs in a thread: templates and tokenisers are CPU work)."""
+             body: ChatCompletionRequest | CompletionRequest) -> tuple[EngineRequest, OutputSplitter | None]:
+    """Tokenise and validate before queueing (runs in a thread: templates and tokenisers are CPU work). Returns the
+    request and, for chat, the splitter its output goes through (reasoning, content, tool calls)."""
     param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
     try:
         ids = engine.check(req)
@@ -180,9 +182,9 @@ def _prepare(state: ServerState, engine: Engine, req: EngineRequest,
         p = "edgespec.num_draft_tokens" if "num_draft_tokens" in str(exc) else param
         raise APIError(400, str(exc), param=p, code="invalid_request") from None
     req.prompt_ids, req.messages, req.prompt = ids, None, None
+    assert state.grammar is not None
     fmt = body.response_format
     if isinstance(fmt, (JsonObjectFormat, JsonSchemaFormat)):
-        assert state.grammar is not None
         try:
             if isinstance(fmt, JsonObjectFormat):
                 req.constraint = state.grammar.json_object()
@@ -191,7 +193,36 @@ def _prepare(state: ServerState, engine: Engine, req: EngineRequest,
                 req.constraint = state.grammar.json_schema(schema if schema is not None else ANY_OBJECT)
         except EdgespecError as exc:
             raise APIError(400, str(exc), param="response_format", code="invalid_schema") from None
-    return req
+    if not isinstance(body, ChatCompletionRequest):
+        return req, None
+    in_think = _opens_in_think(engine, ids)
+    plan = protocol.tool_plan(body)
+    tool_fmt = tool_format(engine.tokenizer.chat_template)
+    if plan is not None and plan.forced is not None:
+        if req.constraint is not None:
+            raise APIError(400, "response_format and a required tool call cannot be combined", param="tool_choice",
+                           code="invalid_request")
+        try:
+            grammar = state.grammar.lark(tool_grammar(plan.forced, tool_fmt, JSON_DEFAULTS), param="tools")
+        except EdgespecError as exc:
+            raise APIError(400, str(exc), param="tools", code="invalid_schema") from None
+        think = engine.think_ids
+        req.constraint = AfterThink(grammar, think[1]) if in_think and think is not None else grammar
+    split = OutputSplitter(in_think=in_think, parse_tools=plan is not None and plan.parse, fmt=tool_fmt,
+                           tools=plan.by_name if plan is not None else None,
+                           split_reasoning=engine.think_ids is not None)
+    return req, split
+
+
+def _opens_in_think(engine: Engine, ids: list[int]) -> bool:
+    """True when the prompt ends inside a ``<think>`` block (thinking on): the output starts as reasoning."""
+    think = engine.think_ids
+    if think is None:
+        return False
+    for t in reversed(ids):
+        if t in think:
+            return t == think[0]
+    return False
 
 
 def _sse(data: dict[str, Any] | str) -> str:
@@ -255,7 +286,7 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
         _check_model(eng, body.model)
         _check_fields(body)
         req = protocol.engine_request(body, settings, vocab_size(eng))
-        req = await run_in_threadpool(_prepare, state, eng, req, body)
+        req, split = await run_in_threadpool(_prepare, state, eng, req, body)
         job = Job(req, asyncio.get_running_loop(), deadline=arrived + settings.request_timeout_s,
                   stream=body.stream)
         job.arrived = arrived
@@ -275,7 +306,7 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             maker = protocol.ChunkMaker(chat, rid, created, eng.model_id, include_usage)
-            return StreamingResponse(_stream(job, maker, watcher, worker), media_type="text/event-stream",
+            return StreamingResponse(_stream(job, maker, watcher, worker, split), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             completion: Completion = await job.future
@@ -287,11 +318,14 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
                 job.cancel()
                 worker.withdraw(job)
         extra = protocol.telemetry(completion, queue_ms=job.queue_s * 1000.0, timed_out=job.timed_out)
-        build = protocol.chat_response if chat else protocol.text_response
-        return JSONResponse(build(rid, created, eng.model_id, completion, extra, job.timed_out))
+        if split is not None:
+            out = protocol.chat_response(rid, created, eng.model_id, completion, extra, job.timed_out, split)
+        else:
+            out = protocol.text_response(rid, created, eng.model_id, completion, extra, job.timed_out)
+        return JSONResponse(out)
 
     async def _stream(job: Job, maker: protocol.ChunkMaker, watcher: asyncio.Task,
-                      worker: EngineWorker) -> AsyncIterator[str]:
+                      worker: EngineWorker, split: OutputSplitter | None) -> AsyncIterator[str]:
         assert job.events is not None
         try:
             first = maker.first()
@@ -301,7 +335,14 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
                 item = await job.events.get()
                 if item is END:
                     break
-                yield _sse(maker.text(item))
+                if split is None:
+                    yield _sse(maker.text(item))
+                else:
+                    for chunk in maker.deltas(split.feed(item)):
+                        yield _sse(chunk)
+            if split is not None:
+                for chunk in maker.deltas(split.finish()):
+                    yield _sse(chunk)
             exc = job.future.exception()
             if exc is not None:
                 err = _job_error(exc)
