@@ -203,7 +203,9 @@ def _prepare(state: ServerState, engine: Engine, req: EngineRequest,
             raise APIError(400, "response_format and a required tool call cannot be combined", param="tool_choice",
                            code="invalid_request")
         try:
-            grammar = state.grammar.lark(tool_grammar(plan.forced, tool_fmt, JSON_DEFAULTS), param="tools")
+            multiple = body.tool_choice == "required" and (body.model_extra or {}).get("parallel_tool_calls", True)
+            grammar = state.grammar.lark(tool_grammar(plan.forced, tool_fmt, JSON_DEFAULTS, bool(multiple)),
+                                         param="tools")
         except EdgespecError as exc:
             raise APIError(400, str(exc), param="tools", code="invalid_schema") from None
         think = engine.think_ids

@@ -180,6 +180,9 @@ class OutputSplitter:
             hits = [(i, m) for i, m in hits if i >= 0]
             if not hits:
                 keep = _partial_marker(self._buf, self._markers())
+                # Newlines too: the ones right before a marker are dropped with it.
+                while keep < len(self._buf) and self._buf[len(self._buf) - keep - 1] == "\n":
+                    keep += 1
                 self._text(kind, self._buf[:len(self._buf) - keep], out)
                 self._buf = self._buf[len(self._buf) - keep:]
                 return out
@@ -195,7 +198,7 @@ class OutputSplitter:
                 self.in_think = True
                 self._buf = self._buf.lstrip("\n")
             else:   # CALL_OPEN
-                self._text("content", before.rstrip("\n") if before.strip() else before, out)
+                self._text("content", before.rstrip("\n"), out)
                 self._in_call = True
         return out
 
@@ -240,8 +243,13 @@ def tool_grammar(tools: Sequence[Mapping[str, Any]], fmt: str, json_defaults: Ma
             for j, (pname, pschema) in enumerate(props.items()):
                 head = _lark_str(f"<parameter={pname}>\n")
                 tail = _lark_str("\n</parameter>\n")
-                if isinstance(pschema, Mapping) and pschema.get("type") == "string":
-                    rules.append(f"p{i}_{j}: /[^<\\n]*/")   # raw text, one line, no markup
+                enum = pschema.get("enum") if isinstance(pschema, Mapping) else None
+                if enum and all(isinstance(v, str) for v in enum):
+                    rules.append(f"p{i}_{j}: " + " | ".join(_lark_str(v) for v in enum))
+                elif isinstance(pschema, Mapping) and pschema.get("type") == "string":
+                    # Raw text without markup; maxLength bounds it (a random or looping model would not stop).
+                    n = pschema.get("maxLength")
+                    rules.append(f"p{i}_{j}: /[^<]{{0,{int(n)}}}/" if isinstance(n, int) else f"p{i}_{j}: /[^<]*/")
                 else:
                     sub = pschema if isinstance(pschema, Mapping) else {}
                     rules.append(f"p{i}_{j}: {_json_rule(sub, json_defaults)}")
