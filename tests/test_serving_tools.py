@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (chat templates are kept on the lines a template author would write)
 """Tool calling and the reasoning split (edgespec.serving.tools) through the server and the official openai client.
 
 The tiny random model cannot choose to call a tool, so calls are forced (``tool_choice`` required / named): the
