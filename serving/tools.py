@@ -180,8 +180,9 @@ class OutputSplitter:
             hits = [(i, m) for i, m in hits if i >= 0]
             if not hits:
                 keep = _partial_marker(self._buf, self._markers())
-                # Newlines too: the ones right before a marker are dropped with it.
-                while keep < len(self._buf) and self._buf[len(self._buf) - keep - 1] == "\n":
+                # Newlines too where a marker that drops them may follow (</think>, <tool_call>).
+                while (self.in_think or self.parse_tools) and keep < len(self._buf) \
+                        and self._buf[len(self._buf) - keep - 1] == "\n":
                     keep += 1
                 self._text(kind, self._buf[:len(self._buf) - keep], out)
                 self._buf = self._buf[len(self._buf) - keep:]
