@@ -289,7 +289,8 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
     app.add_middleware(RequestIdMiddleware, on_failure=state.metrics.fail)   # outermost: sees every answer
     auth = (401,) if settings.api_key else ()
     generation_errors = error_responses(400, *auth, 404, 413, 422, 429, 500, 503, 504)
-    sse = {"text/event-stream": {"schema": {"type": "string", "description": "chunks as SSE data lines"}}}
+    # Streamed answers: SSE events whose data lines are chat.completion.chunk / text_completion JSON, then [DONE].
+    sse = {"text/event-stream": {}}
 
     async def run_job(request: Request, body: ChatCompletionRequest | CompletionRequest,
                       chat: bool) -> Response:
