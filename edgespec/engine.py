@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from edgespec.arch.detect import select_hooks
+from edgespec.cache.prefix import PrefixCache
 from edgespec.config import Settings
 from edgespec.drafters.factory import build_proposer
 from edgespec.errors import ConfigError, RequestError
@@ -38,6 +39,7 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: Sequence[str] = ()
     enable_thinking: bool | None = None
+    tools: Sequence[Mapping[str, Any]] | None = None   # rendered by the chat template (OpenAI tool objects)
     num_draft_tokens: int | None = None           # per-request K (<= the engine's K); 0 disables drafting
     constraint: TokenConstraint | None = None
     on_text: Callable[[str], None] | None = None  # streaming: called with each new piece of text
@@ -54,6 +56,7 @@ class Completion:
     prompt_tokens: int
     telemetry: RequestTelemetry
     reasoning_tokens: int = 0
+    cached_tokens: int = 0          # prompt tokens resumed from the cache (prefix reuse), not prefilled
 
     @property
     def completion_tokens(self) -> int:
@@ -89,6 +92,9 @@ class Engine:
             kv_fp8=None if kv == "auto" else kv == "fp8", rollback=settings.rollback,
             prefill_chunk=settings.prefill_chunk, max_len=settings.max_seq_len, cuda_graphs=settings.cuda_graphs,
             stage_timing=settings.stage_timing, adaptive_k=settings.adaptive_k)
+        # Prefix reuse: what the session's cache holds between requests (see edgespec.cache.prefix).
+        turn = [t for t in (tokenizer.token_id("<|im_start|>"),) if t is not None]
+        self.prefix = PrefixCache(self.session.cache, turn_ids=turn) if settings.prefix_reuse else None
         self.think_ids = tokenizer.think_token_ids
         if settings.acceptance == "relaxed_thinking" and self.think_ids is None:
             raise ConfigError("acceptance relaxed_thinking needs <think> and </think> tokens, and the tokenizer of "
@@ -137,7 +143,8 @@ class Engine:
             return list(req.prompt_ids)
         if req.messages is not None:
             thinking = self.settings.enable_thinking if req.enable_thinking is None else req.enable_thinking
-            return self.tokenizer.encode_chat(req.messages, enable_thinking=thinking)
+            extra = {"tools": list(req.tools)} if req.tools else {}
+            return self.tokenizer.encode_chat(req.messages, enable_thinking=thinking, **extra)
         if req.prompt is not None:
             return self.tokenizer.encode(req.prompt, add_special_tokens=True)
         raise RequestError("request has neither messages nor prompt")
@@ -175,7 +182,7 @@ class Engine:
         result = self.session.generate(
             ids, max_tokens=req.max_tokens, policy=self.policy_for(req.sampling),
             stop_ids=self.tokenizer.stop_token_ids, on_tokens=on_tokens, cancelled=req.cancelled,
-            constraint=req.constraint, k=req.num_draft_tokens)
+            constraint=req.constraint, k=req.num_draft_tokens, prefix=self.prefix)
         tail = detok.finish()
         if tail:
             pieces.append(tail)
@@ -185,7 +192,8 @@ class Engine:
         tel.stage_ms["total"] = (time.perf_counter() - t0) * 1000.0
         self.totals.add(tel)
         return Completion("".join(pieces), result.token_ids, result.finish_reason, len(ids), tel,
-                          reasoning_tokens=self._reasoning_tokens(ids, result.token_ids))
+                          reasoning_tokens=self._reasoning_tokens(ids, result.token_ids),
+                          cached_tokens=0 if self.prefix is None else self.prefix.last_reused)
 
     def _reasoning_tokens(self, prompt: list[int], out: list[int]) -> int:
         """Tokens generated inside a think block (OpenAI's completion_tokens_details.reasoning_tokens)."""

@@ -15,6 +15,9 @@ import contextlib
 import ipaddress
 import json
 import logging
+import os
+import socket
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -22,7 +25,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from edgespec.config import Settings
@@ -30,11 +33,11 @@ from edgespec.engine import Completion, Engine
 from edgespec.engine import Request as EngineRequest
 from edgespec.errors import ConfigError, EdgespecError, PromptTooLongError
 
-from . import protocol, systemd
-from .errors import APIError, error_body, install_error_handlers
-from .grammar import ANY_OBJECT, GrammarCompiler
+from . import logs, protocol, systemd
+from .errors import APIError, SafeJSONResponse, error_body, error_responses, find_invalid_text, install_error_handlers
+from .grammar import ANY_OBJECT, JSON_DEFAULTS, AfterThink, GrammarCompiler
 from .metrics import ServerMetrics
-from .middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from .middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestIdMiddleware, request_id
 from .schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -42,6 +45,7 @@ from .schemas import (
     JsonSchemaFormat,
     unsupported_fields,
 )
+from .tools import OutputSplitter, tool_format, tool_grammar
 from .worker import END, EngineWorker, Job, JobError, QueueFull, WorkerStopped
 
 log = logging.getLogger("edgespec.serving")
@@ -66,6 +70,7 @@ class ServerState:
         self.created = protocol.now()
         self.on_fatal: Callable[[], None] | None = None   # run_server: stop uvicorn when loading fails
         self.load_exception: BaseException | None = None
+        self.loader: threading.Thread | None = None
         self._source = source
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -73,7 +78,8 @@ class ServerState:
         source = self._source
         if callable(source) and not hasattr(source, "complete"):
             systemd.notify("STATUS=loading model")
-            threading.Thread(target=self._load, args=(source,), name="edgespec-load", daemon=True).start()
+            self.loader = threading.Thread(target=self._load, args=(source,), name="edgespec-load", daemon=True)
+            self.loader.start()
         else:
             self._set_ready(source)  # type: ignore[arg-type]
 
@@ -162,15 +168,16 @@ def _check_fields(body: ChatCompletionRequest | CompletionRequest) -> None:
     bad = unsupported_fields(body)
     if bad:
         raise APIError(400, f"unsupported field(s): {', '.join(bad)} (edgespec serves one text choice, no "
-                       "tools or logprobs)", param=bad[0], code="unsupported_field")
+                       "logprobs or penalties)", param=bad[0], code="unsupported_field")
     if body.stream_options is not None and not body.stream:
         raise APIError(400, "stream_options is only allowed with stream: true", param="stream_options",
                        code="invalid_request")
 
 
 def _prepare(state: ServerState, engine: Engine, req: EngineRequest,
-             body: ChatCompletionRequest | CompletionRequest) -> EngineRequest:
-    """Tokenise and validate before queueing (runs in a thread: templates and tokenisers are CPU work)."""
+             body: ChatCompletionRequest | CompletionRequest) -> tuple[EngineRequest, OutputSplitter | None]:
+    """Tokenise and validate before queueing (runs in a thread: templates and tokenisers are CPU work). Returns the
+    request and, for chat, the splitter its output goes through (reasoning, content, tool calls)."""
     param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
     try:
         ids = engine.check(req)
@@ -180,9 +187,9 @@ def _prepare(state: ServerState, engine: Engine, req: EngineRequest,
         p = "edgespec.num_draft_tokens" if "num_draft_tokens" in str(exc) else param
         raise APIError(400, str(exc), param=p, code="invalid_request") from None
     req.prompt_ids, req.messages, req.prompt = ids, None, None
+    assert state.grammar is not None
     fmt = body.response_format
     if isinstance(fmt, (JsonObjectFormat, JsonSchemaFormat)):
-        assert state.grammar is not None
         try:
             if isinstance(fmt, JsonObjectFormat):
                 req.constraint = state.grammar.json_object()
@@ -191,7 +198,38 @@ def _prepare(state: ServerState, engine: Engine, req: EngineRequest,
                 req.constraint = state.grammar.json_schema(schema if schema is not None else ANY_OBJECT)
         except EdgespecError as exc:
             raise APIError(400, str(exc), param="response_format", code="invalid_schema") from None
-    return req
+    if not isinstance(body, ChatCompletionRequest):
+        return req, None
+    in_think = _opens_in_think(engine, ids)
+    plan = protocol.tool_plan(body)
+    tool_fmt = tool_format(engine.tokenizer.chat_template)
+    if plan is not None and plan.forced is not None:
+        if req.constraint is not None:
+            raise APIError(400, "response_format and a required tool call cannot be combined", param="tool_choice",
+                           code="invalid_request")
+        try:
+            multiple = body.tool_choice == "required" and (body.model_extra or {}).get("parallel_tool_calls", True)
+            grammar = state.grammar.lark(tool_grammar(plan.forced, tool_fmt, JSON_DEFAULTS, bool(multiple)),
+                                         param="tools")
+        except EdgespecError as exc:
+            raise APIError(400, str(exc), param="tools", code="invalid_schema") from None
+        think = engine.think_ids
+        req.constraint = AfterThink(grammar, think[1]) if in_think and think is not None else grammar
+    split = OutputSplitter(in_think=in_think, parse_tools=plan is not None and plan.parse, fmt=tool_fmt,
+                           tools=plan.by_name if plan is not None else None,
+                           split_reasoning=engine.think_ids is not None)
+    return req, split
+
+
+def _opens_in_think(engine: Engine, ids: list[int]) -> bool:
+    """True when the prompt ends inside a ``<think>`` block (thinking on): the output starts as reasoning."""
+    think = engine.think_ids
+    if think is None:
+        return False
+    for t in reversed(ids):
+        if t in think:
+            return t == think[0]
+    return False
 
 
 def _sse(data: dict[str, Any] | str) -> str:
@@ -207,7 +245,8 @@ async def _watch_disconnect(request: Request, job: Job, worker: EngineWorker, me
             break
     job.cancel()
     if worker.withdraw(job):
-        metrics.fail("cancelled")
+        if job.stream:   # a non-streamed job answers 499, which the HTTP layer counts
+            metrics.fail("cancelled")
         if not job.future.done():
             job.future.set_exception(JobError(499, "client closed the request", "cancelled"))
         if job.events is not None:
@@ -241,12 +280,17 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
             await run_in_threadpool(state.shutdown, 10.0 + settings.request_timeout_s)
 
     app = FastAPI(title="edgespec agent server", version="0.1.0", lifespan=lifespan, docs_url=None,
-                  redoc_url=None)
+                  redoc_url=None, default_response_class=SafeJSONResponse)
     app.state.edgespec = state
     install_error_handlers(app)
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestIdMiddleware, on_failure=state.metrics.fail)   # outermost: sees every answer
+    auth = (401,) if settings.api_key else ()
+    generation_errors = error_responses(400, *auth, 404, 413, 422, 429, 500, 503, 504)
+    # Streamed answers: SSE events whose data lines are chat.completion.chunk / text_completion JSON, then [DONE].
+    sse = {"text/event-stream": {}}
 
     async def run_job(request: Request, body: ChatCompletionRequest | CompletionRequest,
                       chat: bool) -> Response:
@@ -254,15 +298,19 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
         eng, worker = state.ready_engine()
         _check_model(eng, body.model)
         _check_fields(body)
+        bad = find_invalid_text(body.model_dump(by_alias=True, exclude_none=True))
+        if bad is not None:
+            raise APIError(400, f"{bad} holds text that is not valid Unicode (a lone surrogate such as \\ud800)",
+                           param=bad, code="invalid_unicode")
         req = protocol.engine_request(body, settings, vocab_size(eng))
-        req = await run_in_threadpool(_prepare, state, eng, req, body)
+        req, split = await run_in_threadpool(_prepare, state, eng, req, body)
         job = Job(req, asyncio.get_running_loop(), deadline=arrived + settings.request_timeout_s,
                   stream=body.stream)
         job.arrived = arrived
+        job.request_id = request_id.get()
         try:
             worker.submit(job)
         except QueueFull as exc:
-            state.metrics.fail("queue_full")
             raise APIError(429, f"the engine is busy ({worker.max_queue} requests already waiting); retry "
                            "later", code="queue_full",
                            headers={"Retry-After": str(exc.retry_after)}) from None
@@ -275,7 +323,7 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             maker = protocol.ChunkMaker(chat, rid, created, eng.model_id, include_usage)
-            return StreamingResponse(_stream(job, maker, watcher, worker), media_type="text/event-stream",
+            return StreamingResponse(_stream(job, maker, watcher, worker, split), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             completion: Completion = await job.future
@@ -287,11 +335,14 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
                 job.cancel()
                 worker.withdraw(job)
         extra = protocol.telemetry(completion, queue_ms=job.queue_s * 1000.0, timed_out=job.timed_out)
-        build = protocol.chat_response if chat else protocol.text_response
-        return JSONResponse(build(rid, created, eng.model_id, completion, extra, job.timed_out))
+        if split is not None:
+            out = protocol.chat_response(rid, created, eng.model_id, completion, extra, job.timed_out, split)
+        else:
+            out = protocol.text_response(rid, created, eng.model_id, completion, extra, job.timed_out)
+        return SafeJSONResponse(out)
 
     async def _stream(job: Job, maker: protocol.ChunkMaker, watcher: asyncio.Task,
-                      worker: EngineWorker) -> AsyncIterator[str]:
+                      worker: EngineWorker, split: OutputSplitter | None) -> AsyncIterator[str]:
         assert job.events is not None
         try:
             first = maker.first()
@@ -301,7 +352,14 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
                 item = await job.events.get()
                 if item is END:
                     break
-                yield _sse(maker.text(item))
+                if split is None:
+                    yield _sse(maker.text(item))
+                else:
+                    for chunk in maker.deltas(split.feed(item)):
+                        yield _sse(chunk)
+            if split is not None:
+                for chunk in maker.deltas(split.finish()):
+                    yield _sse(chunk)
             exc = job.future.exception()
             if exc is not None:
                 err = _job_error(exc)
@@ -319,11 +377,15 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
                 job.cancel()
                 worker.withdraw(job)
 
-    @app.post("/v1/chat/completions", summary="Chat completion (OpenAI-compatible)")
+    @app.post("/v1/chat/completions", summary="Chat completion (OpenAI-compatible)",
+              responses={200: {"description": "a chat.completion, or SSE chunks with stream: true", "content": sse},
+                         **generation_errors})
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await run_job(request, body, chat=True)
 
-    @app.post("/v1/completions", summary="Text completion of a raw prompt (OpenAI-compatible)")
+    @app.post("/v1/completions", summary="Text completion of a raw prompt (OpenAI-compatible)",
+              responses={200: {"description": "a text_completion, or SSE chunks with stream: true", "content": sse},
+                         **generation_errors})
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await run_job(request, body, chat=False)
 
@@ -331,19 +393,21 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
         return {"id": eng.model_id, "object": "model", "created": state.created, "owned_by": "edgespec",
                 "max_model_len": settings.max_seq_len}
 
-    @app.get("/v1/models", summary="The served model")
+    @app.get("/v1/models", summary="The served model", responses=error_responses(*auth, 413, 500, 503))
     async def models() -> dict[str, Any]:
         eng, _ = state.ready_engine()
         return {"object": "list", "data": [_model_card(eng)]}
 
-    @app.get("/v1/models/{model:path}", summary="One model")
+    @app.get("/v1/models/{model:path}", summary="One model", responses=error_responses(*auth, 404, 413, 422, 500, 503))
     async def model(model: str) -> dict[str, Any]:
         eng, _ = state.ready_engine()
         _check_model(eng, model)
         return _model_card(eng)
 
-    @app.get("/health", summary="loading | ready | draining | failed (503 unless ready)")
-    async def health() -> JSONResponse:
+    @app.get("/health", summary="loading | ready | draining | failed (503 unless ready)",
+             responses={503: {"description": "not ready: loading, failed or draining (same body)"},
+                        **error_responses(413, 500)})
+    async def health() -> SafeJSONResponse:
         body: dict[str, Any] = {"status": state.status}
         if state.engine is not None:
             body["model"] = state.engine.model_id
@@ -353,9 +417,10 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
             body["waiting"] = state.worker.waiting
         if state.error:
             body["error"] = state.error
-        return JSONResponse(body, status_code=200 if state.status == "ready" else 503)
+        return SafeJSONResponse(body, status_code=200 if state.status == "ready" else 503)
 
-    @app.get("/metrics", summary="Prometheus metrics")
+    @app.get("/metrics", summary="Prometheus metrics",
+             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **error_responses(413, 500)})
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
@@ -402,25 +467,46 @@ class _Server(uvicorn.Server):
             self._state.begin_drain()
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything else starts (a taken port is then one clear error, before the
+    model starts loading). Raises OSError."""
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]"), port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
 def run_server(settings: Settings, *, engine_factory: Callable[[], Engine] | None = None,
                log_level: str = "info") -> int:
     """Serve ``settings.model`` on ``settings.host:port`` until SIGTERM/SIGINT; returns the exit status.
 
     The model loads in the background (``/health`` says ``loading``, then ``ready``; systemd gets READY=1).
     Raises ConfigError before binding a non-loopback address without ``api_key``, and re-raises an
-    EdgespecError that made the model load fail (the CLI prints it on one line). Returns 0 after a drain,
-    1 when the model failed to load for another reason or the port could not be bound.
+    EdgespecError that made the model load fail (the CLI prints it on one line). Returns 0 after a drain (also
+    when SIGTERM came while the model was loading), 1 when the port cannot be bound (one line on stderr, nothing
+    loaded) or the model failed to load for another reason.
     """
     if not is_loopback(settings.host) and not settings.api_key:
         raise ConfigError(f"host {settings.host!r} is not a loopback address: set api_key (EDGESPEC_API_KEY) "
                           "before serving beyond this machine")
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("edgespec").setLevel(log_level.upper())
+    logs.configure(log_level)
+    try:
+        sock = bind_socket(settings.host, settings.port)
+    except OSError as exc:
+        print(f"edgespec: error: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 1
     factory = engine_factory or (lambda: Engine.from_settings(settings))
     app = create_app(factory, settings)
     state: ServerState = app.state.edgespec
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level, lifespan="on",
+    config = uvicorn.Config(app, log_level=log_level, lifespan="on", log_config=None,
                             timeout_graceful_shutdown=settings.request_timeout_s + 15.0,
                             timeout_keep_alive=5, server_header=False)
     server = _Server(config, state)
@@ -430,11 +516,24 @@ def run_server(settings: Settings, *, engine_factory: Callable[[], Engine] | Non
 
     state.on_fatal = fatal
     try:
-        server.run()
-    except SystemExit as exc:  # uvicorn exits on bind errors / lifespan failure after logging them
-        return int(exc.code) if isinstance(exc.code, int) else 1
+        server.run(sockets=[sock])
+        status = 0
+    except SystemExit as exc:  # uvicorn exits on lifespan failure after logging it
+        status = int(exc.code) if isinstance(exc.code, int) else 1
+    finally:
+        sock.close()
+    if state.loader is not None and state.loader.is_alive():
+        # Stopped while the model loads. The loader thread is inside torch/safetensors code and cannot be
+        # interrupted; a normal interpreter exit would run C++ static destructors (torch's thread pools) under it,
+        # which ends in std::terminate ("terminate called without an active exception", SIGABRT, exit 134). Nothing
+        # is left to clean up (no request was served), so leave without those destructors.
+        log.info("stopped while the model was loading; exiting without waiting for it")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
     if state.load_exception is not None:
         if isinstance(state.load_exception, EdgespecError):
             raise state.load_exception
         return 1
-    return 0
+    return status

@@ -7,6 +7,7 @@ Starlette's own HTTP errors (404 unknown route, 405 wrong method, 413 from the b
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Mapping
@@ -16,6 +17,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("edgespec.serving")
@@ -36,6 +38,75 @@ _TYPES = {
     503: "service_unavailable_error",
     504: "timeout_error",
 }
+
+
+class SafeJSONResponse(JSONResponse):
+    """JSON with non-ASCII text as is, falling back to ``\\uXXXX`` escapes when the content holds text that is not
+    valid Unicode (a lone surrogate echoed from a request): the plain JSONResponse raises while encoding, after the
+    status line is decided, and the client sees a reset connection instead of an answer."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def find_invalid_text(value: Any, path: str = "") -> str | None:
+    """Where in a decoded JSON value a string holds a lone surrogate (``"\\ud800"`` is valid JSON but no text: it
+    cannot be encoded to UTF-8 for the tokenizer), as ``messages[0].content``; None when all text is valid."""
+    if isinstance(value, str):
+        return path or "body" if _SURROGATE.search(value) else None
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            key = str(k)
+            if _SURROGATE.search(key):
+                return path or "body"
+            found = find_invalid_text(v, f"{path}.{key}" if path else key)
+            if found:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            found = find_invalid_text(v, f"{path}[{i}]")
+            if found:
+                return found
+    return None
+
+
+class ErrorDetail(BaseModel):
+    """OpenAI's error object."""
+
+    message: str
+    type: str = Field(examples=["invalid_request_error"])
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """Every non-2xx answer: ``{"error": {message, type, param, code}}``."""
+
+    error: ErrorDetail
+
+
+_DESCRIPTIONS = {
+    400: "invalid request (bad values, invalid JSON or Unicode, prompt too long, unsupported field)",
+    401: "missing or wrong API key (Authorization: Bearer)",
+    404: "unknown model",
+    413: "request body too large",
+    422: "request body does not match the schema",
+    429: "the engine queue is full (Retry-After)",
+    500: "internal error",
+    503: "model loading, failed or server draining (Retry-After)",
+    504: "timed out waiting for the engine",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries for the given error statuses, all with :class:`ErrorResponse` bodies."""
+    return {s: {"model": ErrorResponse, "description": _DESCRIPTIONS.get(s, HTTPStatus(s).phrase)} for s in statuses}
 
 
 def error_type(status: int) -> str:
@@ -67,11 +138,11 @@ class APIError(Exception):
         return error_body(self.status, self.message, param=self.param, code=self.code)
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers or None)
+        return SafeJSONResponse(self.body(), status_code=self.status, headers=self.headers or None)
 
 
 def error_response(status: int, message: str, *, param: str | None = None, code: str | None = None,
-                   headers: Mapping[str, str] | None = None) -> JSONResponse:
+                   headers: Mapping[str, str] | None = None) -> SafeJSONResponse:
     return APIError(status, message, param=param, code=code, headers=headers).response()
 
 

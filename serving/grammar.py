@@ -130,7 +130,56 @@ class GrammarCompiler:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_DEFAULTS)
         except ValueError as exc:
             raise RequestError(f"{param}: {exc}") from None
+        return self._constraint(grammar, param)
+
+    def lark(self, text: str, param: str = "tools") -> JsonConstraint:
+        """Output matching a Lark grammar (tool calls: :func:`edgespec.serving.tools.tool_grammar`)."""
+        if len(text) > 4 * MAX_SCHEMA_BYTES:
+            raise RequestError(f"{param}: grammar of {len(text)} bytes exceeds {4 * MAX_SCHEMA_BYTES}")
+        try:
+            grammar = llguidance.grammar_from("lark", text)
+        except ValueError as exc:
+            raise RequestError(f"{param}: {exc}") from None
+        return self._constraint(grammar, param)
+
+    def _constraint(self, grammar: str, param: str) -> JsonConstraint:
         matcher = llguidance.LLMatcher(self._ll_tokenizer(), grammar, log_level=0)
         if matcher.is_error():
-            raise RequestError(f"{param}: schema not supported: {matcher.get_error()}")
+            raise RequestError(f"{param}: not supported: {matcher.get_error().splitlines()[0][:300]}")
         return JsonConstraint(matcher, self.vocab_size)
+
+
+class AfterThink:
+    """Leaves the reasoning free: ``inner`` constrains the output only after the ``</think>`` token (a thinking
+    model asked for a tool call reasons first). Drafts are cut after a drafted ``</think>``, so at most the last
+    verify row is past it."""
+
+    def __init__(self, inner: JsonConstraint, close_id: int) -> None:
+        self.inner = inner
+        self.close_id = close_id
+        self.thinking = True
+
+    def valid_prefix(self, drafts: Sequence[int]) -> int:
+        if not self.thinking:
+            return self.inner.valid_prefix(drafts)
+        drafts = list(drafts)
+        return drafts.index(self.close_id) + 1 if self.close_id in drafts else len(drafts)
+
+    def row_masks(self, drafts: Sequence[int], vocab_size: int, device: torch.device) -> torch.Tensor:
+        if not self.thinking:
+            return self.inner.row_masks(drafts, vocab_size, device)
+        out = torch.ones((len(drafts) + 1, vocab_size), dtype=torch.bool, device=device)
+        if drafts and drafts[-1] == self.close_id:
+            out[-1] = self.inner.row_masks([], vocab_size, device)[0]
+        return out
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        tokens = list(tokens)
+        if self.thinking and self.close_id in tokens:
+            self.thinking = False
+            tokens = tokens[tokens.index(self.close_id) + 1:]
+        if not self.thinking and tokens:
+            self.inner.commit(tokens)
+
+    def is_finished(self) -> bool:
+        return not self.thinking and self.inner.is_finished()

@@ -6,13 +6,21 @@ the bytes of bodies sent without one (chunked), so no request can make the serve
 
 from __future__ import annotations
 
+import contextvars
 import hmac
 import json
+import re
+import uuid
+from collections.abc import Callable
 
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import error_body
+
+request_id: contextvars.ContextVar[str] = contextvars.ContextVar("edgespec_request_id", default="-")
+# A client's x-request-id is echoed and logged only when it is a short token of printable ASCII (no log forging).
+_CLIENT_ID = re.compile(r"^[A-Za-z0-9._:/+=@-]{1,128}$")
 
 
 async def _send_error(send: Send, status: int, message: str, code: str,
@@ -90,3 +98,55 @@ class ApiKeyMiddleware:
                 return
         await self.app(scope, receive, send)
 
+
+
+class RequestIdMiddleware:
+    """Gives every HTTP request an id (the client's ``x-request-id`` when it is a sane token, else a new one): set
+    in :data:`request_id` for log lines and echoed in the ``x-request-id`` response header.
+
+    Also counts every answer with a status >= 400 through ``on_failure(reason)``, whatever layer produced it (body
+    limit, API key, validation, queue full, engine failure): the reason is the error body's ``code`` or
+    ``http_<status>``. Outermost, so nothing escapes it."""
+
+    def __init__(self, app: ASGIApp, on_failure: Callable[[str], None] | None = None) -> None:
+        self.app = app
+        self.on_failure = on_failure
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = _header(scope, b"x-request-id")
+        rid = given if given is not None and _CLIENT_ID.match(given) else uuid.uuid4().hex
+        token = request_id.set(rid)
+        status = 0
+        body = b""
+
+        async def wrapped(message: Message) -> None:
+            nonlocal status, body
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message = dict(message)
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode())]
+            elif message["type"] == "http.response.body" and status >= 400 and len(body) < 4096:
+                body += message.get("body", b"")
+            await send(message)
+
+        try:
+            await self.app(scope, receive, wrapped)
+        except BaseException:
+            if status == 0 and self.on_failure is not None:   # Starlette's outer handler answers 500
+                self.on_failure("internal_error")
+            raise
+        finally:
+            request_id.reset(token)
+        if status >= 400 and self.on_failure is not None:
+            self.on_failure(_error_code(body) or f"http_{status}")
+
+
+def _error_code(body: bytes) -> str | None:
+    try:
+        code = json.loads(body)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return code if isinstance(code, str) and len(code) <= 64 else None

@@ -5,8 +5,10 @@ Everything here is pure (no I/O, no engine calls), so the shapes are easy to tes
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from edgespec.config import Settings
@@ -16,6 +18,7 @@ from edgespec.spec.sampling import SamplingParams
 
 from .errors import APIError
 from .schemas import ChatCompletionRequest, ChatMessage, CommonFields, CompletionRequest
+from .tools import Delta, OutputSplitter
 
 
 def new_id(prefix: str) -> str:
@@ -29,8 +32,19 @@ def now() -> int:
 # ---- requests ----------------------------------------------------------------------------------------------
 
 
-def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Messages as the chat template expects them: role + string content (text parts joined)."""
+def _tool_arguments(text: str, param: str) -> dict[str, Any]:
+    try:
+        args = json.loads(text) if text.strip() else {}
+    except ValueError:
+        raise APIError(400, f"{param} is not valid JSON", param=param, code="invalid_tool_call") from None
+    if not isinstance(args, dict):
+        raise APIError(400, f"{param} must be a JSON object", param=param, code="invalid_tool_call")
+    return args
+
+
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as the chat template expects them: role + string content (text parts joined); assistant tool calls
+    with their arguments as objects (Qwen templates iterate them), tool results with their call id."""
     out = []
     for i, m in enumerate(messages):
         content = m.content
@@ -47,11 +61,67 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
                 pieces.append(part.text)
             text = "".join(pieces)
         role = "system" if m.role == "developer" else m.role
-        msg = {"role": role, "content": text}
+        msg: dict[str, Any] = {"role": role, "content": text}
         if m.name:
             msg["name"] = m.name
+        if m.tool_calls:
+            if m.role != "assistant":
+                raise APIError(400, "only assistant messages carry tool_calls", param=f"messages[{i}].tool_calls",
+                               code="invalid_request")
+            msg["tool_calls"] = [
+                {"id": c.id or f"call_{i}_{j}", "type": "function",
+                 "function": {"name": c.function.name,
+                              "arguments": _tool_arguments(c.function.arguments,
+                                                           f"messages[{i}].tool_calls[{j}].function.arguments")}}
+                for j, c in enumerate(m.tool_calls)]
+        if m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
+        if m.reasoning_content:
+            msg["reasoning_content"] = m.reasoning_content
         out.append(msg)
     return out
+
+
+@dataclass
+class ToolPlan:
+    """What a chat request asks of tools: render them, parse calls out of the output, force a call."""
+
+    specs: list[dict[str, Any]]                 # the tools as the template gets them (OpenAI shape)
+    by_name: dict[str, dict[str, Any]]          # function name -> {"name", "description", "parameters"}
+    parse: bool                                 # parse <tool_call> blocks into tool_calls
+    forced: list[dict[str, Any]] | None         # required / named: the calls the grammar allows
+
+
+def tool_plan(body: ChatCompletionRequest) -> ToolPlan | None:
+    """None without tools; a 400 for a tool_choice that names no declared tool or asks for a call without tools."""
+    choice = body.tool_choice
+    if not body.tools:
+        if choice not in (None, "none", "auto"):
+            raise APIError(400, "tool_choice asks for a tool call but no tools are given", param="tool_choice",
+                           code="invalid_request")
+        return None
+    by_name: dict[str, dict[str, Any]] = {}
+    for i, t in enumerate(body.tools):
+        fn = t.function.model_dump(exclude_none=True)
+        params = fn.get("parameters")
+        if params is not None and params.get("type", "object") != "object":
+            raise APIError(400, "function parameters must be a JSON schema of type object",
+                           param=f"tools[{i}].function.parameters", code="invalid_schema")
+        if fn["name"] in by_name:
+            raise APIError(400, f"tool {fn['name']!r} is declared twice", param=f"tools[{i}].function.name",
+                           code="invalid_request")
+        by_name[fn["name"]] = fn
+    specs = [t.model_dump(exclude_none=True) for t in body.tools]
+    forced = None
+    if choice == "required":
+        forced = list(by_name.values())
+    elif choice is not None and not isinstance(choice, str):
+        name = choice.function.name
+        if name not in by_name:
+            raise APIError(400, f"tool_choice names {name!r}, which is not in tools", param="tool_choice",
+                           code="invalid_request")
+        forced = [by_name[name]]
+    return ToolPlan(specs, by_name, parse=choice != "none", forced=forced)
 
 
 def _stop_list(stop: str | list[str] | None) -> list[str]:
@@ -88,8 +158,10 @@ def engine_request(body: ChatCompletionRequest | CompletionRequest, settings: Se
     if isinstance(body, ChatCompletionRequest):
         max_tokens = body.max_completion_tokens or body.max_tokens or settings.max_tokens
         thinking = body.chat_template_kwargs.enable_thinking if body.chat_template_kwargs else None
+        plan = tool_plan(body)
         return Request(messages=chat_messages(body.messages), max_tokens=max_tokens, sampling=sampling,
-                       stop=stop, enable_thinking=thinking, num_draft_tokens=num_draft)
+                       stop=stop, enable_thinking=thinking, num_draft_tokens=num_draft,
+                       tools=plan.specs if plan is not None else None)
     max_tokens = body.max_tokens or settings.max_tokens
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
@@ -111,11 +183,12 @@ def engine_request(body: ChatCompletionRequest | CompletionRequest, settings: Se
 # ---- responses ---------------------------------------------------------------------------------------------
 
 
-def finish_reason(completion: Completion, timed_out: bool) -> str:
-    """OpenAI finish reason: a deadline hit mid-generation reads as ``length`` (the text was cut short)."""
+def finish_reason(completion: Completion, timed_out: bool, tool_calls: bool = False) -> str:
+    """OpenAI finish reason: a deadline hit mid-generation reads as ``length`` (the text was cut short); an answer
+    that ended with tool calls reads ``tool_calls``."""
     if timed_out or completion.finish_reason == "length":
         return "length"
-    return "stop"
+    return "tool_calls" if tool_calls else "stop"
 
 
 def usage(completion: Completion) -> dict[str, Any]:
@@ -124,6 +197,7 @@ def usage(completion: Completion) -> dict[str, Any]:
         "completion_tokens": completion.completion_tokens,
         "total_tokens": completion.prompt_tokens + completion.completion_tokens,
         "completion_tokens_details": {"reasoning_tokens": completion.reasoning_tokens},
+        "prompt_tokens_details": {"cached_tokens": completion.cached_tokens},
     }
 
 
@@ -142,6 +216,7 @@ def telemetry(completion: Completion, *, queue_ms: float, timed_out: bool) -> di
         "accepted_per_pos": list(t.accepted_per_pos),
         "per_position_rate": [round(x, 4) for x in t.per_position_rate],
         "prefill_ms": round(t.stage_ms.get("prefill", 0.0), 3),
+        "cached_tokens": completion.cached_tokens,
         "decode_ms": round(t.decode_ms, 3),
         "decode_tok_s": round(t.decode_tok_s, 2),
         "queue_ms": round(queue_ms, 3),
@@ -151,7 +226,7 @@ def telemetry(completion: Completion, *, queue_ms: float, timed_out: bool) -> di
 
 
 def _response(rid: str, created: int, model: str, obj: str, content: dict[str, Any], completion: Completion,
-              extra: dict[str, Any], timed_out: bool) -> dict[str, Any]:
+              extra: dict[str, Any], timed_out: bool, tool_calls: bool = False) -> dict[str, Any]:
     """The envelope chat and text completions share; ``content`` is the choice's message or text field."""
     return {
         "id": rid,
@@ -159,16 +234,29 @@ def _response(rid: str, created: int, model: str, obj: str, content: dict[str, A
         "created": created,
         "model": model,
         "choices": [{"index": 0, **content, "logprobs": None,
-                     "finish_reason": finish_reason(completion, timed_out)}],
+                     "finish_reason": finish_reason(completion, timed_out, tool_calls)}],
         "usage": usage(completion),
         "edgespec": extra,
     }
 
 
+def chat_message(split: OutputSplitter) -> dict[str, Any]:
+    """The assistant message of a finished chat answer split into content, reasoning and tool calls."""
+    content = "".join(split.content)
+    msg: dict[str, Any] = {"role": "assistant", "content": content if content or not split.calls else None}
+    if split.reasoning:
+        msg["reasoning_content"] = "".join(split.reasoning)
+    if split.calls:
+        msg["tool_calls"] = [c.to_openai() for c in split.calls]
+    return msg
+
+
 def chat_response(rid: str, created: int, model: str, completion: Completion, extra: dict[str, Any],
-                  timed_out: bool) -> dict[str, Any]:
-    return _response(rid, created, model, "chat.completion",
-                     {"message": {"role": "assistant", "content": completion.text}}, completion, extra, timed_out)
+                  timed_out: bool, split: OutputSplitter) -> dict[str, Any]:
+    split.feed(completion.text)
+    split.finish()
+    return _response(rid, created, model, "chat.completion", {"message": chat_message(split)}, completion, extra,
+                     timed_out, tool_calls=bool(split.calls))
 
 
 def text_response(rid: str, created: int, model: str, completion: Completion, extra: dict[str, Any],
@@ -183,6 +271,7 @@ class ChunkMaker:
     def __init__(self, chat: bool, rid: str, created: int, model: str, include_usage: bool) -> None:
         self.chat, self.rid, self.created, self.model = chat, rid, created, model
         self.include_usage = include_usage
+        self.n_calls = 0
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
@@ -210,9 +299,26 @@ class ChunkMaker:
     def text(self, piece: str) -> dict[str, Any]:
         return self._chunk([self._choice(piece, None)])
 
+    def deltas(self, deltas: list[Delta]) -> list[dict[str, Any]]:
+        """Chat chunks for split output: reasoning_content, content, or one whole tool call per chunk (OpenAI's
+        tool-call delta shape: index, id, type, function name and arguments)."""
+        out = []
+        for d in deltas:
+            if d.tool_call is not None:
+                call = d.tool_call.to_openai()
+                call["index"] = self.n_calls
+                self.n_calls += 1
+                delta: dict[str, Any] = {"tool_calls": [call]}
+            elif d.reasoning is not None:
+                delta = {"reasoning_content": d.reasoning}
+            else:
+                delta = {"content": d.content}
+            out.append(self._chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]))
+        return out
+
     def final(self, completion: Completion, extra: dict[str, Any], timed_out: bool) -> dict[str, Any]:
-        return self._chunk([self._choice(None if self.chat else "", finish_reason(completion, timed_out))],
-                           edgespec=extra)
+        reason = finish_reason(completion, timed_out, self.n_calls > 0)
+        return self._chunk([self._choice(None if self.chat else "", reason)], edgespec=extra)
 
     def usage(self, completion: Completion, extra: dict[str, Any]) -> dict[str, Any]:
         out = self._chunk([], edgespec=extra)

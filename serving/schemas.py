@@ -2,8 +2,8 @@
 
 Types and ranges are checked here (a violation is a 422 naming the field). Top-level fields the models do not
 declare are kept (``extra="allow"``) so that :func:`unsupported_fields` can answer a 400 that names them: a
-robot controller asking for ``tools`` or ``n: 3`` must hear that it did not get them rather than be silently
-ignored. Fields with their neutral value (``n: 1``, ``logprobs: false``, ``tools: []``, ...) are accepted.
+robot controller asking for ``logprobs`` or ``n: 3`` must hear that it did not get them rather than be silently
+ignored. Fields with their neutral value (``n: 1``, ``logprobs: false``, ...) are accepted.
 """
 
 from __future__ import annotations
@@ -23,13 +23,64 @@ class ContentPart(BaseModel):
     text: str | None = Field(None, examples=["Where is the cup?"])
 
 
-class ChatMessage(BaseModel):
-    """A chat turn. ``developer`` is treated as ``system``."""
+class FunctionCall(BaseModel):
+    """``function`` of an assistant tool call: ``arguments`` is a JSON object as text."""
 
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant"]
+    name: str = Field(min_length=1, max_length=128)
+    arguments: str = "{}"
+
+
+class AssistantToolCall(BaseModel):
+    """A tool call the assistant made in an earlier turn (sent back in the history)."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str | None = Field(None, max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(BaseModel):
+    """A chat turn. ``developer`` is treated as ``system``; ``tool`` carries a tool's result."""
+
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[AssistantToolCall] | None = None
+    tool_call_id: str | None = Field(None, max_length=256)
+    reasoning_content: str | None = None
+
+
+class FunctionSpec(BaseModel):
+    """A callable function: ``parameters`` is the JSON schema of its arguments object."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    """One entry of ``tools``."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """``tool_choice: {"type": "function", "function": {"name": ...}}``: call exactly this function."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(BaseModel):
@@ -110,6 +161,8 @@ class ChatCompletionRequest(CommonFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     chat_template_kwargs: ChatTemplateKwargs | None = None
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
 
 class CompletionRequest(CommonFields):
@@ -133,7 +186,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (0,),
     "frequency_penalty": (0,),
     "repetition_penalty": (1,),
-    "tool_choice": ("none",),
     "function_call": ("none",),
     "modalities": (["text"],),
     "suffix": ("",),

@@ -29,6 +29,7 @@ from edgespec.errors import EdgespecError, PromptTooLongError
 
 from .grammar import GrammarError
 from .metrics import ServerMetrics
+from .middleware import request_id
 
 log = logging.getLogger("edgespec.serving")
 
@@ -73,6 +74,7 @@ class Job:
     first_text: float | None = None
     finished: float | None = None
     timed_out: bool = False
+    request_id: str = "-"
 
     def __post_init__(self) -> None:
         self.future = self.loop.create_future()
@@ -233,15 +235,16 @@ class EngineWorker:
                     self._update_gauges()
 
     def _run(self, job: Job) -> None:
+        request_id.set(job.request_id)
         job.started = time.monotonic()
         if job.cancel_event.is_set():
             job._resolve(None, JobError(499, "client closed the request", "cancelled"))
-            self._fail("cancelled")
+            self._fail("cancelled", job)
             return
         if job.started >= job.deadline:
             job.timed_out = True
             job._resolve(None, JobError(504, "request timed out while waiting for the engine", "timeout"))
-            self._fail("timeout")
+            self._fail("timeout", job)
             return
         req = job.request
         req.on_text = job._on_text
@@ -252,19 +255,19 @@ class EngineWorker:
             code = ("context_length_exceeded" if isinstance(exc, PromptTooLongError)
                     else "grammar_error" if isinstance(exc, GrammarError) else "invalid_request")
             job._resolve(None, JobError(400, str(exc), code))
-            self._fail("invalid_request")
+            self._fail("invalid_request", job)
         except Exception as exc:  # one request's failure must not end the worker
             if _is_oom(exc):
                 log.error("out of memory serving a request (%s); freeing caches and carrying on", exc)
                 self._recover_memory()
                 job._resolve(None, JobError(503, "the engine ran out of memory on this request; retry or "
                                                  "shorten it", "out_of_memory"))
-                self._fail("out_of_memory")
+                self._fail("out_of_memory", job)
             else:
                 log.exception("engine failed on a request")
                 message = f"engine error: {type(exc).__name__}: {exc}"
                 job._resolve(None, JobError(500, message, "internal_error"))
-                self._fail("internal_error")
+                self._fail("internal_error", job)
         else:
             job.finished = time.monotonic()
             self._service_s = 0.8 * self._service_s + 0.2 * (job.finished - job.started)
@@ -277,8 +280,10 @@ class EngineWorker:
                      result.prompt_tokens, job.queue_s * 1000.0, result.telemetry.summary())
             job._resolve(result, None)
 
-    def _fail(self, reason: str) -> None:
-        if self.metrics is not None:
+    def _fail(self, reason: str, job: Job) -> None:
+        # A non-streamed job's failure becomes an error response, which the HTTP layer counts; a streamed one has
+        # answered 200 already and ends with an error event, so only this count records it.
+        if self.metrics is not None and job.stream:
             self.metrics.fail(reason)
 
     @staticmethod

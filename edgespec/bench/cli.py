@@ -43,6 +43,10 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare-hf", action="store_true", help="also run transformers plain and prompt lookup")
     p.add_argument("--hf-lookup-tokens", type=int, default=10, help="transformers prompt_lookup_num_tokens")
     p.add_argument("--out", help="write every figure as JSON here")
+    p.add_argument("--multi-turn", action="store_true", help="agent conversation: time to first token per turn with "
+                   "and without prefix reuse")
+    p.add_argument("--turns", type=int, default=4, help="with --multi-turn: conversation turns")
+    p.add_argument("--history-tokens", type=int, default=3000, help="with --multi-turn: tokens of history in turn 0")
 
 
 def _median(xs: list[float]) -> float:
@@ -111,6 +115,13 @@ def run_bench(args: argparse.Namespace) -> int:
     if settings.drafter == "none":
         settings = settings.with_overrides(drafter="ngram")
     engine = Engine.from_settings(settings)
+    if args.multi_turn:
+        from edgespec.bench.multiturn import run_multi_turn
+
+        figures = run_multi_turn(engine, args)
+        if args.out:
+            Path(args.out).write_text(json.dumps(figures, indent=2))
+        return 0
     prompts = load_prompts(args.prompts)
     hf = None
     if args.compare_hf:

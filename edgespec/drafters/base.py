@@ -32,6 +32,9 @@ class Proposer(ABC):
     taps: tuple[int, ...] = ()
     default_k: int = 4
     max_k: int = 31
+    # Trailing prompt rows :meth:`begin` must see in the prefill forward when the session resumes a cached prefix
+    # (0: the token ids are enough); None: every prompt row, so a request never resumes a prefix.
+    resume_rows: int | None = None
 
     @abstractmethod
     def begin(self, prompt_ids: Sequence[int], prefill: ForwardOutput) -> None:

@@ -357,6 +357,11 @@ class DFlashProposer(Proposer):
         return self.window.capacity
 
     @property
+    def resume_rows(self) -> int:
+        """A resumed prefill must still cover the prompt rows :meth:`begin` seeds the window with."""
+        return self.window.capacity if self.window_seed else 1
+
+    @property
     def last_logits(self) -> torch.Tensor | None:
         """Float32 draft logits ``[k, V]`` of the last propose (telemetry, tests), valid until the next propose.
         Converted on access: drafting itself needs only the argmax, which the head's own dtype gives exactly."""
@@ -373,9 +378,11 @@ class DFlashProposer(Proposer):
         self.reset()
         self.history = list(prompt_ids)
         n = len(self.history)
-        taps = self._require_taps(prefill, n, "prefill")
         keep = min(self.window.capacity, n) if self.window_seed else 1
-        self._append(taps[n - keep:n], n - keep)
+        # The prefill covers the last ``rows`` prompt positions (all of them unless a cached prefix was resumed).
+        taps = self._require_taps(prefill, keep, "prefill")
+        rows = taps.shape[0]
+        self._append(taps[rows - keep:rows], n - keep)
 
     @torch.inference_mode()
     def commit(self, tokens: Sequence[int], accepted: int, verify: ForwardOutput | None,

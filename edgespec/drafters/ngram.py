@@ -20,6 +20,7 @@ class NGramProposer(Proposer):
     """Suffix-match drafting over the request's own tokens. No model, no taps."""
 
     name = "ngram"
+    resume_rows = 0          # drafts from token ids alone
     default_k = 4
     max_k = 31
 

@@ -53,6 +53,9 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         sorted_p, order = probs.sort(dim=-1, descending=True)
         # Keep the smallest prefix whose mass reaches top_p (the token that crosses the threshold stays).
         drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p
+        # The most likely token always stays: a top_p below float32's smallest value (1e-46) rounds to 0 in the
+        # comparison and would drop every token (then the draw divides 0 by 0).
+        drop_sorted[..., 0] = False
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)

@@ -15,9 +15,10 @@ from typing import Protocol
 import torch
 
 from edgespec.arch.base import ROLLBACK_STRATEGIES, ArchHooks
+from edgespec.cache.prefix import PrefixCache
 from edgespec.drafters.base import Proposer
 from edgespec.errors import ConfigError, PromptTooLongError, RequestError
-from edgespec.models.decoder import TargetModel
+from edgespec.models.decoder import ForwardOutput, TargetModel
 from edgespec.spec.acceptance import AcceptancePolicy, Verdict
 from edgespec.spec.telemetry import RequestTelemetry
 
@@ -76,6 +77,11 @@ class SpecSession:
         hooks.prepare(model, self.cache, self.k + 1, self.taps, self.rollback_strategy, self.cuda_graphs)
 
     @property
+    def resume_rows(self) -> int | None:
+        """Trailing prompt rows a prefix-reusing prefill must still compute (None: always prefill everything)."""
+        return 0 if self.proposer is None else self.proposer.resume_rows
+
+    @property
     def drafter_name(self) -> str:
         return "none" if self.proposer is None else self.proposer.name
 
@@ -96,11 +102,13 @@ class SpecSession:
     def generate(self, prompt_ids: Sequence[int], *, max_tokens: int, policy: AcceptancePolicy,
                  stop_ids: Sequence[int] = (), on_tokens: TokenSink | None = None,
                  cancelled: Callable[[], bool] | None = None,
-                 constraint: TokenConstraint | None = None, k: int | None = None) -> GenerationResult:
+                 constraint: TokenConstraint | None = None, k: int | None = None,
+                 prefix: PrefixCache | None = None) -> GenerationResult:
         """Generate up to ``max_tokens`` tokens after ``prompt_ids``; stop ids end generation (and are dropped).
 
         ``k`` lowers the drafts per cycle for this request (0 = plain decoding); it cannot exceed the session's K,
-        which sized the checkpoint slots.
+        which sized the checkpoint slots. With ``prefix`` (the record of what this session's cache holds) the
+        request resumes from the longest prompt prefix still in the cache instead of an empty one.
         """
         self.check_request(len(prompt_ids), max_tokens, k)
         k = self.k if k is None else k
@@ -110,12 +118,26 @@ class SpecSession:
             tel._sync = torch.cuda.synchronize
         stop_set = set(stop_ids)
         device = model.device
-        cache.reset()
+        start = 0
+        if prefix is None:
+            cache.reset()
+        else:
+            # A drafter that cannot resume (resume_rows None) gets a full prefill; DFlash needs its window's rows.
+            start = prefix.begin(prompt_ids, self.resume_rows)
         policy.begin(prompt_ids)
 
         with tel.stage("prefill"):
-            prompt = torch.tensor(list(prompt_ids), dtype=torch.long, device=device)
-            out = hooks.prefill(model, cache, prompt, self.prefill_chunk, self.taps)
+            prompt = torch.tensor(list(prompt_ids)[start:], dtype=torch.long, device=device)
+            cut = None if prefix is None else prefix.split(prompt_ids, start)
+            if cut is None:
+                out = hooks.prefill(model, cache, prompt, self.prefill_chunk, self.taps)
+            else:
+                # Pause at the last turn boundary so the next turn can resume a hybrid model's state there.
+                head = hooks.prefill(model, cache, prompt[:cut - start], self.prefill_chunk, self.taps)
+                prefix.mark(prompt_ids, cut)
+                out = _joined(head, hooks.prefill(model, cache, prompt[cut - start:], self.prefill_chunk, self.taps))
+            if prefix is not None:
+                prefix.prefilled(prompt_ids)
             logits = out.logits[-1]
             if constraint is not None:
                 logits = _masked(logits[None], constraint.row_masks([], logits.shape[-1], device))[0]
@@ -192,6 +214,8 @@ class SpecSession:
                 proposer.commit(*pending)
         tel.decode_ms = (time.perf_counter() - t_first) * 1000.0
         tel.generated_tokens = len(emitted)
+        if prefix is not None:
+            prefix.finished(list(prompt_ids) + emitted)
         return GenerationResult(emitted, finish, tel)
 
     @staticmethod
@@ -229,6 +253,12 @@ class DraftLength:
         if not self.adaptive or drafted == 0:
             return
         self.k = min(self.max_k, self.k + 2) if accepted == drafted else max(1, min(self.k, accepted + 1))
+
+
+def _joined(a: ForwardOutput, b: ForwardOutput) -> ForwardOutput:
+    """One prefill's output from two consecutive pieces (logits of the last row, hidden/taps of every row)."""
+    taps = None if a.taps is None or b.taps is None else torch.cat([a.taps, b.taps])
+    return ForwardOutput(b.logits, torch.cat([a.hidden, b.hidden]), taps)
 
 
 def _masked(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,80 @@
+"""``edgespec bench --multi-turn``: an agent conversation, time to first token per turn with and without prefix reuse.
+
+Two engines share one loaded model (each has its own cache): one resumes every turn from its cached prefix, the
+other prefills the whole conversation each time, as every request did before prefix reuse. Each turn runs on both,
+interleaved, so machine load affects both columns alike; the answers must be identical. Turn 0 carries a long
+history (``--history-tokens``, an earlier log of the robot's session); each later turn adds the previous answer and
+a short instruction (about 50 tokens).
+
+TTFT here = chat-template rendering and tokenisation + prefill (which ends with the first token chosen): the
+engine-side time a client waits for its first token, without HTTP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from edgespec.bench.prompts import load_prompts
+from edgespec.engine import Engine, Request
+
+INSTRUCTIONS = [
+    "The gripper reports the cup is slipping. Re-grip it with more force, then place it on the left shelf and "
+    "confirm the final pose of the arm in one sentence.",
+    "Now the operator asks for the red block. Find it on the table, pick it up carefully and put it in the bin "
+    "next to the sink; say what you did.",
+    "A person walked into the workspace. Stop the current motion, wait until the area is clear, and tell me how "
+    "you decided that it was safe to continue.",
+    "Battery is at twenty percent. Finish the current task, park the arm in its home position and summarise the "
+    "tasks completed during this session.",
+]
+
+
+def history_text(engine: Engine, tokens: int, prompts_path: str | None) -> str:
+    """An earlier session log of about ``tokens`` tokens, built from the bench prompt set."""
+    pieces = [f"[{i:03d}] operator: {p.user}" for i, p in enumerate(load_prompts(prompts_path))]
+    text, i = "", 0
+    while len(engine.tokenizer.encode(text)) < tokens:
+        text += pieces[i % len(pieces)] + "\n"
+        i += 1
+    return text
+
+
+def _turn(engine: Engine, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    ids = engine.prompt_ids(Request(messages=messages))
+    template_ms = (time.perf_counter() - t0) * 1000.0
+    c = engine.complete(Request(prompt_ids=ids, max_tokens=max_tokens))
+    prefill_ms = c.telemetry.stage_ms.get("prefill", 0.0)
+    return {"ttft_ms": template_ms + prefill_ms, "prefill_ms": prefill_ms, "prompt": c.prompt_tokens,
+            "cached": c.cached_tokens, "tokens": c.token_ids, "text": c.text}
+
+
+def run_multi_turn(engine: Engine, args: argparse.Namespace) -> dict[str, Any]:
+    """Run the scenario, print one row per turn, return every figure."""
+    fresh = Engine(engine.settings.with_overrides(prefix_reuse=False), engine.model, engine.tokenizer,
+                   engine.model_dir)
+    if engine.prefix is None:
+        raise SystemExit("--multi-turn compares with and without prefix reuse: leave prefix_reuse on")
+    history = history_text(engine, args.history_tokens, args.prompts)
+    system = ("You control a 6-axis robot arm in a kitchen. Keep answers short. Session log so far:\n" + history)
+    messages = [{"role": "system", "content": system}]
+    print(f"multi-turn: device={engine.device} model={engine.model_dir.name} drafter={engine.session.drafter_name} "
+          f"answer<={args.tokens} tokens")
+    print(f"{'turn':>4} {'prompt':>7} {'new':>5} {'ttft reuse ms':>14} {'ttft fresh ms':>14} {'ratio':>7} same")
+    rows = []
+    for turn in range(args.turns):
+        messages.append({"role": "user", "content": INSTRUCTIONS[turn % len(INSTRUCTIONS)]})
+        a = _turn(engine, messages, args.tokens)
+        b = _turn(fresh, messages, args.tokens)
+        same = a["tokens"] == b["tokens"]
+        ratio = a["ttft_ms"] / max(b["ttft_ms"], 1e-9)
+        rows.append({"turn": turn, "prompt_tokens": a["prompt"], "new_tokens": a["prompt"] - a["cached"],
+                     "ttft_reuse_ms": round(a["ttft_ms"], 2), "ttft_fresh_ms": round(b["ttft_ms"], 2),
+                     "prefill_reuse_ms": round(a["prefill_ms"], 2), "prefill_fresh_ms": round(b["prefill_ms"], 2),
+                     "ratio": round(ratio, 4), "same_output": same})
+        print(f"{turn:>4} {a['prompt']:>7} {a['prompt'] - a['cached']:>5} {a['ttft_ms']:>14.1f} {b['ttft_ms']:>14.1f} "
+              f"{ratio:>7.3f} {'yes' if same else 'NO'}")
+        messages.append({"role": "assistant", "content": a["text"]})
+    return {"multi_turn": rows}
