@@ -47,6 +47,7 @@ class DFlashConfig:
     is_causal: bool | None = None           # overrides the per-layer-type default when the config sets it
     input_embedding_scale: float = 1.0
     target_layer_ids_from_config: bool = True
+    max_position_embeddings: int | None = None   # YaRN without a factor derives it from this
 
     def layer_causal(self, i: int) -> bool:
         """Reference training code: sliding layers are causal inside the block, full layers bidirectional."""
@@ -65,7 +66,8 @@ class DFlashConfig:
             num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
             head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta,
             rope_scaling=self.rope_scaling, partial_rotary_factor=self.partial_rotary_factor,
-            max_position_embeddings=max_positions, attention_bias=self.attention_bias)
+            max_position_embeddings=self.max_position_embeddings or max_positions,
+            attention_bias=self.attention_bias)
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -149,7 +151,8 @@ def parse_dflash_config(raw: dict[str, Any], target_layers: int, source: str = "
         tie_word_embeddings=bool(value("tie_word_embeddings", False)),
         is_causal=None if is_causal is None else bool(is_causal),
         input_embedding_scale=float(value("input_embedding_scale", 1.0)),
-        target_layer_ids_from_config=from_config)
+        target_layer_ids_from_config=from_config,
+        max_position_embeddings=int(value("max_position_embeddings")) if value("max_position_embeddings") else None)
 
 
 # ---- modules --------------------------------------------------------------------------------------------------
