@@ -54,6 +54,10 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gamma", type=float, default=7.0, help="loss decay over block rows: exp(-(k-1)/gamma)")
     g.add_argument("--window", type=int, default=None, help="train with a per-token context window W (default: "
                    "the whole history, as the reference drafter)")
+    g.add_argument("--vocab-sample", type=int, default=0,
+                   help="score the labels against N random other tokens instead of the whole vocabulary (a "
+                   "sampled softmax: several times cheaper on CPU; 0 = full softmax)")
+    g.add_argument("--max-held-out", type=int, default=12, help="held-out prompts used by the AL estimate")
     g.add_argument("--eval-every", type=int, default=50)
     g.add_argument("--save-every", type=int, default=100)
     g.add_argument("--seed", type=int, default=0)
@@ -193,7 +197,7 @@ def run_distill(args: argparse.Namespace) -> int:
     firsts: dict[bytes, object] = {}
     for s in held:
         firsts.setdefault(s.tokens[:s.prompt_len].numpy().tobytes(), s)
-    held = list(firsts.values())
+    held = list(firsts.values())[:args.max_held_out]
     say(f"train: {len(trainset)} sequences ({sum(s.tokens.shape[0] - s.prompt_len for s in trainset)} tokens), "
         f"held out: {len(held)}; drafter {drafter.cfg.num_hidden_layers} layer(s), taps {taps}, "
         f"{sum(p.numel() for p in drafter.parameters()) / 1e6:.1f}M parameters; world {world} on {device}")
@@ -205,7 +209,7 @@ def run_distill(args: argparse.Namespace) -> int:
     del target
     opts = TrainOptions(steps=args.steps, batch=args.batch, anchors=args.anchors, lr=args.lr, warmup=args.warmup,
                         gamma=args.gamma, window=args.window, eval_every=args.eval_every,
-                        save_every=args.save_every, seed=args.seed)
+                        save_every=args.save_every, seed=args.seed, vocab_sample=args.vocab_sample)
     info = {"target": str(model_dir), "data": str(data_dir), "from_log": args.from_log, "init": args.init,
             "options": vars(opts), "world": world, "data_seconds": round(t_data, 1)}
     t1 = time.time()

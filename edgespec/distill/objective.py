@@ -136,10 +136,12 @@ class BlockObjective(nn.Module):
             h = h + _lin(mlp.down_proj, F.silu(_lin(mlp.gate_proj, y)) * _lin(mlp.up_proj, y))
         return _norm(d.norm, h).view(N, bs, -1)
 
-    def forward(self, b: BlockBatch) -> torch.Tensor:
-        """Float32 logits ``[N, bs-1, V]`` of the draft rows."""
+    def forward(self, b: BlockBatch, vocab: torch.Tensor | None = None) -> torch.Tensor:
+        """Float32 logits ``[N, bs-1, V]`` of the draft rows; with ``vocab`` (token ids) only those head rows,
+        ``[N, bs-1, len(vocab)]`` (see :func:`sampled_vocab`)."""
         hid = self.hidden(b)[:, 1:]
-        return F.linear(hid, self.head.to(hid.dtype)).float()
+        head = self.head if vocab is None else self.head[vocab]
+        return F.linear(hid, head.to(hid.dtype)).float()
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(decay-weighted mean cross-entropy, weight sum) over valid rows."""
@@ -149,6 +151,22 @@ class BlockObjective(nn.Module):
                              reduction="none").view_as(weight)
         total = weight.sum()
         return (ce * weight).sum() / total.clamp(min=1e-6), total
+
+
+def sampled_vocab(labels: torch.Tensor, vocab_size: int, n_random: int, gen: torch.Generator
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sampled softmax for CPU budgets: the head rows of every label token plus ``n_random`` random others.
+
+    The head matmul over a 49k-152k vocabulary is most of a small drafter's training FLOPs; scoring the labels
+    against a random sample of the rest keeps the gradient's direction (the negatives the drafter confuses most
+    often are the domain's own tokens, which are all in). Returns ``(vocab ids, labels remapped into them)``.
+    """
+    present = labels[labels >= 0].unique()
+    others = torch.randint(0, vocab_size, (n_random,), generator=gen).to(labels.device)
+    vocab = torch.cat([present, others]).unique()
+    lookup = torch.full((vocab_size,), -100, dtype=torch.long, device=labels.device)
+    lookup[vocab] = torch.arange(vocab.shape[0], device=labels.device)
+    return vocab, torch.where(labels >= 0, lookup[labels.clamp(min=0)], labels)
 
 
 def accepted_lengths(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

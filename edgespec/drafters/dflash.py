@@ -7,7 +7,13 @@
 
 from __future__ import annotations
 
-from edgespec.drafters.dflash_loader import load_dflash, load_dflash_checkpoint
+from edgespec.drafters.dflash_loader import (
+    WindowTooSmallError,
+    check_window,
+    demo_drafter_path,
+    load_dflash,
+    load_dflash_checkpoint,
+)
 from edgespec.drafters.dflash_net import (
     DFlashAttention,
     DFlashConfig,
@@ -19,4 +25,5 @@ from edgespec.drafters.dflash_net import (
 from edgespec.drafters.dflash_proposer import DFlashProposer
 
 __all__ = ["DFlashAttention", "DFlashConfig", "DFlashDraftModel", "DFlashLayer", "DFlashProposer",
-           "default_target_layer_ids", "load_dflash", "load_dflash_checkpoint", "parse_dflash_config"]
+           "WindowTooSmallError", "check_window", "default_target_layer_ids", "demo_drafter_path", "load_dflash",
+           "load_dflash_checkpoint", "parse_dflash_config"]

@@ -65,6 +65,20 @@ def _check_fit(cfg: DFlashConfig, target: TargetModel, shapes: dict[str, tuple[i
     return embed_vocab, head_vocab
 
 
+class WindowTooSmallError(ConfigError):
+    """``window_size`` below the drafter's ``block_size``: one verify can commit a whole block of tokens, more
+    than such a window holds, so the window would lose tokens it must keep (refused before any generation)."""
+
+
+def check_window(window_size: int, block_size: int, where: object = "the DFlash drafter") -> None:
+    """Raise :class:`WindowTooSmallError` unless ``window_size >= block_size``."""
+    if window_size < block_size:
+        raise WindowTooSmallError(
+            f"window_size {window_size} is below the block_size {block_size} of {where}: one cycle can commit "
+            f"up to {block_size} tokens, so the per-token context window needs at least that many slots "
+            f"(set --window-size {block_size} or more)")
+
+
 def _drafter_dtype(target: TargetModel) -> torch.dtype:
     # fp16 overflows on hidden-state outliers and collapses acceptance: such targets get a bf16 drafter.
     return torch.bfloat16 if target.dtype == torch.float16 else target.dtype
@@ -83,6 +97,7 @@ def load_dflash_checkpoint(folder: str | Path, target: TargetModel, *, window_si
         raise CheckpointError(f"DFlash drafter folder not found: {folder}")
     raw = read_json(folder / "config.json")
     cfg = parse_dflash_config(raw, target.config.num_hidden_layers, source=str(folder / "config.json"))
+    check_window(window_size, cfg.block_size, folder)
     files = weight_files(folder)
     index = _checkpoint_index(files)
     key_names = {key: name for key, (name, _) in index.items()}
@@ -101,10 +116,22 @@ def load_dflash_checkpoint(folder: str | Path, target: TargetModel, *, window_si
     return DFlashProposer(drafter, target, window_size=window_size, window_seed=window_seed, cuda_graphs=cuda_graphs)
 
 
+def demo_drafter_path() -> Path:
+    """The DFlash drafter shipped for the embedded demo model (``--model demo``), trained by ``edgespec distill``
+    (recipe in docs/drafters.md)."""
+    from importlib import resources
+
+    return Path(str(resources.files("edgespec").joinpath("data/drafters/smollm2-135m-dflash")))
+
+
 def load_dflash(settings: Settings, model: TargetModel) -> DFlashProposer:
     """Build the DFlash proposer named by ``settings`` (``drafter_path``, ``window_size``, ``window_seed``,
-    ``cuda_graphs``; None takes the arch default of ``settings.arch`` on the model's device)."""
-    if not settings.drafter_path:
+    ``cuda_graphs``; None takes the arch default of ``settings.arch`` on the model's device). The demo model
+    without a ``drafter_path`` gets the packaged demo drafter."""
+    path = settings.drafter_path
+    if not path and settings.model == "demo":
+        path = str(demo_drafter_path())
+    if not path:
         raise ConfigError("drafter dflash needs drafter_path (--drafter-path / EDGESPEC_DRAFTER_PATH): the "
                           "DFlash checkpoint folder")
     from edgespec.arch.detect import select_hooks
@@ -114,8 +141,7 @@ def load_dflash(settings: Settings, model: TargetModel) -> DFlashProposer:
     graphs = defaults.cuda_graphs if settings.cuda_graphs is None else settings.cuda_graphs
     # None: the arch default, like window_seed and cuda_graphs.
     size = defaults.window_size if settings.window_size is None else settings.window_size
-    proposer = load_dflash_checkpoint(settings.drafter_path, model, window_size=size, window_seed=seed,
-                                      cuda_graphs=graphs)
+    proposer = load_dflash_checkpoint(path, model, window_size=size, window_seed=seed, cuda_graphs=graphs)
     k = settings.num_draft_tokens
     if k is not None and k > proposer.max_k:
         raise ConfigError(f"num_draft_tokens {k} exceeds what the DFlash drafter can draft in one block "
@@ -123,4 +149,4 @@ def load_dflash(settings: Settings, model: TargetModel) -> DFlashProposer:
     return proposer
 
 
-__all__ = ["load_dflash", "load_dflash_checkpoint"]
+__all__ = ["demo_drafter_path", "load_dflash", "load_dflash_checkpoint"]
