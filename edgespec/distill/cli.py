@@ -28,7 +28,8 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data")
     g.add_argument("--prompts", default="robot:160",
                    help="prompt file (.yaml/.jsonl/.txt) or robot:N (N synthetic robot-workload prompts)")
-    g.add_argument("--from-log", help="train on a request log (JSONL written by the server) instead of prompts")
+    g.add_argument("--from-log", nargs="+", metavar="FILE",
+                   help="train on request log(s) (JSONL written with request_log set) instead of prompts")
     g.add_argument("--data", help="data cache folder (default: OUT/data)")
     g.add_argument("--samples-per-prompt", type=int, default=1, help="sampled continuations per prompt (+1 greedy)")
     g.add_argument("--temperature", type=float, default=0.7, help="temperature of the sampled continuations")
