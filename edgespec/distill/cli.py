@@ -45,6 +45,9 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--heads", type=int, default=None)
     g.add_argument("--kv-heads", type=int, default=None)
     g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--target-init", action=argparse.BooleanOptionalAction, default=True,
+                   help="start every drafter layer from the target's last decoder layer when the shapes match "
+                   "(and the context path from the last tap), instead of random weights")
     g.add_argument("--mask-token-id", type=int, default=None, help="default: the target's last vocabulary id")
     g = p.add_argument_group("optimisation")
     g.add_argument("--steps", type=int, default=400)
@@ -109,6 +112,40 @@ def _new_drafter(args: argparse.Namespace, target_cfg, seed: int):
     return drafter
 
 
+def target_init(drafter, target) -> bool:
+    """Start the drafter from the target itself, where the shapes allow (a from-scratch drafter spends most of a
+    CPU budget learning what the target's top layer already does): every drafter layer copies the target's last
+    decoder layer (attention and MLP projections, both norms); the final norm copies the target's final norm (its
+    output feeds the target's lm_head); ``hidden_norm`` copies that last layer's input norm and ``fc`` starts as
+    the identity on the last tap, so the context keys/values begin as the last layer's own keys/values of the
+    committed tokens. q/k norms (absent in Llama) stay at 1. Returns False (nothing copied) on a shape mismatch."""
+    last = target.model.layers[-1]
+    cfg = drafter.cfg
+    att = getattr(last, "self_attn", None)
+    if att is None or not hasattr(att, "q_proj") or getattr(att, "gated", False):
+        return False
+    pairs = []
+    for layer in drafter.layers:
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            pairs.append((getattr(layer.self_attn, name).weight, getattr(att, name).weight))
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            pairs.append((getattr(layer.mlp, name).weight, getattr(last.mlp, name).weight))
+        pairs.append((layer.input_layernorm.weight, last.input_layernorm.weight))
+        pairs.append((layer.post_attention_layernorm.weight, last.post_attention_layernorm.weight))
+    pairs.append((drafter.norm.weight, target.model.norm.weight))
+    pairs.append((drafter.hidden_norm.weight, last.input_layernorm.weight))
+    if any(a.shape != b.shape for a, b in pairs) or last.input_layernorm.zero_centred:
+        return False
+    with torch.no_grad():
+        for a, b in pairs:
+            a.copy_(b.float())
+        H = cfg.hidden_size
+        fc = drafter.fc.weight
+        fc.mul_(0.1)
+        fc[:, -H:] += torch.eye(H)
+    return True
+
+
 def _init_drafter(folder: str, target):
     """An existing drafter (checkpoint names, unmerged, fp32) to fine-tune."""
     from edgespec.drafters.dflash_loader import _check_fit, _checkpoint_index
@@ -162,7 +199,12 @@ def run_distill(args: argparse.Namespace) -> int:
     # Unmerged checkpoint layout: the batched generator reads q/k/v and gate/up separately.
     target = load_target(model_dir, dtype=dtype, device=device, merge=False)
     tokenizer = ChatTokenizer.from_folder(model_dir)
-    drafter = (_init_drafter(args.init, target) if args.init else _new_drafter(args, target.config, args.seed))
+    if args.init:
+        drafter = _init_drafter(args.init, target)
+    else:
+        drafter = _new_drafter(args, target.config, args.seed)
+        if args.target_init:
+            target_init(drafter, target)
     taps = drafter.cfg.target_layer_ids
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
     t0 = time.time()
