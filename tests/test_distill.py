@@ -222,3 +222,24 @@ def test_distill_under_torchrun_with_two_cpu_processes(tiny_target, tmp_path) ->
     assert json.loads((out / "distill.json").read_text())["world"] == 2
     _, seqs = load_data(out / "data")
     assert len(seqs) == 16                          # shards from both ranks
+
+
+def test_target_init_copies_the_last_layer_when_shapes_match(tiny_checkpoints) -> None:
+    import argparse
+
+    from edgespec.distill.cli import _new_drafter, target_init
+
+    target = load_target(tiny_checkpoints["llama"], merge=False)
+    cfg = target.config
+    args = argparse.Namespace(taps="0,2", layers=1, heads=None, kv_heads=None, intermediate_size=None,
+                              block_size=4, mask_token_id=None)
+    d = _new_drafter(args, cfg, 0)
+    assert target_init(d, target)
+    last = target.model.layers[-1]
+    assert torch.equal(d.layers[0].mlp.down_proj.weight, last.mlp.down_proj.weight)
+    assert torch.equal(d.norm.weight, target.model.norm.weight)
+    H = cfg.hidden_size
+    # the context path starts near the identity on the last tap (plus a tenth of the random init)
+    assert (d.fc.weight[:, -H:].diagonal() > 0.9).all() and d.fc.weight[:, -H:].abs().mean() < 0.1
+    args.intermediate_size = cfg.intermediate_size // 2
+    assert not target_init(_new_drafter(args, cfg, 0), target)          # shapes differ: nothing copied
