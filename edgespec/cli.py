@@ -1,4 +1,4 @@
-"""``edgespec`` command line: serve | generate | bench | profile | convert | quantize | doctor."""
+"""``edgespec`` command line: serve | generate | bench | profile | distill | convert | quantize | doctor."""
 
 from __future__ import annotations
 
@@ -73,6 +73,12 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return run_profile(args)
 
 
+def _cmd_distill(args: argparse.Namespace) -> int:
+    from edgespec.distill.cli import run_distill
+
+    return run_distill(args)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from edgespec.bench.cli import run_bench
 
@@ -114,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     from edgespec.profile.cli import add_profile_arguments
     add_profile_arguments(p)   # adds --config and every settings flag itself
     p.set_defaults(func=_cmd_profile)
+
+    p = sub.add_parser("distill", help="train or adapt a DFlash drafter on the target's own outputs")
+    from edgespec.distill.cli import add_distill_arguments
+    add_distill_arguments(p)
+    p.set_defaults(func=_cmd_distill)
 
     p = sub.add_parser("convert", help="convert the embedded demo model (or a Llama GGUF) to an HF folder")
     p.add_argument("--gguf", help="a Llama-architecture GGUF file (default: the embedded SmolLM2-135M)")

@@ -88,6 +88,10 @@ class Settings:
     max_queue: int = _knob(8, "requests waiting behind the running one before 429", min=0)
     request_timeout_s: float = _knob(120.0, "per-request wall-clock limit", min=0.1)
     max_body_bytes: int = _knob(1 << 20, "largest accepted request body", min=1024)
+    # --- request log (opt-in; edgespec distill --from-log adapts the drafter to it; docs/drafters.md) ---------
+    request_log: str | None = _knob(None, "append every request's prompt and output ids to this JSONL file")
+    request_log_max_mb: float = _knob(64.0, "rotate the request log before it passes this size", min=0.01)
+    request_log_keep: int = _knob(3, "rotated request logs kept (log.jsonl.1 ..)", min=0, max=100)
 
     def with_overrides(self, **values: Any) -> Settings:
         """A copy with ``values`` applied through the same validation as every other source."""

@@ -6,6 +6,7 @@ preallocated cache), so requests must be served one at a time (the server queues
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -101,6 +102,11 @@ class Engine:
                               f"{model_dir} has none")
         self.totals = CumulativeTelemetry()
         self.model_id = settings.served_model_name or model_dir.name
+        self.request_log = None
+        if settings.request_log:
+            from edgespec.distill.request_log import RequestLog
+            self.request_log = RequestLog(settings.request_log, int(settings.request_log_max_mb * (1 << 20)),
+                                          settings.request_log_keep)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Engine:
@@ -191,9 +197,16 @@ class Engine:
         tel = result.telemetry
         tel.stage_ms["total"] = (time.perf_counter() - t0) * 1000.0
         self.totals.add(tel)
-        return Completion("".join(pieces), result.token_ids, result.finish_reason, len(ids), tel,
+        done = Completion("".join(pieces), result.token_ids, result.finish_reason, len(ids), tel,
                           reasoning_tokens=self._reasoning_tokens(ids, result.token_ids),
                           cached_tokens=0 if self.prefix is None else self.prefix.last_reused)
+        if self.request_log is not None:
+            try:
+                self.request_log.log_completion(ids, result.token_ids, done.text, result.finish_reason,
+                                                self.session.drafter_name, tel.acceptance_length)
+            except OSError as e:   # a full disk must not fail the request the robot is waiting for
+                print(f"edgespec: request log {self.request_log.path} not written: {e}", file=sys.stderr)
+        return done
 
     def _reasoning_tokens(self, prompt: list[int], out: list[int]) -> int:
         """Tokens generated inside a think block (OpenAI's completion_tokens_details.reasoning_tokens)."""

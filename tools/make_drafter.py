@@ -33,7 +33,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from edgespec.drafters.dflash import DFlashDraftModel, default_target_layer_ids, parse_dflash_config
+from edgespec.drafters.dflash_net import DFlashDraftModel, default_target_layer_ids, parse_dflash_config
 from edgespec.loading.hf_config import parse_config, read_json
 from edgespec.loading.weights import weight_files
 from edgespec.models.decoder import MTPHead

@@ -60,6 +60,45 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
 
 
+def _yarn_inv_freq(dim: int, base: float, scaling: dict, max_positions: int) -> tuple[torch.Tensor, float]:
+    """YaRN (HF ``rope_type: "yarn"``): per frequency, a blend of the original (extrapolated) and the
+    ``factor``-interpolated inverse frequency -- high frequencies (many rotations within the original context) keep
+    theirs, low ones are interpolated, with a linear ramp between the dimensions that complete ``beta_fast`` and
+    ``beta_slow`` rotations over ``original_max_position_embeddings``. Returns (inv_freq, attention factor): cos and
+    sin are multiplied by that factor (``0.1 ln(factor) + 1`` unless the config sets it or mscale /
+    mscale_all_dim), which scales the attention logits by its square."""
+    original = scaling.get("original_max_position_embeddings") or max_positions
+    factor = scaling.get("factor")
+    if factor is None:           # DeepSeek-V3 style configs give the two lengths instead of the factor
+        factor = max_positions / original
+
+    def mscale_of(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention = mscale_of(factor, m) / mscale_of(factor, m_all) if m and m_all else mscale_of(factor)
+    beta_fast = scaling.get("beta_fast") or 32
+    beta_slow = scaling.get("beta_slow") or 1
+
+    def dim_of(rotations: float) -> float:
+        # the rotary dimension whose frequency turns ``rotations`` times over the original context
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dim_of(beta_fast), dim_of(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    extrapolate = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolate) + (1.0 / pos_freqs) * extrapolate
+    return inv_freq, float(attention)
+
+
 class RotaryEmbedding(nn.Module):
     """NeoX-style (rotate-half) RoPE over the first ``rotary_dim`` channels of each head.
 
@@ -72,7 +111,10 @@ class RotaryEmbedding(nn.Module):
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
         scaling = cfg.rope_scaling or {}
         kind = scaling.get("rope_type", scaling.get("type", "default"))
-        if kind == "llama3":
+        attention_factor = 1.0
+        if kind == "yarn":
+            inv_freq, attention_factor = _yarn_inv_freq(dim, cfg.rope_theta, scaling, cfg.max_position_embeddings)
+        elif kind == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, scaling)
         elif kind == "linear":
             inv_freq = inv_freq / scaling["factor"]
@@ -83,8 +125,10 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq).float()
         emb = torch.cat([freqs, freqs], dim=-1)
         self.rotary_dim = dim
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        self.attention_factor = attention_factor
+        # YaRN's attention factor rides on the tables, so every consumer (fused kernels included) applies it.
+        self.register_buffer("cos", emb.cos() * attention_factor, persistent=False)
+        self.register_buffer("sin", emb.sin() * attention_factor, persistent=False)
 
     def angles(self, start: int, T: int, pos_t: torch.Tensor | None, dtype: torch.dtype
                ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,1 @@
+"""``edgespec distill``: train and adapt DFlash drafters on a target's own outputs (see docs/drafters.md)."""

@@ -1,0 +1,265 @@
+"""``edgespec distill``: train (or adapt) a DFlash drafter for a target on the target's own outputs.
+
+Two data sources: a prompt set the target answers itself (``--prompts FILE`` or ``--prompts robot:N`` for the
+synthetic robot workload), or a request log the server wrote (``--from-log FILE``, usually with ``--init`` to
+fine-tune an existing drafter). The result is a drafter folder in the published layout, loadable with
+``--drafter dflash --drafter-path OUT``. Runs unchanged under ``torchrun --nproc-per-node N``. See docs/drafters.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from edgespec.errors import ConfigError
+
+
+def add_distill_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("target and output")
+    g.add_argument("--model", default="demo", help="target checkpoint folder, or 'demo' (embedded SmolLM2-135M)")
+    g.add_argument("--out", required=True, help="drafter folder to write (resumes when it holds train_state.pt)")
+    g.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (torchrun: cuda:LOCAL_RANK)")
+    g.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads per process (default 1: on a shared CPU extra threads mostly wait)")
+    g = p.add_argument_group("data")
+    g.add_argument("--prompts", default="robot:160",
+                   help="prompt file (.yaml/.jsonl/.txt) or robot:N (N synthetic robot-workload prompts)")
+    g.add_argument("--from-log", nargs="+", metavar="FILE",
+                   help="train on request log(s) (JSONL written with request_log set) instead of prompts")
+    g.add_argument("--data", help="data cache folder (default: OUT/data)")
+    g.add_argument("--samples-per-prompt", type=int, default=1, help="sampled continuations per prompt (+1 greedy)")
+    g.add_argument("--temperature", type=float, default=0.7, help="temperature of the sampled continuations")
+    g.add_argument("--max-new-tokens", type=int, default=160)
+    g.add_argument("--gen-batch", type=int, default=32, help="sequences generated at once (attention-only targets)")
+    g.add_argument("--holdout-every", type=int, default=10, help="hold out about 1 prompt in N for the AL estimate")
+    g.add_argument("--data-only", action="store_true", help="generate the data cache, then stop")
+    g = p.add_argument_group("drafter shape (ignored with --init)")
+    g.add_argument("--init", help="start from this drafter folder (fine-tune) instead of random weights")
+    g.add_argument("--layers", type=int, default=2)
+    g.add_argument("--taps", help="comma-separated target_layer_ids (default: the reference rule)")
+    g.add_argument("--intermediate-size", type=int, default=None, help="default: the target's")
+    g.add_argument("--heads", type=int, default=None)
+    g.add_argument("--kv-heads", type=int, default=None)
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--target-init", action=argparse.BooleanOptionalAction, default=True,
+                   help="start every drafter layer from the target's last decoder layer when the shapes match "
+                   "(and the context path from the last tap), instead of random weights")
+    g.add_argument("--mask-token-id", type=int, default=None, help="default: the target's last vocabulary id")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--steps", type=int, default=400)
+    g.add_argument("--batch", type=int, default=4, help="sequences per step (per rank)")
+    g.add_argument("--anchors", type=int, default=32, help="blocks per sequence per step")
+    g.add_argument("--lr", type=float, default=6e-4)
+    g.add_argument("--warmup", type=int, default=20)
+    g.add_argument("--gamma", type=float, default=7.0, help="loss decay over block rows: exp(-(k-1)/gamma)")
+    g.add_argument("--window", type=int, default=None, help="train with a per-token context window W (default: "
+                   "the whole history, as the reference drafter)")
+    g.add_argument("--vocab-sample", type=int, default=0,
+                   help="score the labels against N random other tokens instead of the whole vocabulary (a "
+                   "sampled softmax: several times cheaper on CPU; 0 = full softmax)")
+    g.add_argument("--max-held-out", type=int, default=12, help="held-out prompts used by the AL estimate")
+    g.add_argument("--eval-every", type=int, default=50)
+    g.add_argument("--save-every", type=int, default=100)
+    g.add_argument("--seed", type=int, default=0)
+
+
+def _prompts(spec: str) -> list[str]:
+    from edgespec.distill.workload import load_prompt_file, robot_prompts
+
+    if spec.startswith("robot:"):
+        try:
+            n = int(spec.split(":", 1)[1])
+        except ValueError:
+            raise ConfigError(f"--prompts {spec!r}: expected robot:N with an integer N") from None
+        return robot_prompts(n)
+    return load_prompt_file(spec)
+
+
+def _new_drafter(args: argparse.Namespace, target_cfg, seed: int):
+    from edgespec.distill.train import drafter_config
+    from edgespec.drafters.dflash_net import DFlashDraftModel, default_target_layer_ids, parse_dflash_config
+
+    taps = ([int(t) for t in args.taps.split(",")] if args.taps
+            else default_target_layer_ids(target_cfg.num_hidden_layers, args.layers))
+    heads = args.heads or target_cfg.num_attention_heads
+    raw = {
+        "hidden_size": target_cfg.hidden_size, "intermediate_size": args.intermediate_size or
+        target_cfg.intermediate_size, "num_hidden_layers": args.layers, "num_attention_heads": heads,
+        "num_key_value_heads": args.kv_heads or target_cfg.num_key_value_heads,
+        "head_dim": target_cfg.head_dim, "rms_norm_eps": target_cfg.rms_norm_eps, "rope_theta": target_cfg.rope_theta,
+        "vocab_size": target_cfg.vocab_size, "num_target_layers": target_cfg.num_hidden_layers,
+        "block_size": args.block_size,
+        "mask_token_id": target_cfg.vocab_size - 1 if args.mask_token_id is None else args.mask_token_id,
+        "target_layer_ids": taps,
+    }
+    cfg = parse_dflash_config(raw, target_cfg.num_hidden_layers, source="distill arguments")
+    bad = [t for t in cfg.target_layer_ids if not 0 <= t < target_cfg.num_hidden_layers]
+    if bad:
+        raise ConfigError(f"--taps {bad} outside the target's layers 0..{target_cfg.num_hidden_layers - 1}")
+    cfg = parse_dflash_config(drafter_config(cfg, target_cfg), target_cfg.num_hidden_layers)
+    torch.manual_seed(seed)
+    drafter = DFlashDraftModel(cfg, target_cfg.hidden_size)
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02)
+    return drafter
+
+
+def target_init(drafter, target) -> bool:
+    """Start the drafter from the target itself, where the shapes allow (a from-scratch drafter spends most of a
+    CPU budget learning what the target's top layer already does): every drafter layer copies the target's last
+    decoder layer (attention and MLP projections, both norms); the final norm copies the target's final norm (its
+    output feeds the target's lm_head); ``hidden_norm`` copies that last layer's input norm and ``fc`` starts as
+    the identity on the last tap, so the context keys/values begin as the last layer's own keys/values of the
+    committed tokens. q/k norms (absent in Llama) stay at 1. Returns False (nothing copied) on a shape mismatch."""
+    last = target.model.layers[-1]
+    cfg = drafter.cfg
+    att = getattr(last, "self_attn", None)
+    if att is None or not hasattr(att, "q_proj") or getattr(att, "gated", False):
+        return False
+    pairs = []
+    for layer in drafter.layers:
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            pairs.append((getattr(layer.self_attn, name).weight, getattr(att, name).weight))
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            pairs.append((getattr(layer.mlp, name).weight, getattr(last.mlp, name).weight))
+        pairs.append((layer.input_layernorm.weight, last.input_layernorm.weight))
+        pairs.append((layer.post_attention_layernorm.weight, last.post_attention_layernorm.weight))
+    pairs.append((drafter.norm.weight, target.model.norm.weight))
+    pairs.append((drafter.hidden_norm.weight, last.input_layernorm.weight))
+    if any(a.shape != b.shape for a, b in pairs) or last.input_layernorm.zero_centred:
+        return False
+    with torch.no_grad():
+        for a, b in pairs:
+            a.copy_(b.float())
+        H = cfg.hidden_size
+        fc = drafter.fc.weight
+        fc.mul_(0.1)
+        fc[:, -H:] += torch.eye(H)
+    return True
+
+
+def _init_drafter(folder: str, target):
+    """An existing drafter (checkpoint names, unmerged, fp32) to fine-tune."""
+    from edgespec.drafters.dflash_loader import _check_fit, _checkpoint_index
+    from edgespec.drafters.dflash_net import DFlashDraftModel, parse_dflash_config
+    from edgespec.errors import CheckpointError
+    from edgespec.loading.hf_config import read_json
+    from edgespec.loading.weights import load_parameters, weight_files
+
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise CheckpointError(f"--init drafter folder not found: {path}")
+    cfg = parse_dflash_config(read_json(path / "config.json"), target.config.num_hidden_layers,
+                              source=str(path / "config.json"))
+    files = weight_files(path)
+    index = _checkpoint_index(files)
+    embed_vocab, head_vocab = _check_fit(cfg, target, dict(index.values()), path)
+    if embed_vocab or head_vocab:
+        raise ConfigError(f"--init {path}: drafters with their own embedding / lm_head are not trainable here")
+    drafter = DFlashDraftModel(cfg, target.config.hidden_size)
+    names = {key: name for key, (name, _) in index.items()}
+    problems = load_parameters(dict(drafter.named_parameters()), files, names.get, lambda n: "")
+    if problems:
+        raise CheckpointError(f"--init drafter {path} does not fit its config: " + " | ".join(problems))
+    return drafter.float()
+
+
+def run_distill(args: argparse.Namespace) -> int:
+    from edgespec.distill.data import generate_data, load_data, make_recipe
+    from edgespec.distill.objective import BlockObjective
+    from edgespec.distill.train import TrainOptions, init_distributed, is_held_out, train
+    from edgespec.engine import resolve_device
+    from edgespec.loading.checkpoint import load_target
+    from edgespec.loading.tokenizer import ChatTokenizer
+
+    device = resolve_device(args.device)
+    local = int(__import__("os").environ.get("LOCAL_RANK", 0))
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads or 1)
+    rank, world = init_distributed(device)
+    if args.model == "demo":
+        from edgespec.loading.gguf_demo import ensure_demo_model
+        model_dir = ensure_demo_model()
+    else:
+        model_dir = Path(args.model).expanduser()
+    out = Path(args.out).expanduser()
+    data_dir = Path(args.data).expanduser() if args.data else out / "data"
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    # Unmerged checkpoint layout: the batched generator reads q/k/v and gate/up separately.
+    target = load_target(model_dir, dtype=dtype, device=device, merge=False)
+    tokenizer = ChatTokenizer.from_folder(model_dir)
+    if args.init:
+        drafter = _init_drafter(args.init, target)
+    else:
+        drafter = _new_drafter(args, target.config, args.seed)
+        if args.target_init:
+            target_init(drafter, target)
+    taps = drafter.cfg.target_layer_ids
+    say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
+    t0 = time.time()
+    if args.from_log:
+        from edgespec.distill.request_log import log_data
+
+        if rank == 0:
+            log_data(args.from_log, data_dir, target, model_dir, taps)
+        if world > 1:
+            torch.distributed.barrier()
+    else:
+        prompts = _prompts(args.prompts)
+        recipe = make_recipe(model_dir, taps, prompts, max_new_tokens=args.max_new_tokens,
+                             samples_per_prompt=args.samples_per_prompt, temperature=args.temperature,
+                             seed=args.seed, batch=args.gen_batch)
+        say(f"data: {len(prompts)} prompts x (1 greedy + {args.samples_per_prompt} sampled) -> {data_dir}")
+        generate_data(data_dir, target, tokenizer, prompts, recipe, rank=rank, world=world,
+                      progress=(lambda d, n, k: say(f"  data shard {d}/{n}: {k} new tokens, "
+                                                    f"{time.time() - t0:.0f}s")))
+    t_data = time.time() - t0
+    if args.data_only:
+        say(f"data ready in {data_dir} ({t_data:.0f}s)")
+        return 0
+    meta, seqs = load_data(data_dir)
+    if list(meta["taps"]) != list(taps):
+        raise ConfigError(f"data {data_dir} was captured at target layers {meta['taps']}, the drafter taps {taps}")
+    seqs = [s for s in seqs if s.tokens.shape[0] - s.prompt_len >= 2]
+    held = [s for s in seqs if is_held_out(s, args.holdout_every)]
+    trainset = [s for s in seqs if not is_held_out(s, args.holdout_every)] or seqs
+    # The held-out estimate runs on the greedy continuations (the path greedy verification follows); a sampled
+    # continuation is told apart by not being the target's argmax path, which the data does not record, so the
+    # estimate takes the first continuation of each held-out prompt (generation writes greedy ones first).
+    firsts: dict[bytes, object] = {}
+    for s in held:
+        firsts.setdefault(s.tokens[:s.prompt_len].numpy().tobytes(), s)
+    held = list(firsts.values())[:args.max_held_out]
+    say(f"train: {len(trainset)} sequences ({sum(s.tokens.shape[0] - s.prompt_len for s in trainset)} tokens), "
+        f"held out: {len(held)}; drafter {drafter.cfg.num_hidden_layers} layer(s), taps {taps}, "
+        f"{sum(p.numel() for p in drafter.parameters()) / 1e6:.1f}M parameters; world {world} on {device}")
+    drafter = drafter.to(device=device, dtype=torch.float32)
+    max_pos = max(s.tokens.shape[0] for s in seqs) + drafter.cfg.block_size + 1
+    objective = BlockObjective(drafter, target.model.embed_tokens.weight, target.lm_head_weight, max_pos,
+                               window=args.window, gamma=args.gamma).to(device)
+    target_cfg = target.config
+    del target
+    opts = TrainOptions(steps=args.steps, batch=args.batch, anchors=args.anchors, lr=args.lr, warmup=args.warmup,
+                        gamma=args.gamma, window=args.window, eval_every=args.eval_every,
+                        save_every=args.save_every, seed=args.seed, vocab_sample=args.vocab_sample)
+    info = {"target": str(model_dir), "data": str(data_dir), "from_log": args.from_log, "init": args.init,
+            "options": vars(opts), "world": world, "data_seconds": round(t_data, 1)}
+    t1 = time.time()
+    res = train(objective, trainset, held, opts, out, target_cfg, device, info)
+    res["train_seconds"] = round(time.time() - t1, 1)
+    say(json.dumps(res))
+    if world > 1:
+        torch.distributed.destroy_process_group()
+    return 0
+

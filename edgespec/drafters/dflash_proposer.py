@@ -1,0 +1,332 @@
+"""DFlash proposer: drafts a block per cycle from a per-token context window of target features.
+
+A DFlash drafter is a small transformer that drafts a whole block in one forward: the block is
+``[anchor, MASK x (bs-1)]`` at positions ``p .. p+bs-1`` (``p`` = position of the anchor = the last emitted
+token), and every block query also attends to *context* keys computed from the target's tapped hidden states.
+
+Which token each context feature belongs to
+-------------------------------------------
+Tap row ``i`` of a target forward is the tapped hidden state *of the token at that row*, computed at that token's
+position. Position ``t`` therefore gets exactly one feature, ``hidden_norm(fc(cat(taps of token t)))``, and
+the feature exists only once token ``t`` has been through a target forward:
+
+* prefill runs prompt tokens ``x_0 .. x_{n-1}``: features of positions ``0 .. n-1`` (the window is seeded from
+  the last ``min(W, n)`` of them, or only the last one with seeding off). The first emitted token ``x_n`` has
+  no feature yet: it is the first anchor.
+* a verify runs ``rows = [last, d_1 .. d_K]`` at positions ``p .. p+K`` where ``last`` (position ``p``) is the
+  previous cycle's bonus token. With ``a`` drafts accepted, rows ``0 .. a`` (``last, d_1 .. d_a``) are
+  committed to the target cache, so their features are appended at positions ``p .. p+a``. The new bonus token
+  (position ``p+a+1``) is the next anchor and gets its feature in the next cycle, as row 0.
+* a plain decode step (no draft) runs ``[last]`` alone: one feature, position ``p``.
+
+So after every commit the window holds the features of the committed tokens ``end-W .. end-1`` in order, where
+``end`` = the target cache length = the position of the pending anchor. A replay rollback returns a forward over
+exactly the accepted rows; a checkpoint rollback returns the full verify -- both ways rows ``0 .. accepted`` are
+the committed ones.
+
+Context K/V depend only on the feature (they skip the residual stream), so each drafter layer's context key
+(k_norm + RoPE at the token's absolute position) and value are computed once, when the feature is appended, and
+kept in the ring buffer of :class:`~edgespec.drafters.window.FeatureWindow`. A draft is then one block of ``bs``
+queries against ``W + bs`` keys per layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from edgespec.arch.graphs import capture_graph
+from edgespec.drafters.base import Draft, Proposer
+from edgespec.drafters.dflash_net import DFlashDraftModel
+from edgespec.drafters.window import FeatureWindow
+from edgespec.kernels.argmax import row_argmax
+from edgespec.kernels.linear import linear
+from edgespec.kernels.rope import head_norm_rope
+from edgespec.models.decoder import ForwardOutput, TargetModel
+from edgespec.models.layers import RotaryEmbedding, gather_rows, merge_all_projections
+
+
+class DFlashProposer(Proposer):
+    """Drafts ``k <= block_size - 1`` tokens per cycle from one block forward over the cached context window.
+
+    ``window_size`` (W): how many committed tokens' features the block attends to. ``window_seed``: fill the
+    window from the last ``min(W, prompt)`` prompt tokens at prefill; when off, only the last prompt token's
+    feature is kept (the block always needs the target's view of the position before the anchor), so the
+    window fills from generated tokens. ``cuda_graphs``: run the block forward (+ lm_head + argmax) and the
+    window append with their positions held on the device, so CUDA graphs captured at first use serve every
+    position -- one for the block (every shape is static: bs queries, W + bs keys) and one per appended row
+    count (1 .. bs); without CUDA the same path runs eagerly. The module docstring explains which token each
+    feature belongs to.
+    """
+
+    name = "dflash"
+
+    def __init__(self, drafter: DFlashDraftModel, target: TargetModel, *, window_size: int = 128,
+                 window_seed: bool = True, cuda_graphs: bool = False) -> None:
+        cfg = drafter.cfg
+        if drafter.layers[0].self_attn.qkv_proj is None:
+            # The forward below runs on merged projections (q/k/v, gate/up); the loader has loaded the checkpoint
+            # under its own names by now, so merging here keeps those names loadable.
+            merge_all_projections(drafter)
+        self.drafter = drafter.eval().requires_grad_(False)
+        self.target = target
+        self.cfg = cfg
+        self.block_size = cfg.block_size
+        self.default_k = self.max_k = cfg.block_size - 1
+        self.window_seed = window_seed
+        # Unique tap ids for the session (one capture per layer), and how to lay them out in config order.
+        self.taps = tuple(dict.fromkeys(cfg.target_layer_ids))
+        order = [self.taps.index(i) for i in cfg.target_layer_ids]
+        self._tap_order: list[int] | None = None if order == list(range(len(self.taps))) else order
+        device, dtype = target.device, drafter.fc.weight.dtype
+        self.dtype = dtype
+        # Block positions reach past the target's last cache row by up to bs-1.
+        max_pos = target.rope.cos.shape[0] + cfg.block_size
+        self.rope = RotaryEmbedding(cfg.model_config(max_pos), max_pos).to(device)
+        # fp32 window: block attention keeps fp32 scores and probabilities (see edgespec.kernels.block_attention)
+        # and reads the cached K/V as they are, with no cast per layer and cycle. Features and K/V are rounded to
+        # the drafter dtype before they get here, which is what lets the CUDA kernel narrow them back exactly.
+        self.window = FeatureWindow(window_size, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_key_value_heads,
+                                    cfg.head_dim, torch.float32, device, scratch_rows=cfg.block_size)
+        # Every layer's k_norm weight, so one head_norm_rope serves the context keys of all layers.
+        self._context_k_norm = torch.stack([layer.self_attn.k_norm.weight for layer in drafter.layers])[:, None, None]
+        self._block_ids = torch.full((cfg.block_size,), cfg.mask_token_id, dtype=torch.long, device=device)
+        self._block_offsets = torch.arange(cfg.block_size, device=device)
+        self._embed_weight = (drafter.embed_tokens if drafter.embed_tokens is not None
+                              else target.model.embed_tokens).weight
+        if drafter.lm_head is not None:
+            self._head_weight = drafter.lm_head.weight
+        elif drafter.embed_tokens is not None and cfg.tie_word_embeddings:
+            self._head_weight = drafter.embed_tokens.weight
+        else:
+            self._head_weight = target.lm_head_weight
+        self.history: list[int] = []     # prompt + emitted tokens; the window covers history[end-length : end]
+        # Head output of the last propose in the head's dtype (see last_logits); in graph mode a view of the static
+        # output, valid until the next propose.
+        self._last_scores: torch.Tensor | None = None
+        # Graph mode: the block start lives on the device; the graph and its output buffers are made lazily.
+        self.cuda_graphs = cuda_graphs
+        self._pos = torch.zeros(1, dtype=torch.long, device=device)
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._static_out: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._append_pos = torch.zeros(1, dtype=torch.long, device=device)
+        self._append_in: dict[int, torch.Tensor] = {}                # row count -> static taps input
+        self._append_graphs: dict[int, torch.cuda.CUDAGraph] = {}    # row count -> captured append
+
+    @property
+    def window_size(self) -> int:
+        return self.window.capacity
+
+    @property
+    def resume_rows(self) -> int:
+        """A resumed prefill must still cover the prompt rows :meth:`begin` seeds the window with."""
+        return self.window.capacity if self.window_seed else 1
+
+    @property
+    def last_logits(self) -> torch.Tensor | None:
+        """Float32 draft logits ``[k, V]`` of the last propose (telemetry, tests), valid until the next propose.
+        Converted on access: drafting itself needs only the argmax, which the head's own dtype gives exactly."""
+        return None if self._last_scores is None else self._last_scores.float()
+
+    # -- protocol -----------------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.window.reset()
+        self.history = []
+        self._last_scores = None
+
+    @torch.inference_mode()
+    def begin(self, prompt_ids: Sequence[int], prefill: ForwardOutput) -> None:
+        self.reset()
+        self.history = list(prompt_ids)
+        n = len(self.history)
+        keep = min(self.window.capacity, n) if self.window_seed else 1
+        # The prefill covers the last ``rows`` prompt positions (all of them unless a cached prefix was resumed).
+        taps = self._require_taps(prefill, keep, "prefill")
+        rows = taps.shape[0]
+        self._append(taps[rows - keep:rows], n - keep)
+
+    @torch.inference_mode()
+    def commit(self, tokens: Sequence[int], accepted: int, verify: ForwardOutput | None,
+               drafted: int = 0) -> None:
+        if verify is not None:
+            # Rows 0 .. accepted of the forward are [previous anchor, accepted drafts]: the tokens at positions
+            # end .. end+accepted, now in the target cache.
+            rows = accepted + 1
+            taps = self._require_taps(verify, rows, "verify")
+            self._append(taps[:rows], self.window.end)
+        self.history.extend(int(t) for t in tokens)
+
+    @torch.inference_mode()
+    def propose(self, last_token: int, k: int) -> Draft | None:
+        if not self.history or self.history[-1] != last_token or len(self.history) != self.window.end + 1:
+            raise RuntimeError("dflash proposer out of step with the session: every emitted token must be "
+                               "committed once, in order, before the next propose")
+        k = min(k, self.block_size - 1)
+        if self.cuda_graphs:
+            scores, tokens = self._run_static(last_token)
+            # Views of static buffers the next replay overwrites: the session copies the drafts into its verify
+            # rows before that, and last_logits is documented as valid until the next propose.
+            scores, tokens = scores[:k], tokens[:k]
+        else:
+            scores = self._head(self.block_hidden(last_token)[1:1 + k])
+            tokens = scores.argmax(-1)
+        self._last_scores = scores
+        return Draft(tokens)
+
+    # -- drafter forward ------------------------------------------------------------------------------------------
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final-normed block rows -> float32 logits with the head in use (own or the target's)."""
+        return self._head(hidden).float()
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The head's output in its own dtype. Drafts are its argmax, the same token as the argmax of the float32
+        logits (the conversion is exact and keeps the order), without writing and reading back a float32 copy of
+        ``[bs-1, V]`` each cycle (15 MB for a 248k vocabulary)."""
+        return linear(hidden.to(self._head_weight.dtype), self._head_weight)
+
+    @torch.inference_mode()
+    def block_hidden(self, anchor: int) -> torch.Tensor:
+        """Final-normed hidden states ``[bs, H]`` of the block ``[anchor, MASK x (bs-1)]`` at positions
+        ``end .. end+bs-1`` attending to the cached window (row 0 is the anchor; rows 1.. give the drafts)."""
+        self._block_ids[0] = anchor
+        return self._block_forward(self.window.end, None)
+
+    def _block_forward(self, start: int, pos_t: torch.Tensor | None) -> torch.Tensor:
+        """The block forward over ``self._block_ids`` at ``start`` (or the device position ``pos_t``)."""
+        h = gather_rows(self._embed_weight, self._block_ids).to(self.dtype)
+        if self.cfg.input_embedding_scale != 1.0:
+            h = h * self.cfg.input_embedding_scale
+        biases = self._attn_biases(start, pos_t)
+        keys, values = self.window.keys, self.window.values
+        delta = None     # the residual stream as (h, delta), adds fused with the next norm (see DecoderLayer)
+        cs = self.rope.angles(start, h.shape[0], pos_t, h.dtype)      # block rows: queries and own keys alike
+        for i, layer in enumerate(self.drafter.layers):
+            if delta is None:
+                x = layer.input_layernorm(h)
+            else:
+                h, x = layer.input_layernorm.add_forward(delta, h)
+            bias = biases[(layer.causal, layer.sliding_window)]
+            attn = layer.self_attn(x, keys[i], values[i], bias, cs)
+            h, y = layer.post_attention_layernorm.add_forward(attn, h)
+            delta = layer.mlp(y)
+        return self.drafter.norm.add_forward(delta, h)[1]
+
+    # -- graph mode ---------------------------------------------------------------------------------------------
+    def _static_draft(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Graph body: all ``bs-1`` draft scores (head dtype) and tokens of the block at the device position."""
+        scores = self._head(self._block_forward(0, self._pos)[1:])
+        return scores, row_argmax(scores)
+
+    def _run_static(self, anchor: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # Host -> device writes, no sync. A fill of a one-element view: item assignment (``ids[0] = anchor``) goes
+        # through torch's indexing machinery, tens of microseconds of host time in front of the block's launch.
+        self._block_ids[:1].fill_(anchor)
+        self._pos.fill_(self.window.end)
+        if self.target.device.type != "cuda":
+            return self._static_draft()  # CPU: the same device-position path, eagerly (tests cover it)
+        if self._graph is None:
+            self._capture()
+        self._graph.replay()
+        return self._static_out
+
+    def _capture(self) -> None:
+        # The block forward writes only the scratch K/V rows, so warming up and capturing mid-request leave the
+        # window untouched.
+        self._graph, self._static_out = capture_graph(self._static_draft)
+
+    def _append_body(self, rows: int) -> None:
+        """Graph body of an append of ``rows`` tap rows from the static input at the device position."""
+        feats, keys, values = self._context_kv(self._append_in[rows], 0, self._append_pos)
+        self.window.write_at(self._append_pos, feats, keys, values)
+
+    def _append_static(self, taps: torch.Tensor, start: int) -> None:
+        rows = taps.shape[0]
+        self.window.check_next(start)
+        buf = self._append_in.get(rows)
+        if buf is None:
+            buf = self._append_in[rows] = torch.empty_like(taps)
+        buf.copy_(taps)
+        self._append_pos.fill_(start)
+        if self.target.device.type != "cuda":
+            self._append_body(rows)
+        else:
+            graph = self._append_graphs.get(rows)
+            if graph is None:
+                # Warm-up runs write exactly the rows this append writes (same input, same position), so
+                # capturing on first use is harmless; the replay below writes them once more.
+                graph = self._append_graphs[rows] = capture_graph(lambda: self._append_body(rows))[0]
+            # Replayed at once: the session commits at the start of the draft stage, so the device runs the
+            # append while the host prepares the propose.
+            graph.replay()
+        self.window.advance(start, rows)
+
+    def _attn_biases(self, start: int, pos_t: torch.Tensor | None = None
+                     ) -> dict[tuple[bool, int | None], torch.Tensor]:
+        """One additive fp32 mask ``[rep*bs, W+bs]`` (0 = attend, -inf = not) per distinct layer kind, built once
+        per forward from absolute positions (the reference's rule: causal -> key <= query; sliding window ->
+        query - key < window, and key - query < window when not causal). Empty ring slots (position -1) are never
+        visible. Rows repeat per query head of a KV group, the layout
+        :func:`~edgespec.kernels.block_attention.block_attention` takes."""
+        q_pos = (start if pos_t is None else pos_t) + self._block_offsets
+        key_pos = torch.cat([self.window.positions, q_pos])
+        valid = (key_pos >= 0)[None, :].expand(q_pos.shape[0], -1)       # block positions are never negative
+        dist = q_pos[:, None] - key_pos[None, :]
+        rep = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
+        out: dict[tuple[bool, int | None], torch.Tensor] = {}
+        for layer in self.drafter.layers:
+            kind = (layer.causal, layer.sliding_window)
+            if kind in out:
+                continue
+            causal, window = kind
+            visible = valid
+            if causal:
+                visible = visible & (dist >= 0)
+            if window is not None:
+                visible = visible & (dist < window)
+                if not causal:
+                    visible = visible & (-dist < window)
+            out[kind] = torch.where(visible, 0.0, float("-inf")).repeat(rep, 1)
+        return out
+
+    def _append(self, taps: torch.Tensor, start: int) -> None:
+        """Turn tap rows of positions ``start ..`` into features, their per-layer K/V, and store them."""
+        W = self.window.capacity
+        if self.cuda_graphs and taps.shape[0] <= min(W, self.block_size):   # a cycle's rows (not the seed)
+            self._append_static(taps, start)
+            return
+        if taps.shape[0] > W:          # only the newest W survive the append: skip computing the rest
+            start += taps.shape[0] - W
+            taps = taps[-W:]
+        self.window.append(start, *self._context_kv(taps, start))
+
+    def _context_kv(self, taps: torch.Tensor, start: int, pos_t: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Tap rows of positions ``start ..`` (or ``pos_t[0] ..``) -> context features ``[T, H]`` and every drafter
+        layer's keys and values ``[layers, T, Hkv, hd]``. One k|v GEMM per layer; the k norms and the rotation
+        then run once over all layers' stacked keys, with one set of rotary angles."""
+        if self._tap_order is not None:
+            taps = taps[:, self._tap_order]
+        feats = self.drafter.context_features(taps.to(self.dtype))
+        T, nkv = feats.shape[0], self.cfg.num_key_value_heads
+        cs = self.rope.angles(start, T, pos_t, feats.dtype)
+        kv = torch.stack([layer.self_attn.context_kv(feats) for layer in self.drafter.layers])
+        kv = kv.view(len(self.drafter.layers), T, 2 * nkv, self.cfg.head_dim)
+        keys = head_norm_rope(kv, nkv, self._context_k_norm, *cs, self.cfg.rms_norm_eps)
+        return feats, keys, kv[:, :, nkv:]
+
+    def _require_taps(self, out: ForwardOutput, rows: int, what: str) -> torch.Tensor:
+        if out.taps is None or out.taps.shape[1] != len(self.taps):
+            raise RuntimeError(f"dflash needs the {what} forward to capture target layers {self.taps}; got "
+                               f"{None if out.taps is None else out.taps.shape[1]} tapped layer(s)")
+        if out.taps.shape[0] < rows:
+            raise RuntimeError(f"dflash needs {rows} tapped row(s) from the {what} forward, got {out.taps.shape[0]}")
+        return out.taps
+
+    # -- inspection (tests, debugging) -------------------------------------------------------------------------------
+    def window_tokens(self) -> list[int]:
+        """Token ids whose features the window holds, oldest first."""
+        return self.history[self.window.end - self.window.length:self.window.end]
+
+
+__all__ = ["DFlashProposer"]
