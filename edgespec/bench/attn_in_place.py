@@ -27,7 +27,7 @@ from unittest import mock
 import torch
 
 from edgespec.arch.detect import select_hooks
-from edgespec.bench.gpu import time_cuda
+from edgespec.bench.timing import time_cuda
 from edgespec.kernels import attention_bytes
 from edgespec.models.decoder import TargetModel
 from edgespec.spec.session import SpecSession
