@@ -32,7 +32,7 @@ Default launch (``GLUON_DECODE``): one warp per program on 32-key tiles, four pr
 24.4-24.6 us per call over 16 back-to-back calls; the Triton program on the same machine starts 30.2 / 25.3-25.5 /
 25.8-25.9 us. Its loop is 777 instructions per 32 keys (the Triton program: 2 x 873). Still 7 us above a plain
 streaming read of the same bytes: the first tile lands 4-9 us after the start (all programs ask at once) and
-programs finish 5 us apart (``tools/attn_trace.py``); claiming tiles dynamically from a counter to even that out was
+programs finish 5 us apart (``lab/attn_trace.py``); claiming tiles dynamically from a counter to even that out was
 slower (35 us), and so was a ramped ring start (31 us). Round 12 deals the 32-key blocks out evenly (``BALANCE``:
 no split left empty, every SM four busy programs; 29.0-29.8 against 29.8-30.0 us, loop 782 instructions); merging
 the splits inside this launch behind a per-KV-head barrier was slower (32.3 us; docs/benchmarks.md).
@@ -346,7 +346,7 @@ def gluon_decode_split(q: torch.Tensor, cache, start: int, start_t: torch.Tensor
     """Launch the split program of one decode attention over ``cache`` (an FP8 ``KVCache``); ``o_part`` and
     ``lse_part`` as :func:`~edgespec.kernels.triton_attention.cached_attention_triton` allocates them, with
     ``cfg["n_splits"]`` splits; ``qk_scale`` already in log2 units. ``trace``: an int64 ``[n_splits, n_kv, 5]``
-    tensor that receives each program's global-timer stamps (see ``TRACE_POINTS``), for ``tools/attn_trace.py``."""
+    tensor that receives each program's global-timer stamps (see ``TRACE_POINTS``), for ``lab/attn_trace.py``."""
     _, n_q, hd = q.shape
     n_kv = cache.k.shape[1]
     _, stride_vh, stride_vb = cache.v_strides()

@@ -49,7 +49,7 @@ Round 8 profiled the FP8 decode program (Nsight Compute, docs/benchmarks.md): tw
 2.1 cycles, stalled on the dependency chains of their own conversions, softmax and products rather than on memory.
 Forms with 8-15% fewer loop instructions (keys as the product rows; the next tile's logits ahead of the softmax,
 which keeps q in registers) and 16-key tiles with 6 programs per SM were all slower or equal. Round 9 read the stall
-samples per instruction (``tools/ncu_source_summary.py``): two thirds issue or arithmetic latency, a fifth memory
+samples per instruction (``lab/ncu_source_summary.py``): two thirds issue or arithmetic latency, a fifth memory
 waits (the tile's data, the next tile's k scale). Prefetching the scales or the tiles into L2, shorter tensor-core
 chains (logits summed over head-dim slices) and one warp per head-dim half were all slower or equal.
 
@@ -509,7 +509,7 @@ def merge_splits(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor
     splits, T, n_q, hd = o_part.shape
     splits_p2 = max(2, triton.next_power_of_2(splits))
     if block_d is None:
-        # 32 columns per program at every split count (H200, tools/attn_overhead_probe.py, Hq 24, hd 256: 16
+        # 32 columns per program at every split count (H200, lab/attn_overhead_probe.py, Hq 24, hd 256: 16
         # splits 5.0 -> 2.1 us, 32 splits 6.9 -> 2.8 us against the old "<= 8k floats per tile" rule, which gave
         # only 24-96 programs there; 66 and 132 splits unchanged at 3.7-4.5 us).
         block_d = min(hd, 32)

@@ -7,7 +7,7 @@ and the end of its stores. This prints, after each L2 flush, when programs start
 how long their loops run and how far apart they finish: the startup and the tail of the launch, which a kernel
 timer only shows summed.
 
-Usage (CUDA machine): ``python tools/attn_trace.py [--config '{"num_warps": 1, "BLOCK_W": 32}'] [--calls 5]``.
+Usage (CUDA machine): ``python lab/attn_trace.py [--config '{"num_warps": 1, "BLOCK_W": 32}'] [--calls 5]``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # kernel_bench, make_drafter
 
 from kernel_bench import evict_l2, make_cache  # noqa: E402
 

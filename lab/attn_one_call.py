@@ -3,7 +3,7 @@
 
 ``ncu --clock-control none --kernel-name regex:"_attn_split_kernel|_fp8_decode_kernel" --launch-skip 3 --launch-count 1
 --section WarpStateStats --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis
-python tools/attn_one_call.py --kv fp8`` (``bash tools/gpu_sweep.sh attn-ncu`` runs it for both caches). Each call
+python lab/attn_one_call.py --kv fp8`` (``bash lab/lab_sweep.sh attn-ncu`` runs it for both caches). Each call
 is preceded by a write of 256 MB (``kernel_bench.evict_l2``), so the cache is read from HBM as in the flushed timing.
 """
 
@@ -18,6 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # kernel_bench, make_drafter
 
 from kernel_bench import evict_l2, make_cache  # noqa: E402
 

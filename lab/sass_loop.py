@@ -1,5 +1,5 @@
 """The main loop of a kernel's SASS: the span of its largest backward branch, and the opcode of a SASS line. Shared by
-``tools/attn_sass.py`` (SASS compiled off the GPU) and ``tools/ncu_source_summary.py`` (Nsight Compute's source
+``lab/attn_sass.py`` (SASS compiled off the GPU) and ``lab/ncu_source_summary.py`` (Nsight Compute's source
 page)."""
 
 from __future__ import annotations

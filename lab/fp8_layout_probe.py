@@ -8,7 +8,7 @@ contiguous), 24 / 12 / 6 query heads (group 6). If the FP8 kernels speed up as r
 bf16 kernel (512-byte rows) does not, DRAM row locality, not kernel work, is what limits them. (Round 6: they
 do not; ``docs/measurements/fp8_layout_probe*_h200_round6.txt``, which also timed the CUDA kernel since removed.)
 
-``PYTHONPATH=. python3 tools/fp8_layout_probe.py [write|read]`` on a CUDA machine (the L2 flush of the timer).
+``PYTHONPATH=. python3 lab/fp8_layout_probe.py [write|read]`` on a CUDA machine (the L2 flush of the timer).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # kernel_bench, make_drafter
 
 from kernel_bench import graph_us, make_cache  # noqa: E402
 

@@ -2,14 +2,14 @@
 """Summarise Nsight Compute's per-instruction stall samples of one kernel: where its warps wait, by SASS line.
 
 Input: the CSV of ``ncu -i REPORT --page source --csv --print-source sass`` for a report taken with
-``--section SourceCounters`` (``bash tools/gpu_sweep.sh attn-ncu-source`` makes both for the attention split
-kernel). The hot loop is the span of the largest backward branch (as ``tools/attn_sass.py`` finds it); the samples
+``--section SourceCounters`` (``bash lab/lab_sweep.sh attn-ncu-source`` makes both for the attention split
+kernel). The hot loop is the span of the largest backward branch (as ``lab/attn_sass.py`` finds it); the samples
 are split into before / in / after that loop, the loop into ``--chunk``-instruction slices, and the instructions
 with the most samples are listed with their two largest stall reasons. Stall reasons are Nsight Compute's
 (``long_sb``: waiting on a global or local memory result; ``short_sb``: shared memory, shuffles, special functions;
 ``wait``: a fixed-latency dependency; ``barrier``: a CTA barrier; ``selected``: issuing).
 
-Usage: ``python tools/ncu_source_summary.py attn_src.csv [--top 20] [--chunk 50]``
+Usage: ``python lab/ncu_source_summary.py attn_src.csv [--top 20] [--chunk 50]``
 """
 
 from __future__ import annotations

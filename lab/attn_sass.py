@@ -8,12 +8,12 @@ this way (``LDS.U8``: 128 per tile with a key-major V, none with the key-blocked
 
 Usage (from the repository root; FP8 decode launch of the 27B heads unless told otherwise)::
 
-    python tools/attn_sass.py                         # the default FP8 decode program
-    python tools/attn_sass.py --v-block 0             # the key-major V layout
-    python tools/attn_sass.py --kv bf16 --block-n 64 --warps 4
-    python tools/attn_sass.py --block-m 128 --warps 8 --opaque 1     # the FP8 verify program
-    python tools/attn_sass.py --gluon                 # the Gluon FP8 decode program (its default launch)
-    python tools/attn_sass.py --gluon --warps 2 --block-n 16          # Gluon: 2 warps on 16 keys each
+    python lab/attn_sass.py                         # the default FP8 decode program
+    python lab/attn_sass.py --v-block 0             # the key-major V layout
+    python lab/attn_sass.py --kv bf16 --block-n 64 --warps 4
+    python lab/attn_sass.py --block-m 128 --warps 8 --opaque 1     # the FP8 verify program
+    python lab/attn_sass.py --gluon                 # the Gluon FP8 decode program (its default launch)
+    python lab/attn_sass.py --gluon --warps 2 --block-n 16          # Gluon: 2 warps on 16 keys each
 
 Pointers and strides are marked 16-divisible, as a real launch specialises them; without that hint every load
 compiles to single bytes.
@@ -35,6 +35,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # kernel_bench, make_drafter
 
 from sass_loop import largest_backward_branch, opcode  # noqa: E402
 

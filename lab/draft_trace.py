@@ -1,6 +1,6 @@
 """Where the DFlash draft stage's time goes: host calls against device progress, per cycle.
 
-    python tools/draft_trace.py [--shape qwen3.5-27b] [--tokens 64]
+    python lab/draft_trace.py [--shape qwen3.5-27b] [--tokens 64]
 
 Runs the session of ``tools/cycle_bench.py`` (random target of the shape, random 5-layer DFlash drafter, K=15,
 ``stage_timing: device``) with the draft stage instrumented: CUDA events and host clocks at the stage start, after
@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # kernel_bench, make_drafter
 
 from make_drafter import write_dflash_drafter  # noqa: E402
 

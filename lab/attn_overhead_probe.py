@@ -26,8 +26,8 @@ From round 13 the GPU issue's 1.6x target is judged on one call inside a decode 
 Round 6 ran an earlier version with a CUDA decode kernel beside these (removed again: slower than the Triton
 one); its outputs are ``docs/measurements/attn_overhead_probe*_h200_round6.txt``.
 
-``bash tools/gpu_sweep.sh attn-probe`` on a CUDA machine (it installs the package first: ``edgespec.arch``);
-``python tools/attn_overhead_probe.py --sections 5 --repeat 9`` for the target figure alone.
+``bash lab/lab_sweep.sh attn-probe`` on a CUDA machine (it installs the package first: ``edgespec.arch``);
+``python lab/attn_overhead_probe.py --sections 5 --repeat 9`` for the target figure alone.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # kernel_bench, make_drafter
 
 from kernel_bench import graph_us, head_major_twin, make_cache  # noqa: E402
 
