@@ -22,6 +22,7 @@ import torch
 from edgespec.arch.detect import select_hooks
 from edgespec.bench.attn_in_place import compare_in_place, format_in_place
 from edgespec.bench.timing import time_cuda
+from edgespec.config import MAX_DRAFT_TOKENS
 from edgespec.errors import ConfigError
 from edgespec.loading.checkpoint import build_empty
 from edgespec.loading.hf_config import parse_config
@@ -138,14 +139,14 @@ def bench_shape(shape: str, *, device: torch.device, dtype: torch.dtype = torch.
 
         def verify_step(vs=vs, toks=toks) -> None:
             start = vs.cache.length
-            vs.hooks.verify(model, vs.cache, toks, (), vs.rollback_strategy)
+            vs.hooks.verify(model, vs.cache, toks, ())
             vs.cache.rollback(start)
 
         v_ms = time_cuda(verify_step)
         # Rollback alone, at its dearest: a checkpoint restore costs the same for any kept row (one slot copy); a
         # deferred commit advances the state by the kept rows, so it is timed keeping all of them.
         start = vs.cache.length
-        vs.hooks.verify(model, vs.cache, toks, (), vs.rollback_strategy)
+        vs.hooks.verify(model, vs.cache, toks, ())
         deferred = vs.cache.deferred_pending
         keep = rows if deferred else 1
 
@@ -182,7 +183,7 @@ class _FixedDraft:
     name = "fixed"
     taps: tuple[int, ...] = ()
     default_k = 1
-    max_k = 31
+    max_k = MAX_DRAFT_TOKENS
 
     def __init__(self, k: int) -> None:
         self.default_k = k
