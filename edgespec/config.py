@@ -22,6 +22,9 @@ import yaml
 from edgespec.errors import ConfigError
 
 ENV_PREFIX = "EDGESPEC_"
+# The most drafts one cycle may verify (K; the verify forward has K + 1 rows). One bound for the setting, every
+# proposer (``Proposer.max_k``) and the server's per-request ``num_draft_tokens``.
+MAX_DRAFT_TOKENS = 31
 
 
 def _knob(default: Any, help: str, **extra: Any) -> Any:
@@ -54,7 +57,7 @@ class Settings:
     drafter: Literal["none", "ngram", "dflash", "mtp"] = _knob("none", "draft proposer", section="speculation")
     drafter_path: str | None = _knob(None, "DFlash drafter checkpoint folder")
     num_draft_tokens: int | None = _knob(
-        None, "K drafts per cycle (verify K+1 rows); None = drafter default", min=1, max=31)
+        None, "K drafts per cycle (verify K+1 rows); None = drafter default", min=1, max=MAX_DRAFT_TOKENS)
     window_size: int | None = _knob(None, "DFlash per-token context window W; None = arch default (128)", min=1,
                                     max=4096)
     window_seed: bool | None = _knob(None, "seed the DFlash window from the prompt tail; None = arch default")

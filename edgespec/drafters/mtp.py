@@ -37,7 +37,6 @@ class MTPProposer(Proposer):
 
     name = "mtp"
     default_k = 3
-    max_k = 31
 
     def __init__(self, target: TargetModel, *, max_len: int = 4096) -> None:
         head = target.mtp
