@@ -16,15 +16,12 @@
    ``--rows`` query rows (1: decode; 16: a verify).
 5. The target's figure, repeated: one call at 32k keys after each flush, ``--repeat`` times (fresh graphs each
    time), with the median and the range of each path and of the bf16 / FP8 ratio. Single runs of it have moved by
-   up to 0.9 us between machine starts (round 8), which is 0.05 of the ratio.
+   up to 0.9 us between machine starts, which is 0.05 of the ratio.
 6. Head-major K and scales (``kernel_bench.head_major_twin``): the same rows with each KV head's keys contiguous,
    read through strides by the unchanged kernel, timed like section 4 beside the default layout.
 
-From round 13 the GPU issue's 1.6x target is judged on one call inside a decode step instead
+The FP8 / bf16 ratio the benchmarks page reports is one call inside a decode step instead
 (``edgespec bench --attn-in-place``, ``edgespec/bench/attn_in_place.py``); section 5 stays as the one-call figure.
-
-Round 6 ran an earlier version with a CUDA decode kernel beside these (removed again: slower than the Triton
-one); its outputs are ``docs/measurements/attn_overhead_probe*_h200_round6.txt``.
 
 ``bash lab/lab_sweep.sh attn-probe`` on a CUDA machine (it installs the package first: ``edgespec.arch``);
 ``python lab/attn_overhead_probe.py --sections 5 --repeat 9`` for the target figure alone.
@@ -112,8 +109,8 @@ def sequence_us(calls: list) -> float:
     return ms * 1e3 / len(calls)
 
 
-# Section 4: ``config=`` overrides of the default launch, each timed on both caches. Round 8 ran experimental kernel
-# forms here (branches round8-attn-experiments, round8-pipe-qk-experiment; docs/benchmarks.md, round 8).
+# Section 4: ``config=`` overrides of the default launch, each timed on both caches. Experimental kernel forms
+# ran here too (docs/notes/attention-experiments.md).
 VARIANTS = [{}, {"waves": 3}, {"waves": 5}, {"num_warps": 4}, {"BLOCK_N": 64, "num_warps": 4, "waves": 2},
             {"num_stages": 2}, {"num_stages": 4}]
 

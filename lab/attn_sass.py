@@ -3,7 +3,7 @@
 
 Triton compiles for any target it is told (``GPUTarget("cuda", 90, 32)``) and ships ``ptxas`` and ``cuobjdump``, so
 registers, spills, shared memory and the SASS of the main loop can be read on a CPU machine. The loop is the largest
-backward branch of the kernel; its opcode counts are per warp and per key tile. Round 7 found the FP8 V byte gathers
+backward branch of the kernel; its opcode counts are per warp and per key tile. The FP8 V byte gathers were found
 this way (``LDS.U8``: 128 per tile with a key-major V, none with the key-blocked V).
 
 Usage (from the repository root; FP8 decode launch of the 27B heads unless told otherwise)::

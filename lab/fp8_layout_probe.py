@@ -5,8 +5,8 @@ The cache is ``[keys, Hkv, hd]``: with Hkv = 4 and hd = 256, one (key, head) row
 and the four heads of a key share one 1 KB row, read by four different programs at different times. This script
 times the bf16 and FP8 attentions at equal bytes with Hkv = 4 (32k keys), 2 (64k) and 1 (128k keys: every read
 contiguous), 24 / 12 / 6 query heads (group 6). If the FP8 kernels speed up as rows get contiguous while the
-bf16 kernel (512-byte rows) does not, DRAM row locality, not kernel work, is what limits them. (Round 6: they
-do not; ``docs/measurements/fp8_layout_probe*_h200_round6.txt``, which also timed the CUDA kernel since removed.)
+bf16 kernel (512-byte rows) does not, DRAM row locality, not kernel work, is what limits them. (Answer: they
+do not; docs/notes/attention-experiments.md.)
 
 ``PYTHONPATH=. python3 lab/fp8_layout_probe.py [write|read]`` on a CUDA machine (the L2 flush of the timer).
 """
