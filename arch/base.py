@@ -53,6 +53,7 @@ class ArchHooks:
     def __init__(self) -> None:
         self.defaults = self.make_defaults()
         self.static: dict[int, StaticForward] = {}   # row count -> static (graph-mode) forward
+        self.rollback_mode = self.defaults.rollback   # set by prepare(); verify and rollback follow it
 
     def make_defaults(self) -> ArchDefaults:
         return ArchDefaults()
@@ -67,8 +68,11 @@ class ArchHooks:
 
     def prepare(self, model: TargetModel, cache: ModelCache, verify_rows: int, taps: Sequence[int],
                 rollback: str, graphs: bool) -> None:
-        """Build the static decode (1 row) and verify (``verify_rows``) forwards; capture them as CUDA graphs when
-        ``graphs`` and the model is on CUDA. Leaves the cache reset. Without ``graphs`` stages run eagerly."""
+        """Fix the rollback strategy (one of ``ROLLBACK_STRATEGIES``) that :meth:`verify` and :meth:`rollback`
+        follow, and build the static decode (1 row) and verify (``verify_rows``) forwards; capture them as CUDA
+        graphs when ``graphs`` and the model is on CUDA. Leaves the cache reset. Without ``graphs`` stages run
+        eagerly."""
+        self.rollback_mode = rollback
         self.static.clear()
         if cache.states is not None:
             cache.states.graph_commits = graphs and model.device.type == "cuda"
@@ -87,8 +91,7 @@ class ArchHooks:
         """Fill the cache with the prompt; logits of the last row, hidden/taps of every row."""
         return model.prefill(prompt, cache, chunk=chunk, taps=taps)
 
-    def verify(self, model: TargetModel, cache: ModelCache, rows: torch.Tensor, taps: Sequence[int],
-               rollback: str) -> ForwardOutput:
+    def verify(self, model: TargetModel, cache: ModelCache, rows: torch.Tensor, taps: Sequence[int]) -> ForwardOutput:
         """One target forward over ``rows = [current, drafts...]``; saves what the rollback strategy needs.
 
         With a static verify forward of R rows, shorter drafts are padded to R (a batch-1 forward costs the same
@@ -96,6 +99,7 @@ class ArchHooks:
         Padding rows sit after the real ones, so causality keeps them out of the real rows' results, and the
         rollback drops them with the rejected drafts.
         """
+        rollback = self.rollback_mode
         if rollback == "replay":
             cache.snapshot()
         n = rows.shape[0]
@@ -116,10 +120,10 @@ class ArchHooks:
         return self.static[min(candidates)] if candidates else None
 
     def rollback(self, model: TargetModel, cache: ModelCache, start: int, rows: torch.Tensor, keep: int,
-                 taps: Sequence[int], rollback: str) -> ForwardOutput | None:
+                 taps: Sequence[int]) -> ForwardOutput | None:
         """Keep the first ``keep`` of the verify rows written at ``start``. Returns a replay forward's output when
         one ran (its taps then cover exactly the kept rows)."""
-        if rollback == "replay" and cache.has_state:
+        if self.rollback_mode == "replay" and cache.has_state:
             if start + keep == cache.length:
                 return None
             cache.restore_snapshot()

@@ -6,8 +6,9 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 
-from edgespec.config import add_settings_arguments, load_settings
+from edgespec.config import RUN_SECTIONS, SECTIONS, load_settings, settings_parent
 from edgespec.errors import EdgespecError
 
 
@@ -91,34 +92,43 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
     return run_quantize(args)
 
 
+def _version() -> str:
+    try:
+        return version("edgespec")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgespec", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    # Each verb shows only the settings it uses: the server's flags belong to `serve` alone.
+    run_settings = settings_parent(RUN_SECTIONS)
 
-    p = sub.add_parser("generate", help="answer one prompt and print telemetry")
+    p = sub.add_parser("generate", help="answer one prompt and print telemetry", parents=[run_settings])
     p.add_argument("prompt", nargs="+", help="user message (or raw text with --raw)")
     p.add_argument("--raw", action="store_true", help="no chat template: continue the text")
     p.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=None,
                    help="chat template enable_thinking switch")
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
-    add_settings_arguments(p)
     p.set_defaults(func=_cmd_generate)
 
-    p = sub.add_parser("serve", help="run the OpenAI-compatible agent server")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    add_settings_arguments(p)
+    p = sub.add_parser("serve", help="run the OpenAI-compatible agent server", parents=[settings_parent(SECTIONS)])
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="server log level")
     p.set_defaults(func=_cmd_serve)
 
-    p = sub.add_parser("bench", help="measure plain and speculative decoding on the bench prompts")
+    p = sub.add_parser("bench", help="measure plain and speculative decoding on the bench prompts",
+                       parents=[run_settings])
     from edgespec.bench.cli import add_bench_arguments
     add_bench_arguments(p)
-    add_settings_arguments(p)
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("profile", help="tune drafter, K, KV format, rollback, graphs on this device; write the YAML")
     from edgespec.profile.cli import add_profile_arguments
-    add_profile_arguments(p)   # adds --config and every settings flag itself
+    add_profile_arguments(p)   # adds --config and the settings flags of RUN_SECTIONS itself
     p.set_defaults(func=_cmd_profile)
 
     p = sub.add_parser("distill", help="train or adapt a DFlash drafter on the target's own outputs")

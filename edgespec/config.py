@@ -22,10 +22,19 @@ import yaml
 from edgespec.errors import ConfigError
 
 ENV_PREFIX = "EDGESPEC_"
+# The most drafts one cycle may verify (K; the verify forward has K + 1 rows). One bound for the setting, every
+# proposer (``Proposer.max_k``) and the server's per-request ``num_draft_tokens``.
+MAX_DRAFT_TOKENS = 31
 
 
 def _knob(default: Any, help: str, **extra: Any) -> Any:
     return field(default=default, metadata={"help": help, **extra})
+
+
+# Sections of the settings, in the order --help shows them. A knob belongs to the section named by the nearest
+# ``section=`` at or above it in ``Settings`` (so a knob added under a section joins it without more edits).
+SECTIONS = ("model", "speculation", "runtime", "sampling", "server")
+RUN_SECTIONS = ("model", "speculation", "runtime", "sampling")  # what generate / bench / profile use
 
 
 @dataclass
@@ -33,7 +42,8 @@ class Settings:
     """Every runtime setting of edgespec, with its default. See ``docs/configuration.md``."""
 
     # --- model -------------------------------------------------------------------------------------------------
-    model: str = _knob("demo", "checkpoint folder (HF layout), a llama .gguf file, or 'demo' (embedded SmolLM2-135M)")
+    model: str = _knob("demo", "checkpoint folder (HF layout), a llama .gguf file, or 'demo' (embedded SmolLM2-135M)",
+                       section="model")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = _knob(
         "auto", "weight/activation dtype; auto = bfloat16 on CUDA, float32 on CPU")
     gguf_weights: Literal["packed", "fp32"] = _knob(
@@ -48,10 +58,10 @@ class Settings:
         "auto", "hardware hook set; auto: CC 11.x -> thor, other CUDA -> rtx, no CUDA -> base")
     enable_thinking: bool = _knob(False, "default thinking switch of the chat template (per request overridable)")
     # --- speculation -------------------------------------------------------------------------------------------
-    drafter: Literal["none", "ngram", "dflash", "mtp"] = _knob("none", "draft proposer")
+    drafter: Literal["none", "ngram", "dflash", "mtp"] = _knob("none", "draft proposer", section="speculation")
     drafter_path: str | None = _knob(None, "DFlash drafter checkpoint folder")
     num_draft_tokens: int | None = _knob(
-        None, "K drafts per cycle (verify K+1 rows); None = drafter default", min=1, max=31)
+        None, "K drafts per cycle (verify K+1 rows); None = drafter default", min=1, max=MAX_DRAFT_TOKENS)
     window_size: int | None = _knob(None, "DFlash per-token context window W; None = arch default (128)", min=1,
                                     max=4096)
     window_seed: bool | None = _knob(None, "seed the DFlash window from the prompt tail; None = arch default")
@@ -69,19 +79,21 @@ class Settings:
     ngram_gate: float = _knob(0.1, "n-gram proposer: stop drafting below this accepted/drafted ratio", min=0.0, max=1.0)
     adaptive_k: bool | None = _knob(None, "adapt drafts per cycle to acceptance (+2 after a full accept, "
                                     "accepted+1 after a rejection, within 1..K); None = arch default (on for CPU)")
-    cuda_graphs: bool | None = _knob(None, "capture decode/verify/drafter as CUDA graphs; None = arch default")
+    # --- runtime -----------------------------------------------------------------------------------------------
+    cuda_graphs: bool | None = _knob(None, "capture decode/verify/drafter as CUDA graphs; None = arch default",
+                                     section="runtime")
     prefill_chunk: int | None = _knob(None, "prefill chunk length in tokens; None = arch default", min=16)
     cpu_blas: bool = _knob(True, "CPU fp32: linears through numpy's OpenBLAS GEMV, torch intra-op threads set to 1")
     stage_timing: Literal["host", "device"] = _knob(
         "host", "telemetry stage times: host (no extra syncs) or device (sync per stage; for profiling)")
     # --- generation defaults -----------------------------------------------------------------------------------
-    max_tokens: int = _knob(256, "default completion length", min=1)
+    max_tokens: int = _knob(256, "default completion length", min=1, section="sampling")
     temperature: float = _knob(0.0, "default temperature; 0 = greedy", min=0.0, max=5.0)
     top_p: float = _knob(1.0, "default nucleus mass", min=0.0, max=1.0)
     top_k: int = _knob(0, "default top-k; 0 = off", min=0)
     seed: int | None = _knob(None, "default sampling seed")
     # --- server ------------------------------------------------------------------------------------------------
-    host: str = _knob("127.0.0.1", "bind address; anything but loopback requires api_key")
+    host: str = _knob("127.0.0.1", "bind address; anything but loopback requires api_key", section="server")
     port: int = _knob(8000, "TCP port", min=0, max=65535)
     api_key: str | None = _knob(None, "Bearer token required on /v1/*")
     served_model_name: str | None = _knob(None, "model id reported by /v1/models; default = folder name")
@@ -101,6 +113,17 @@ class Settings:
 
 
 _FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in fields(Settings)}
+
+
+def _sections() -> dict[str, str]:
+    section, out = SECTIONS[0], {}
+    for f in fields(Settings):
+        section = f.metadata.get("section", section)
+        out[f.name] = section
+    return out
+
+
+SECTION_OF: dict[str, str] = _sections()
 
 
 def _type_parts(tp: Any) -> tuple[bool, list[Any]]:
@@ -197,15 +220,36 @@ _ENV_IGNORED = frozenset({"EDGESPEC_CACHE_DIR", "EDGESPEC_CONFIG", "EDGESPEC_REQ
                           "EDGESPEC_GGUF_THREADS", "EDGESPEC_GGUF_NATIVE"})
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:
-    """Add ``--config`` and one ``--knob-name`` flag per setting (default: not given, so lower layers win)."""
+def _metavar(name: str) -> str:
+    """``{a,b,c}`` for a knob with fixed choices (checked by :func:`_coerce`, so errors name the source), else NAME."""
+    _, parts = _type_parts(_HINTS[name])
+    if typing.get_origin(parts[0]) is Literal:
+        return "{" + ",".join(map(str, typing.get_args(parts[0]))) + "}"
+    if parts[0] is bool:
+        return "{true,false}"
+    return name.upper()
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser, only: Sequence[str] | None = None,
+                           sections: Sequence[str] = SECTIONS) -> None:
+    """Add ``--config`` and one ``--knob-name`` flag per setting of ``sections`` (and in ``only`` if given), one
+    help group per section. A flag's default is "not given", so the lower layers (YAML, environment) win."""
     parser.add_argument("--config", help="YAML settings file (EDGESPEC_CONFIG)")
-    for f in fields(Settings):
-        if only is not None and f.name not in only:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        parser.add_argument(flag, dest=f"setting_{f.name}", default=None, metavar=f.name.upper(),
-                            help=f"{f.metadata['help']} (default: {f.default})")
+    for section in sections:
+        group = parser.add_argument_group(f"{section} settings")
+        for f in fields(Settings):
+            if SECTION_OF[f.name] != section or (only is not None and f.name not in only):
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            group.add_argument(flag, dest=f"setting_{f.name}", default=None, metavar=_metavar(f.name),
+                               help=f"{f.metadata['help']} (default: {f.default})")
+
+
+def settings_parent(sections: Sequence[str] = SECTIONS) -> argparse.ArgumentParser:
+    """A parent parser (``parents=[...]``) holding the settings flags of ``sections``."""
+    parent = argparse.ArgumentParser(add_help=False)
+    add_settings_arguments(parent, sections=sections)
+    return parent
 
 
 def load_settings(

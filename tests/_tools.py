@@ -1,4 +1,4 @@
-"""The scripts of ``tools/`` as modules, for the tests that check them (the tools are scripts, not a package)."""
+"""The scripts of ``tools/`` and ``lab/`` as modules, for the tests that check them (scripts, not a package)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,16 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-TOOLS = Path(__file__).resolve().parents[1] / "tools"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @functools.cache
 def load_tool(name: str) -> ModuleType:
-    """``tools/<name>.py`` loaded once as a module."""
-    spec = importlib.util.spec_from_file_location(f"_tool_{name}", TOOLS / f"{name}.py")
+    """``tools/<name>.py`` (or ``lab/<name>.py``) loaded once as a module."""
+    path = ROOT / "tools" / f"{name}.py"
+    if not path.exists():
+        path = ROOT / "lab" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_tool_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

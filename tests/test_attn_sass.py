@@ -1,4 +1,4 @@
-"""The FP8 decode attention's compiled key loop (sm_90 SASS, compiled off the GPU by tools/attn_sass.py): the
+"""The FP8 decode attention's compiled key loop (sm_90 SASS, compiled off the GPU by lab/attn_sass.py): the
 key-blocked V must keep the p.V operand free of single-byte shared-memory gathers. Needs Triton (the ``gpu`` extra),
 not a GPU; skipped where Triton is not installed."""
 
@@ -36,7 +36,7 @@ def test_blocked_v_has_no_byte_gathers():
 
 
 def test_tool_runs_as_a_script():
-    out = subprocess.run([sys.executable, str(ROOT / "tools" / "attn_sass.py"), "--top", "3"], capture_output=True,
+    out = subprocess.run([sys.executable, str(ROOT / "lab" / "attn_sass.py"), "--top", "3"], capture_output=True,
                          text=True, timeout=300)
     if out.returncode != 0 and "ptxas" in out.stderr:
         pytest.skip("no ptxas for sm_90 here")

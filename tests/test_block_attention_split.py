@@ -26,8 +26,8 @@ SHAPES = {
 
 
 def _drafter_biases(T: int, W: int, rep: int, window: int, device: str):
-    """The masks of tests/test_dflash.py::test_block_attention_triton_equals_reference_on_drafter_masks: causal,
-    bidirectional, causal sliding window; the oldest ring slots are empty (position -1, never visible), so the
+    """The masks of tests/test_dflash.py::test_block_attention_triton_equals_reference_on_drafter_masks:
+    causal, bidirectional, causal sliding window; the oldest ring slots are empty (position -1, never visible), so the
     first key splits see only masked keys."""
     empty = min(40, W // 2)
     key_pos = torch.cat([torch.arange(-empty, W - empty, device=device),

@@ -144,8 +144,8 @@ def test_graph_deferred_commit_equals_checkpoint(tmp_path, arch) -> None:
             cache = caches[rollback]
             cache.reset()
             h.prefill(model, cache, prompt, 64, ())
-            logits[rollback] = h.verify(model, cache, rows, (), rollback).logits.clone()
-            h.rollback(model, cache, 20, rows, keep, (), rollback)
+            logits[rollback] = h.verify(model, cache, rows, ()).logits.clone()
+            h.rollback(model, cache, 20, rows, keep, ())
         assert torch.equal(logits["checkpoint"], logits["deferred"]), keep
         a, b = caches["checkpoint"], caches["deferred"]
         assert a.length == b.length == 20 + keep

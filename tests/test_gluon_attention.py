@@ -1,5 +1,5 @@
 """The Gluon FP8 decode program off the GPU: its launch rules, where it applies, and its compiled key loop (sm_90
-SASS, compiled on the CPU by ``tools/attn_sass.py --gluon``). Needs Triton with Gluon, not a GPU. The GPU side
+SASS, compiled on the CPU by ``lab/attn_sass.py --gluon``). Needs Triton with Gluon, not a GPU. The GPU side
 (against the oracle) is ``tests/test_gluon_attention_gpu.py``."""
 
 from __future__ import annotations

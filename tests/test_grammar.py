@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from serving_helpers import write_tiny_chat_model
 
 from edgespec.config import Settings
 from edgespec.engine import Engine, Request
 from edgespec.errors import RequestError
 from edgespec.loading.tokenizer import ChatTokenizer
 from edgespec.serving.grammar import GrammarCompiler
-from edgespec.serving.testing import write_tiny_chat_model
 
 VOCAB = 272
 

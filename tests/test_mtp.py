@@ -52,7 +52,7 @@ def naive_mtp_logits(model, history: list[int], drafts: list[int]) -> torch.Tens
 
 def test_from_target_errors(tiny_models, tiny_checkpoints, tmp_path):
     with pytest.raises(ConfigError, match="'qwen3'.*dflash or ngram"):
-        MTPProposer.from_target(Settings(drafter="mtp"), tiny_models["qwen3"])
+        MTPProposer.from_target(tiny_models["qwen3"], max_seq_len=Settings().max_seq_len)
     no_mtp = load_target(write_random_checkpoint(tmp_path / "nomtp", tiny_config("qwen3_5"), seed=7))
     assert no_mtp.mtp is None
     with pytest.raises(ConfigError, match="no mtp.\\* weights"):

@@ -1,4 +1,4 @@
-"""tools/ncu_source_summary.py on a small Nsight Compute source-page CSV written here: the loop is found by its
+"""lab/ncu_source_summary.py on a small Nsight Compute source-page CSV written here: the loop is found by its
 backward branch, samples are split before / in / after it, and bad inputs stop the tool with a message."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from _tools import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOL = ROOT / "tools" / "ncu_source_summary.py"
+TOOL = ROOT / "lab" / "ncu_source_summary.py"
 HEADER = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_long_sb",
           "stall_wait", "stall_barrier", "stall_long_sb (Not Issued)"]
 

@@ -48,7 +48,7 @@ def prompts_file(tmp_path: Path) -> Path:
 def tiny_chat_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random two-layer Llama with a byte tokenizer and <think> tokens (loads and runs in milliseconds)."""
     pytest.importorskip("fastapi")
-    from edgespec.serving.testing import write_tiny_chat_model
+    from serving_helpers import write_tiny_chat_model
 
     return write_tiny_chat_model(tmp_path_factory.mktemp("profile-tiny") / "tiny-chat")
 

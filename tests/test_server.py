@@ -1,6 +1,6 @@
 """The agent server (edgespec.serving) end to end: a real uvicorn on 127.0.0.1 driven by the official openai client.
 
-A tiny random chat model (edgespec.serving.testing) keeps every request to milliseconds; ``SlowEngine`` stretches
+A tiny random chat model (tests/serving_helpers.py) keeps every request to milliseconds; ``SlowEngine`` stretches
 generation where a test needs work in flight (queueing, disconnects, timeouts).
 """
 
@@ -18,13 +18,13 @@ import httpx
 import openai
 import pytest
 import torch
+from serving_helpers import ServerThread, write_tiny_chat_model
 from test_grammar import ROBOT_PLAN, check_robot_plan
 
 from edgespec.config import Settings
 from edgespec.engine import Completion, Engine, Request
 from edgespec.errors import ConfigError
 from edgespec.serving import create_app, is_loopback, run_server
-from edgespec.serving.testing import ServerThread, write_tiny_chat_model
 
 MODEL = "tiny"
 CHAT = [{"role": "user", "content": "Pick up the red cup and put it on the shelf."}]

@@ -10,11 +10,11 @@ from typing import Any
 import openai
 import pytest
 import torch
+from serving_helpers import ServerThread
 
 from edgespec.config import Settings
 from edgespec.engine import Engine
 from edgespec.serving import create_app
-from edgespec.serving.testing import ServerThread
 
 PLAN_SCHEMA = {
     "type": "object",

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from serving_helpers import free_socket, write_tiny_chat_model
 
 from edgespec.config import read_yaml
 from edgespec.serving import systemd
-from edgespec.serving.testing import free_socket, write_tiny_chat_model
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIT = ROOT / "configs" / "edgespec-agent.service"

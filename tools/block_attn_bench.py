@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgespec.arch.graphs import capture_graph  # noqa: E402
-from edgespec.bench.gpu import time_cuda  # noqa: E402
+from edgespec.bench.timing import time_cuda  # noqa: E402
 from edgespec.kernels import sm_count  # noqa: E402
 from edgespec.kernels.block_attention import block_attention_ref  # noqa: E402
 

@@ -488,7 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.url:
         return run(args.url, args.api_key, args.seed, args.random, args.timeout, args.verbose)
 
-    from edgespec.serving.testing import ServerProcess, write_tiny_chat_model
+    # The tiny chat model and the server subprocess are test helpers (tests/serving_helpers.py), not package code.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from serving_helpers import ServerProcess, write_tiny_chat_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model

@@ -1,14 +1,11 @@
 #!/usr/bin/env bash
 # One device session: GPU correctness tests, the attention launch sweep, the shape sweep and the cycle split.
 # Usage on the GPU machine, from the repository root:  OUT=/some/dir bash tools/gpu_sweep.sh [stage ...]
-# Stages: tests, new-tests, gemv, profile, attn-sweep, kernels, fp8-sweep, pdl, gdn-tile, skinny, skinny-ab,
-# block-attn, attn-probe, attn-in-place, attn-ncu, attn-ncu-source, attn-trace, drafter, shapes, cycle
-# (default: tests attn-sweep kernels shapes cycle). Every output lands in $OUT.
+# Stages: tests, gemv, profile, attn-sweep, kernels, fp8-sweep, pdl, gdn-tile, skinny, skinny-ab, block-attn,
+# attn-in-place, drafter, shapes, cycle (default: tests attn-sweep kernels shapes cycle). Every output lands in $OUT.
+# The attention research probes (Nsight Compute, timer traces, the overhead probe) run from lab/lab_sweep.sh.
 set -uo pipefail
 OUT=${OUT:-.}
-# Nsight Compute on one launch of the attention split kernel (either program) of tools/attn_one_call.py.
-NCU_ONE_ATTN_CALL=(--clock-control none --kernel-name regex:"_attn_split_kernel|_fp8_decode_kernel" --launch-skip 3
-                   --launch-count 1)
 stages=${*:-tests attn-sweep kernels shapes cycle}
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip install failed"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -20,10 +17,6 @@ for s in $stages; do
              tests/test_head_norm_rope.py tests/test_block_attention_split.py tests/test_window_write.py tests/test_attn_sass.py \
              tests/test_gluon_attention_gpu.py tests/test_gluon_attention.py \
              2>&1 | tail -15 | tee "$OUT/tests.txt" ;;
-    new-tests) python3 -m pytest -q -p no:cacheprovider tests/test_argmax.py tests/test_head_norm_rope.py \
-             tests/test_block_attention_split.py tests/test_window_write.py tests/test_dflash.py \
-             tests/test_gpu_session.py \
-             "tests/test_kernels_gpu.py::test_fp8_attention_sweep_configs" 2>&1 | tail -25 | tee "$OUT/new_tests.txt" ;;
     gemv) python3 tools/gemv_bench.py --sweep 2>&1 | tee "$OUT/gemv_bench.txt" ;;
     profile) python3 tools/step_profile.py 2>&1 | tee "$OUT/step_profile.txt" ;;
     attn-sweep) python3 tools/kernel_bench.py --skip-tests --only none --sweep 2>&1 | tee "$OUT/attn_sweep.txt" \
@@ -33,18 +26,8 @@ for s in $stages; do
     fp8-sweep) python3 tools/kernel_bench.py --skip-tests --only none --fp8-sweep --fp8-sweep-budget 60 2>&1 \
              | tee "$OUT/fp8_sweep.txt" | grep -E "best|copy|default|#" ;;
     block-attn) python3 tools/block_attn_bench.py 2>&1 | tee "$OUT/block_attn.txt" ;;
-    attn-probe) python3 tools/attn_overhead_probe.py 2>&1 | tee "$OUT/attn_overhead_probe.txt" ;;
     attn-in-place) python3 tools/gpu_bench.py --shapes qwen3.5-27b,qwen3.5-4b --kv none --attn-in-place \
              --context 32768 --sweep-out "$OUT" 2>&1 | tee "$OUT/attn_in_place.txt" ;;
-    attn-ncu) for kv in fp8 bf16; do ncu "${NCU_ONE_ATTN_CALL[@]}" --section WarpStateStats --section SchedulerStats --section Occupancy \
-             --section MemoryWorkloadAnalysis --section SpeedOfLight \
-             --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" python3 tools/attn_one_call.py --kv $kv 2>&1 \
-             | tee "$OUT/attn_ncu_$kv.txt"; done ;;
-    attn-trace) python3 tools/attn_trace.py 2>&1 | tee "$OUT/attn_trace.txt" ;;
-    attn-ncu-source) for kv in fp8 bf16; do ncu "${NCU_ONE_ATTN_CALL[@]}" --section SourceCounters -f -o "$OUT/attn_src_$kv" \
-             python3 tools/attn_one_call.py --kv $kv 2>&1 | tail -2;
-             ncu -i "$OUT/attn_src_$kv.ncu-rep" --page source --csv --print-source sass > "$OUT/attn_src_$kv.csv";
-             python3 tools/ncu_source_summary.py "$OUT/attn_src_$kv.csv" | tee "$OUT/attn_ncu_source_$kv.txt"; done ;;
     pdl) for p in 0 1; do EDGESPEC_PDL=$p python3 tools/gpu_bench.py --shapes qwen3.5-4b --kv model \
              --compare-hf none --sweep-out "$OUT/pdl$p" 2>&1 | tail -1 | sed "s/^/PDL=$p /"; done | tee "$OUT/pdl.txt" ;;
     gdn-tile) python3 tools/kernel_bench.py --skip-tests --only none --gdn-sweep 2>&1 | tee "$OUT/gdn_tile.txt" \

@@ -186,7 +186,7 @@ def make_cache(max_len: int, n_kv: int, hd: int, fp8: bool, v_block: int | None 
 
 
 def key_major_twin(cache: KVCache) -> KVCache:
-    """A copy of an FP8 ``cache`` with the same rows and scales and a key-major V (the layout before round 7)."""
+    """A copy of an FP8 ``cache`` with the same rows and scales and a key-major V (the former layout)."""
     twin = KVCache(cache.max_len, *cache.v_row_shape, cache.dtype, cache.k.device, fp8=True, v_block=0)
     twin.k.copy_(cache.k)
     twin.k_scale.copy_(cache.k_scale)
@@ -333,9 +333,9 @@ def fp8_sweep_configs(T: int, group: int) -> list[dict[str, Any]]:
             {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "waves": 1},
             {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "waves": 2},
             {"waves": 6},                                                        # more splits
-            # Round 5 (docs/measurements/fp8_sweep_h200_round5.txt): narrow programs, many of them. 2 warps on
-            # 32-key tiles at 4 programs per SM won (now the default); 1 warp, more programs per SM (register file
-            # full), 4 stages (shared memory) and register caps (maxnreg: spills) all lost.
+            # Narrow programs, many of them: 2 warps on 32-key tiles at 4 programs per SM won (now the default); 1 warp,
+            # more programs per SM (register file full), 4 stages (shared memory) and register caps (maxnreg: spills)
+            # all lost.
             {"BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "waves": 4},
             {"BLOCK_N": 32, "num_warps": 2, "num_stages": 3, "waves": 3},
             {"BLOCK_N": 32, "num_warps": 2, "num_stages": 3, "waves": 6},
@@ -344,7 +344,7 @@ def fp8_sweep_configs(T: int, group: int) -> list[dict[str, Any]]:
             {"BLOCK_N": 16, "num_warps": 2, "num_stages": 4, "waves": 6},
             {"BLOCK_N": 16, "num_warps": 1, "num_stages": 4, "waves": 8},
             {"BLOCK_N": 32, "num_warps": 2, "num_stages": 3, "waves": 5, "maxnreg": 168},
-            # Round 7, with the key-blocked V (fewer registers: 210 against 255 per thread).
+            # With the key-blocked V (fewer registers: 210 against 255 per thread).
             {"BLOCK_N": 64, "num_warps": 2, "num_stages": 3, "waves": 2},
             {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "waves": 2},
             {"BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "waves": 3},
@@ -352,13 +352,13 @@ def fp8_sweep_configs(T: int, group: int) -> list[dict[str, Any]]:
             {"BLOCK_N": 32, "num_warps": 2, "num_stages": 3, "waves": 5},
             {"BLOCK_N": 32, "num_warps": 2, "num_stages": 3, "waves": 4},          # the T=1 launch at 17-32 rows
             # 200 registers (ptxas: no spills with the blocked V) let 5 programs share an SM; 168 (a few spills)
-            # and 2 stages (shared memory) let 6. Round 7: 34-38 us against the default's 25-26 (read flush).
+            # and 2 stages (shared memory) let 6. Measured: 34-38 us against the default's 25-26 (read flush).
             {"waves": 5, "maxnreg": 200},
             {"waves": 6, "maxnreg": 168, "num_stages": 2},
             {"waves": 5, "maxnreg": 200, "num_stages": 2},
         ]
     wide = min(128, triton.next_power_of_2(T * group))      # one row block for all rows (wgmma)
-    return [                                                 # verify: 32-row mma.sync blocks, 64-key tiles (round 7)
+    return [                                                 # verify: 32-row mma.sync blocks, 64-key tiles
         {},
         {**old, "BLOCK_M": wide, "num_warps": 8, "waves": 1},                   # the pre-rework default
         {"BLOCK_M": wide, "BLOCK_N": 16, "num_warps": 8, "num_stages": 4, "waves": 2},  # no spills at 128 rows
@@ -367,7 +367,7 @@ def fp8_sweep_configs(T: int, group: int) -> list[dict[str, Any]]:
         {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "waves": 2},
         {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "waves": 2},
         {"BLOCK_M": wide, "waves": 1},
-        {"BLOCK_M": wide},                                   # the round-6 default: one wgmma block, OPAQUE_CVT
+        {"BLOCK_M": wide},                                   # the former default: one wgmma block, OPAQUE_CVT
         {"waves": 3},
         {"num_warps": 2, "waves": 4},
     ]

@@ -293,7 +293,9 @@ def main(argv: list[str] | None = None) -> int:
         return run(args.url, args.pid, args.clients, args.duration, args.max_tokens, args.api_key, args.timeout,
                    args.warmup)
 
-    from edgespec.serving.testing import ServerProcess, write_tiny_chat_model
+    # The tiny chat model and the server subprocess are test helpers (tests/serving_helpers.py), not package code.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from serving_helpers import ServerProcess, write_tiny_chat_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model

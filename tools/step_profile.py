@@ -60,7 +60,7 @@ def profile_rows(session: SpecSession, model, rows: int, steps: int = 20) -> dic
             hooks.decode(model, cache, toks, ())
             cache.length = start
         else:
-            hooks.verify(model, cache, toks, (), session.rollback_strategy)
+            hooks.verify(model, cache, toks, ())
             cache.rollback(start)
 
     return {"rows": rows, **profile_step(step, steps)}

@@ -1,6 +1,6 @@
 """What one attention call costs a decode step, measured inside the step: FP8 KV against bf16 (model-dtype) KV.
 
-Why in place. ``tools/attn_overhead_probe.py`` times one attention call alone after an L2 flush; that figure
+Why in place. ``lab/attn_overhead_probe.py`` times one attention call alone after an L2 flush; that figure
 carries costs no decode step pays (after the write flush, the dirty lines the flush left in L2 are written back
 during the call) and misses the overlap a step gives (programmatic dependent launch starts the call's programs
 while the kernel before it drains, and the merge's successor likewise). Here the call is timed with its real
@@ -27,7 +27,7 @@ from unittest import mock
 import torch
 
 from edgespec.arch.detect import select_hooks
-from edgespec.bench.gpu import time_cuda
+from edgespec.bench.timing import time_cuda
 from edgespec.kernels import attention_bytes
 from edgespec.models.decoder import TargetModel
 from edgespec.spec.session import SpecSession

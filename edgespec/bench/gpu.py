@@ -12,16 +12,17 @@ import argparse
 import gc
 import json
 import os
-import statistics
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from edgespec.arch.detect import select_hooks
+from edgespec.bench.attn_in_place import compare_in_place, format_in_place
+from edgespec.bench.timing import time_cuda
+from edgespec.config import MAX_DRAFT_TOKENS
 from edgespec.errors import ConfigError
 from edgespec.loading.checkpoint import build_empty
 from edgespec.loading.hf_config import parse_config
@@ -47,28 +48,6 @@ def measure_copy_bandwidth(device: torch.device, nbytes: int = 2 << 30) -> float
     ms = time_cuda(lambda: b.copy_(a), iters=10)
     return 2 * nbytes / (ms / 1e3)
 
-
-def time_cuda(fn: Callable[[], Any], iters: int = 50, warmup: int = 5, repeats: int = 5) -> float:
-    """Median milliseconds per call of ``fn`` (CUDA events; host clock on CPU)."""
-    for _ in range(warmup):
-        fn()
-    results = []
-    cuda = torch.cuda.is_available()
-    for _ in range(repeats):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            end.synchronize()
-            results.append(start.elapsed_time(end) / iters)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            results.append((time.perf_counter() - t0) * 1e3 / iters)
-    return statistics.median(results)
 
 
 def random_model(shape: str, device: torch.device, dtype: torch.dtype, max_len: int) -> TargetModel:
@@ -177,14 +156,14 @@ def bench_shape(shape: str, *, device: torch.device, dtype: torch.dtype = torch.
 
         def verify_step(vs=vs, toks=toks) -> None:
             start = vs.cache.length
-            vs.hooks.verify(model, vs.cache, toks, (), vs.rollback_strategy)
+            vs.hooks.verify(model, vs.cache, toks, ())
             vs.cache.rollback(start)
 
         v_ms = time_cuda(verify_step)
         # Rollback alone, at its dearest: a checkpoint restore costs the same for any kept row (one slot copy); a
         # deferred commit advances the state by the kept rows, so it is timed keeping all of them.
         start = vs.cache.length
-        vs.hooks.verify(model, vs.cache, toks, (), vs.rollback_strategy)
+        vs.hooks.verify(model, vs.cache, toks, ())
         deferred = vs.cache.deferred_pending
         keep = rows if deferred else 1
 
@@ -220,7 +199,7 @@ class _FixedDraft:
     name = "fixed"
     taps: tuple[int, ...] = ()
     default_k = 1
-    max_k = 31
+    max_k = MAX_DRAFT_TOKENS
 
     def __init__(self, k: int) -> None:
         self.default_k = k
@@ -253,7 +232,6 @@ def bench_hf(shape: str, device: torch.device, dtype: torch.dtype, context: int,
 
 THOR_BW = 273e9
 DEFAULT_SHAPES = "smollm2-135m,qwen3.5-0.8b,qwen3.5-4b,qwen3-4b,qwen3.5-27b"
-
 
 
 def add_sweep_arguments(ap: argparse.ArgumentParser) -> None:
@@ -333,8 +311,6 @@ def run_sweep(args: argparse.Namespace) -> int:
               f"{r.get('hf_decode_tok_s', float('nan')):>8.1f} {r['thor_projected_decode_tok_s_at_limit']:>9.1f} "
               f"{r['load_peak_GB']:>10.2f} {r['peak_memory_GB']:>7.2f}")
     if attn:
-        from edgespec.bench.attn_in_place import format_in_place
-
         print(f"\none attention call inside a decode step (edgespec.bench.attn_in_place), {args.context} keys")
         for shape, r in attn.items():
             print("\n".join(format_in_place(shape, r, bw) if "error" not in r else [f"{shape:<14} ERROR {r['error']}"]))
@@ -343,8 +319,6 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 def attention_in_place_sweep(shapes: list[str], context: int, device: torch.device, bw: float) -> dict[str, Any]:
     """:func:`edgespec.bench.attn_in_place.compare_in_place` for each shape (a fresh random model each)."""
-    from edgespec.bench.attn_in_place import compare_in_place, format_in_place
-
     found: dict[str, Any] = {}
     for shape in shapes:
         try:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from edgespec.config import MAX_DRAFT_TOKENS
 from edgespec.models.decoder import ForwardOutput
 
 
@@ -31,7 +32,7 @@ class Proposer(ABC):
     name: str = "proposer"
     taps: tuple[int, ...] = ()
     default_k: int = 4
-    max_k: int = 31
+    max_k: int = MAX_DRAFT_TOKENS
     # Trailing prompt rows :meth:`begin` must see in the prefill forward when the session resumes a cached prefix
     # (0: the token ids are enough); None: every prompt row, so a request never resumes a prefix.
     resume_rows: int | None = None

@@ -26,5 +26,5 @@ def build_proposer(settings: Settings, model: TargetModel) -> Proposer | None:
         return load_dflash(settings, model)
     if name == "mtp":
         from edgespec.drafters.mtp import MTPProposer
-        return MTPProposer.from_target(settings, model)
+        return MTPProposer.from_target(model, max_seq_len=settings.max_seq_len)
     raise ConfigError(f"drafter {name!r} is not one of none, ngram, dflash, mtp")

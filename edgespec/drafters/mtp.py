@@ -26,7 +26,6 @@ from collections.abc import Sequence
 import torch
 
 from edgespec.cache.kv import KVCache
-from edgespec.config import Settings
 from edgespec.drafters.base import Draft, Proposer
 from edgespec.errors import ConfigError
 from edgespec.models.decoder import ForwardOutput, MTPHead, TargetModel
@@ -37,7 +36,6 @@ class MTPProposer(Proposer):
 
     name = "mtp"
     default_k = 3
-    max_k = 31
 
     def __init__(self, target: TargetModel, *, max_len: int = 4096) -> None:
         head = target.mtp
@@ -54,11 +52,12 @@ class MTPProposer(Proposer):
         self.last_logits: torch.Tensor | None = None   # [k, V] logits of the last propose (tests, telemetry)
 
     @classmethod
-    def from_target(cls, settings: Settings, model: TargetModel) -> MTPProposer:
-        """The MTP proposer of ``model``; ConfigError when the checkpoint has no ``mtp.*`` weights."""
+    def from_target(cls, model: TargetModel, *, max_seq_len: int) -> MTPProposer:
+        """The MTP proposer of ``model`` for requests of up to ``max_seq_len`` tokens; ConfigError when the
+        checkpoint has no ``mtp.*`` weights."""
         if model.mtp is None:
             raise ConfigError(_no_mtp_message(model))
-        return cls(model, max_len=settings.max_seq_len + cls.max_k + 1)
+        return cls(model, max_len=max_seq_len + cls.max_k + 1)
 
     # -- protocol -----------------------------------------------------------------------------------------------
     def reset(self) -> None:

@@ -16,13 +16,36 @@ from edgespec.drafters.base import Draft, Proposer
 from edgespec.models.decoder import ForwardOutput
 
 
+def ngram_match(history: np.ndarray, k: int, max_match: int, min_match: int = 1) -> np.ndarray:
+    """The up to ``k`` tokens that followed the latest earlier occurrence of the longest suffix of ``history``.
+
+    Suffix lengths are tried from ``max_match`` down to ``min_match``; the first length with an earlier
+    occurrence wins, and among its occurrences the latest. Returns an empty array when none matches.
+
+    Worked example, ``history = [1, 2, 3, 9, 9, 3, 7, 5, 1, 2, 3]``, ``k = 2``:
+
+    - ``max_match = 3``: the suffix ``[1, 2, 3]`` occurred at 0, followed by ``[9, 9]`` -> ``[9, 9]``;
+    - ``max_match = 1``: the suffix ``[3]`` occurred at 2 and 5; the latest (5) is followed by ``[7, 5]``.
+    """
+    L = history.shape[0]
+    for n in range(min(max_match, L - 1), min_match - 1, -1):
+        suffix = history[L - n:]                                   # [n]
+        # Candidate starts i with history[i:i+n] == suffix, excluding the suffix itself (i = L - n).
+        windows = np.lib.stride_tricks.sliding_window_view(history[:L - 1], n)    # [L - n, n]
+        hits = np.flatnonzero((windows == suffix).all(axis=1))
+        hits = hits[hits + n < L]
+        if hits.size:
+            start = int(hits[-1]) + n
+            return history[start:start + k]
+    return history[:0]
+
+
 class NGramProposer(Proposer):
     """Suffix-match drafting over the request's own tokens. No model, no taps."""
 
     name = "ngram"
     resume_rows = 0          # drafts from token ids alone
     default_k = 4
-    max_k = 31
 
     def __init__(self, max_match: int = 4, min_match: int = 1, lookback: int = 4096, gate: float = 0.1,
                  warmup_tokens: int = 16, probe_every: int = 8, max_len: int = 1 << 16) -> None:
@@ -50,19 +73,9 @@ class NGramProposer(Proposer):
         self._append(list(prompt_ids))
 
     def find(self, k: int) -> list[int]:
-        """Tokens following the latest earlier match of the longest suffix (with the pending token appended)."""
+        """:func:`ngram_match` over the last ``lookback`` tokens (the pending token included)."""
         hist = self.history[max(0, self.length - self.lookback):self.length]
-        L = hist.shape[0]
-        for n in range(min(self.max_match, L - 1), self.min_match - 1, -1):
-            suffix = hist[L - n:]
-            # Candidate starts i with hist[i:i+n] == suffix, excluding the suffix itself (i = L - n).
-            windows = np.lib.stride_tricks.sliding_window_view(hist[:L - 1], n)
-            hits = np.flatnonzero((windows == suffix).all(axis=1))
-            hits = hits[hits + n < L]
-            if hits.size:
-                start = int(hits[-1]) + n
-                return hist[start:start + k].tolist()
-        return []
+        return ngram_match(hist, k, self.max_match, self.min_match).tolist()
 
     def propose(self, last_token: int, k: int) -> Draft | None:
         if self.paused_cycles > 0:

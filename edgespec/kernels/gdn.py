@@ -19,7 +19,7 @@ import torch
 from edgespec.kernels import use_triton
 
 
-def _prepare(q: torch.Tensor, k: torch.Tensor, n_v_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+def prepare_qk(q: torch.Tensor, k: torch.Tensor, n_v_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """l2-normalise q and k in fp32, scale q, and repeat key heads up to the value heads."""
     q = q.float()
     k = k.float()
@@ -38,7 +38,7 @@ def gdn_recurrent_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
                       out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Step the recurrence over T rows. With ``slots [>=T+1, Hv, dk, dv]`` the state after row i goes to slot i+1.
     Returns ``o [T, Hv, dv]`` computed in fp32, in ``out_dtype``."""
-    q, k = _prepare(q, k, v.shape[1])
+    q, k = prepare_qk(q, k, v.shape[1])
     v = v.float()
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     s = state
@@ -63,7 +63,7 @@ def gdn_chunked_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
           S_C = exp(G_C) S0 + sum_s exp(G_C - G_s) k_s u_s^T.
     Decay factors are formed as exp of differences (each <= 1), never as exp(G_t) / exp(G_s), so nothing overflows.
     """
-    q, k = _prepare(q, k, v.shape[1])
+    q, k = prepare_qk(q, k, v.shape[1])
     v = v.float()
     g = g.float()
     beta = beta.float()

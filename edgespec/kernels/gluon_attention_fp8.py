@@ -4,11 +4,11 @@ Contract: the split half of :func:`edgespec.kernels.triton_attention.cached_atte
 with key-blocked V (``v_block`` 32) and 16-bit queries: it writes the same normalised partials and log2-sum-exps,
 and the same merge launch combines them.
 
-Why a second form of the decode program. Rounds 6-10 (docs/benchmarks.md) found the Triton program issue- and
-latency-bound: 873 warp-instructions per 32-key tile on 2 warps, a fifth of them register moves that rebuild the
-query operand from shared memory on every tile, and 8 barriers per tile for the softmax shared by both warps.
-Triton picks those operand layouts itself (all ``tl.dot`` sizes >= 16, 8-bit operand layout for the query). Here
-they are written out:
+Why a second form of the decode program. Profiled (docs/notes/attention-experiments.md), the Triton program is issue-
+and latency-bound: 873 warp-instructions per 32-key tile on 2 warps, a fifth of them register moves that rebuild the
+query operand from shared memory on every tile, and 8 barriers per tile for the softmax shared by both warps. Triton
+picks those operand layouts itself (all ``tl.dot`` sizes >= 16, 8-bit operand layout for the query). Here they are
+written out:
 
 - Both products are transposed, so the query heads of one KV head are the mma's N = 8 (6 used for Qwen3.5-27B):
   ``S^T [keys, 8] = K [keys, hd] . Q^T [hd, 8]`` and ``O^T [hd, 8] += V^T [hd, keys] . P^T [keys, 8]``. Half the
@@ -28,14 +28,14 @@ they are written out:
   it does not queue behind them; it is converted after them.
 
 Default launch (``GLUON_DECODE``): one warp per program on 32-key tiles, four programs per SM, one wave. Measured
-(H200, 27B heads, 32k keys, round 11): one call 29.3-30.2 us after a write flush and 24.2-25.0 us after a read flush,
+(H200, 27B heads, 32k keys): one call 29.3-30.2 us after a write flush and 24.2-25.0 us after a read flush,
 24.4-24.6 us per call over 16 back-to-back calls; the Triton program on the same machine starts 30.2 / 25.3-25.5 /
 25.8-25.9 us. Its loop is 777 instructions per 32 keys (the Triton program: 2 x 873). Still 7 us above a plain
 streaming read of the same bytes: the first tile lands 4-9 us after the start (all programs ask at once) and
-programs finish 5 us apart (``tools/attn_trace.py``); claiming tiles dynamically from a counter to even that out was
-slower (35 us), and so was a ramped ring start (31 us). Round 12 deals the 32-key blocks out evenly (``BALANCE``:
+programs finish 5 us apart (``lab/attn_trace.py``); claiming tiles dynamically from a counter to even that out was
+slower (35 us), and so was a ramped ring start (31 us). The 32-key blocks are dealt out evenly (``BALANCE``:
 no split left empty, every SM four busy programs; 29.0-29.8 against 29.8-30.0 us, loop 782 instructions); merging
-the splits inside this launch behind a per-KV-head barrier was slower (32.3 us; docs/benchmarks.md).
+the splits inside this launch behind a per-KV-head barrier was slower (32.3 us).
 
 The scales follow the Triton program's "tile" rule (``V_SCALE_TILE``): the k scale multiplies the logits, and each
 warp folds ``v_scale / vmax`` (its tile's largest v scale) into the probabilities and carries ``vmax`` in its
@@ -303,15 +303,14 @@ def _fp8_decode_kernel(
         _stamp(trace_ptr, 3)
 
 
-# Launch of the Gluon decode program (``config`` keys of cached_attention_triton): warps per program, keys per warp
-# per iteration, copy stages; ``waves`` (programs per SM) follows from shared memory. Measured on an H200 (27B heads,
-# 32k keys, us: write flush / read flush / per call of 16 back to back; docs/measurements/attn_experiments_h200_
-# round11.txt): one warp on 32 keys 29.3-30.2 / 24.2-25.0 / 24.4-24.6 (the Triton program: 30.2 / 25.3-25.5 /
-# 25.8-25.9); two warps on 32 keys each 30.2-30.5 / 24.3-25.0 / 24.6-24.7; four 31.9 / 26.6 / 26.3; warps on 16 keys
-# each 35-45 (their per-tile costs); 2 or 4 stages 30.8 / 25.4 and 30.8 / 24.5. ``BALANCE`` 1: the key range dealt
-# out in whole 32-key blocks, 8 or 7 per split at 32k keys (0: whole tiles per split, rounded up, which left the
-# last splits empty); round 12, four pairs: 29.0-29.8 / 23.9-24.2 / 24.2 against 29.8-30.0 / 24.2-24.4 / 24.3
-# (attn_experiments_h200_round12.txt). 16-key units were slower (31-32 us: half of a V block's 32-byte rows each).
+# Launch of the Gluon decode program (``config`` keys of cached_attention_triton): warps per program, keys per warp per
+# iteration, copy stages; ``waves`` (programs per SM) follows from shared memory. Measured on an H200 (27B heads, 32k
+# keys, us: write flush / read flush / per call of 16 back to back; lab/attn_overhead_probe.py): one warp on 32 keys
+# 29.3-30.2 / 24.2-25.0 / 24.4-24.6 (the Triton program: 30.2 / 25.3-25.5 / 25.8-25.9); two warps on 32 keys each
+# 30.2-30.5 / 24.3-25.0 / 24.6-24.7; four 31.9 / 26.6 / 26.3; warps on 16 keys each 35-45 (their per-tile costs); 2 or 4
+# stages 30.8 / 25.4 and 30.8 / 24.5. ``BALANCE`` 1: the key range dealt out in whole 32-key blocks, 8 or 7 per split at
+# 32k keys (0: whole tiles per split, rounded up, which left the last splits empty), four pairs: 29.0-29.8 / 23.9-24.2 /
+# 24.2 against 29.8-30.0 / 24.2-24.4 / 24.3. 16-key units were slower (31-32 us: half of a V block's 32-byte rows each).
 GLUON_DECODE: dict[str, int] = {"num_warps": 1, "BLOCK_W": 32, "num_stages": 3, "BALANCE": 1}
 # The config keys this program takes: its launch's, and the programs per SM and split count the rule derives.
 GLUON_KEYS = frozenset({*GLUON_DECODE, "waves", "n_splits"})
@@ -346,7 +345,7 @@ def gluon_decode_split(q: torch.Tensor, cache, start: int, start_t: torch.Tensor
     """Launch the split program of one decode attention over ``cache`` (an FP8 ``KVCache``); ``o_part`` and
     ``lse_part`` as :func:`~edgespec.kernels.triton_attention.cached_attention_triton` allocates them, with
     ``cfg["n_splits"]`` splits; ``qk_scale`` already in log2 units. ``trace``: an int64 ``[n_splits, n_kv, 5]``
-    tensor that receives each program's global-timer stamps (see ``TRACE_POINTS``), for ``tools/attn_trace.py``."""
+    tensor that receives each program's global-timer stamps (see ``TRACE_POINTS``), for ``lab/attn_trace.py``."""
     _, n_q, hd = q.shape
     n_kv = cache.k.shape[1]
     _, stride_vh, stride_vb = cache.v_strides()

@@ -99,7 +99,7 @@ def qk_norm_rope_write(qkv: torch.Tensor, cache: KVCache, start: int, cs: tuple[
                                   zero_centred, pos_t)
 
 
-def _check_head_norm_rope(x: torch.Tensor, n: int, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+def check_head_norm_rope(x: torch.Tensor, n: int, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                           ) -> torch.Tensor:
     """Validate :func:`head_norm_rope`'s inputs (ValueError naming the problem); return the weight as a
     ``[Bw, nw, hd]`` view, ``Bw`` in ``{1, B}`` and ``nw`` in ``{1, n}`` (1: shared, broadcast)."""
@@ -149,7 +149,7 @@ def head_norm_rope_ref(x: torch.Tensor, n: int, weight: torch.Tensor, cos: torch
     """Reference of :func:`head_norm_rope`: the sequence the DFlash drafter ran before (``_head_rms_norm`` then
     ``RotaryEmbedding.forward``). A unit-weight RMSNorm of all heads leaves ``x̂`` rounded to x's dtype exactly
     where ``RMSNorm`` multiplies by its weight (``1 * x̂`` is exact), so ``x̂ * w`` rounds like ``RMSNorm(w)``."""
-    w3 = _check_head_norm_rope(x, n, weight, cos, sin)
+    w3 = check_head_norm_rope(x, n, weight, cos, sin)
     unit = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
     w = w3[:, None] if x.dim() == 4 else w3[0]      # [Bw, 1, nw, hd] vs [B, T, n, hd]; [nw, hd] vs [T, n, hd]
     y = rms_norm_ref(x, unit, eps, False)[..., :n, :] * w

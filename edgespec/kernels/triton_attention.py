@@ -20,38 +20,21 @@ multiply per score instead of one per element. bf16/fp32 products take ``p_n * v
 carry ``vmax`` in the accumulator's per-row factor (``V_SCALE`` "tile"; the older form multiplied every V element,
 "rows").
 
-FP8 code generation (sm_90, Triton 3.6; read off the compiled SASS, ``tools/kernel_bench.py`` has the timing
-sweep): left alone, the compiler moves the e4m3 -> fp16 conversion next to the dot, reads the V tile from shared
-memory byte by byte, and gives the fp16 query operand the 8-bit operand layout (``kWidth`` 4: extra moves per
-mma). ``OPAQUE_CVT`` passes the converted K and V tiles through an identity the compiler cannot see into, so the
-tiles are read as 16-byte vectors, converted once, stored as fp16 and fed by ldmatrix like a bf16 cache. At T=1
-(27B heads, 64-key tiles, 4 warps) that takes the loop from ~80 to ~48 warp-instructions per key (bf16 cache:
-~35 per key for twice the bytes). Fewer instructions did not mean less time, though: timed on an H200
-(``tools/kernel_bench.py --fp8-sweep``, 27B heads, 32k keys) the OPAQUE_CVT decode configurations ran 45-58 us and
-the compiler-placed conversion with 64-key tiles 34.0 us (bf16 cache 45.1 us: 1.33x), so decode keeps the latter
-with the per-tile V-scale fold (35.0 us with every V element scaled). Round 5 found the program shape mattered more
-than the conversion: 2 warps on 32-key tiles, 4 programs per SM, 30.8 us (1.48x; see ``FP8_LAUNCH``).
-At T=16 the OPAQUE_CVT form with 32-key tiles was the fastest FP8 form measured (120 us) but still slower than the
-bf16 cache (61 us). Round 7 (blocked V, 32-row mma.sync blocks, see ``FP8_LAUNCH``): 81.9 us against 59.8 (27B
-heads), 59.2 against 65.1 (4B heads, where FP8 now also wins at T=16).
-Round 6 wrote the decode case as a CUDA kernel with hand-laid mma fragments (half the instructions, no byte loads);
-it was slower (32.2 vs 30.9 us), and a build of it that only streamed the cache already took 26.3 us
-(docs/benchmarks.md, round 6). Round 7 compiled the kernel for sm_90 off the GPU and counted the loop's SASS: 1204
-instructions per warp per 32-key tile, 128 of them single-byte shared-memory loads that gather V key pairs for the
-``p . V`` operand (the tensor cores pair consecutive keys; ``ldmatrix`` transposes 16-bit tiles but has no 8-bit
-form on sm_90). FP8 caches now store V key-blocked and transposed (:class:`~edgespec.cache.kv.KVCache`,
-``V_BLOCK``): the tile is read as ``[HEAD_DIM, BLOCK_N]`` with the keys contiguous, copied as 16-byte vectors and
-converted in place, and the loop is 873 instructions (210 registers, from 255). 27B heads, 32k keys, H200, key-major
--> blocked V: 31.1 -> 30.3 us with the write flush, 29.0 -> 25.6 us with the read flush, 28.0 -> 25.8 us per layer
-over 16 back-to-back layers (docs/measurements/attn_overhead_probe_h200_round7.txt).
-(Pipelining needs ``num_stages`` >= 3: with 2 the next tile's copy is issued only after the current tile's dots.)
-Round 8 profiled the FP8 decode program (Nsight Compute, docs/benchmarks.md): two warps per scheduler issuing every
-2.1 cycles, stalled on the dependency chains of their own conversions, softmax and products rather than on memory.
-Forms with 8-15% fewer loop instructions (keys as the product rows; the next tile's logits ahead of the softmax,
-which keeps q in registers) and 16-key tiles with 6 programs per SM were all slower or equal. Round 9 read the stall
-samples per instruction (``tools/ncu_source_summary.py``): two thirds issue or arithmetic latency, a fifth memory
-waits (the tile's data, the next tile's k scale). Prefetching the scales or the tiles into L2, shorter tensor-core
-chains (logits summed over head-dim slices) and one warp per head-dim half were all slower or equal.
+FP8 code generation (sm_90, Triton 3.6; read off the compiled SASS with ``lab/attn_sass.py``, timed with
+``tools/kernel_bench.py --fp8-sweep``; the experiments behind these choices: docs/notes/attention-experiments.md):
+
+- V is stored key-blocked and transposed for FP8 (:class:`~edgespec.cache.kv.KVCache`, ``V_BLOCK``): the tensor
+  cores take the ``p . V`` operand as pairs of consecutive keys and sm_90 has no 8-bit transposing load, so a
+  key-major e4m3 V was gathered byte by byte (128 single-byte shared-memory loads per 32-key tile). Read as
+  ``[HEAD_DIM, BLOCK_N]`` with the keys contiguous, the tile is copied as 16-byte vectors and converted in place.
+- The compiler places the e4m3 -> fp16 conversion itself. ``OPAQUE_CVT`` (an identity it cannot see into, so tiles
+  are converted once and fed by ldmatrix) cuts the loop's instructions but was slower at decode; it stays as a
+  launch option.
+- The program shape matters more than instruction counts: the decode program is bound by the dependency chains of
+  its own conversions, softmax and products (Nsight Compute), not by memory issue. See ``FP8_LAUNCH`` for the
+  measured launches; from 8192 keys one-row decode runs the Gluon program instead
+  (:mod:`edgespec.kernels.gluon_attention_fp8`).
+- Pipelining needs ``num_stages`` >= 3: with 2 the next tile's copy is issued only after the current tile's dots.
 
 Nothing about the position is compiled in: ``start`` is a plain runtime argument (not specialised), or is read
 from a device tensor ``start_t``, and the grid then depends only on ``T`` and the cache size, so one CUDA
@@ -258,18 +241,18 @@ def _attn_combine_kernel(
 FP8_LAUNCH: dict[str, dict[str, int]] = {
     # Decode: measured best of the sweep (tools/kernel_bench.py --fp8-sweep, H200, 27B heads, hd 256, 32k keys):
     # narrow programs, many of them: 2 warps on 32-key tiles, 4 programs per SM (30.8 us vs 45.5 us bf16 = 1.48x;
-    # round 4's 4 warps on 64-key tiles, 2 per SM: 33.3 us). With one or two warps splitting a 16-row block the
+    # 4 warps on 64-key tiles, 2 per SM: 33.3 us). With one or two warps splitting a 16-row block the
     # per-tile softmax and the P exchange between warps shrink; one warp was slower (48.8-93.5 us), and more than
-    # 4 programs per SM too. Compiler-placed conversion (OPAQUE_CVT 0: same time, less shared memory). Round 7 (blocked
-    # V) swept again under both flushes: still the best; 5-6 programs per SM (register caps) ran 34-38 us.
+    # 4 programs per SM too. Compiler-placed conversion (OPAQUE_CVT 0: same time, less shared memory). With the
+    # blocked V, swept again under both flushes: still the best; 5-6 programs per SM (register caps) ran 34-38 us.
     "decode": {"BLOCK_N": 32, "num_warps": 2, "num_stages": 3, "waves": 4, "OPAQUE_CVT": 0},
     # More than 16 packed rows (verify, and decode of several rows): 32-row mma.sync blocks, each re-reading the KV
-    # tiles (from L2 after the first block), 64-key tiles on 4 warps. With the blocked V (round 7) this beat one
-    # 64/128-row wgmma block and 32-key tiles in every 32k case measured (H200, us; fp8_sweep_rows_h200_round7.txt,
-    # wgmma: fp8_sweep_verify_h200_round7.txt): 27B heads T=16 81.9 (wgmma 125.6, 32-key tiles 97.5), T=8 58.2
+    # tiles (from L2 after the first block), 64-key tiles on 4 warps. With the blocked V this beat one
+    # 64/128-row wgmma block and 32-key tiles in every 32k case measured (H200, us; tools/kernel_bench.py
+    # --fp8-sweep): 27B heads T=16 81.9 (wgmma 125.6, 32-key tiles 97.5), T=8 58.2
     # (wgmma 89.5, 32-key tiles 68.7); 4B heads T=16 58.9 (90.8, 68.5), T=8 36.4 (the T=1 launch: 52.5).
     "rows": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "waves": 2, "OPAQUE_CVT": 0},
-    # Row blocks of 64-128 (only when a caller sets BLOCK_M; the verify default before round 7): wgmma. 32-key tiles:
+    # Row blocks of 64-128 (only when a caller sets BLOCK_M; the former verify default): wgmma. 32-key tiles:
     # 64-key ones spill registers with 128 rows (ptxas: ~160 spill instructions per tile). Two programs per SM where
     # they fit (64-row blocks: 96 KB each at hd 256; 128-row ones fit once).
     "wide": {"BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "waves": 2},
@@ -352,7 +335,7 @@ def attention_launch_config(T: int, n_q_heads: int, n_kv_heads: int, head_dim: i
         # A key range too short to give every SM a program (the split count is capped by ~4 tiles per split).
         # Under half the SMs busy with 64-key tiles: halve the tiles, which doubles the splits (H200, 27B heads,
         # 4096 keys, T=4: 13.1 against 15.3 us); still at most one program per SM: more warps per program (4096
-        # keys, T=1, 32 splits: 4 warps 10.1 us, 2 warps 11.4). docs/measurements/fp8_sweep_*_h200_round7.txt.
+        # keys, T=1, 32 splits: 4 warps 10.1 us, 2 warps 11.4).
         if (cfg["BLOCK_N"] > 32 and "BLOCK_N" not in overrides
                 and m_blocks * n_kv_heads * n_splits <= sm_count // 2):
             cfg["BLOCK_N"] = 32
@@ -379,8 +362,7 @@ def _smem_per_sm(device: torch.device) -> int:
 
 # The Gluon decode program runs by default from this many keys (the grid's key-length hint) on: below it the Triton
 # program's short-cache launches win (H200, 27B heads, one call: 1024 keys 8.6-9.2 against 9.1-9.5 us, 4096 keys
-# 10.0-10.2 against 10.5-11.1; from 8192 keys on the two are level or the Gluon program leads; docs/benchmarks.md,
-# round 11).
+# 10.0-10.2 against 10.5-11.1; from 8192 keys on the two are level or the Gluon program leads).
 GLUON_MIN_KEYS = 8192
 # Config keys that tune the Triton program only: a config with one of them runs it unless it sets GLUON.
 TRITON_ONLY_KEYS = frozenset({"BLOCK_M", "BLOCK_N", "OPAQUE_CVT", "V_SCALE", "FP16_DOT", "maxnreg"})
@@ -442,7 +424,7 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
         assert cache.k_scale.stride() == cache.v_scale.stride()
     s_strides = (ks.stride(0), ks.stride(1)) if cache.fp8 else (0, 0)
     # bf16 queries over an FP8 cache: fp16 products (H200, 32k keys, hd 256: 42.5 -> 35.1 us at T=1,
-    # 104.7 -> 81.5 us at T=16; docs/measurements/attn_sweep_h200.txt).
+    # 104.7 -> 81.5 us at T=16; tools/kernel_bench.py --sweep).
     fp16_dot = cache.fp8 and q.dtype == torch.bfloat16 and config.get("FP16_DOT", 1) == 1
     v_scale = V_SCALE_NONE.value
     opaque = False
@@ -509,7 +491,7 @@ def merge_splits(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor
     splits, T, n_q, hd = o_part.shape
     splits_p2 = max(2, triton.next_power_of_2(splits))
     if block_d is None:
-        # 32 columns per program at every split count (H200, tools/attn_overhead_probe.py, Hq 24, hd 256: 16
+        # 32 columns per program at every split count (H200, lab/attn_overhead_probe.py, Hq 24, hd 256: 16
         # splits 5.0 -> 2.1 us, 32 splits 6.9 -> 2.8 us against the old "<= 8k floats per tile" rule, which gave
         # only 24-96 programs there; 66 and 132 splits unchanged at 3.7-4.5 us).
         block_d = min(hd, 32)

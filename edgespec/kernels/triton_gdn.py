@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from edgespec.kernels.gdn import gdn_chunked_ref, prepare_qk
 from edgespec.kernels.triton_pdl import pdl_launch, pdl_release, pdl_wait
 
 
@@ -166,9 +167,8 @@ def _chunk_prep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
     pairs at once through :func:`_unit_lower_inverse`. Rows past T are zero-padded with g = beta = 0, which
     makes them write nothing and decay nothing.
     """
-    from edgespec.kernels.gdn import _prepare
     T, n_v, dv = v.shape
-    qn, kn = _prepare(q, k, n_v)                                  # [T, Hv, dk] fp32, normalised, repeated
+    qn, kn = prepare_qk(q, k, n_v)                                  # [T, Hv, dk] fp32, normalised, repeated
     dk = qn.shape[-1]
     pad = (-T) % chunk
     vf, gf, bf = v.float(), g.float(), beta.float()
@@ -330,7 +330,6 @@ def gdn_chunked_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     q, k, v = _check(q, k, v, g, beta, state)
     T, n_v, dv = v.shape
     if chunk & (chunk - 1) or not 16 <= chunk <= 128:
-        from edgespec.kernels.gdn import gdn_chunked_ref
         return gdn_chunked_ref(q, k, v, g, beta, state, chunk)
     out = torch.empty((T, n_v, dv), dtype=torch.float32, device=v.device)
     if T == 0:

@@ -52,7 +52,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn,
 
 
 def gemv_config(N: int, K: int, sm_count: int) -> dict[str, int]:
-    """Launch shape from the H200 sweep (``tools/gemv_bench.py --sweep``, docs/measurements/gemv_bench_h200.txt):
+    """Launch shape from the H200 sweep (``tools/gemv_bench.py --sweep``):
     long rows (K >= 4096) go best as 2 rows per program over 1024-wide K slices; shorter rows as 8-16 rows per
     program over 256-wide slices, with deeper pipelining for the wide matrices."""
     if K >= 4096:

@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from edgespec.cache.kv import FP8_DTYPE, FP8_MAX, KVCache
+from edgespec.kernels.rope import check_head_norm_rope
 from edgespec.kernels.triton_pdl import pdl_enter, pdl_launch
 
 # The fp32 reciprocal CUDA torch multiplies by for ``amax / 448.0`` (``opmath(1) / opmath(448)``, on the host).
@@ -261,11 +262,10 @@ def head_norm_rope_triton(x: torch.Tensor, n: int, weight: torch.Tensor, cos: to
                           eps: float) -> torch.Tensor:
     """See :func:`edgespec.kernels.rope.head_norm_rope`; one launch, no host sync (CUDA-graph safe). Raises
     ValueError on inputs that do not fit (shapes, dtypes, devices)."""
-    from edgespec.kernels.rope import _check_head_norm_rope
 
     if x.dtype not in _ACT_DTYPES:
         raise ValueError(f"x dtype {x.dtype} not supported (bf16, fp16, fp32)")
-    w3 = _check_head_norm_rope(x, n, weight, cos, sin)
+    w3 = check_head_norm_rope(x, n, weight, cos, sin)
     x4 = x if x.dim() == 4 else x[None]
     B, T, _, hd = x4.shape
     if x4.stride(-1) != 1:

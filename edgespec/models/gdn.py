@@ -78,7 +78,7 @@ class GatedDeltaNet(nn.Module):
                               update_state=not defer)
         z = z.reshape(T, self.hv, self.dv)
         # A separate norm kernel on purpose: fusing it into the out_proj GEMV was measured slower on an H200
-        # (figures in docs/benchmarks.md).
+        # (docs/notes/attention-experiments.md).
         o = gated_rms_norm(o, z, self.norm.weight, self.norm.eps)
         return self.out_proj(o.reshape(T, self.value_dim))
 

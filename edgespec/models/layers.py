@@ -43,7 +43,7 @@ def gather_rows(table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     ``nn.Embedding`` return. Indexing runs one CUDA thread per output element; ``index_select`` (and so the
     embedding) takes a kernel that walks the indices one after another, each waiting on a memory read: on an H200
     a 16-row verify spent 11-15 us per gather there against ~2 us for one row
-    (docs/measurements/step_profile_smollm2_h200_before_round4.txt)."""
+    (``tools/step_profile.py``)."""
     return table[rows]
 
 
@@ -171,7 +171,7 @@ def merge_linears(parent: nn.Module, names: list[str]) -> nn.Module | None:
     that cannot split at the part boundaries, or the parts mix formats, nothing changes and None is returned (the
     caller keeps the separate layers).
     """
-    from edgespec.weights.base import PackedLinear, PackedWeight
+    from edgespec.weights.base import PackedWeight
 
     parts = [getattr(parent, n) for n in names]
     has_bias = parts[0].bias is not None
@@ -230,7 +230,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is not None:
             # Separate SwiGLU kernel on purpose: fusing it into the down GEMV was measured slower on an H200
-            # (every GEMV program recomputes the whole input; figures in docs/benchmarks.md).
+            # (every GEMV program recomputes the whole input; docs/notes/attention-experiments.md).
             return self.down_proj(silu_mul(self.gate_up_proj(x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from edgespec.config import add_settings_arguments, load_settings
+from edgespec.config import RUN_SECTIONS, add_settings_arguments, load_settings
 from edgespec.errors import ConfigError, EdgespecError
 from edgespec.profile.space import GROUPS, TUNED_KNOBS, parse_groups, parse_values
 
@@ -66,7 +66,7 @@ def _positive_int(name: str, minimum: int = 1):
 
 
 def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``edgespec profile`` flags, then every settings flag (the base configuration of the search)."""
+    """The ``edgespec profile`` flags, then the settings flags of a run (the base configuration of the search)."""
     g = parser.add_argument_group("profile")
     g.add_argument("--prompts", help="prompt set YAML, a list of {id, user, thinking} (default: the packaged set)")
     g.add_argument("--max-prompts", type=_positive_int("--max-prompts"), default=None,
@@ -99,7 +99,7 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
                    help="also try relaxed thinking acceptance (output may differ from plain greedy inside "
                         "<think> blocks)")
     g.add_argument("--no-chart", action="store_true", help="do not draw the PNG chart (needs matplotlib)")
-    add_settings_arguments(parser)
+    add_settings_arguments(parser, sections=RUN_SECTIONS)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,6 +8,10 @@ import torch
 
 from edgespec.errors import RequestError
 
+# Temperatures below this are greedy (as in vLLM): logits / temperature overflow to inf and softmax gives NaN; the
+# limit of sampling is argmax. The server reads it from here too.
+GREEDY_BELOW = 1e-5
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -26,12 +30,9 @@ class SamplingParams:
         if self.top_k < 0:
             raise RequestError(f"top_k {self.top_k} must be >= 0")
 
-    # Below this, logits / temperature overflow to inf and softmax gives NaN; the limit of sampling is argmax.
-    GREEDY_BELOW = 1e-5
-
     @property
     def greedy(self) -> bool:
-        return self.temperature < self.GREEDY_BELOW
+        return self.temperature < GREEDY_BELOW
 
     def generator(self, device: torch.device) -> torch.Generator:
         gen = torch.Generator(device=device)

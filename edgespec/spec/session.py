@@ -16,7 +16,7 @@ import torch
 
 from edgespec.arch.base import ROLLBACK_STRATEGIES, ArchHooks
 from edgespec.cache.prefix import PrefixCache
-from edgespec.drafters.base import Proposer
+from edgespec.drafters.base import Draft, Proposer
 from edgespec.errors import ConfigError, PromptTooLongError, RequestError
 from edgespec.models.decoder import ForwardOutput, TargetModel
 from edgespec.spec.acceptance import AcceptancePolicy, Verdict
@@ -50,6 +50,56 @@ class GenerationResult:
 
 # Callback fed each batch of newly emitted tokens; returning True stops generation (a stop string was hit).
 TokenSink = Callable[[list[int]], bool]
+
+
+@dataclass
+class Cycle:
+    """What one propose -> verify -> accept cycle carries from its verify to the emit and the proposer's commit.
+
+    A cycle without a draft is a plain decode step (one row). Its commit to the proposer runs at the start of the
+    next cycle's draft stage (see :meth:`SpecSession.generate`).
+    """
+
+    verdict: Verdict                 # accepted drafts, then tokens = accepted drafts + the next token
+    forward: ForwardOutput           # the forward whose rows 0 .. accepted are in the cache: logits [rows, vocab]
+    drafted: int                     # draft tokens verified (0: a plain decode step); rows = drafted + 1
+
+    def commit_to(self, proposer: Proposer) -> None:
+        proposer.commit(self.verdict.tokens, self.verdict.accepted, self.forward, self.drafted)
+
+
+class Emitter:
+    """The tokens of one request so far, and the rules that end it: stop ids, ``max_tokens``, the grammar, the
+    caller's sink. :meth:`emit` takes each cycle's committed tokens and returns a finish reason or None."""
+
+    def __init__(self, max_tokens: int, stop_ids: Sequence[int], policy: AcceptancePolicy,
+                 on_tokens: TokenSink | None, constraint: TokenConstraint | None) -> None:
+        self.max_tokens, self.stop_set, self.policy = max_tokens, set(stop_ids), policy
+        self.on_tokens, self.constraint = on_tokens, constraint
+        self.tokens: list[int] = []
+
+    @property
+    def room(self) -> int:
+        return self.max_tokens - len(self.tokens)
+
+    def emit(self, tokens: list[int]) -> str | None:
+        """Append newly committed tokens (up to a stop id or ``max_tokens``); a finish reason when it must end."""
+        finish = None
+        for i, t in enumerate(tokens):
+            if t in self.stop_set:
+                tokens, finish = tokens[:i], "stop"
+                break
+        if len(self.tokens) + len(tokens) >= self.max_tokens and finish is None:
+            tokens, finish = tokens[:self.room], "length"
+        self.tokens.extend(tokens)
+        self.policy.observe(tokens)
+        if self.constraint is not None and tokens:
+            self.constraint.commit(tokens)
+            if finish is None and self.constraint.is_finished():
+                finish = "stop"
+        if self.on_tokens is not None and tokens and self.on_tokens(tokens):
+            finish = "stop"
+        return finish
 
 
 class SpecSession:
@@ -113,11 +163,10 @@ class SpecSession:
         self.check_request(len(prompt_ids), max_tokens, k)
         k = self.k if k is None else k
         model, hooks, cache, proposer = self.model, self.hooks, self.cache, self.proposer
-        tel = RequestTelemetry(drafter=self.drafter_name, prompt_tokens=len(prompt_ids))
-        if self.stage_timing == "device" and model.device.type == "cuda":
-            tel._sync = torch.cuda.synchronize
-        stop_set = set(stop_ids)
         device = model.device
+        sync = torch.cuda.synchronize if self.stage_timing == "device" and device.type == "cuda" else None
+        tel = RequestTelemetry(drafter=self.drafter_name, prompt_tokens=len(prompt_ids), sync=sync)
+        out = Emitter(max_tokens, stop_ids, policy, on_tokens, constraint)
         start = 0
         if prefix is None:
             cache.reset()
@@ -130,115 +179,106 @@ class SpecSession:
             prompt = torch.tensor(list(prompt_ids)[start:], dtype=torch.long, device=device)
             cut = None if prefix is None else prefix.split(prompt_ids, start)
             if cut is None:
-                out = hooks.prefill(model, cache, prompt, self.prefill_chunk, self.taps)
+                prefill = hooks.prefill(model, cache, prompt, self.prefill_chunk, self.taps)
             else:
                 # Pause at the last turn boundary so the next turn can resume a hybrid model's state there.
                 head = hooks.prefill(model, cache, prompt[:cut - start], self.prefill_chunk, self.taps)
                 prefix.mark(prompt_ids, cut)
-                out = _joined(head, hooks.prefill(model, cache, prompt[cut - start:], self.prefill_chunk, self.taps))
+                prefill = _joined(head, hooks.prefill(model, cache, prompt[cut - start:], self.prefill_chunk,
+                                                      self.taps))
             if prefix is not None:
                 prefix.prefilled(prompt_ids)
-            logits = out.logits[-1]
+            logits = prefill.logits[-1]
             if constraint is not None:
                 logits = _masked(logits[None], constraint.row_masks([], logits.shape[-1], device))[0]
             first = policy.next_token(logits)
         t_first = time.perf_counter()
         if proposer is not None:
             with tel.stage("draft"):
-                proposer.begin(prompt_ids, out)
+                proposer.begin(prompt_ids, prefill)
                 proposer.commit([first], 0, None)
 
         draft_len = DraftLength(k, self.adaptive_k)
-        emitted: list[int] = []
         # The proposer's commit of a cycle runs at the start of the next cycle's draft stage, right before its
         # propose (and before any other forward, as the commit contract needs): one burst of drafter work per cycle
         # (the window append, then the block) instead of two stages around the emit.
-        pending: tuple | None = None
-        finish = self._emit([first], emitted, max_tokens, stop_set, on_tokens, constraint, policy)
+        pending: Cycle | None = None
+        finish = out.emit([first])
         while finish is None:
             if cancelled is not None and cancelled():
                 finish = "cancelled"
                 break
-            room = min(draft_len.k, max_tokens - len(emitted) - 1, cache.max_len - cache.length - 1)
+            room = min(draft_len.k, out.room - 1, cache.max_len - cache.length - 1)
             if cache.length + 1 > cache.max_len:
                 finish = "length"
                 break
-            last = emitted[-1]
+            last = out.tokens[-1]
             draft = None
             if proposer is not None and (room > 0 or pending is not None):
                 with tel.stage("draft"):
                     if pending is not None:
-                        proposer.commit(*pending)
+                        pending.commit_to(proposer)
                         pending = None
-                    draft = proposer.propose(last, room) if room > 0 else None
-                    if draft is not None:
-                        tokens = draft.tokens[:room]
-                        if constraint is not None:
-                            tokens = tokens[:constraint.valid_prefix(tokens.tolist())]
-                        draft = None if tokens.numel() == 0 else type(draft)(tokens.to(device), draft.probs)
-            if draft is None:
-                with tel.stage("verify"):
-                    step = hooks.decode(model, cache, torch.tensor([last], device=device), self.taps)
-                with tel.stage("accept"):
-                    logits, greedy = step.logits, step.greedy
-                    if constraint is not None:
-                        logits, greedy = _masked(logits, constraint.row_masks([], logits.shape[-1], device)), None
-                    verdict = Verdict(0, [policy.next_token(logits[0], greedy)])
-                    drafted, fwd = 0, step
-            else:
-                drafted = draft.tokens.shape[0]
-                rows = torch.cat([torch.tensor([last], device=device), draft.tokens])
-                start = cache.length
-                with tel.stage("verify"):
-                    step = hooks.verify(model, cache, rows, self.taps, self.rollback_strategy)
-                with tel.stage("accept"):
-                    logits, greedy = step.logits, step.greedy
-                    if constraint is not None:
-                        # The graph's verdict is of the unmasked logits: the grammar's masks change it.
-                        logits = _masked(logits, constraint.row_masks(draft.tokens.tolist(), logits.shape[-1],
-                                                                      device))
-                        greedy = None
-                    verdict = policy.accept(logits, draft.tokens, draft.probs, greedy)
-                    replayed = hooks.rollback(model, cache, start, rows, verdict.accepted + 1, self.taps,
-                                              self.rollback_strategy)
-                    fwd = replayed if replayed is not None else step
-            tel.record_cycle(drafted, verdict.accepted)
-            draft_len.update(drafted, verdict.accepted)
+                    draft = self._propose(last, room, constraint) if room > 0 else None
+            cycle = self._decode(last, policy, constraint, tel) if draft is None else \
+                self._verify(last, draft, policy, constraint, tel)
+            tel.record_cycle(cycle.drafted, cycle.verdict.accepted)
+            draft_len.update(cycle.drafted, cycle.verdict.accepted)
             if proposer is not None:
-                pending = (verdict.tokens, verdict.accepted, fwd, drafted)
+                pending = cycle
             with tel.stage("other"):
-                finish = self._emit(verdict.tokens, emitted, max_tokens, stop_set, on_tokens, constraint, policy)
+                finish = out.emit(cycle.verdict.tokens)
         if pending is not None:
             # The last cycle's commit, so the proposer ends in step with the cache (as after every cycle).
             with tel.stage("draft"):
-                proposer.commit(*pending)
+                pending.commit_to(proposer)
         tel.decode_ms = (time.perf_counter() - t_first) * 1000.0
-        tel.generated_tokens = len(emitted)
+        tel.generated_tokens = len(out.tokens)
         if prefix is not None:
-            prefix.finished(list(prompt_ids) + emitted)
-        return GenerationResult(emitted, finish, tel)
+            prefix.finished(list(prompt_ids) + out.tokens)
+        return GenerationResult(out.tokens, finish, tel)
 
-    @staticmethod
-    def _emit(tokens: list[int], emitted: list[int], max_tokens: int, stop_set: set[int],
-              on_tokens: TokenSink | None, constraint: TokenConstraint | None,
-              policy: AcceptancePolicy) -> str | None:
-        """Append newly committed tokens; returns a finish reason when generation must end."""
-        finish = None
-        for i, t in enumerate(tokens):
-            if t in stop_set:
-                tokens, finish = tokens[:i], "stop"
-                break
-        if len(emitted) + len(tokens) >= max_tokens and finish is None:
-            tokens, finish = tokens[:max_tokens - len(emitted)], "length"
-        emitted.extend(tokens)
-        policy.observe(tokens)
-        if constraint is not None and tokens:
-            constraint.commit(tokens)
-            if finish is None and constraint.is_finished():
-                finish = "stop"
-        if on_tokens is not None and tokens and on_tokens(tokens):
-            finish = "stop"
-        return finish
+    def _propose(self, last: int, room: int, constraint: TokenConstraint | None) -> Draft | None:
+        """The proposer's draft cut to ``room`` and to the grammar's valid prefix; None when nothing is left."""
+        draft = self.proposer.propose(last, room)
+        if draft is None:
+            return None
+        tokens = draft.tokens[:room]
+        if constraint is not None:
+            tokens = tokens[:constraint.valid_prefix(tokens.tolist())]
+        return None if tokens.numel() == 0 else type(draft)(tokens.to(self.model.device), draft.probs)
+
+    def _decode(self, last: int, policy: AcceptancePolicy, constraint: TokenConstraint | None,
+                tel: RequestTelemetry) -> Cycle:
+        """A cycle without drafts: one decode step and the next token."""
+        device = self.model.device
+        with tel.stage("verify"):
+            step = self.hooks.decode(self.model, self.cache, torch.tensor([last], device=device), self.taps)
+        with tel.stage("accept"):
+            logits, greedy = step.logits, step.greedy          # [1, vocab], [2] or None
+            if constraint is not None:
+                logits, greedy = _masked(logits, constraint.row_masks([], logits.shape[-1], device)), None
+            verdict = Verdict(0, [policy.next_token(logits[0], greedy)])
+        return Cycle(verdict, step, 0)
+
+    def _verify(self, last: int, draft: Draft, policy: AcceptancePolicy, constraint: TokenConstraint | None,
+                tel: RequestTelemetry) -> Cycle:
+        """Verify ``last`` + the draft in one forward, accept a prefix, roll the rest back."""
+        model, cache, device = self.model, self.cache, self.model.device
+        drafted = draft.tokens.shape[0]
+        rows = torch.cat([torch.tensor([last], device=device), draft.tokens])     # [drafted + 1]
+        start = cache.length
+        with tel.stage("verify"):
+            step = self.hooks.verify(model, cache, rows, self.taps)
+        with tel.stage("accept"):
+            logits, greedy = step.logits, step.greedy          # [drafted + 1, vocab], [drafted + 2] or None
+            if constraint is not None:
+                # The graph's verdict is of the unmasked logits: the grammar's masks change it.
+                logits = _masked(logits, constraint.row_masks(draft.tokens.tolist(), logits.shape[-1], device))
+                greedy = None
+            verdict = policy.accept(logits, draft.tokens, draft.probs, greedy)
+            replayed = self.hooks.rollback(model, cache, start, rows, verdict.accepted + 1, self.taps)
+        return Cycle(verdict, replayed if replayed is not None else step, drafted)
 
 
 class DraftLength:

@@ -1,33 +1,65 @@
-"""Acceptance and timing telemetry, per request and cumulative, as plain objects the server and profiler read.
+"""Acceptance and timing telemetry: counted once, published by separate sinks.
 
-Acceptance length follows vLLM: ``1 + accepted / drafts`` where ``drafts`` counts verify cycles that carried at
-least one draft token; it includes the bonus token. Per-position rate ``i`` = accepted_per_pos[i] / drafts.
+Counting. :class:`AcceptanceCounts` is the one place that counts verify cycles and accepted drafts (per request
+in :class:`RequestTelemetry`, summed over requests in :class:`CumulativeTelemetry`). The formulas follow vLLM:
+
+- ``drafts``: verify cycles that carried at least one draft token (plain decode steps are not drafts);
+- acceptance length = ``1 + accepted_tokens / drafts`` (it counts the bonus token; 1.0 with no drafts);
+- acceptance rate = ``accepted_tokens / draft_tokens``;
+- per-position rate ``i`` = ``accepted_per_pos[i] / drafts`` (draft ``i`` accepted, 0-based);
+- decode tok/s = ``(generated_tokens - 1) / decode time`` (the first token comes out of prefill).
+
+Publishing. The sinks only read the counts: :func:`log_summary` (one log line), :func:`telemetry_dict` (the JSON
+of ``edgespec generate --json`` and of the profiler), and the server's Prometheus counters
+(``edgespec.serving.metrics.ServerMetrics.observe``), where the same formulas read, in PromQL,
+``1 + rate(edgespec:spec_decode_num_accepted_tokens_total[5m]) / rate(edgespec:spec_decode_num_drafts_total[5m])``
+and ``rate(edgespec:spec_decode_num_accepted_tokens_per_pos_total{position="i"}[5m]) /
+rate(edgespec:spec_decode_num_drafts_total[5m])``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 STAGES = ("prefill", "draft", "verify", "accept", "other")
 
 
 @dataclass
-class RequestTelemetry:
-    """Counters and stage times of one request."""
+class AcceptanceCounts:
+    """Draft and acceptance counters; the formulas over them are in the module docstring."""
 
-    drafter: str = "none"
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    cycles: int = 0                  # target forwards after prefill (verify cycles + plain decode steps)
     drafts: int = 0                  # cycles that verified at least one draft token
     draft_tokens: int = 0
     accepted_tokens: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
-    stage_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
-    decode_ms: float = 0.0           # wall time from the first token to the last
+    accepted_per_pos: list[int] = field(default_factory=list)   # [i]: cycles whose draft i was accepted
+
+    def record(self, n_drafted: int, n_accepted: int) -> None:
+        """Count one verify cycle of ``n_drafted`` drafts of which the first ``n_accepted`` were accepted."""
+        if n_drafted == 0:
+            return
+        self.drafts += 1
+        self.draft_tokens += n_drafted
+        self.accepted_tokens += n_accepted
+        self._grow(n_drafted)
+        for i in range(n_accepted):
+            self.accepted_per_pos[i] += 1
+
+    def add_counts(self, other: AcceptanceCounts) -> None:
+        """Add another set of counts (a finished request) to these."""
+        self.drafts += other.drafts
+        self.draft_tokens += other.draft_tokens
+        self.accepted_tokens += other.accepted_tokens
+        self._grow(len(other.accepted_per_pos))
+        for i, a in enumerate(other.accepted_per_pos):
+            self.accepted_per_pos[i] += a
+
+    def _grow(self, n: int) -> None:
+        if len(self.accepted_per_pos) < n:
+            self.accepted_per_pos.extend([0] * (n - len(self.accepted_per_pos)))
 
     @property
     def acceptance_length(self) -> float:
@@ -41,80 +73,87 @@ class RequestTelemetry:
     def per_position_rate(self) -> list[float]:
         return [a / self.drafts for a in self.accepted_per_pos] if self.drafts else []
 
+
+@dataclass
+class RequestTelemetry(AcceptanceCounts):
+    """Counters and stage times of one request.
+
+    ``sync`` (``stage_timing: device``): called before and after every stage, so each stage is timed whole.
+    Device work is asynchronous: without a sync a stage's time is its launch time and the one host sync of the
+    cycle absorbs the rest (profiling only: the extra syncs cost a few microseconds each).
+    """
+
+    drafter: str = "none"
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    cycles: int = 0                  # target forwards after prefill (verify cycles + plain decode steps)
+    stage_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    decode_ms: float = 0.0           # wall time from the first token to the last
+    sync: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+
     @property
     def decode_tok_s(self) -> float:
-        # The first token comes out of prefill; decode speed counts the tokens produced after it.
         n = self.generated_tokens - 1
         return n / (self.decode_ms / 1000.0) if n > 0 and self.decode_ms > 0 else 0.0
 
     def record_cycle(self, n_drafted: int, n_accepted: int) -> None:
+        """Count one target forward after prefill (``n_drafted == 0``: a plain decode step)."""
         self.cycles += 1
-        if n_drafted == 0:
-            return
-        self.drafts += 1
-        self.draft_tokens += n_drafted
-        self.accepted_tokens += n_accepted
-        if len(self.accepted_per_pos) < n_drafted:
-            self.accepted_per_pos.extend([0] * (n_drafted - len(self.accepted_per_pos)))
-        for i in range(n_accepted):
-            self.accepted_per_pos[i] += 1
+        self.record(n_drafted, n_accepted)
 
     @contextmanager
-    def stage(self, name: str):
-        # Device work is asynchronous: without a sync a stage's time is its launch time and the one host sync of
-        # the cycle absorbs the rest. ``stage_timing: device`` sets ``_sync`` so each stage is timed whole
-        # (profiling only: the extra syncs cost a few microseconds each).
-        sync = getattr(self, "_sync", None)
-        if sync is not None:
-            sync()
+    def stage(self, name: str) -> Iterator[None]:
+        """Add the wall time of the ``with`` body to stage ``name``."""
+        if self.sync is not None:
+            self.sync()
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            if sync is not None:
-                sync()
+            if self.sync is not None:
+                self.sync()
             self.stage_ms[name] += (time.perf_counter() - t0) * 1000.0
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.update(acceptance_length=round(self.acceptance_length, 4), acceptance_rate=round(self.acceptance_rate, 4),
-                 per_position_rate=[round(x, 4) for x in self.per_position_rate],
-                 decode_tok_s=round(self.decode_tok_s, 2))
-        d["stage_ms"] = {k: round(v, 3) for k, v in self.stage_ms.items()}
-        return d
+        return telemetry_dict(self)
 
     def summary(self) -> str:
-        s = self.stage_ms
-        return (f"drafter={self.drafter} tokens={self.generated_tokens} cycles={self.cycles} "
-                f"AL={self.acceptance_length:.2f} accept={self.acceptance_rate:.0%} "
-                f"decode={self.decode_tok_s:.1f} tok/s prefill={s['prefill']:.0f}ms draft={s['draft']:.0f}ms "
-                f"verify={s['verify']:.0f}ms accept={s['accept']:.0f}ms other={s['other']:.0f}ms")
+        return log_summary(self)
 
 
 @dataclass
-class CumulativeTelemetry:
-    """Totals over every request served (the /metrics counters read this)."""
+class CumulativeTelemetry(AcceptanceCounts):
+    """Totals over every request served."""
 
     requests: int = 0
     prompt_tokens: int = 0
     generated_tokens: int = 0
-    drafts: int = 0
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
 
     def add(self, r: RequestTelemetry) -> None:
         self.requests += 1
         self.prompt_tokens += r.prompt_tokens
         self.generated_tokens += r.generated_tokens
-        self.drafts += r.drafts
-        self.draft_tokens += r.draft_tokens
-        self.accepted_tokens += r.accepted_tokens
-        if len(self.accepted_per_pos) < len(r.accepted_per_pos):
-            self.accepted_per_pos.extend([0] * (len(r.accepted_per_pos) - len(self.accepted_per_pos)))
-        for i, a in enumerate(r.accepted_per_pos):
-            self.accepted_per_pos[i] += a
+        self.add_counts(r)
 
-    @property
-    def acceptance_length(self) -> float:
-        return 1.0 + self.accepted_tokens / self.drafts if self.drafts else 1.0
+
+# -- sinks ----------------------------------------------------------------------------------------------------------
+
+def telemetry_dict(t: RequestTelemetry) -> dict[str, Any]:
+    """One request's counts and derived rates as plain JSON values (rates rounded)."""
+    return {
+        "drafter": t.drafter, "prompt_tokens": t.prompt_tokens, "generated_tokens": t.generated_tokens,
+        "cycles": t.cycles, "drafts": t.drafts, "draft_tokens": t.draft_tokens,
+        "accepted_tokens": t.accepted_tokens, "accepted_per_pos": list(t.accepted_per_pos),
+        "stage_ms": {k: round(v, 3) for k, v in t.stage_ms.items()}, "decode_ms": t.decode_ms,
+        "acceptance_length": round(t.acceptance_length, 4), "acceptance_rate": round(t.acceptance_rate, 4),
+        "per_position_rate": [round(x, 4) for x in t.per_position_rate], "decode_tok_s": round(t.decode_tok_s, 2),
+    }
+
+
+def log_summary(t: RequestTelemetry) -> str:
+    """One request as one log line."""
+    s = t.stage_ms
+    return (f"drafter={t.drafter} tokens={t.generated_tokens} cycles={t.cycles} "
+            f"AL={t.acceptance_length:.2f} accept={t.acceptance_rate:.0%} "
+            f"decode={t.decode_tok_s:.1f} tok/s prefill={s['prefill']:.0f}ms draft={s['draft']:.0f}ms "
+            f"verify={s['verify']:.0f}ms accept={s['accept']:.0f}ms other={s['other']:.0f}ms")

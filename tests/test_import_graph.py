@@ -1,0 +1,83 @@
+"""The package's imports form no cycle: a Triton module depends on its torch reference, never both ways.
+
+Imports inside functions count too, except a lazy import of a Triton/Gluon module: a reference reaches its twin
+that way, inside the dispatch function, because Triton may be absent (CPU) and must not load with the reference."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Installed package name -> folder in the repository (pyproject package-dir).
+PACKAGES = {"edgespec": ROOT / "edgespec", "edgespec.arch": ROOT / "arch", "edgespec.serving": ROOT / "serving"}
+
+
+def package_modules() -> dict[str, Path]:
+    """Every module of the installed package by dotted name."""
+    found: dict[str, Path] = {}
+    for package, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            parts = [p for p in path.relative_to(folder).with_suffix("").parts if p != "__init__"]
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def needs_triton(module: str) -> bool:
+    leaf = module.rsplit(".", 1)[-1]
+    return leaf.startswith(("triton_", "gluon_"))
+
+
+def imports_of(path: Path, known: dict[str, Path]) -> set[str]:
+    """Package modules ``path`` imports (``from a.b import c`` counts a.b.c if it is a module, else a.b), leaving
+    out lazy (function-level) imports of Triton modules."""
+    tree = ast.parse(path.read_text())
+    top = {id(n) for n in tree.body}
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        found: set[str] = set()
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("edgespec") and not node.level:
+            submodules = {f"{node.module}.{a.name}" for a in node.names} & known.keys()
+            found = submodules or ({node.module} & known.keys())
+        elif isinstance(node, ast.Import):
+            found = {a.name for a in node.names} & known.keys()
+        if id(node) not in top:
+            found = {m for m in found if not needs_triton(m)}
+        out |= found
+    return out
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules (first == last), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return path[path.index(n):] + [n]
+            if n not in state and (cycle := visit(n)):
+                return cycle
+        path.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (cycle := visit(m)):
+            return cycle
+    return None
+
+
+def test_find_cycle_reports_a_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_package_has_no_import_cycle() -> None:
+    modules = package_modules()
+    assert "edgespec.kernels.triton_gdn" in modules and "edgespec.arch.base" in modules
+    graph = {m: imports_of(p, modules) - {m} for m, p in modules.items()}
+    assert "edgespec.kernels.gdn" in graph["edgespec.kernels.triton_gdn"]  # the Triton twin uses its reference
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
