@@ -16,7 +16,7 @@ setting the length.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +24,7 @@ import torch
 from edgespec.arch.graphs import StaticForward
 from edgespec.cache.model_cache import ModelCache
 from edgespec.models.decoder import ForwardOutput, TargetModel
+from edgespec.weights.base import PackedWeight
 
 # The rollback strategies every arch offers (see the module doc).
 ROLLBACK_STRATEGIES: tuple[str, ...] = ("checkpoint", "replay", "deferred")
@@ -74,6 +75,7 @@ class ArchHooks:
         eagerly."""
         self.rollback_mode = rollback
         self.static.clear()
+        self.choose_weight_kernels(model)   # before any capture: graphs record the chosen products
         if cache.states is not None:
             cache.states.graph_commits = graphs and model.device.type == "cuda"
         if graphs:
@@ -84,6 +86,30 @@ class ArchHooks:
                 self.static[verify_rows] = StaticForward(model, cache, verify_rows, taps, checkpoint, capture=True,
                                                          defer=defer)
         cache.reset()
+
+    # -- weights ------------------------------------------------------------------------------------------------
+    def weight_kernel(self, packed: PackedWeight) -> Callable | None:
+        """The fast product for one packed weight on this hardware, or None for its torch reference. Base: the
+        Triton products of ``edgespec.kernels.triton_quant_gemv`` where they run (CUDA, Triton, a capability and
+        shape they accept); on CPU the GGUF formats keep their own compiled path."""
+        if packed.device.type != "cuda":
+            return None
+        from edgespec.kernels.triton_quant_gemv import choose_quant_kernel, prepare_for_kernel
+        kernel = choose_quant_kernel(packed)
+        if kernel is not None:
+            prepare_for_kernel(packed)
+        return kernel
+
+    def choose_weight_kernels(self, *modules: torch.nn.Module) -> int:
+        """Store :meth:`weight_kernel` in every packed weight of ``modules`` (the target, a drafter); returns how
+        many got a fast kernel. Dense layers are unaffected (``edgespec.kernels.linear`` routes them)."""
+        chosen = 0
+        for module in modules:
+            for sub in module.modules():
+                if isinstance(sub, PackedWeight):
+                    sub.kernel = self.weight_kernel(sub)
+                    chosen += sub.kernel is not None
+        return chosen
 
     # -- stages -------------------------------------------------------------------------------------------------
     def prefill(self, model: TargetModel, cache: ModelCache, prompt: torch.Tensor, chunk: int,

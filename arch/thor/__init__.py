@@ -10,7 +10,8 @@ class ThorHooks(ArchHooks):
     commit reads and writes it once; per-step checkpoints would write it once per verify row -- 2.4 GB per
     16-row verify of Qwen3.5-27B, ~9 ms at 273 GB/s -- and a replay would read the weights a second time),
     chunked prefill bounded to keep activation memory small next to the CPU, drafter window seeded from the
-    prompt tail, CUDA graphs on."""
+    prompt tail, CUDA graphs on. Packed weights take the same Triton products as on Hopper
+    (:meth:`ArchHooks.weight_kernel`) until native SM110 FP4 paths exist."""
 
     name = "thor"
 
