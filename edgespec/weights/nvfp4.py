@@ -18,9 +18,16 @@ E4M3_MAX = 448.0
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
+_TABLES: dict[torch.device, torch.Tensor] = {}
+
+
 def e2m1_table(device: torch.device) -> torch.Tensor:
-    """The 16 code values as float32 (index = 4-bit code)."""
-    return torch.tensor(_E2M1, dtype=torch.float32, device=device)
+    """The 16 code values as float32 (index = 4-bit code), made once per device: a host-to-device copy inside
+    every product would break CUDA-graph capture of a forward."""
+    table = _TABLES.get(device)
+    if table is None:
+        table = _TABLES[device] = torch.tensor(_E2M1, dtype=torch.float32, device=device)
+    return table
 
 
 # Midpoints between neighbouring e2m1 magnitudes: rounding to nearest is one bucketize.
