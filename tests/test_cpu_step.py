@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from edgespec.cache.kv import KVCache
+from edgespec.kernels.activation import silu_mul_ref
 from edgespec.kernels.attention import attention_ref
-from edgespec.kernels.cpu_step import add_rms_norm_cpu, llama_attention_cpu
+from edgespec.kernels.cpu_step import add_rms_norm_cpu, llama_attention_cpu, silu_mul_cpu
 from edgespec.kernels.norm import add_rms_norm_ref, rms_norm_ref
 from edgespec.kernels.rope import rope_ref, split_qkv
 from edgespec.weights import gguf_native
@@ -26,6 +27,15 @@ def test_add_rms_norm_matches_reference() -> None:
     torch.testing.assert_close(y1, rms_norm_ref(r, w, 1e-5, False), rtol=1e-5, atol=1e-6)
     assert torch.equal(add_rms_norm_cpu(x[2:3], r[2:3], w, 1e-5)[1], y[2:3])   # row-count independent
     assert add_rms_norm_cpu(x.double(), r.double(), w.double(), 1e-5) is None
+
+
+@torch.inference_mode()
+def test_silu_mul_matches_reference() -> None:
+    gate_up = torch.randn(3, 2 * 48) * 4
+    out = silu_mul_cpu(gate_up)
+    torch.testing.assert_close(out, silu_mul_ref(gate_up), rtol=1e-5, atol=1e-6)
+    assert torch.equal(silu_mul_cpu(gate_up[1:2]), out[1:2])
+    assert silu_mul_cpu(torch.randn(2, 5)) is None
 
 
 @torch.inference_mode()

@@ -3,10 +3,11 @@
 # distribution, then time llama-bench -t 2 and `edgespec bench` (plain and n-gram) on the same demo GGUF,
 # interleaved, and print the ratios with the machine load. The build is cached under $EDGESPEC_PEER_DIR
 # (default ~/.cache/edgespec/peer).
-#   bash tools/peer_llamacpp_cpu.sh [repeats]       (build only: PEER_BUILD_ONLY=1)
+#   bash tools/peer_llamacpp_cpu.sh [repeats] [threads]       (build only: PEER_BUILD_ONLY=1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPEATS=${1:-3}
+THREADS=${2:-$(nproc)}
 PEER=${EDGESPEC_PEER_DIR:-$HOME/.cache/edgespec/peer}
 PY=.venv/bin/python
 BENCH="$PEER/llama.cpp-build/bin/llama-bench"
@@ -27,4 +28,4 @@ if [ ! -x "$BENCH" ]; then
 fi
 [ "${PEER_BUILD_ONLY:-0}" = 1 ] && { echo "built $BENCH"; exit 0; }
 GGUF=$("$PY" -c "from edgespec.loading.gguf_demo import demo_gguf_path; print(demo_gguf_path())")
-exec "$PY" -m edgespec.bench.peer_llamacpp --llama-bench "$BENCH" --gguf "$GGUF" --repeats "$REPEATS"
+exec "$PY" -m edgespec.bench.peer_llamacpp --llama-bench "$BENCH" --gguf "$GGUF" --repeats "$REPEATS" --threads "$THREADS"

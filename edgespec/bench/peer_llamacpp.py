@@ -78,13 +78,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--prompt", type=int, default=64, help="prompt tokens of the prefill comparison")
     p.add_argument("--tokens", type=int, default=128, help="decode tokens")
-    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                   help="threads of llama.cpp and of edgespec's GGUF products alike")
     p.add_argument("--out", help="write every figure as JSON here")
     args = p.parse_args(argv)
 
     from edgespec.config import Settings
     from edgespec.engine import Engine
+    from edgespec.weights import gguf_native
     from edgespec.weights.base import is_packed
+
+    os.environ["EDGESPEC_GGUF_THREADS"] = str(args.threads)
+    gguf_native._threads = None   # re-read: both sides run the same thread count
 
     engine = Engine.from_settings(Settings(model=str(args.gguf), drafter="ngram", max_seq_len=1024))
     step_bytes = sum(m.nbytes for m in engine.model.modules() if is_packed(m))

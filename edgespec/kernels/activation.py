@@ -36,6 +36,11 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if use_triton(gate_up):
         from edgespec.kernels.triton_activation import silu_mul_triton
         return silu_mul_triton(gate_up)
+    if gate_up.device.type == "cpu":
+        from edgespec.kernels.cpu_step import silu_mul_cpu
+        out = silu_mul_cpu(gate_up)
+        if out is not None:
+            return out
     return silu_mul_ref(gate_up)
 
 

@@ -1,9 +1,9 @@
 """Compiled fp32 CPU versions of the small per-layer steps (``gguf_cpu.c``, built by ``edgespec.weights.gguf_native``).
 
 On a small CPU a batch-1 decode step of the demo model runs ~400 torch operations besides its products, each a
-few microseconds of dispatch for a few hundred floats of work. The residual add + RMSNorm (6 operations) and a
-Llama attention layer (RoPE, K/V cache write, causal GQA attention: ~20) are one call each here. Each returns
-None where it does not apply (other devices or dtypes, FP8 or blocked caches, q/k norms, gated or partial
+few microseconds of dispatch for a few hundred floats of work. The residual add + RMSNorm (6 operations),
+SwiGLU (3) and a Llama attention layer (RoPE, K/V cache write, causal GQA attention: ~20) are one call each. Each
+returns None where it does not apply (other devices or dtypes, FP8 or blocked caches, q/k norms, gated or partial
 layouts, more rows than :data:`edgespec.kernels.linear.ROWS_MAX`, no compiler), and the caller runs the torch
 reference, which stays the oracle the tests compare these against. Every output row is computed by the same
 operations whatever the row count, so verify rows equal decode steps bit for bit.
@@ -39,6 +39,17 @@ def add_rms_norm_cpu(x: torch.Tensor | None, residual: torch.Tensor, weight: tor
     gguf_native.library().add_rms_norm_f32(None if x is None else x.data_ptr(), residual.data_ptr(),
                                            weight.data_ptr(), eps, T, D, s.data_ptr(), y.data_ptr())
     return s, y
+
+
+def silu_mul_cpu(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """``silu(gate) * up`` of ``gate_up [..., 2I]`` = ``[gate | up]``; None where not applicable."""
+    if not _ok(gate_up) or gate_up.shape[-1] % 2:
+        return None
+    two_i = gate_up.shape[-1]
+    out = torch.empty(*gate_up.shape[:-1], two_i // 2)
+    gguf_native.library().silu_mul_f32(gate_up.data_ptr(), gate_up.numel() // max(1, two_i), two_i // 2,
+                                       out.data_ptr())
+    return out
 
 
 def llama_attention_cpu(qkv: torch.Tensor, cache: KVCache, start: int, cs: tuple[torch.Tensor, torch.Tensor],

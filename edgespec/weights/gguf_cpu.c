@@ -368,3 +368,13 @@ void llama_attention_f32(const float *qkv, int T, int H, int Hkv, int hd, const 
         }
     }
 }
+
+/* out[t, i] = silu(gate_up[t, i]) * gate_up[t, I + i] (SwiGLU of the merged gate/up projection rows). */
+void silu_mul_f32(const float *gate_up, int T, int I, float *out) {
+    for (int t = 0; t < T; t++) {
+        const float *g = gate_up + (size_t)t * 2 * I, *u = g + I;
+        float *o = out + (size_t)t * I;
+        for (int i = 0; i < I; i++)
+            o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}

@@ -89,6 +89,8 @@ def library() -> ctypes.CDLL | None:
     lib.add_rms_norm_f32.argtypes = [p, p, p, f, i, i, p, p]
     lib.llama_attention_f32.restype = None
     lib.llama_attention_f32.argtypes = [p, i, i, i, i, p, p, i, p, p, i, f, p, p]
+    lib.silu_mul_f32.restype = None
+    lib.silu_mul_f32.argtypes = [p, i, i, p]
     _lib = lib
     return lib
 
