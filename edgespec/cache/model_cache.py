@@ -28,6 +28,7 @@ class ModelCache:
             raise ValueError("GDN layers need their GDNStateBank (the stacked tensors every state copy goes through)")
         self.max_len = max_len
         self.length = 0
+        self.resets = 0     # counts reset(): lets a PrefixCache notice that someone else started over in this cache
         # Start position and row count of the last forward that wrote per-step checkpoints (None: no such forward).
         self._ckpt_start: int | None = None
         self._ckpt_rows = 0
@@ -77,6 +78,7 @@ class ModelCache:
     # -- mutation -----------------------------------------------------------------------------------------------
     def reset(self) -> None:
         self.length = 0
+        self.resets += 1
         self._ckpt_start = None
         self._defer_start = None
         if self.states is not None:

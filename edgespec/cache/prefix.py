@@ -62,6 +62,7 @@ class PrefixCache:
         self._snaps: list[_Snapshot] = []
         self._spare: list[_Snapshot] = []    # evicted snapshots' buffers, reused (no allocation per request)
         self._length = 0                     # cache.length when the cache was last left to us
+        self._resets = -1                    # cache.resets after our own reset (another one: the cache was reused)
         self.last_reused = 0
 
     @property
@@ -81,7 +82,7 @@ class PrefixCache:
         """How many leading prompt tokens can be taken from the cache. ``tail``: prompt rows the prefill must still
         compute for the drafter (None: the drafter cannot resume, start from scratch). At least one row is always
         recomputed: its logits give the first token."""
-        if tail is None or not self.tokens or self.cache.length != self._length:
+        if tail is None or not self.tokens or self.cache.length != self._length or self.cache.resets != self._resets:
             return 0
         limit = len(prompt_ids) - max(1, tail)
         n = min(common_prefix(self.tokens, prompt_ids), limit)
@@ -94,6 +95,7 @@ class PrefixCache:
         its length; the caller prefills the rest."""
         n = self.plan(prompt_ids, tail)
         self.cache.reset()
+        self._resets = self.cache.resets
         if n:
             if self.cache.has_state:
                 snap = next(s for s in self._snaps if s.length == n)
