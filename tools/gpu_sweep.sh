@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # One device session: GPU correctness tests, the attention launch sweep, the shape sweep and the cycle split.
 # Usage on the GPU machine, from the repository root:  OUT=/some/dir bash tools/gpu_sweep.sh [stage ...]
-# Stages: tests, gemv, profile, attn-sweep, kernels, fp8-sweep, pdl, gdn-tile, skinny, skinny-ab, block-attn,
+# Stages: tests, quant-tests, formats, shapes27b, gemv, profile, attn-sweep, kernels, fp8-sweep, pdl, gdn-tile, skinny, skinny-ab, block-attn,
 # attn-in-place, drafter, shapes, cycle (default: tests attn-sweep kernels shapes cycle). Every output lands in $OUT.
 # The attention research probes (Nsight Compute, timer traces, the overhead probe) run from lab/lab_sweep.sh.
 set -uo pipefail
 OUT=${OUT:-.}
 stages=${*:-tests attn-sweep kernels shapes cycle}
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip install failed"
+if ! python3 -c "import edgespec.arch, edgespec.serving" 2>/dev/null; then
+  # An old setuptools there cannot build the editable install: map arch/ and serving/ into the package by links.
+  ln -sfn ../arch edgespec/arch; ln -sfn ../serving edgespec/serving; export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 for s in $stages; do
   t0=$(date +%s)
@@ -17,6 +21,12 @@ for s in $stages; do
              tests/test_head_norm_rope.py tests/test_block_attention_split.py tests/test_window_write.py tests/test_attn_sass.py \
              tests/test_gluon_attention_gpu.py tests/test_gluon_attention.py \
              2>&1 | tail -15 | tee "$OUT/tests.txt" ;;
+    quant-tests) python3 -m pytest -q -p no:cacheprovider tests/test_quant_session_gpu.py tests/test_quant_kernels_gpu.py \
+             tests/test_gpu_session.py tests/test_deferred_gpu.py 2>&1 | tail -15 | tee "$OUT/quant_tests.txt" ;;
+    formats) for shape in qwen3.5-4b qwen3.5-27b; do python3 -m edgespec.cli bench --formats dense,fp8,nvfp4,int4 \
+             --format-shape $shape --context 1024 --device cuda 2>&1 | tail -6; done | tee "$OUT/formats.txt" ;;
+    shapes27b) python3 tools/gpu_bench.py --shapes qwen3.5-27b --kv model --compare-hf none --sweep-out "$OUT" 2>&1 \
+             | tee "$OUT/bench27b.txt" | tail -8 ;;
     gemv) python3 tools/gemv_bench.py --sweep 2>&1 | tee "$OUT/gemv_bench.txt" ;;
     profile) python3 tools/step_profile.py 2>&1 | tee "$OUT/step_profile.txt" ;;
     attn-sweep) python3 tools/kernel_bench.py --skip-tests --only none --sweep 2>&1 | tee "$OUT/attn_sweep.txt" \
