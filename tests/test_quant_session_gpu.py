@@ -18,6 +18,7 @@ from test_spec_lossless import OracleProposer
 
 from edgespec.arch.detect import select_hooks
 from edgespec.drafters.ngram import NGramProposer
+from edgespec.kernels.triton_quant_gemv import choose_quant_kernel
 from edgespec.loading.checkpoint import load_target
 from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 from edgespec.spec.acceptance import StrictGreedy
@@ -62,7 +63,10 @@ def test_hooks_choose_kernels_and_speculation_stays_lossless(folders, family, fm
     for arch in ("rtx", "thor"):
         # Plain decoding with the same hooks: thor serves an FP8 KV cache, so its plain output is its own.
         plain_session = SpecSession(model, select_hooks(arch, CUDA), None, max_len=256)
-        assert all(p.kernel is not None for p in packed), f"{arch} hooks left a packed layer on the reference"
+        # Every layer whose shape the kernels take runs on one (e.g. NVFP4 needs in % 128: the tiny GDN out_proj
+        # does not qualify and keeps the reference), and most layers do.
+        assert all((p.kernel is not None) == (choose_quant_kernel(p) is not None) for p in packed), arch
+        assert sum(p.kernel is not None for p in packed) * 2 > len(packed), arch
         plain = plain_session.generate(prompt, max_tokens=n, policy=StrictGreedy()).token_ids
         for prop in (NGramProposer(), OracleProposer(plain, vocab, seed=5)):
             s = SpecSession(model, select_hooks(arch, CUDA), prop, k=7, max_len=256)
