@@ -18,7 +18,6 @@ from test_spec_lossless import OracleProposer
 
 from edgespec.arch.detect import select_hooks
 from edgespec.drafters.ngram import NGramProposer
-from edgespec.kernels.triton_quant_gemv import choose_quant_kernel
 from edgespec.loading.checkpoint import load_target
 from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 from edgespec.spec.acceptance import StrictGreedy
@@ -54,6 +53,8 @@ def _packed(model) -> list[PackedWeight]:
 @pytest.mark.parametrize("family", ["llama", "qwen3_5"])
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4", "awq"])
 def test_hooks_choose_kernels_and_speculation_stays_lossless(folders, family, fmt):
+    from edgespec.kernels.triton_quant_gemv import choose_quant_kernel
+
     model = load_target(folders[family, fmt][0], dtype=torch.bfloat16, device=CUDA, max_positions=512)
     packed = _packed(model)
     assert packed, "the checkpoint loaded no packed layer"
