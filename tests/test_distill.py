@@ -84,7 +84,7 @@ def test_accepted_lengths_counts_the_leading_matches() -> None:
     assert accepted_lengths(logits, labels).tolist() == [3, 1, 2]
 
 
-@pytest.mark.parametrize("window", [None, 4])
+@pytest.mark.parametrize("window", [None, 6])
 def test_objective_equals_the_proposer_block_forward(tiny_checkpoints, tmp_path, window) -> None:
     """The training forward of one block (context = features of positions < anchor) is the proposer's draft."""
     sys.path.insert(0, str(ROOT / "tools"))
