@@ -14,7 +14,7 @@ from typing import Any
 from edgespec.config import Settings
 from edgespec.engine import Completion, Request
 from edgespec.errors import RequestError
-from edgespec.spec.sampling import SamplingParams
+from edgespec.spec.sampling import GREEDY_BELOW, SamplingParams
 
 from .errors import APIError
 from .schemas import ChatCompletionRequest, ChatMessage, CommonFields, CompletionRequest
@@ -128,10 +128,6 @@ def _stop_list(stop: str | list[str] | None) -> list[str]:
     if stop is None:
         return []
     return [stop] if isinstance(stop, str) else list(stop)
-
-
-# Temperatures below this are greedy (as in vLLM): dividing logits by ~1e-38 overflows to inf and NaN.
-GREEDY_BELOW = 1e-5
 
 
 def sampling_params(body: CommonFields, settings: Settings) -> SamplingParams:

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from edgespec.config import MAX_DRAFT_TOKENS
+
 # ---- pieces ------------------------------------------------------------------------------------------------
 
 
@@ -128,7 +130,7 @@ class EdgespecOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     num_draft_tokens: int | None = Field(
-        None, ge=0, le=31, description="drafts per cycle for this request (<= the server's K); 0 = none")
+        None, ge=0, le=MAX_DRAFT_TOKENS, description="drafts per cycle for this request (<= the server's K); 0 = none")
 
 
 StopList = Annotated[list[str], Field(max_length=4)]
