@@ -99,6 +99,9 @@ def test_attention_forward_unchanged(family, partial, dtype, fp8, graph_pos, mer
     attn = _random_layer(cfg, dtype, merged)
     rope = RotaryEmbedding(cfg, 128)
     max_len = 64
+    from edgespec.weights import gguf_native
+    compiled = (family == "llama" and dtype == torch.float32 and not fp8 and not graph_pos
+                and gguf_native.library() is not None)
     with torch.inference_mode():
         for T, start, pass_cs in ((5, 0, True), (1, 5, False), (4, 6, True), (1, 10, True)):
             new_cache, old_cache = _caches(max_len, cfg, dtype, fp8)
@@ -107,6 +110,12 @@ def test_attention_forward_unchanged(family, partial, dtype, fp8, graph_pos, mer
             cs = rope.angles(start, T, pos_t, dtype) if pass_cs else None
             new = attn(x, new_cache, start, rope, pos_t, cs)
             old = _old_forward(attn, x, old_cache, start, rope, pos_t, cs)
+            if compiled:
+                # fp32 Llama on CPU runs the compiled attention (edgespec.kernels.cpu_step): float rounding only
+                torch.testing.assert_close(new, old, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(new_cache.k, old_cache.k, rtol=1e-6, atol=1e-6)
+                assert torch.equal(new_cache.v, old_cache.v)
+                continue
             assert torch.equal(new, old), (T, start)
             _assert_same_cache(new_cache, old_cache)
 
