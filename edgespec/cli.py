@@ -14,7 +14,7 @@ from edgespec.errors import EdgespecError
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from edgespec.engine import Engine, Request
-    from edgespec.spec.sampling import SamplingParams
+    from edgespec.speculative.sampling import SamplingParams
 
     settings = load_settings(cli=args)
     engine = Engine.from_settings(settings)

@@ -23,10 +23,10 @@ from edgespec.errors import ConfigError, RequestError
 from edgespec.kernels.linear import configure_cpu
 from edgespec.loading.checkpoint import load_target, resolve_dtype
 from edgespec.loading.tokenizer import ChatTokenizer
-from edgespec.spec.acceptance import AcceptancePolicy, RejectionSampling, RelaxedThinking, StrictGreedy
-from edgespec.spec.sampling import SamplingParams
-from edgespec.spec.session import SpecSession, TokenConstraint
-from edgespec.spec.telemetry import CumulativeTelemetry, RequestTelemetry
+from edgespec.speculative.acceptance import AcceptancePolicy, RejectionSampling, RelaxedThinking, StrictGreedy
+from edgespec.speculative.sampling import SamplingParams
+from edgespec.speculative.session import SpecSession, TokenConstraint
+from edgespec.speculative.telemetry import CumulativeTelemetry, RequestTelemetry
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any
 from edgespec.config import Settings
 from edgespec.engine import Completion, Request
 from edgespec.errors import RequestError
-from edgespec.spec.sampling import GREEDY_BELOW, SamplingParams
+from edgespec.speculative.sampling import GREEDY_BELOW, SamplingParams
 
 from .errors import APIError
 from .schemas import ChatCompletionRequest, ChatMessage, CommonFields, CompletionRequest

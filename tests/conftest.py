@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
+
+# Tests are grouped in folders that mirror the package; a few import helpers from each other (test_dflash's
+# fixtures, test_spec_lossless's oracle proposer) and from the helper modules beside this file, so every folder
+# is importable whatever order pytest collects them in.
+_TESTS = Path(__file__).resolve().parent
+for _folder in [_TESTS, *sorted(p for p in _TESTS.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))]:
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 
 
 # ---- demo model (edgespec.loading.gguf_demo) ---------------------------------------------------------------

@@ -28,8 +28,8 @@ from edgespec.bench.gpu import random_model  # noqa: E402
 from edgespec.drafters.dflash import load_dflash_checkpoint  # noqa: E402
 from edgespec.drafters.ngram import NGramProposer  # noqa: E402
 from edgespec.loading.synthetic import SHAPES, config_dict  # noqa: E402
-from edgespec.spec.acceptance import StrictGreedy  # noqa: E402
-from edgespec.spec.session import SpecSession  # noqa: E402
+from edgespec.speculative.acceptance import StrictGreedy  # noqa: E402
+from edgespec.speculative.session import SpecSession  # noqa: E402
 
 
 def split(tel) -> dict[str, float]:

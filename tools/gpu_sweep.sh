@@ -16,13 +16,13 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 for s in $stages; do
   t0=$(date +%s)
   case $s in
-    tests) python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_gpu_session.py \
-             tests/test_deferred_gpu.py tests/test_dflash.py tests/test_rope_fused.py tests/test_argmax.py \
-             tests/test_head_norm_rope.py tests/test_block_attention_split.py tests/test_window_write.py tests/test_attn_sass.py \
-             tests/test_gluon_attention_gpu.py tests/test_gluon_attention.py \
+    tests) python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_gpu.py tests/speculative/test_gpu_session.py \
+             tests/speculative/test_deferred_gpu.py tests/drafters/test_dflash.py tests/kernels/test_rope_fused.py tests/kernels/test_argmax.py \
+             tests/kernels/test_head_norm_rope.py tests/kernels/test_block_attention_split.py tests/kernels/test_window_write.py tests/kernels/test_attn_sass.py \
+             tests/kernels/test_gluon_attention_gpu.py tests/kernels/test_gluon_attention.py \
              2>&1 | tail -15 | tee "$OUT/tests.txt" ;;
-    quant-tests) python3 -m pytest -q -p no:cacheprovider tests/test_quant_session_gpu.py tests/test_quant_kernels_gpu.py \
-             tests/test_gpu_session.py tests/test_deferred_gpu.py 2>&1 | tail -15 | tee "$OUT/quant_tests.txt" ;;
+    quant-tests) python3 -m pytest -q -p no:cacheprovider tests/weights/test_quant_session_gpu.py tests/kernels/test_quant_kernels_gpu.py \
+             tests/speculative/test_gpu_session.py tests/speculative/test_deferred_gpu.py 2>&1 | tail -15 | tee "$OUT/quant_tests.txt" ;;
     formats) for shape in qwen3.5-4b qwen3.5-27b; do python3 -m edgespec.cli bench --formats dense,fp8,nvfp4,int4 \
              --format-shape $shape --context 1024 --device cuda 2>&1 | tail -6; done | tee "$OUT/formats.txt" ;;
     shapes27b) python3 tools/gpu_bench.py --shapes qwen3.5-27b --kv model --compare-hf none --sweep-out "$OUT" 2>&1 \

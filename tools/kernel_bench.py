@@ -3,7 +3,7 @@
 
 Run from the repository root on a CUDA machine:  ``PYTHONPATH=. python3 tools/kernel_bench.py``
 
-1. Runs ``tests/test_kernels_gpu.py`` (the correctness checks; ``--skip-tests`` to leave them out).
+1. Runs ``tests/kernels/test_kernels_gpu.py`` (the correctness checks; ``--skip-tests`` to leave them out).
 2. Measures the device-to-device copy bandwidth (bytes read + bytes written) as the ceiling for this run.
 3. Times every kernel and its torch reference with ``triton.testing.do_bench`` (median; do_bench flushes L2
    before each repetition, so long-context numbers are DRAM numbers, as in a real decode step) and reports
@@ -318,7 +318,7 @@ FP8_SWEEP_CONTEXTS = [32768, 4096]
 
 def fp8_sweep_configs(T: int, group: int) -> list[dict[str, Any]]:
     """Launch configurations ``--fp8-sweep`` tries for T rows over an FP8 cache with ``group`` query heads per KV
-    head (``tests/test_kernels_gpu.py`` checks every one for correctness). The first is the default
+    head (``tests/kernels/test_kernels_gpu.py`` checks every one for correctness). The first is the default
     (``FP8_LAUNCH``), the second the default before the FP8 rework (compiler-placed conversion, every V
     element scaled). Keys not given keep the default; ``waves`` sets the split count (programs per SM)."""
     old = {"OPAQUE_CVT": 0, "V_SCALE": "rows", "BLOCK_N": 64, "num_stages": 3}
@@ -640,7 +640,7 @@ def bench_norm(table: Table, quick: bool) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--skip-tests", action="store_true", help="do not run tests/test_kernels_gpu.py first")
+    ap.add_argument("--skip-tests", action="store_true", help="do not run tests/kernels/test_kernels_gpu.py first")
     ap.add_argument("--sweep", action="store_true", help="also sweep attention launch configs at 32k")
     ap.add_argument("--quick", action="store_true", help="shorter timings; torch attention only at 32k")
     ap.add_argument("--tests-k", default=None, help="pytest -k expression to run a subset of the GPU tests")
@@ -668,7 +668,7 @@ def main() -> int:
         import pytest
         extra = ["-k", args.tests_k] if args.tests_k else []
         rc = pytest.main(["-q", "-rf", "--tb=short", "-p", "no:cacheprovider", *extra,
-                          str(ROOT / "tests" / "test_kernels_gpu.py")])
+                          str(ROOT / "tests" / "kernels" / "test_kernels_gpu.py")])
         report["tests_exit_code"] = int(rc)
         report["tests_s"] = time.time() - t0
         print(f"tests: exit code {int(rc)} in {report['tests_s']:.0f} s", flush=True)

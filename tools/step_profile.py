@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from edgespec.arch.detect import select_hooks  # noqa: E402
 from edgespec.bench.gpu import measure_copy_bandwidth, random_model, weight_bytes_per_token  # noqa: E402
 from edgespec.drafters.ngram import NGramProposer  # noqa: E402
-from edgespec.spec.session import SpecSession  # noqa: E402
+from edgespec.speculative.session import SpecSession  # noqa: E402
 
 # Kernel name patterns -> group (first match wins).
 GROUPS = [
@@ -120,7 +120,7 @@ def profile_drafter(shape: str, bw: float, sequence: int) -> dict:
 
     from edgespec.drafters.dflash import load_dflash_checkpoint
     from edgespec.loading.synthetic import SHAPES, config_dict
-    from edgespec.spec.acceptance import StrictGreedy
+    from edgespec.speculative.acceptance import StrictGreedy
     device = torch.device("cuda")
     model = random_model(shape, device, torch.bfloat16, 2048)
     with tempfile.TemporaryDirectory() as tmp:

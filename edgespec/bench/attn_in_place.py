@@ -30,7 +30,7 @@ from edgespec.arch.detect import select_hooks
 from edgespec.bench.timing import time_cuda
 from edgespec.kernels import attention_bytes
 from edgespec.models.decoder import TargetModel
-from edgespec.spec.session import SpecSession
+from edgespec.speculative.session import SpecSession
 
 # Where the model's attention layers look the attention function up (models/layers.py imports it by name).
 ATTENTION_SITE = "edgespec.models.layers.cached_attention"

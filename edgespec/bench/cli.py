@@ -55,7 +55,7 @@ def _median(xs: list[float]) -> float:
 
 
 def _run_edgespec(engine, ids: list[int], tokens: int, k: int | None) -> dict[str, Any]:
-    from edgespec.spec.acceptance import StrictGreedy
+    from edgespec.speculative.acceptance import StrictGreedy
 
     res = engine.session.generate(ids, max_tokens=tokens, policy=StrictGreedy(),
                                   stop_ids=engine.tokenizer.stop_token_ids, k=k)

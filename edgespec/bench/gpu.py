@@ -29,7 +29,7 @@ from edgespec.loading.hf_config import parse_config
 from edgespec.loading.synthetic import SHAPES, config_dict
 from edgespec.memory import peak_bytes, plan_budget
 from edgespec.models.decoder import TargetModel
-from edgespec.spec.session import SpecSession
+from edgespec.speculative.session import SpecSession
 
 
 def measure_copy_bandwidth(device: torch.device, nbytes: int = 2 << 30) -> float:

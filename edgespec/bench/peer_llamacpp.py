@@ -51,7 +51,7 @@ def llama_bench(binary: str, gguf: Path, prompt: int, tokens: int, threads: int)
 def edgespec_run(engine, prompt_len: int, tokens: int) -> dict[str, float]:
     """Prefill tok/s of ``prompt_len`` tokens; plain and n-gram decode tok/s (and AL) on :data:`PROMPTS`."""
     from edgespec.bench.prompts import load_prompts
-    from edgespec.spec.acceptance import StrictGreedy
+    from edgespec.speculative.acceptance import StrictGreedy
 
     model = engine.model
     ids = torch.randint(0, model.config.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(0))

@@ -24,10 +24,10 @@ from edgespec.bench.prompts import BenchPrompt
 from edgespec.config import Settings
 from edgespec.engine import Engine
 from edgespec.errors import ConfigError
-from edgespec.spec.acceptance import AcceptancePolicy, StrictGreedy
-from edgespec.spec.parity import first_divergence
-from edgespec.spec.sampling import SamplingParams
-from edgespec.spec.session import GenerationResult
+from edgespec.speculative.acceptance import AcceptancePolicy, StrictGreedy
+from edgespec.speculative.parity import first_divergence
+from edgespec.speculative.sampling import SamplingParams
+from edgespec.speculative.session import GenerationResult
 
 
 @dataclass(frozen=True)

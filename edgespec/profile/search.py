@@ -34,7 +34,7 @@ from edgespec.profile.space import (
     is_lossy,
     start_candidate,
 )
-from edgespec.spec.parity import TIE_REGRET, divergence_regret
+from edgespec.speculative.parity import TIE_REGRET, divergence_regret
 
 OBJECTIVES = ("decode", "e2e")
 
