@@ -129,7 +129,8 @@ def load_dflash(settings: Settings, model: TargetModel) -> DFlashProposer:
     ``cuda_graphs``; None takes the arch default of ``settings.arch`` on the model's device). The demo model
     without a ``drafter_path`` gets the packaged demo drafter."""
     path = settings.drafter_path
-    if not path and settings.model == "demo":
+    packaged = not path and settings.model == "demo"
+    if packaged:
         path = str(demo_drafter_path())
     if not path:
         raise ConfigError("drafter dflash needs drafter_path (--drafter-path / EDGESPEC_DRAFTER_PATH): the "
@@ -141,7 +142,14 @@ def load_dflash(settings: Settings, model: TargetModel) -> DFlashProposer:
     graphs = defaults.cuda_graphs if settings.cuda_graphs is None else settings.cuda_graphs
     # None: the arch default, like window_seed and cuda_graphs.
     size = defaults.window_size if settings.window_size is None else settings.window_size
-    proposer = load_dflash_checkpoint(path, model, window_size=size, window_seed=seed, cuda_graphs=graphs)
+    try:
+        proposer = load_dflash_checkpoint(path, model, window_size=size, window_seed=seed, cuda_graphs=graphs)
+    except ConfigError as e:
+        if not packaged:
+            raise
+        # The packaged drafter serves the embedded demo model only: name the setting that picks another.
+        raise ConfigError(f"the packaged demo DFlash drafter does not fit this target ({e}); set drafter_path "
+                          f"(--drafter-path / EDGESPEC_DRAFTER_PATH) to a drafter trained for it") from None
     k = settings.num_draft_tokens
     if k is not None and k > proposer.max_k:
         raise ConfigError(f"num_draft_tokens {k} exceeds what the DFlash drafter can draft in one block "

@@ -136,8 +136,7 @@ class TargetModel(nn.Module):
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Embedding rows of ``tokens`` (see :func:`gather_rows`; a packed table decodes just those rows)."""
-        w = self.model.embed_tokens.weight
-        return w.rows(tokens) if is_packed(w) else gather_rows(w, tokens)
+        return gather_rows(self.model.embed_tokens.weight, tokens)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project final post-norm hidden states ``[T, H]`` to float32 logits ``[T, V]``."""

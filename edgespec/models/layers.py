@@ -18,7 +18,7 @@ from edgespec.kernels.linear import linear
 from edgespec.kernels.norm import add_rms_norm, rms_norm
 from edgespec.kernels.rope import qk_norm_rope_write, rope_ref
 from edgespec.models.config import ModelConfig
-from edgespec.weights.base import PackedLinear
+from edgespec.weights.base import PackedLinear, is_packed
 
 
 class RMSNorm(nn.Module):
@@ -43,7 +43,9 @@ def gather_rows(table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     ``nn.Embedding`` return. Indexing runs one CUDA thread per output element; ``index_select`` (and so the
     embedding) takes a kernel that walks the indices one after another, each waiting on a memory read: on an H200
     a 16-row verify spent 11-15 us per gather there against ~2 us for one row
-    (``tools/step_profile.py``)."""
+    (``tools/step_profile.py``). A packed table (a GGUF Q8_0 embedding) decodes only the rows asked for."""
+    if is_packed(table):
+        return table.rows(rows)
     return table[rows]
 
 

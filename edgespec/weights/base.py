@@ -86,6 +86,12 @@ class PackedWeight(nn.Module):
         return next(self.buffers()).device
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The activation dtype the products take and return (``compute_dtype``): code that casts its input to
+        ``weight.dtype`` works for packed and dense weights alike."""
+        return self.compute_dtype
+
+    @property
     def nbytes(self) -> int:
         """Bytes this weight occupies (and a product reads), scales included."""
         return sum(b.numel() * b.element_size() for b in self.buffers())
