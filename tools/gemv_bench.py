@@ -25,6 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgespec.bench.gpu import measure_copy_bandwidth  # noqa: E402
+from edgespec.bench.timing import graph_time_us as time_us  # noqa: E402
 from edgespec.kernels import sm_count  # noqa: E402
 from edgespec.kernels.triton_gemv import gemv_config, gemv_triton, skinny_gemm_triton  # noqa: E402
 from edgespec.loading.hf_config import parse_config  # noqa: E402
@@ -44,27 +45,6 @@ def matrix_counts(shape: str) -> Counter:
     if model.lm_head is None:
         counts[tuple(model.model.embed_tokens.weight.shape)] += 1
     return counts
-
-
-def time_us(fn, reps: int = 20) -> float:
-    """Per-call microseconds of ``fn`` captured ``reps`` times in one CUDA graph."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(5):
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e3 / reps)
-    return best
 
 
 def streamed_weights(n: int, k: int) -> list[torch.Tensor]:

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from edgespec.bench.timing import graph_time_us as time_us  # noqa: E402
 from edgespec.kernels import sm_count  # noqa: E402
 from edgespec.kernels.quant_ref import RawPacked, matmul_ref  # noqa: E402
 from edgespec.kernels.triton_gemv import gemv_triton, skinny_gemm_triton  # noqa: E402
@@ -109,27 +110,6 @@ def measure_copy_bandwidth(nbytes: int = 2 << 30) -> float:
         end.synchronize()
         best = min(best, start.elapsed_time(end) / 1e3)
     return 2 * nbytes / best
-
-
-def time_us(fn, reps: int = 20) -> float:
-    """Per-call microseconds of ``fn`` captured ``reps`` times in one CUDA graph (best of 5 replays)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(5):
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e3 / reps)
-    return best
 
 
 def random_packed(fmt: str, n: int, k: int) -> RawPacked:

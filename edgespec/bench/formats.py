@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from edgespec.arch.detect import select_hooks
-from edgespec.bench.gpu import THOR_BW, time_cuda, weight_bytes_per_token
+from edgespec.bench.gpu import THOR_BW, fill_random_, time_cuda, weight_bytes_per_token
 from edgespec.errors import ConfigError
 from edgespec.loading.hf_config import parse_config
 from edgespec.loading.synthetic import SHAPES, TINY_SHAPES, config_dict, tiny_config
@@ -110,14 +110,8 @@ def format_model(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype
     from edgespec.models.layers import RotaryEmbedding
     model.rope = RotaryEmbedding(cfg, max_len).to(device)
     gen = torch.Generator(device=device).manual_seed(seed)
+    fill_random_(model, gen)
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.fill_(0.0 if cfg.zero_centred_norms else 1.0)
-            elif name.endswith("A_log"):
-                p.uniform_(0.0, 2.7, generator=gen)
-            else:
-                p.normal_(0.0, 0.02, generator=gen)
         for module in model.modules():
             if isinstance(module, PackedWeight):
                 dense = torch.empty(module.out_features, module.in_features, device=device).normal_(

@@ -59,16 +59,21 @@ def random_model(shape: str, device: torch.device, dtype: torch.dtype, max_len: 
         return plan_budget(cfg, weights, device, dtype, max_len, packed=packed)
 
     model = build_empty(cfg, dtype, device, max_positions=max_len, merge=True, budget=budget)
-    gen = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.fill_(0.0 if cfg.zero_centred_norms else 1.0)
-            elif name.endswith("A_log"):
-                p.uniform_(0.0, 2.7, generator=gen)
-            else:
-                p.normal_(0.0, 0.02, generator=gen)
+    fill_random_(model, torch.Generator(device=device).manual_seed(0))
     return model.eval()     # the layout load_target serves on CUDA
+
+
+@torch.no_grad()
+def fill_random_(model: TargetModel, gen: torch.Generator) -> None:
+    """Random values of a served scale in every dense parameter, on the model's device (speed does not depend on
+    them): norms at their neutral value, GDN decays in a stable range, matrices N(0, 0.02)."""
+    for name, p in model.named_parameters():
+        if "norm" in name:
+            p.fill_(0.0 if model.config.zero_centred_norms else 1.0)
+        elif name.endswith("A_log"):
+            p.uniform_(0.0, 2.7, generator=gen)
+        else:
+            p.normal_(0.0, 0.02, generator=gen)
 
 
 def weight_bytes_per_token(model: TargetModel) -> int:
