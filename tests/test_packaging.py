@@ -1,0 +1,36 @@
+"""The wheel carries every subpackage and the data files the runtime reads (an editable install hides a package
+missing from pyproject: the source tree is on the path)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _setuptools() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def test_every_python_package_of_the_tree_is_declared():
+    declared = set(_setuptools()["packages"])
+    dirs = _setuptools()["package-dir"]
+    found = set()
+    for name, folder in dirs.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([name, *rel.parts]) if rel.parts else name)
+    assert found - declared == set(), f"packages missing from pyproject.toml: {sorted(found - declared)}"
+
+
+def test_runtime_data_files_are_package_data():
+    data = _setuptools()["package-data"]
+    assert "*.c" in data["edgespec.weights"] and (ROOT / "edgespec/weights/gguf_cpu.c").is_file()
+    assert "*.yaml" in data["edgespec.data"]
+    drafter = ROOT / "edgespec/data/drafters/smollm2-135m-dflash"
+    assert {"*/*.json", "*/*.safetensors"} <= set(data["edgespec.data.drafters"])
+    assert (drafter / "config.json").is_file() and list(drafter.glob("*.safetensors"))
