@@ -16,7 +16,6 @@ import itertools
 import json
 import os
 import sys
-from collections import Counter
 from pathlib import Path
 
 import torch
@@ -24,27 +23,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from edgespec.bench.gpu import linear_shape_counts as matrix_counts  # noqa: E402
 from edgespec.bench.gpu import measure_copy_bandwidth  # noqa: E402
 from edgespec.bench.timing import graph_time_us as time_us  # noqa: E402
 from edgespec.kernels import sm_count  # noqa: E402
 from edgespec.kernels.triton_gemv import gemv_config, gemv_triton, skinny_gemm_triton  # noqa: E402
-from edgespec.loading.hf_config import parse_config  # noqa: E402
-from edgespec.loading.synthetic import SHAPES, config_dict  # noqa: E402
-from edgespec.models.decoder import TargetModel  # noqa: E402
-
-
-def matrix_counts(shape: str) -> Counter:
-    """``(N, K) -> uses per decode step`` of a shape's merged model (built on the meta device: no memory)."""
-    cfg = parse_config(config_dict(**SHAPES[shape]))
-    with torch.device("meta"):
-        model = TargetModel(cfg, max_positions=16).merge_projections()
-    counts: Counter = Counter()
-    for name, p in model.named_parameters():
-        if p.dim() == 2 and not name.startswith("mtp.") and "embed_tokens" not in name:
-            counts[tuple(p.shape)] += 1
-    if model.lm_head is None:
-        counts[tuple(model.model.embed_tokens.weight.shape)] += 1
-    return counts
 
 
 def streamed_weights(n: int, k: int) -> list[torch.Tensor]:

@@ -30,14 +30,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from edgespec.bench.gpu import linear_shape_counts  # noqa: E402
 from edgespec.bench.timing import graph_time_us as time_us  # noqa: E402
 from edgespec.kernels import sm_count  # noqa: E402
 from edgespec.kernels.quant_ref import RawPacked, matmul_ref  # noqa: E402
 from edgespec.kernels.triton_gemv import gemv_triton, skinny_gemm_triton  # noqa: E402
 from edgespec.kernels.triton_quant_gemv import quant_config, quant_matmul  # noqa: E402
-from edgespec.loading.hf_config import parse_config  # noqa: E402
-from edgespec.loading.synthetic import SHAPES, config_dict  # noqa: E402
-from edgespec.models.decoder import TargetModel  # noqa: E402
 
 DEV = "cuda"
 
@@ -81,19 +79,11 @@ def llama_counts(spec: str) -> Counter:
 
 
 def matrix_counts(shape: str) -> Counter:
-    """``(N, K) -> uses per decode step`` of a shape's merged model, lm_head included (built on the meta device)."""
+    """``(N, K) -> uses per decode step`` of a shape, lm_head included: the llama.cpp peer's shape, or a served
+    :data:`SHAPES` model (``edgespec.bench.gpu.linear_shape_counts``)."""
     if shape == "llama":
         return Counter(LLAMA_COUNTS)
-    cfg = parse_config(config_dict(**SHAPES[shape]))
-    with torch.device("meta"):
-        model = TargetModel(cfg, max_positions=16).merge_projections()
-    counts: Counter = Counter()
-    for name, p in model.named_parameters():
-        if p.dim() == 2 and not name.startswith("mtp.") and "embed_tokens" not in name:
-            counts[tuple(p.shape)] += 1
-    if model.lm_head is None:
-        counts[tuple(model.model.embed_tokens.weight.shape)] += 1
-    return counts
+    return linear_shape_counts(shape)
 
 
 def measure_copy_bandwidth(nbytes: int = 2 << 30) -> float:

@@ -14,6 +14,7 @@ import json
 import os
 import time
 import traceback
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -338,3 +339,18 @@ def attention_in_place_sweep(shapes: list[str], context: int, device: torch.devi
         torch.cuda.empty_cache()
     return found
 
+
+def linear_shape_counts(shape: str) -> Counter:
+    """``(N, K) -> uses per decode step`` of a :data:`SHAPES` model as served (projections merged, lm_head
+    included; built on the meta device, so it costs no memory): the matrix mix the GEMV and packed-product benches
+    time."""
+    cfg = parse_config(config_dict(**SHAPES[shape]))
+    with torch.device("meta"):
+        model = TargetModel(cfg, max_positions=16).merge_projections()
+    counts: Counter = Counter()
+    for name, p in model.named_parameters():
+        if p.dim() == 2 and not name.startswith("mtp.") and "embed_tokens" not in name:
+            counts[tuple(p.shape)] += 1
+    if model.lm_head is None:
+        counts[tuple(model.model.embed_tokens.weight.shape)] += 1
+    return counts

@@ -22,7 +22,6 @@ from edgespec.kernels.linear import linear
 from edgespec.models.config import ModelConfig
 from edgespec.models.gdn import GatedDeltaNet
 from edgespec.models.layers import MLP, Attention, Linear, RMSNorm, RotaryEmbedding, gather_rows, merge_all_projections
-from edgespec.weights.base import is_packed
 
 
 @dataclass
@@ -123,8 +122,7 @@ class TargetModel(nn.Module):
     # -- properties ---------------------------------------------------------------------------------------------
     @property
     def dtype(self) -> torch.dtype:
-        w = self.model.embed_tokens.weight
-        return w.compute_dtype if is_packed(w) else w.dtype
+        return self.model.embed_tokens.weight.dtype   # a packed table reports its compute dtype
 
     @property
     def device(self) -> torch.device:
