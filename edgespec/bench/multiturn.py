@@ -18,6 +18,7 @@ from typing import Any
 
 from edgespec.bench.prompts import load_prompts
 from edgespec.engine import Engine, Request
+from edgespec.errors import ConfigError
 
 INSTRUCTIONS = [
     "The gripper reports the cup is slipping. Re-grip it with more force, then place it on the left shelf and "
@@ -53,10 +54,10 @@ def _turn(engine: Engine, messages: list[dict[str, str]], max_tokens: int) -> di
 
 def run_multi_turn(engine: Engine, args: argparse.Namespace) -> dict[str, Any]:
     """Run the scenario, print one row per turn, return every figure."""
+    if engine.prefix is None:
+        raise ConfigError("--multi-turn compares with and without prefix reuse: leave prefix_reuse on")
     fresh = Engine(engine.settings.with_overrides(prefix_reuse=False), engine.model, engine.tokenizer,
                    engine.model_dir)
-    if engine.prefix is None:
-        raise SystemExit("--multi-turn compares with and without prefix reuse: leave prefix_reuse on")
     history = history_text(engine, args.history_tokens, args.prompts)
     system = ("You control a 6-axis robot arm in a kitchen. Keep answers short. Session log so far:\n" + history)
     messages = [{"role": "system", "content": system}]

@@ -106,3 +106,10 @@ def test_off_switch_and_common_prefix(models):
     assert common_prefix([], [1]) == 0
     with pytest.raises(ValueError):
         PrefixCache(engine.session.cache, max_snapshots=0)
+    # The multi-turn bench compares reuse against no reuse: with reuse off it refuses by name before any work.
+    from argparse import Namespace
+
+    from edgespec.bench.multiturn import run_multi_turn
+    from edgespec.errors import ConfigError
+    with pytest.raises(ConfigError, match="prefix_reuse"):
+        run_multi_turn(engine, Namespace(history_tokens=100, prompts=None, turns=1, tokens=4))
