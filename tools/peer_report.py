@@ -1,5 +1,5 @@
 """Side-by-side table of a peer run (tools/peer_llamacpp.sh): llama.cpp's llama-bench JSON per GGUF type and
-edgespec's quant_bench.json on the same shape, with ratios.
+edgespec's figures on the same shape (formats_peer.json: whole model; quant_bench.json: linear stack), with ratios.
 
     python tools/peer_report.py DIR      # DIR holds llamacpp_{f16,Q8_0,Q4_0,Q4_K_M}.json and quant_bench.json
 
@@ -30,6 +30,9 @@ def llamacpp_figures(path: Path) -> dict[str, float]:
 
 def main() -> int:
     d = Path(sys.argv[1])
+    if not (d / "quant_bench.json").exists():      # PEER_STACK=0: the whole-model table alone
+        whole_model(d)
+        return 0
     ours = json.loads((d / "quant_bench.json").read_text())
     stack = ours["shapes"].get("llama", {})
     prefill = ours.get("prefill", {}).get("llama", {})
@@ -51,7 +54,34 @@ def main() -> int:
               f"{mine:>9} {dec:8.0f} {p512 or 0:8.0f} {p2048 or 0:8.0f} | {ratio(dec, t.get('decode'))} "
               f"{ratio(p512, t.get('pp512'))} {ratio(p2048, t.get('pp2048'))}")
     print("* edgespec: linear layers only (an upper bound of its end-to-end figure)")
+    whole_model(d)
     return 0
+
+
+WHOLE_PAIRS = (("f16", "dense"), ("Q8_0", "fp8"), ("Q4_0", "int4"), ("Q4_K_M", "int4"), ("Q4_K_M", "nvfp4"))
+
+
+def whole_model(d: Path) -> None:
+    """The end-to-end table: ``edgespec bench --formats`` (whole decode step, whole-model prefill) per format."""
+    f = d / "formats_peer.json"
+    if not f.exists():
+        return
+    rows = {r["format"]: r for r in json.loads(f.read_text())["rows"]}
+    print()
+    print("whole model, both sides end to end (edgespec: bench --formats, decode at context 128, CUDA graph)")
+    print(f"{'llama.cpp':>9} {'tok/s':>8} {'pp512':>8} {'pp2048':>8} | {'edgespec':>8} {'tok/s':>8} {'pp512':>8} "
+          f"{'pp2048':>8} {'peak GB':>8} | decode x  pp512 x  pp2048 x")
+    for theirs, mine in WHOLE_PAIRS:
+        g = d / f"llamacpp_{theirs}.json"
+        if not g.exists() or mine not in rows:
+            continue
+        t, r = llamacpp_figures(g), rows[mine]
+        pre = {int(k): v for k, v in r.get("prefill_tok_s", {}).items()}
+        cells = [(r["decode_tok_s"], t.get("decode")), (pre.get(512), t.get("pp512")), (pre.get(2048), t.get("pp2048"))]
+        ratios = " ".join(f"{a / b:8.2f}" if a and b else f"{'-':>8}" for a, b in cells)
+        print(f"{theirs:>9} {t.get('decode', 0):8.0f} {t.get('pp512', 0):8.0f} {t.get('pp2048', 0):8.0f} | "
+              f"{mine:>8} {r['decode_tok_s']:8.0f} {pre.get(512, 0):8.0f} {pre.get(2048, 0):8.0f} "
+              f"{r['peak_bytes'] / 1e9:8.2f} | {ratios}")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    "dense,fp8,nvfp4,int4 on one random shape (edgespec.bench.formats)")
     p.add_argument("--format-shape", default="smollm2-135m", help="with --formats: a SHAPES name or tiny:FAMILY")
     p.add_argument("--group-size", type=int, default=128, help="with --formats: int4 group size")
+    p.add_argument("--format-prefill", default="", help="with --formats: comma list of prompt lengths whose "
+                   "whole-model prefill rate is also timed (e.g. 512,2048)")
     p.add_argument("--format-iters", type=int, default=10, help="with --formats: decode steps per timing")
     p.add_argument("--prompts", help="prompt set YAML (default: the packaged bench set)")
     p.add_argument("--tokens", type=int, default=128, help="max new tokens per prompt")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,15 +133,17 @@ def _quantize(like: PackedWeight, dense: torch.Tensor, group: int) -> PackedWeig
 
 
 def bench_format(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype: torch.dtype, context: int,
-                 group: int, iters: int) -> dict[str, Any]:
-    """Bytes per token, peak memory and decode time of one format (one decode step at ``context``)."""
+                 group: int, iters: int, prefill: Sequence[int] = ()) -> dict[str, Any]:
+    """Bytes per token, peak memory and decode time of one format (one decode step at ``context``), and the
+    whole-model prefill rate of each length in ``prefill`` (a fresh cache each time, the arch's prefill chunk)."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     reset_peak(device)
     base = 0 if device.type == "cuda" else current_rss()
-    model = format_model(cfg_dict, fmt, device, dtype, context + 8, group)
-    cache = model.new_cache(context + 8)
+    max_len = max([context, *prefill]) + 8
+    model = format_model(cfg_dict, fmt, device, dtype, max_len, group)
+    cache = model.new_cache(max_len)
     # The served decode step: the arch hooks pick each packed weight's product (Triton on CUDA) and, on CUDA,
     # capture the step as a graph, exactly as a session does.
     hooks = select_hooks("auto", device)
@@ -155,11 +158,21 @@ def bench_format(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype
         cache.length -= 1
 
     ms = time_cuda(step, iters=iters, warmup=2, repeats=3)
+    prefill_tok_s = {}
+    for n in prefill:
+        tokens = torch.randint(0, model.config.vocab_size, (n,), device=device)
+
+        def run_prefill(tokens: torch.Tensor = tokens) -> None:
+            cache.reset()
+            hooks.prefill(model, cache, tokens, hooks.defaults.prefill_chunk, ())
+
+        prefill_tok_s[n] = n * 1e3 / time_cuda(run_prefill, iters=2, warmup=1, repeats=3)
     wbytes = weight_bytes_per_token(model)
     packed = sum(1 for m in model.modules() if isinstance(m, PackedLinear))
     out = {"format": fmt, "packed_layers": packed, "fast_kernels": kernels, "weight_bytes_per_token": wbytes,
            "decode_ms": ms,
-           "decode_tok_s": 1e3 / ms, "thor_limit_tok_s": THOR_BW / wbytes, "peak_bytes": peak_bytes(device) - base,
+           "decode_tok_s": 1e3 / ms, "prefill_tok_s": prefill_tok_s,
+           "thor_limit_tok_s": THOR_BW / wbytes, "peak_bytes": peak_bytes(device) - base,
            "budget": model.memory_budget.to_dict()}
     return out
 
@@ -180,20 +193,22 @@ def run_format_bench(args: argparse.Namespace) -> int:
           f"{args.context}, torch threads={torch.get_num_threads()}, load average {load:.2f}; packed layers run "
           f"the product the arch hooks choose (column 'fast': layers on a fast kernel, the rest on the torch "
           f"reference)", flush=True)
+    prefill = [int(n) for n in str(getattr(args, "format_prefill", "") or "").split(",") if n]
     rows = []
     for fmt in formats:
-        r = bench_format(cfg_dict, fmt, device, dtype, args.context, args.group_size, args.format_iters)
+        r = bench_format(cfg_dict, fmt, device, dtype, args.context, args.group_size, args.format_iters,
+                         prefill)
         rows.append(r)
         print(json.dumps(r), flush=True)
     print()
     peak = "peak MB" if device.type == "cuda" else "RSS+ MB"     # CPU: peak resident growth during build + run
     print(f"{'format':<7} {'packed':>6} {'fast':>5} {'weights/token MB':>16} {peak:>9} {'decode ms':>9} {'tok/s':>8} "
-          f"{'Thor limit tok/s':>16}")
+          f"{'Thor limit tok/s':>16}" + "".join(f" {f'pp{n} tok/s':>12}" for n in prefill))
     for r in rows:
         print(f"{r['format']:<7} {r['packed_layers']:>6} {r['fast_kernels']:>5} "
               f"{r['weight_bytes_per_token'] / 1e6:>16.2f} "
               f"{r['peak_bytes'] / 1e6:>9.1f} {r['decode_ms']:>9.2f} {r['decode_tok_s']:>8.1f} "
-              f"{r['thor_limit_tok_s']:>16.1f}")
+              f"{r['thor_limit_tok_s']:>16.1f}" + "".join(f" {r['prefill_tok_s'][n]:>12.0f}" for n in prefill))
     if getattr(args, "out", None):
         Path(args.out).write_text(json.dumps({"shape": args.format_shape, "device": str(device),
                                               "load_average": load, "rows": rows}, indent=2))

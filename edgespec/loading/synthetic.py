@@ -39,6 +39,11 @@ SHAPES: dict[str, dict[str, Any]] = {
     "smollm2-135m": dict(model_type="llama", hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
                          num_key_value_heads=3, intermediate_size=1536, vocab_size=49152,
                          tie_word_embeddings=True, rope_theta=100000.0, rms_norm_eps=1e-5),
+    # The llama shape of the llama.cpp peer run (tools/peer_llamacpp.sh, tools/peer_gguf.py): Llama-3.2-3B's
+    # layers with SmolLM2's vocabulary, untied head.
+    "peer-llama": dict(model_type="llama", hidden_size=3072, num_hidden_layers=28, num_attention_heads=24,
+                       num_key_value_heads=8, intermediate_size=8192, vocab_size=49152,
+                       tie_word_embeddings=False, rope_theta=500000.0, rms_norm_eps=1e-5),
 }
 
 # Tiny shapes for tests: small enough for CPU golden checks, but every mechanism present (GQA, q/k norm,
