@@ -23,6 +23,9 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default="demo", help="target checkpoint folder, or 'demo' (embedded SmolLM2-135M)")
     g.add_argument("--out", required=True, help="drafter folder to write (resumes when it holds train_state.pt)")
     g.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (torchrun: cuda:LOCAL_RANK)")
+    g.add_argument("--target-dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                   help="target precision while generating data (auto: float32 on CPU, bfloat16 on GPU; float32 "
+                   "on a GPU reproduces a CPU-served target's greedy outputs more closely)")
     g.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads per process (default 1: on a shared CPU extra threads mostly wait)")
     g = p.add_argument_group("data")
@@ -62,6 +65,9 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
                    help="score the labels against N random other tokens instead of the whole vocabulary (a "
                    "sampled softmax: several times cheaper on CPU; 0 = full softmax)")
     g.add_argument("--max-held-out", type=int, default=12, help="held-out prompts used by the AL estimate")
+    g.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
+                   help="fit --steps to this many minutes of training (timed over the first steps; the learning-rate "
+                   "schedule spans the steps that fit)")
     g.add_argument("--eval-every", type=int, default=50)
     g.add_argument("--save-every", type=int, default=100)
     g.add_argument("--seed", type=int, default=0)
@@ -195,7 +201,8 @@ def run_distill(args: argparse.Namespace) -> int:
         model_dir = Path(args.model).expanduser()
     out = Path(args.out).expanduser()
     data_dir = Path(args.data).expanduser() if args.data else out / "data"
-    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(
+        args.target_dtype, torch.float32 if device.type == "cpu" else torch.bfloat16)
     # Unmerged checkpoint layout: the batched generator reads q/k/v and gate/up separately.
     target = load_target(model_dir, dtype=dtype, device=device, merge=False)
     tokenizer = ChatTokenizer.from_folder(model_dir)
@@ -252,7 +259,8 @@ def run_distill(args: argparse.Namespace) -> int:
     del target
     opts = TrainOptions(steps=args.steps, batch=args.batch, anchors=args.anchors, lr=args.lr, warmup=args.warmup,
                         gamma=args.gamma, window=args.window, eval_every=args.eval_every,
-                        save_every=args.save_every, seed=args.seed, vocab_sample=args.vocab_sample)
+                        save_every=args.save_every, seed=args.seed, vocab_sample=args.vocab_sample,
+                        time_budget_s=None if args.time_budget is None else args.time_budget * 60.0)
     info = {"target": str(model_dir), "data": str(data_dir), "from_log": args.from_log, "init": args.init,
             "options": vars(opts), "world": world, "data_seconds": round(t_data, 1)}
     t1 = time.time()

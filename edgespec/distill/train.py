@@ -49,6 +49,18 @@ class TrainOptions:
     save_every: int = 100
     seed: int = 0
     vocab_sample: int = 0          # > 0: sampled softmax over the labels + this many random tokens
+    time_budget_s: float | None = None   # fit ``steps`` to this many seconds of training (see fit_steps)
+
+
+def fit_steps(opts: TrainOptions, step: int, elapsed_s: float, step_s: float, eval_s: float) -> int:
+    """Total steps that fit the time budget, decided once the first steps were timed: the remaining seconds over
+    the cost of a step plus its share of the held-out evaluations, never more than ``opts.steps`` nor fewer than
+    the steps already done. The cosine schedule then spans the steps that will actually run."""
+    if opts.time_budget_s is None:
+        return opts.steps
+    per_step = step_s + eval_s / max(opts.eval_every, 1)
+    left = max(opts.time_budget_s - elapsed_s - eval_s, 0.0)
+    return max(step, min(opts.steps, step + int(left / max(per_step, 1e-9))))
 
 
 def dist_info() -> tuple[int, int]:
@@ -196,14 +208,30 @@ def train(objective: BlockObjective, train_seqs: Sequence[Sequence_], held_out: 
         os.replace(tmp, state_path)
 
     progress = Progress(opts.steps, rank == 0)
+    t_start = time.time()
     if first_al is None:
         first_al = evaluate()
+    eval_s = time.time() - t_start
+    probe_steps, t_probe = step + min(10, opts.steps), 0.0
     last_al, last_loss = first_al, float("nan")
     progress.update(step, f"held-out AL {last_al:.2f}")
     epoch, order = 0, []
     gen = torch.Generator().manual_seed(opts.seed * 7919 + rank + 1000 * step)
     drafter.train()
     while step < opts.steps:
+        if step == probe_steps - min(10, opts.steps) + 1:
+            t_probe = time.time()      # the first step (allocations, kernels compiled) is left out of the timing
+        if step == probe_steps and opts.time_budget_s is not None:
+            step_s = (time.time() - t_probe) / max(min(10, opts.steps) - 1, 1)
+            total = fit_steps(opts, step, time.time() - t_start, step_s, eval_s)
+            if world > 1:      # every rank must stop at the same step (DDP)
+                agreed = torch.tensor([total], device=device)
+                dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+                total = int(agreed)
+            if total != opts.steps and rank == 0:
+                print(f"time budget {opts.time_budget_s:.0f}s: {step_s * 1e3:.0f} ms a step, training {total} "
+                      f"steps instead of {opts.steps}", file=sys.stderr, flush=True)
+            opts.steps = progress.total = total
         if not order:
             sampler.set_epoch(epoch)
             epoch += 1
@@ -232,7 +260,7 @@ def train(objective: BlockObjective, train_seqs: Sequence[Sequence_], held_out: 
                     loss.backward()
             else:
                 loss.backward()
-            loss_sum += float(loss) * len(picks)
+            loss_sum += float(loss.detach()) * len(picks)
             weight_sum += float(weight)
             with torch.no_grad():
                 valid = labels[:, 0] >= 0
