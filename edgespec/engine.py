@@ -136,7 +136,9 @@ class Engine:
             model = load_target(model_dir, dtype=dtype, device=device, max_positions=settings.max_seq_len,
                                 kv_fp8=settings.kv_dtype == "fp8", drafter_bytes=drafter_bytes)
         if device.type == "cpu" and dtype == torch.float32 and settings.cpu_blas:
-            configure_cpu()   # OpenBLAS GEMVs, torch single-threaded: see edgespec.kernels.linear
+            # OpenBLAS GEMVs, torch single-threaded (see edgespec.kernels.linear); beside the GGUF products' own
+            # pool, OpenBLAS itself single-threaded too (a dense drafter's products on BLAS, the target's on it).
+            configure_cpu(own_pool=gguf is not None)
         tokenizer = ChatTokenizer.from_folder(model_dir)
         if tokenizer.vocab_size > model.config.vocab_size:
             raise ConfigError(f"tokenizer of {model_dir} has {tokenizer.vocab_size} tokens but the model's "

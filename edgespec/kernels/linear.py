@@ -35,15 +35,29 @@ ROWS_MAX = 8
 BLOCK_BYTES = 4 << 20
 
 _enabled = False
+_blas_limit = None     # threadpoolctl's limiter while the BLAS path is on (restored when it is turned off)
 
 
-def configure_cpu(enabled: bool = True) -> None:
+def configure_cpu(enabled: bool = True, own_pool: bool = False) -> None:
     """Route fp32 CPU linears through OpenBLAS (``enabled``) and make torch's intra-op pool single-threaded so the
-    two pools never compete for the cores. ``enabled=False`` restores torch's matmul (thread count untouched)."""
-    global _enabled
+    two pools never compete for the cores. ``own_pool``: the model's products run on edgespec's own thread pool
+    (packed GGUF weights, ``edgespec.weights.gguf_native``), so OpenBLAS keeps to one thread. ``enabled=False``
+    restores torch's matmul (thread count untouched) and OpenBLAS's thread count."""
+    global _enabled, _blas_limit
     _enabled = enabled
+    if not enabled and _blas_limit is not None:
+        _blas_limit.restore_original_limits()
+        _blas_limit = None
     if enabled:
         torch.set_num_threads(1)
+    if enabled and own_pool:
+        # OpenBLAS's own workers spin after each call. Beside the GGUF product's pool (which already uses the
+        # other cores) they oversubscribe the CPU: a BLAS call then waits a scheduler time slice for a worker
+        # that was descheduled, 13-27 ms for a 16-row product that takes 0.5-1 ms alone (a DFlash cycle of the
+        # CPU demo: drafter layers on BLAS, verify on the GGUF pool). One BLAS thread per process avoids it.
+        from threadpoolctl import threadpool_limits
+        if _blas_limit is None:
+            _blas_limit = threadpool_limits(1, user_api="blas")
 
 
 def cpu_blas_active() -> bool:

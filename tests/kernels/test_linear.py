@@ -67,6 +67,24 @@ def test_falls_back_to_torch_when_it_must(blas):
         assert torch.equal(L.linear(x, w.detach()), torch.nn.functional.linear(x, w.detach()))
 
 
+def test_blas_path_keeps_openblas_to_one_thread():
+    """numpy's OpenBLAS pool beside the GGUF product's pool oversubscribes the cores (a 16-row product waited a
+    scheduler time slice, 13-27 ms instead of ~1 ms): with that pool, one BLAS thread; off, the previous count."""
+    from threadpoolctl import threadpool_info
+
+    def blas_threads() -> list[int]:
+        return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+
+    L.configure_cpu(False)
+    before = blas_threads()
+    L.configure_cpu()
+    assert blas_threads() == before          # a dense model: OpenBLAS's own threads run its GEMVs
+    L.configure_cpu(own_pool=True)
+    assert blas_threads() and all(n == 1 for n in blas_threads())
+    L.configure_cpu(False)
+    assert blas_threads() == before
+
+
 def test_disabled_by_default_and_by_setting():
     L.configure_cpu(False)
     assert not L.cpu_blas_active()

@@ -17,6 +17,7 @@ from edgespec.errors import CheckpointError, UnsupportedModelError
 from edgespec.loading.checkpoint import load_target
 from edgespec.loading.gguf_demo import convert_gguf
 from edgespec.loading.gguf_model import PackedEmbedding, load_gguf_target
+from edgespec.memory import module_bytes
 from edgespec.weights import gguf_native
 from edgespec.weights.base import PackedLinear, weight_format
 from edgespec.weights.gguf import GGML_FORMATS, Q4_0Weight, Q4_1Weight, Q8_0Weight
@@ -124,6 +125,8 @@ def test_packed_model_equals_fp32_conversion(tmp_path: Path, qtype: str, tied: b
         scale = b.abs().max().item()
         assert (a - b).abs().max().item() <= 1e-5 * scale + 1e-6
     assert (folder / "tokenizer.json").is_file() and not (folder / "model.safetensors").exists()
+    # The memory budget `bench` prints beside its figures counts the packed blocks the model holds.
+    assert packed.memory_budget.weights == module_bytes(packed) < module_bytes(dense)
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])
@@ -139,6 +142,11 @@ def test_speculative_equals_plain_on_a_packed_gguf(tmp_path: Path, qtype: str) -
     plain = engine.session.generate(ids, max_tokens=40, policy=StrictGreedy(), stop_ids=[], k=0)
     spec = engine.session.generate(ids, max_tokens=40, policy=StrictGreedy(), stop_ids=[], k=None)
     assert spec.token_ids == plain.token_ids and len(plain.token_ids) == 40
+    # The packed products run on their own pool: OpenBLAS (a dense drafter's products) keeps to one thread.
+    from threadpoolctl import threadpool_info
+    assert all(p["num_threads"] == 1 for p in threadpool_info() if p["user_api"] == "blas")
+    from edgespec.kernels.linear import configure_cpu
+    configure_cpu(False)
 
 
 def test_gguf_weights_fp32_setting_converts(tmp_path: Path) -> None:
