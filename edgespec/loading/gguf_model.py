@@ -259,4 +259,8 @@ def load_gguf_target(path: str | Path, dtype: torch.dtype = torch.float32, devic
     model.rope = RotaryEmbedding(cfg, max_positions or cfg.max_position_embeddings).to(device)
     if merge:
         model.merge_projections()
+    # Reported by `bench` / `doctor` beside the measured peak (the packed blocks are what the model holds).
+    from edgespec.memory import module_bytes, plan_budget
+    model.memory_budget = plan_budget(cfg, module_bytes(model), device, dtype,
+                                      max_positions or cfg.max_position_embeddings, packed=True)
     return model.eval(), folder

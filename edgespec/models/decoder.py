@@ -110,6 +110,8 @@ class TargetModel(nn.Module):
     # Prefill longer than this many rows uses the chunked GDN form; shorter multi-row forwards (verify) use
     # the recurrent form, which can also write per-step checkpoints.
     CHUNKED_MIN_ROWS = 32
+    # The loader's MemoryBudget (edgespec.memory) of serving this model; None for a model built by hand.
+    memory_budget = None
 
     def __init__(self, cfg: ModelConfig, max_positions: int | None = None, with_mtp: bool = False) -> None:
         super().__init__()
