@@ -105,6 +105,16 @@ def _forward(model: TargetModel, tokens: torch.Tensor, cache: _BatchCache, taps:
     return F.linear(last, model.lm_head_weight).float(), out_taps
 
 
+def _device_generator(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    """A generator on ``device`` seeded from ``generator`` (so a run stays reproducible), or ``generator`` itself
+    when it already lives there. Sampling where the logits are avoids copying ``[B, V]`` probabilities to the host
+    every step: on a GPU that copy and a host multinomial made sampled continuations ~15x slower than greedy ones."""
+    if generator is None or generator.device == device:
+        return generator
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 @torch.inference_mode()
 def generate_batch(model: TargetModel, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                    stop_ids: Sequence[int], taps: Sequence[int], temperature: float = 0.0,
@@ -126,10 +136,11 @@ def generate_batch(model: TargetModel, prompts: Sequence[Sequence[int]], *, max_
     new = torch.zeros(B, 0, dtype=torch.long, device=model.device)
     done = torch.zeros(B, dtype=torch.bool, device=model.device)
     stops = torch.tensor(list(stop_ids) or [-1], device=model.device)
+    sampler = _device_generator(generator, model.device) if temperature > 0 else None
     for step in range(max_new_tokens):
         if temperature > 0:
             probs = torch.softmax(logits / temperature, dim=-1)
-            nxt = torch.multinomial(probs.cpu(), 1, generator=generator).view(B).to(model.device)
+            nxt = torch.multinomial(probs, 1, generator=sampler).view(B)
         else:
             nxt = logits.argmax(-1)
         new = torch.cat([new, nxt[:, None]], dim=1)
