@@ -13,7 +13,7 @@ import sys
 import time
 
 from edgespec.config import Settings
-from edgespec.distill.workload import robot_prompts
+from edgespec.distill.workload import robot_prompts, site_prompts
 from edgespec.engine import Engine, Request
 
 
@@ -25,11 +25,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=24, help="requests")
     p.add_argument("--tokens", type=int, default=96, help="max tokens per reply")
     p.add_argument("--seed", type=int, default=7, help="workload seed (the demo drafter's data used seed 0)")
+    p.add_argument("--workload", choices=("robot", "site"), default="robot",
+                   help="robot: the generic robot workload the demo drafter was trained on; site: one warehouse "
+                   "cell's own traffic (its item names, locations and JSON schema), new to that drafter")
     args = p.parse_args(argv)
     engine = Engine.from_settings(Settings(model=args.model, drafter=args.drafter, request_log=args.out,
                                            max_tokens=args.tokens))
     t0 = time.time()
-    for i, text in enumerate(robot_prompts(args.n, seed=args.seed)):
+    make = site_prompts if args.workload == "site" else robot_prompts
+    for i, text in enumerate(make(args.n, seed=args.seed)):
         out = engine.complete(Request(messages=[{"role": "user", "content": text}], max_tokens=args.tokens))
         print(f"{i + 1}/{args.n} {time.time() - t0:.0f}s {out.telemetry.summary()}", file=sys.stderr, flush=True)
     print(args.out)

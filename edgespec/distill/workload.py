@@ -96,6 +96,41 @@ def robot_prompts(n: int, seed: int = 0, general_share: float = 0.1) -> list[str
     return out
 
 
+# One site's own traffic (a warehouse picking cell): its own item names, locations and JSON schema, none of which
+# the generic robot workload above uses. A drafter trained on the generic workload meets it for the first time in
+# the request log; `edgespec distill --from-log --init` adapts it (docs/drafters.md).
+_SITE_ITEMS = ["tote 14", "tote 27", "pallet P-3", "carton of M8 nuts", "crate of valves", "box of fuses",
+               "case of filters", "bag of rivets", "spool of cable", "tray of gaskets"]
+_SITE_SLOTS = ["rack R2 level 3", "rack R5 level 1", "dock door 2", "dock door 6", "packing station 1",
+               "packing station 4", "quarantine zone", "returns cage", "buffer lane B", "outbound lane 7"]
+_SITE_TEMPLATES = [
+    "Pick order {n}: move the {i1} from {s1} to {s2}. Reply with a JSON list of steps with fields sku_ref, "
+    "from_slot, to_slot, qty and scan_ok.",
+    "Restock: bring {q} units from the {i1} at {s1} to {s2}, then confirm. Reply with JSON steps with fields "
+    "sku_ref, from_slot, to_slot, qty and scan_ok.",
+    "Cycle count at {s1}: count the {i1} and the {i2} and report. Reply in JSON with fields slot, sku_ref, "
+    "counted, expected and mismatch.",
+    "Return order {n}: take the {i1} from {s1} to {s2} and log its condition. Reply with JSON steps with fields "
+    "sku_ref, from_slot, to_slot, qty and scan_ok.",
+]
+
+
+def site_prompts(n: int, seed: int = 0) -> list[str]:
+    """``n`` distinct requests of one site's traffic (a warehouse picking cell; see the note above), seeded."""
+    rng = random.Random(seed)
+    out: list[str] = []
+    seen: set[str] = set()
+    while len(out) < n:
+        i1, i2 = rng.sample(_SITE_ITEMS, 2)
+        s1, s2 = rng.sample(_SITE_SLOTS, 2)
+        text = rng.choice(_SITE_TEMPLATES).format(i1=i1, i2=i2, s1=s1, s2=s2, n=rng.randint(1000, 9999),
+                                                  q=rng.randint(2, 40))
+        if text not in seen:
+            seen.add(text)
+            out.append(text)
+    return out
+
+
 def load_prompt_file(path: str | Path) -> list[str]:
     """User prompts from a file: ``.yaml``/``.yml`` (a list of strings or of ``{user: ...}``), ``.jsonl``
     (``{"user": ...}`` or ``{"prompt": ...}`` per line) or plain text (one prompt per non-empty line)."""
