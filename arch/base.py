@@ -44,6 +44,11 @@ class ArchDefaults:
     # compute-heavy on a few cores), so drafting only as far as drafts are being accepted pays; on a GPU the
     # verify runs as a static graph of K+1 rows whatever is drafted, so shorter drafts would only lose tokens.
     adaptive_k: bool = True
+    # A prefill that continues a non-empty cache (a follow-up turn resumed by prefix reuse) of at most this many
+    # tokens goes through the captured verify forward in chunks of its rows instead of one eager forward: on a GPU
+    # an eager forward of a few dozen rows is bound by its hundreds of kernel launches, a graph replay is not.
+    # 0: always eager. A fresh prompt always prefills eagerly.
+    graph_prefill_max: int = 128
 
 
 class ArchHooks:
@@ -115,7 +120,36 @@ class ArchHooks:
     def prefill(self, model: TargetModel, cache: ModelCache, prompt: torch.Tensor, chunk: int,
                 taps: Sequence[int]) -> ForwardOutput:
         """Fill the cache with the prompt; logits of the last row, hidden/taps of every row."""
-        return model.prefill(prompt, cache, chunk=chunk, taps=taps)
+        out = self._graph_prefill(cache, prompt)
+        return out if out is not None else model.prefill(prompt, cache, chunk=chunk, taps=taps)
+
+    def _graph_prefill(self, cache: ModelCache, prompt: torch.Tensor) -> ForwardOutput | None:
+        """A short resumed prefill through the static verify forward, ``rows`` tokens per replay (None: stay eager).
+
+        The last chunk is padded with its last token; its padding rows are dropped as a rejected draft's would be
+        (``cache.rollback``, which also commits a deferred forward's rows and, after a checkpointed one, keeps the
+        state of the last real row). A replay-strategy verify keeps no per-row state, so a hybrid model with it
+        stays eager. The outputs live in the graph's buffers and are copied before the next replay.
+        """
+        n = prompt.shape[0]
+        static = self.static[max(self.static)] if self.static else None
+        if static is None or static.rows < 2 or n > self.defaults.graph_prefill_max or cache.length == 0:
+            return None
+        if cache.has_state and not (static.checkpoint or static.defer):
+            return None
+        hidden, taps, out, m = [], [], None, 0
+        for s in range(0, n, static.rows):
+            piece = prompt[s:s + static.rows]
+            m = piece.shape[0]
+            if m < static.rows:
+                piece = torch.cat([piece, piece[-1:].expand(static.rows - m)])
+            start = cache.length
+            out = static.run(piece, cache)
+            cache.rollback(start + m)
+            hidden.append(out.hidden[:m].clone())
+            if out.taps is not None:
+                taps.append(out.taps[:m].clone())
+        return ForwardOutput(out.logits[m - 1:m].clone(), torch.cat(hidden), torch.cat(taps) if taps else None)
 
     def verify(self, model: TargetModel, cache: ModelCache, rows: torch.Tensor, taps: Sequence[int]) -> ForwardOutput:
         """One target forward over ``rows = [current, drafts...]``; saves what the rollback strategy needs.

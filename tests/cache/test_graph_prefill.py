@@ -1,0 +1,84 @@
+"""A short resumed prefill through the static verify forward, in chunks of its rows, writes what one eager forward
+writes: last-row logits no further from the eager resume than the eager resume already is from a fresh one-shot
+prefill (products over other row counts round differently), the same hidden rows, KV rows and GDN state to float
+tolerance, and the same greedy answers over a multi-turn chat, for the rollback strategies that keep per-row
+state. On CPU the static forward runs eagerly, the code a CUDA graph captures; the GPU run is the lead's to check.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgespec.arch.base import ArchHooks
+from edgespec.cache.prefix import PrefixCache
+from edgespec.drafters.ngram import NGramProposer
+from edgespec.loading.checkpoint import load_target
+from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
+from edgespec.speculative.acceptance import StrictGreedy
+from edgespec.speculative.session import SpecSession
+
+
+def _session(model, rollback: str, graph_max: int) -> SpecSession:
+    hooks = ArchHooks()
+    hooks.defaults.graph_prefill_max = graph_max
+    return SpecSession(model, hooks, NGramProposer(), k=4, rollback=rollback, max_len=512, cuda_graphs=True)
+
+
+@pytest.mark.parametrize("fam,rollback", [("llama", "checkpoint"), ("qwen3_5", "checkpoint"),
+                                          ("qwen3_5", "deferred")])
+def test_graph_prefill_equals_eager(tmp_path, fam, rollback):
+    model = load_target(write_random_checkpoint(tmp_path / fam, tiny_config(fam), seed=7), dtype=torch.float32,
+                        device="cpu", max_positions=512)
+    history = torch.randint(0, 320, (30,), generator=torch.Generator().manual_seed(1))
+    turn = torch.randint(0, 320, (23,), generator=torch.Generator().manual_seed(2))   # 4 chunks of 5 + 3 rows
+    one_shot = _session(model, rollback, 0)
+    one_shot.cache.reset()
+    ref = one_shot.hooks.prefill(model, one_shot.cache, torch.cat([history, turn]), 512, ()).logits
+    outs = {}
+    for name, graph_max in (("eager", 0), ("graph", 64)):
+        s = _session(model, rollback, graph_max)
+        s.cache.reset()
+        s.hooks.prefill(model, s.cache, history, 512, ())           # a fresh prefill: eager in both
+        static = s.hooks.static[5]
+        rows = static.tokens.clone()
+        out = s.hooks.prefill(model, s.cache, turn, 512, ())
+        # The graph path replayed the verify forward (its token buffer holds the padded last chunk), eager did not.
+        assert torch.equal(static.tokens, torch.cat([turn[20:], turn[-1:].expand(2)])) == (name == "graph")
+        assert name == "graph" or torch.equal(static.tokens, rows)
+        states = None if s.cache.states is None else s.cache.states.recurrent.clone()
+        kv = [layer.k[:s.cache.length].clone() for layer in s.cache.kv_layers]
+        outs[name] = (out, s.cache.length, states, kv)
+    (a, la, sa, kva), (b, lb, sb, kvb) = outs["eager"], outs["graph"]
+    assert la == lb == 53
+    assert a.logits.shape == b.logits.shape == (1, 320)
+    resume_error = float((a.logits - ref).abs().max())
+    assert float((b.logits - a.logits).abs().max()) <= max(2 * resume_error, 1e-5)
+    torch.testing.assert_close(b.hidden, a.hidden, rtol=1e-3, atol=1e-3)
+    for x, y in zip(kvb, kva, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-3, atol=1e-3)
+    if sa is not None:
+        torch.testing.assert_close(sb, sa, rtol=1e-3, atol=1e-3)
+    assert int(a.logits.argmax()) == int(b.logits.argmax())
+
+
+@pytest.mark.parametrize("fam", ["llama", "qwen3_5"])
+def test_multi_turn_answers_equal_with_graph_prefill(tmp_path, fam):
+    """Prefix reuse over a growing conversation: resumed turns (short prefills) graphed or eager, same answers."""
+    model = load_target(write_random_checkpoint(tmp_path / fam, tiny_config(fam), seed=9), dtype=torch.float32,
+                        device="cpu", max_positions=512)
+    gen = torch.Generator().manual_seed(3)
+    answers = {}
+    for name, graph_max in (("eager", 0), ("graph", 64)):
+        s = _session(model, "checkpoint", graph_max)
+        prefix = PrefixCache(s.cache, turn_ids=[1])
+        convo: list[int] = torch.randint(2, 320, (80,), generator=torch.Generator().manual_seed(4)).tolist()
+        got = []
+        for turn in range(4):
+            res = s.generate(convo + [1, 5, 6], max_tokens=12, policy=StrictGreedy(), prefix=prefix)
+            got.append(res.token_ids)
+            assert turn == 0 or 0 < len(convo) + 3 - prefix.last_reused <= 64    # a resumed, short prefill
+            convo = convo + [1, 5, 6] + res.token_ids + torch.randint(2, 320, (15,), generator=gen).tolist()
+        answers[name] = got
+        gen = torch.Generator().manual_seed(3)
+    assert answers["graph"] == answers["eager"]
