@@ -3,12 +3,12 @@
     python tools/make_bench_model.py qwen3.5-4b /tmp/q35-4b [--mtp] [--dtype bfloat16] [--tokenizer demo]
     python tools/make_bench_model.py --tokenizer-only bench-tokenizer    # the demo's BPE tokenizer files alone
 
-Shapes: edgespec.loading.synthetic.SHAPES. ``--tokenizer``: ``byte`` (default for a model, a 261-id byte-level
-tokenizer), ``demo`` (the demo's SmolLM2 BPE tokenizer; needs the demo package) or a folder holding tokenizer.json.
-``--tokenizer-only`` writes just the tokenizer files: copy that folder to a machine without the demo package
-and name it with ``--tokenizer`` (or ``edgespec bench --bench-tokenizer``) there. Speed does not depend on weight
-values; acceptance of model-based drafters on random weights does, so figures from such a model measure cost,
-not acceptance.
+Shapes: edgespec.loading.synthetic.SHAPES, or tiny:FAMILY (a test shape). ``--tokenizer``: ``byte`` (default
+for a model, a 261-id byte-level tokenizer), ``demo`` (the demo's SmolLM2 BPE tokenizer; needs the demo package) or
+a folder holding tokenizer.json. ``--tokenizer-only`` writes just the tokenizer files (the demo's by default): copy
+that folder to a machine without the demo package and name it with ``--tokenizer`` (or ``edgespec bench
+--bench-tokenizer``) there. Speed does not depend on weight values; acceptance of model-based drafters on random
+weights does, so figures from such a model measure cost, not acceptance.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from edgespec.loading.synthetic import SHAPES, write_chat_tokenizer
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("shape", nargs="?", choices=sorted(SHAPES))
+    ap.add_argument("shape", nargs="?", help=f"one of {', '.join(sorted(SHAPES))}, or tiny:FAMILY")
     ap.add_argument("out")
     ap.add_argument("--mtp", action="store_true", help="add one MTP layer (Qwen3.5 shapes)")
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])

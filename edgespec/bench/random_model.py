@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from edgespec.errors import CheckpointError, ConfigError
-from edgespec.loading.synthetic import SHAPES, config_dict, write_chat_tokenizer, write_random_checkpoint
+from edgespec.loading.synthetic import write_chat_tokenizer, write_random_checkpoint
 
 # The files that carry a tokenizer and its chat use (ChatTokenizer.from_folder reads these).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
@@ -63,9 +63,11 @@ def tokenizer_source(name: str) -> Path | None:
 
 def write_bench_model(shape: str, out: str | Path, tokenizer: str = "demo", dtype: str = "bfloat16",
                       mtp: bool = False, seed: int = 0) -> Path:
-    """Write random weights of ``shape`` and the ``tokenizer``'s files (see :func:`tokenizer_source`) into ``out``."""
-    if shape not in SHAPES:
-        raise ConfigError(f"unknown model shape {shape!r}; one of {', '.join(sorted(SHAPES))}")
+    """Write random weights of ``shape`` (a SHAPES name or ``tiny:FAMILY``) and the ``tokenizer``'s files (see
+    :func:`tokenizer_source`) into ``out``."""
+    from edgespec.bench.formats import shape_config
+
+    cfg = shape_config(shape)
     out = Path(out)
     src = tokenizer_source(tokenizer)
     out.mkdir(parents=True, exist_ok=True)
@@ -74,10 +76,11 @@ def write_bench_model(shape: str, out: str | Path, tokenizer: str = "demo", dtyp
         eos = [258]                 # <|im_end|> of the byte tokenizer
     else:
         eos = copy_tokenizer(src, out)
-    fields = dict(SHAPES[shape])
     if mtp:
-        fields["mtp_num_hidden_layers"] = 1
-    cfg = config_dict(**fields, eos_token_id=eos[0] if len(eos) == 1 else eos)
+        cfg["mtp_num_hidden_layers"] = 1
+    if not eos:
+        raise CheckpointError(f"{src}: generation_config.json names no eos_token_id to end a turn")
+    cfg["eos_token_id"] = eos[0] if len(eos) == 1 else eos
     write_random_checkpoint(out, cfg, seed=seed, with_mtp=mtp, dtype=getattr(torch, dtype))
     return out
 
@@ -89,9 +92,11 @@ def bench_model(shape: str, tokenizer: str = "demo", dtype: str = "bfloat16", ro
 
     src = tokenizer_source(tokenizer)
     digest = "byte" if src is None else hashlib.sha256((src / "tokenizer.json").read_bytes()).hexdigest()[:12]
-    key = {"shape": shape, "tokenizer": digest, "dtype": dtype, "mtp": mtp, "fields": SHAPES.get(shape)}
+    from edgespec.bench.formats import shape_config
+
+    key = {"shape": shape, "tokenizer": digest, "dtype": dtype, "mtp": mtp, "config": shape_config(shape)}
     base = Path(root) if root is not None else cache_root() / "bench-models"
-    out = base / f"{shape}-{digest}-{dtype}{'-mtp' if mtp else ''}"
+    out = base / f"{shape.replace(':', '-')}-{digest}-{dtype}{'-mtp' if mtp else ''}"
     marker = out / _MARKER
     if marker.is_file() and json.loads(marker.read_text()) == key:
         return out
