@@ -30,9 +30,14 @@ _MARKER = ".edgespec-bench-model.json"
 
 def demo_tokenizer_folder() -> Path:
     """The demo model's tokenizer files (SmolLM2 BPE, 49152 ids), read from the embedded GGUF's metadata."""
-    from edgespec.loading.gguf_demo import demo_gguf_path, gguf_metadata_folder
+    try:
+        from edgespec.loading.gguf_demo import demo_gguf_path, gguf_metadata_folder
 
-    return gguf_metadata_folder(demo_gguf_path())
+        return gguf_metadata_folder(demo_gguf_path())
+    except (CheckpointError, ImportError) as exc:
+        raise ConfigError(f"the demo tokenizer is not available here ({exc}); where the demo is installed, run "
+                          "`python tools/make_bench_model.py --tokenizer-only bench-tokenizer` and pass "
+                          "--bench-tokenizer bench-tokenizer") from exc
 
 
 def copy_tokenizer(src: str | Path, dest: str | Path) -> list[int]:

