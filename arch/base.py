@@ -118,10 +118,11 @@ class ArchHooks:
 
     # -- stages -------------------------------------------------------------------------------------------------
     def prefill(self, model: TargetModel, cache: ModelCache, prompt: torch.Tensor, chunk: int,
-                taps: Sequence[int]) -> ForwardOutput:
-        """Fill the cache with the prompt; logits of the last row, hidden/taps of every row."""
+                taps: Sequence[int], logits: bool = True) -> ForwardOutput:
+        """Fill the cache with the prompt; logits of the last row (``logits=False``: a piece whose logits nobody
+        reads may skip them), hidden/taps of every row."""
         out = self._graph_prefill(cache, prompt)
-        return out if out is not None else model.prefill(prompt, cache, chunk=chunk, taps=taps)
+        return out if out is not None else model.prefill(prompt, cache, chunk=chunk, taps=taps, logits=logits)
 
     def _graph_prefill(self, cache: ModelCache, prompt: torch.Tensor) -> ForwardOutput | None:
         """A short resumed prefill through the static verify forward, ``rows`` tokens per replay (None: stay eager).
