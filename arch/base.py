@@ -138,6 +138,8 @@ class ArchHooks:
             return None
         if cache.has_state and not (static.checkpoint or static.defer):
             return None
+        if cache.length + -(-n // static.rows) * static.rows > cache.max_len:
+            return None     # the padded last chunk would not fit a cache nearly full
         hidden, taps, out, m = [], [], None, 0
         for s in range(0, n, static.rows):
             piece = prompt[s:s + static.rows]

@@ -82,3 +82,22 @@ def test_multi_turn_answers_equal_with_graph_prefill(tmp_path, fam):
         answers[name] = got
         gen = torch.Generator().manual_seed(3)
     assert answers["graph"] == answers["eager"]
+
+
+def test_graph_prefill_stays_eager_where_it_cannot_run(tmp_path):
+    """Near the end of the cache (padding would not fit), with a replay-strategy hybrid (no per-row state to drop
+    padding rows from) and for a fresh prompt: the eager prefill, with the same result."""
+    model = load_target(write_random_checkpoint(tmp_path / "q", tiny_config("qwen3_5"), seed=7),
+                        dtype=torch.float32, device="cpu", max_positions=512)
+    turn = torch.randint(0, 320, (8,), generator=torch.Generator().manual_seed(2))
+    for rollback, history, max_len in (("checkpoint", 500, 509), ("replay", 30, 512), ("checkpoint", 0, 512)):
+        hooks = ArchHooks()
+        s = SpecSession(model, hooks, NGramProposer(), k=4, rollback=rollback, max_len=max_len, cuda_graphs=True)
+        s.cache.reset()
+        if history:
+            s.hooks.prefill(model, s.cache, torch.randint(0, 320, (history,)), 512, ())
+        static = s.hooks.static[5]
+        before = static.tokens.clone()
+        out = s.hooks.prefill(model, s.cache, turn, 512, ())
+        assert torch.equal(static.tokens, before), rollback      # never replayed
+        assert s.cache.length == history + 8 and out.logits.shape == (1, 320)
