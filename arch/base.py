@@ -49,6 +49,11 @@ class ArchDefaults:
     # an eager forward of a few dozen rows is bound by its hundreds of kernel launches, a graph replay is not.
     # 0: always eager. A fresh prompt always prefills eagerly.
     graph_prefill_max: int = 128
+    # Rows of a static forward captured for those prefills when it is wider than the verify forward: one replay of
+    # 32 rows instead of seven of K+1=5 for a 30-token turn. Captured for attention-only models and the deferred
+    # rollback (which keeps a few KB of inputs per row); checkpoint rollback would need a whole GDN state per row,
+    # so it prefills through its verify forward. 32: the widest the Triton attention takes (kernels.attention).
+    graph_prefill_rows: int = 32
 
 
 class ArchHooks:
@@ -68,16 +73,16 @@ class ArchHooks:
     def new_cache(self, model: TargetModel, max_len: int, kv_fp8: bool, rollback: str, max_rows: int) -> ModelCache:
         """Allocate the request cache; checkpoint rollback needs one state slot per verify row, deferred rollback
         room for each verify row's inputs."""
+        defer_rows = max(max_rows, self.defaults.graph_prefill_rows) if rollback == "deferred" else 0
         return model.new_cache(max_len, kv_fp8=kv_fp8,
-                               checkpoint_rows=max_rows if rollback == "checkpoint" else 0,
-                               defer_rows=max_rows if rollback == "deferred" else 0)
+                               checkpoint_rows=max_rows if rollback == "checkpoint" else 0, defer_rows=defer_rows)
 
     def prepare(self, model: TargetModel, cache: ModelCache, verify_rows: int, taps: Sequence[int],
                 rollback: str, graphs: bool) -> None:
         """Fix the rollback strategy (one of ``ROLLBACK_STRATEGIES``) that :meth:`verify` and :meth:`rollback`
-        follow, and build the static decode (1 row) and verify (``verify_rows``) forwards; capture them as CUDA
-        graphs when ``graphs`` and the model is on CUDA. Leaves the cache reset. Without ``graphs`` stages run
-        eagerly."""
+        follow, and build the static decode (1 row) and verify (``verify_rows``) forwards, and a wider one for short
+        resumed prefills (``ArchDefaults.graph_prefill_rows``); capture them as CUDA graphs when ``graphs`` and the
+        model is on CUDA. Leaves the cache reset. Without ``graphs`` stages run eagerly."""
         self.rollback_mode = rollback
         self.static.clear()
         self.choose_weight_kernels(model)   # before any capture: graphs record the chosen products
@@ -90,6 +95,9 @@ class ArchHooks:
             if verify_rows > 1:
                 self.static[verify_rows] = StaticForward(model, cache, verify_rows, taps, checkpoint, capture=True,
                                                          defer=defer)
+            wide = self.defaults.graph_prefill_rows
+            if self.defaults.graph_prefill_max and wide > verify_rows and (defer or not cache.has_state):
+                self.static[wide] = StaticForward(model, cache, wide, taps, False, capture=True, defer=defer)
         cache.reset()
 
     # -- weights ------------------------------------------------------------------------------------------------
@@ -125,7 +133,7 @@ class ArchHooks:
         return out if out is not None else model.prefill(prompt, cache, chunk=chunk, taps=taps, logits=logits)
 
     def _graph_prefill(self, cache: ModelCache, prompt: torch.Tensor) -> ForwardOutput | None:
-        """A short resumed prefill through the static verify forward, ``rows`` tokens per replay (None: stay eager).
+        """A short resumed prefill through the widest static forward, ``rows`` tokens per replay (None: stay eager).
 
         The last chunk is padded with its last token; its padding rows are dropped as a rejected draft's would be
         (``cache.rollback``, which also commits a deferred forward's rows and, after a checkpointed one, keeps the

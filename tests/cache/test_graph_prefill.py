@@ -25,13 +25,16 @@ def _session(model, rollback: str, graph_max: int) -> SpecSession:
     return SpecSession(model, hooks, NGramProposer(), k=4, rollback=rollback, max_len=512, cuda_graphs=True)
 
 
-@pytest.mark.parametrize("fam,rollback", [("llama", "checkpoint"), ("qwen3_5", "checkpoint"),
-                                          ("qwen3_5", "deferred")])
-def test_graph_prefill_equals_eager(tmp_path, fam, rollback):
+# Attention-only and deferred rollback prefill through the wide (32-row) forward, checkpoint rollback on a hybrid
+# through its 5-row verify forward; 23 and 45 rows: one and several chunks, each with a padded last chunk.
+@pytest.mark.parametrize("fam,rollback,width", [("llama", "checkpoint", 32), ("qwen3_5", "checkpoint", 5),
+                                                ("qwen3_5", "deferred", 32)])
+@pytest.mark.parametrize("n", [23, 45])
+def test_graph_prefill_equals_eager(tmp_path, fam, rollback, width, n):
     model = load_target(write_random_checkpoint(tmp_path / fam, tiny_config(fam), seed=7), dtype=torch.float32,
                         device="cpu", max_positions=512)
     history = torch.randint(0, 320, (30,), generator=torch.Generator().manual_seed(1))
-    turn = torch.randint(0, 320, (23,), generator=torch.Generator().manual_seed(2))   # 4 chunks of 5 + 3 rows
+    turn = torch.randint(0, 320, (n,), generator=torch.Generator().manual_seed(2))
     one_shot = _session(model, rollback, 0)
     one_shot.cache.reset()
     ref = one_shot.hooks.prefill(model, one_shot.cache, torch.cat([history, turn]), 512, ()).logits
@@ -40,17 +43,21 @@ def test_graph_prefill_equals_eager(tmp_path, fam, rollback):
         s = _session(model, rollback, graph_max)
         s.cache.reset()
         s.hooks.prefill(model, s.cache, history, 512, ())           # a fresh prefill: eager in both
-        static = s.hooks.static[5]
+        static = s.hooks.static[max(s.hooks.static)]
+        assert static.rows == (width if name == "graph" else 5)
         rows = static.tokens.clone()
         out = s.hooks.prefill(model, s.cache, turn, 512, ())
-        # The graph path replayed the verify forward (its token buffer holds the padded last chunk), eager did not.
-        assert torch.equal(static.tokens, torch.cat([turn[20:], turn[-1:].expand(2)])) == (name == "graph")
+        # The graph path replayed the widest static forward (its token buffer holds the padded last chunk), eager
+        # did not.
+        last = (n - 1) // width * width
+        padded = torch.cat([turn[last:], turn[-1:].expand(width - (n - last))])
+        assert name == "eager" or torch.equal(static.tokens, padded)
         assert name == "graph" or torch.equal(static.tokens, rows)
         states = None if s.cache.states is None else s.cache.states.recurrent.clone()
         kv = [layer.k[:s.cache.length].clone() for layer in s.cache.kv_layers]
         outs[name] = (out, s.cache.length, states, kv)
     (a, la, sa, kva), (b, lb, sb, kvb) = outs["eager"], outs["graph"]
-    assert la == lb == 53
+    assert la == lb == 30 + n
     assert a.logits.shape == b.logits.shape == (1, 320)
     resume_error = float((a.logits - ref).abs().max())
     assert float((b.logits - a.logits).abs().max()) <= max(2 * resume_error, 1e-5)
@@ -62,15 +69,16 @@ def test_graph_prefill_equals_eager(tmp_path, fam, rollback):
     assert int(a.logits.argmax()) == int(b.logits.argmax())
 
 
-@pytest.mark.parametrize("fam", ["llama", "qwen3_5"])
-def test_multi_turn_answers_equal_with_graph_prefill(tmp_path, fam):
+@pytest.mark.parametrize("fam,rollback", [("llama", "checkpoint"), ("qwen3_5", "checkpoint"),
+                                          ("qwen3_5", "deferred")])
+def test_multi_turn_answers_equal_with_graph_prefill(tmp_path, fam, rollback):
     """Prefix reuse over a growing conversation: resumed turns (short prefills) graphed or eager, same answers."""
     model = load_target(write_random_checkpoint(tmp_path / fam, tiny_config(fam), seed=9), dtype=torch.float32,
                         device="cpu", max_positions=512)
     gen = torch.Generator().manual_seed(3)
     answers = {}
     for name, graph_max in (("eager", 0), ("graph", 64)):
-        s = _session(model, "checkpoint", graph_max)
+        s = _session(model, rollback, graph_max)
         prefix = PrefixCache(s.cache, turn_ids=[1])
         convo: list[int] = torch.randint(2, 320, (80,), generator=torch.Generator().manual_seed(4)).tolist()
         got = []
