@@ -86,6 +86,10 @@ def write_bench_model(shape: str, out: str | Path, tokenizer: str = "demo", dtyp
     if not eos:
         raise CheckpointError(f"{src}: generation_config.json names no eos_token_id to end a turn")
     cfg["eos_token_id"] = eos[0] if len(eos) == 1 else eos
+    # A test shape's small vocabulary grows to the tokenizer's (the published shapes' are all larger already).
+    from tokenizers import Tokenizer
+    n_ids = Tokenizer.from_file(str(out / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+    cfg["vocab_size"] = max(cfg["vocab_size"], n_ids)
     write_random_checkpoint(out, cfg, seed=seed, with_mtp=mtp, dtype=getattr(torch, dtype))
     return out
 

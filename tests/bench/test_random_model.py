@@ -31,6 +31,19 @@ def test_written_model_serves_with_the_tokenizer_it_was_given(tmp_path, tok_dir)
     assert engine.tokenizer.vocab_size == 261 and engine.model.config.vocab_size == 320
 
 
+def test_a_test_shape_grows_its_vocabulary_to_the_tokenizer(tmp_path):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    big = tmp_path / "big"
+    big.mkdir()
+    tok = Tokenizer(WordLevel({f"w{i}": i for i in range(500)}, unk_token="w0"))
+    tok.save(str(big / "tokenizer.json"))
+    (big / "generation_config.json").write_text('{"eos_token_id": 2}')
+    out = write_bench_model("tiny:llama", tmp_path / "m", tokenizer=str(big), dtype="float32")
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == 500
+
+
 def test_cached_per_shape_and_tokenizer(tmp_path, tok_dir):
     a = bench_model("tiny:llama", str(tok_dir), root=tmp_path / "cache")
     stamp = (a / "model.safetensors").stat().st_mtime_ns
