@@ -44,6 +44,16 @@ class ArchDefaults:
     # compute-heavy on a few cores), so drafting only as far as drafts are being accepted pays; on a GPU the
     # verify runs as a static graph of K+1 rows whatever is drafted, so shorter drafts would only lose tokens.
     adaptive_k: bool = True
+    # A prefill that continues a non-empty cache (a follow-up turn resumed by prefix reuse) of at most this many
+    # tokens goes through the captured verify forward in chunks of its rows instead of one eager forward: on a GPU
+    # an eager forward of a few dozen rows is bound by its hundreds of kernel launches, a graph replay is not.
+    # 0: always eager. A fresh prompt always prefills eagerly.
+    graph_prefill_max: int = 128
+    # Rows of a static forward captured for those prefills when it is wider than the verify forward: one replay of
+    # 32 rows instead of seven of K+1=5 for a 30-token turn. Captured for attention-only models and the deferred
+    # rollback (which keeps a few KB of inputs per row); checkpoint rollback would need a whole GDN state per row,
+    # so it prefills through its verify forward. 32: the widest the Triton attention takes (kernels.attention).
+    graph_prefill_rows: int = 32
 
 
 class ArchHooks:
@@ -63,16 +73,16 @@ class ArchHooks:
     def new_cache(self, model: TargetModel, max_len: int, kv_fp8: bool, rollback: str, max_rows: int) -> ModelCache:
         """Allocate the request cache; checkpoint rollback needs one state slot per verify row, deferred rollback
         room for each verify row's inputs."""
+        defer_rows = max(max_rows, self.defaults.graph_prefill_rows) if rollback == "deferred" else 0
         return model.new_cache(max_len, kv_fp8=kv_fp8,
-                               checkpoint_rows=max_rows if rollback == "checkpoint" else 0,
-                               defer_rows=max_rows if rollback == "deferred" else 0)
+                               checkpoint_rows=max_rows if rollback == "checkpoint" else 0, defer_rows=defer_rows)
 
     def prepare(self, model: TargetModel, cache: ModelCache, verify_rows: int, taps: Sequence[int],
                 rollback: str, graphs: bool) -> None:
         """Fix the rollback strategy (one of ``ROLLBACK_STRATEGIES``) that :meth:`verify` and :meth:`rollback`
-        follow, and build the static decode (1 row) and verify (``verify_rows``) forwards; capture them as CUDA
-        graphs when ``graphs`` and the model is on CUDA. Leaves the cache reset. Without ``graphs`` stages run
-        eagerly."""
+        follow, and build the static decode (1 row) and verify (``verify_rows``) forwards, and a wider one for short
+        resumed prefills (``ArchDefaults.graph_prefill_rows``); capture them as CUDA graphs when ``graphs`` and the
+        model is on CUDA. Leaves the cache reset. Without ``graphs`` stages run eagerly."""
         self.rollback_mode = rollback
         self.static.clear()
         self.choose_weight_kernels(model)   # before any capture: graphs record the chosen products
@@ -85,6 +95,9 @@ class ArchHooks:
             if verify_rows > 1:
                 self.static[verify_rows] = StaticForward(model, cache, verify_rows, taps, checkpoint, capture=True,
                                                          defer=defer)
+            wide = self.defaults.graph_prefill_rows
+            if self.defaults.graph_prefill_max and wide > verify_rows and (defer or not cache.has_state):
+                self.static[wide] = StaticForward(model, cache, wide, taps, False, capture=True, defer=defer)
         cache.reset()
 
     # -- weights ------------------------------------------------------------------------------------------------
@@ -113,9 +126,41 @@ class ArchHooks:
 
     # -- stages -------------------------------------------------------------------------------------------------
     def prefill(self, model: TargetModel, cache: ModelCache, prompt: torch.Tensor, chunk: int,
-                taps: Sequence[int]) -> ForwardOutput:
-        """Fill the cache with the prompt; logits of the last row, hidden/taps of every row."""
-        return model.prefill(prompt, cache, chunk=chunk, taps=taps)
+                taps: Sequence[int], logits: bool = True) -> ForwardOutput:
+        """Fill the cache with the prompt; logits of the last row (``logits=False``: a piece whose logits nobody
+        reads may skip them), hidden/taps of every row."""
+        out = self._graph_prefill(cache, prompt)
+        return out if out is not None else model.prefill(prompt, cache, chunk=chunk, taps=taps, logits=logits)
+
+    def _graph_prefill(self, cache: ModelCache, prompt: torch.Tensor) -> ForwardOutput | None:
+        """A short resumed prefill through the widest static forward, ``rows`` tokens per replay (None: stay eager).
+
+        The last chunk is padded with its last token; its padding rows are dropped as a rejected draft's would be
+        (``cache.rollback``, which also commits a deferred forward's rows and, after a checkpointed one, keeps the
+        state of the last real row). A replay-strategy verify keeps no per-row state, so a hybrid model with it
+        stays eager. The outputs live in the graph's buffers and are copied before the next replay.
+        """
+        n = prompt.shape[0]
+        static = self.static[max(self.static)] if self.static else None
+        if static is None or static.rows < 2 or n > self.defaults.graph_prefill_max or cache.length == 0:
+            return None
+        if cache.has_state and not (static.checkpoint or static.defer):
+            return None
+        if cache.length + -(-n // static.rows) * static.rows > cache.max_len:
+            return None     # the padded last chunk would not fit a cache nearly full
+        hidden, taps, out, m = [], [], None, 0
+        for s in range(0, n, static.rows):
+            piece = prompt[s:s + static.rows]
+            m = piece.shape[0]
+            if m < static.rows:
+                piece = torch.cat([piece, piece[-1:].expand(static.rows - m)])
+            start = cache.length
+            out = static.run(piece, cache)
+            cache.rollback(start + m)
+            hidden.append(out.hidden[:m].clone())
+            if out.taps is not None:
+                taps.append(out.taps[:m].clone())
+        return ForwardOutput(out.logits[m - 1:m].clone(), torch.cat(hidden), torch.cat(taps) if taps else None)
 
     def verify(self, model: TargetModel, cache: ModelCache, rows: torch.Tensor, taps: Sequence[int]) -> ForwardOutput:
         """One target forward over ``rows = [current, drafts...]``; saves what the rollback strategy needs.

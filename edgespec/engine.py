@@ -22,6 +22,7 @@ from edgespec.drafters.factory import build_proposer
 from edgespec.errors import ConfigError, RequestError
 from edgespec.kernels.linear import configure_cpu
 from edgespec.loading.checkpoint import load_target, resolve_dtype
+from edgespec.loading.resumable_encoder import ResumableEncoder
 from edgespec.loading.tokenizer import ChatTokenizer
 from edgespec.speculative.acceptance import AcceptancePolicy, RejectionSampling, RelaxedThinking, StrictGreedy
 from edgespec.speculative.sampling import SamplingParams
@@ -96,6 +97,8 @@ class Engine:
         # Prefix reuse: what the session's cache holds between requests (see edgespec.cache.prefix).
         turn = [t for t in (tokenizer.token_id("<|im_start|>"),) if t is not None]
         self.prefix = PrefixCache(self.session.cache, turn_ids=turn) if settings.prefix_reuse else None
+        # With prefix reuse the rest of a follow-up turn scales with its new tokens; so does its tokenisation.
+        self.encoder = ResumableEncoder(tokenizer.tokenizer) if settings.prefix_reuse else None
         self.think_ids = tokenizer.think_token_ids
         if settings.acceptance == "relaxed_thinking" and self.think_ids is None:
             raise ConfigError("acceptance relaxed_thinking needs <think> and </think> tokens, and the tokenizer of "
@@ -152,6 +155,10 @@ class Engine:
         if req.messages is not None:
             thinking = self.settings.enable_thinking if req.enable_thinking is None else req.enable_thinking
             extra = {"tools": list(req.tools)} if req.tools else {}
+            if self.encoder is not None:
+                text = self.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True,
+                                                          enable_thinking=thinking, **extra)
+                return self.encoder.encode(text)
             return self.tokenizer.encode_chat(req.messages, enable_thinking=thinking, **extra)
         if req.prompt is not None:
             return self.tokenizer.encode(req.prompt, add_special_tokens=True)

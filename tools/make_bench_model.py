@@ -1,9 +1,14 @@
-"""Write a random-weight checkpoint of a published shape plus a byte-level chat tokenizer (for profile/bench runs).
+"""Write a random-weight checkpoint of a published shape plus a chat tokenizer (for profile/bench runs).
 
-    python tools/make_bench_model.py qwen3.5-4b /tmp/q35-4b [--mtp] [--dtype bfloat16]
+    python tools/make_bench_model.py qwen3.5-4b /tmp/q35-4b [--mtp] [--dtype bfloat16] [--tokenizer demo]
+    python tools/make_bench_model.py --tokenizer-only bench-tokenizer    # the demo's BPE tokenizer files alone
 
-Shapes: edgespec.loading.synthetic.SHAPES. Speed does not depend on weight values; acceptance of model-based
-drafters on random weights does, so figures from such a model measure cost, not acceptance.
+Shapes: edgespec.loading.synthetic.SHAPES, or tiny:FAMILY (a test shape). ``--tokenizer``: ``byte`` (default
+for a model, a 261-id byte-level tokenizer), ``demo`` (the demo's SmolLM2 BPE tokenizer; needs the demo package) or
+a folder holding tokenizer.json. ``--tokenizer-only`` writes just the tokenizer files (the demo's by default): copy
+that folder to a machine without the demo package and name it with ``--tokenizer`` (or ``edgespec bench
+--bench-tokenizer``) there. Speed does not depend on weight values; acceptance of model-based drafters on random
+weights does, so figures from such a model measure cost, not acceptance.
 """
 
 from __future__ import annotations
@@ -11,24 +16,30 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
-
-from edgespec.loading.synthetic import SHAPES, config_dict, write_chat_tokenizer, write_random_checkpoint
+from edgespec.bench.random_model import copy_tokenizer, tokenizer_source, write_bench_model
+from edgespec.loading.synthetic import SHAPES, write_chat_tokenizer
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("shape", choices=sorted(SHAPES))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("shape", nargs="?", help=f"one of {', '.join(sorted(SHAPES))}, or tiny:FAMILY")
     ap.add_argument("out")
     ap.add_argument("--mtp", action="store_true", help="add one MTP layer (Qwen3.5 shapes)")
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    ap.add_argument("--tokenizer", help="byte, demo or a folder with tokenizer.json (default: byte for a model, "
+                    "demo with --tokenizer-only)")
+    ap.add_argument("--tokenizer-only", action="store_true", help="write only the tokenizer files into OUT")
     args = ap.parse_args()
-    fields = dict(SHAPES[args.shape])
-    if args.mtp:
-        fields["mtp_num_hidden_layers"] = 1
-    cfg = config_dict(**fields, eos_token_id=258)   # <|im_end|> of the byte tokenizer
-    write_random_checkpoint(args.out, cfg, seed=0, with_mtp=args.mtp, dtype=getattr(torch, args.dtype))
-    write_chat_tokenizer(args.out)
+    if args.tokenizer_only:
+        src = tokenizer_source(args.tokenizer or "demo")
+        if src is None:
+            write_chat_tokenizer(args.out)
+        else:
+            copy_tokenizer(src, args.out)
+    elif args.shape is None:
+        ap.error("a shape is needed unless --tokenizer-only")
+    else:
+        write_bench_model(args.shape, args.out, args.tokenizer or "byte", args.dtype, args.mtp)
     print(args.out)
     return 0
 

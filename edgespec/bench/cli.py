@@ -49,6 +49,10 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    "and without prefix reuse")
     p.add_argument("--turns", type=int, default=4, help="with --multi-turn: conversation turns")
     p.add_argument("--history-tokens", type=int, default=3000, help="with --multi-turn: tokens of history in turn 0")
+    p.add_argument("--random-model", metavar="SHAPE", help="bench random weights of this SHAPES name instead of "
+                   "--model, written on first use into the cache (edgespec.bench.random_model)")
+    p.add_argument("--bench-tokenizer", default="demo", help="with --random-model: demo (the demo's BPE "
+                   "tokenizer), byte, or a folder with tokenizer.json (tools/make_bench_model.py --tokenizer-only)")
 
 
 def _median(xs: list[float]) -> float:
@@ -114,6 +118,9 @@ def run_bench(args: argparse.Namespace) -> int:
 
     hf_threads = torch.get_num_threads()   # torch's default, before the engine configures its CPU path
     settings = load_settings(cli=args)
+    if args.random_model:
+        from edgespec.bench.random_model import bench_model
+        settings = settings.with_overrides(model=str(bench_model(args.random_model, args.bench_tokenizer)))
     if settings.drafter == "none":
         settings = settings.with_overrides(drafter="ngram")
     engine = Engine.from_settings(settings)

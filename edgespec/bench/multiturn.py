@@ -62,7 +62,7 @@ def run_multi_turn(engine: Engine, args: argparse.Namespace) -> dict[str, Any]:
     system = ("You control a 6-axis robot arm in a kitchen. Keep answers short. Session log so far:\n" + history)
     messages = [{"role": "system", "content": system}]
     print(f"multi-turn: device={engine.device} model={engine.model_dir.name} drafter={engine.session.drafter_name} "
-          f"answer<={args.tokens} tokens")
+          f"tokenizer={engine.tokenizer.vocab_size} ids answer<={args.tokens} tokens")
     print(f"{'turn':>4} {'prompt':>7} {'new':>5} {'ttft reuse ms':>14} {'ttft fresh ms':>14} {'ratio':>7} same")
     rows = []
     for turn in range(args.turns):
@@ -78,4 +78,11 @@ def run_multi_turn(engine: Engine, args: argparse.Namespace) -> dict[str, Any]:
         print(f"{turn:>4} {a['prompt']:>7} {a['prompt'] - a['cached']:>5} {a['ttft_ms']:>14.1f} {b['ttft_ms']:>14.1f} "
               f"{ratio:>7.3f} {'yes' if same else 'NO'}")
         messages.append({"role": "assistant", "content": a["text"]})
+    follow = rows[1:]
+    if follow:
+        new = sorted(r["new_tokens"] for r in follow)
+        ratios = sorted(r["ratio"] for r in follow)
+        print(f"follow-up turns: new tokens {new[0]}-{new[-1]} after a {rows[0]['prompt_tokens']}-token turn 0; "
+              f"ttft ratio {ratios[0]:.3f}-{ratios[-1]:.3f} (median {ratios[len(ratios) // 2]:.3f}); "
+              f"answers {'identical' if all(r['same_output'] for r in rows) else 'DIFFER'}")
     return {"multi_turn": rows}

@@ -222,10 +222,11 @@ class TargetModel(nn.Module):
         return ForwardOutput(out_logits, hidden, tap_out)
 
     def prefill(self, tokens: torch.Tensor, cache: ModelCache, chunk: int | None = None,
-                taps: Sequence[int] = ()) -> ForwardOutput:
+                taps: Sequence[int] = (), logits: bool = True) -> ForwardOutput:
         """Process a prompt in chunks of ``chunk`` tokens (bounded activation memory).
 
-        Returns logits of the last row only; ``hidden`` and ``taps`` cover every prompt row.
+        Returns logits of the last row only (none with ``logits=False``: the first piece of a prefill paused for a
+        snapshot, whose last row is not the prompt's); ``hidden`` and ``taps`` cover every prompt row.
         """
         T = tokens.shape[0]
         cache.check_room(cache.length, T)
@@ -234,7 +235,7 @@ class TargetModel(nn.Module):
         for s in range(0, T, chunk):
             piece = tokens[s:s + chunk]
             outs.append(self.forward(piece, cache, taps=taps, chunked=piece.shape[0] >= self.CHUNKED_MIN_ROWS,
-                                     logits="last" if s + chunk >= T else "none"))
+                                     logits="last" if logits and s + chunk >= T else "none"))
         hidden = torch.cat([o.hidden for o in outs]) if len(outs) > 1 else outs[0].hidden
         tap_all = None
         if taps:

@@ -182,7 +182,7 @@ class SpecSession:
                 prefill = hooks.prefill(model, cache, prompt, self.prefill_chunk, self.taps)
             else:
                 # Pause at the last turn boundary so the next turn can resume a hybrid model's state there.
-                head = hooks.prefill(model, cache, prompt[:cut - start], self.prefill_chunk, self.taps)
+                head = hooks.prefill(model, cache, prompt[:cut - start], self.prefill_chunk, self.taps, logits=False)
                 prefix.mark(prompt_ids, cut)
                 prefill = _joined(head, hooks.prefill(model, cache, prompt[cut - start:], self.prefill_chunk,
                                                       self.taps))

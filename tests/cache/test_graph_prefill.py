@@ -1,0 +1,111 @@
+"""A short resumed prefill through the static verify forward, in chunks of its rows, writes what one eager forward
+writes: last-row logits no further from the eager resume than the eager resume already is from a fresh one-shot
+prefill (products over other row counts round differently), the same hidden rows, KV rows and GDN state to float
+tolerance, and the same greedy answers over a multi-turn chat, for the rollback strategies that keep per-row
+state. On CPU the static forward runs eagerly, the code a CUDA graph captures; the GPU run is the lead's to check.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgespec.arch.base import ArchHooks
+from edgespec.cache.prefix import PrefixCache
+from edgespec.drafters.ngram import NGramProposer
+from edgespec.loading.checkpoint import load_target
+from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
+from edgespec.speculative.acceptance import StrictGreedy
+from edgespec.speculative.session import SpecSession
+
+
+def _session(model, rollback: str, graph_max: int) -> SpecSession:
+    hooks = ArchHooks()
+    hooks.defaults.graph_prefill_max = graph_max
+    return SpecSession(model, hooks, NGramProposer(), k=4, rollback=rollback, max_len=512, cuda_graphs=True)
+
+
+# Attention-only and deferred rollback prefill through the wide (32-row) forward, checkpoint rollback on a hybrid
+# through its 5-row verify forward; 23 and 45 rows: one and several chunks, each with a padded last chunk.
+@pytest.mark.parametrize("fam,rollback,width", [("llama", "checkpoint", 32), ("qwen3_5", "checkpoint", 5),
+                                                ("qwen3_5", "deferred", 32)])
+@pytest.mark.parametrize("n", [23, 45])
+def test_graph_prefill_equals_eager(tmp_path, fam, rollback, width, n):
+    model = load_target(write_random_checkpoint(tmp_path / fam, tiny_config(fam), seed=7), dtype=torch.float32,
+                        device="cpu", max_positions=512)
+    history = torch.randint(0, 320, (30,), generator=torch.Generator().manual_seed(1))
+    turn = torch.randint(0, 320, (n,), generator=torch.Generator().manual_seed(2))
+    one_shot = _session(model, rollback, 0)
+    one_shot.cache.reset()
+    ref = one_shot.hooks.prefill(model, one_shot.cache, torch.cat([history, turn]), 512, ()).logits
+    outs = {}
+    for name, graph_max in (("eager", 0), ("graph", 64)):
+        s = _session(model, rollback, graph_max)
+        s.cache.reset()
+        s.hooks.prefill(model, s.cache, history, 512, ())           # a fresh prefill: eager in both
+        static = s.hooks.static[max(s.hooks.static)]
+        assert static.rows == (width if name == "graph" else 5)
+        rows = static.tokens.clone()
+        out = s.hooks.prefill(model, s.cache, turn, 512, ())
+        # The graph path replayed the widest static forward (its token buffer holds the padded last chunk), eager
+        # did not.
+        last = (n - 1) // width * width
+        padded = torch.cat([turn[last:], turn[-1:].expand(width - (n - last))])
+        assert name == "eager" or torch.equal(static.tokens, padded)
+        assert name == "graph" or torch.equal(static.tokens, rows)
+        states = None if s.cache.states is None else s.cache.states.recurrent.clone()
+        kv = [layer.k[:s.cache.length].clone() for layer in s.cache.kv_layers]
+        outs[name] = (out, s.cache.length, states, kv)
+    (a, la, sa, kva), (b, lb, sb, kvb) = outs["eager"], outs["graph"]
+    assert la == lb == 30 + n
+    assert a.logits.shape == b.logits.shape == (1, 320)
+    resume_error = float((a.logits - ref).abs().max())
+    assert float((b.logits - a.logits).abs().max()) <= max(2 * resume_error, 1e-5)
+    torch.testing.assert_close(b.hidden, a.hidden, rtol=1e-3, atol=1e-3)
+    for x, y in zip(kvb, kva, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-3, atol=1e-3)
+    if sa is not None:
+        torch.testing.assert_close(sb, sa, rtol=1e-3, atol=1e-3)
+    assert int(a.logits.argmax()) == int(b.logits.argmax())
+
+
+@pytest.mark.parametrize("fam,rollback", [("llama", "checkpoint"), ("qwen3_5", "checkpoint"),
+                                          ("qwen3_5", "deferred")])
+def test_multi_turn_answers_equal_with_graph_prefill(tmp_path, fam, rollback):
+    """Prefix reuse over a growing conversation: resumed turns (short prefills) graphed or eager, same answers."""
+    model = load_target(write_random_checkpoint(tmp_path / fam, tiny_config(fam), seed=9), dtype=torch.float32,
+                        device="cpu", max_positions=512)
+    gen = torch.Generator().manual_seed(3)
+    answers = {}
+    for name, graph_max in (("eager", 0), ("graph", 64)):
+        s = _session(model, rollback, graph_max)
+        prefix = PrefixCache(s.cache, turn_ids=[1])
+        convo: list[int] = torch.randint(2, 320, (80,), generator=torch.Generator().manual_seed(4)).tolist()
+        got = []
+        for turn in range(4):
+            res = s.generate(convo + [1, 5, 6], max_tokens=12, policy=StrictGreedy(), prefix=prefix)
+            got.append(res.token_ids)
+            assert turn == 0 or 0 < len(convo) + 3 - prefix.last_reused <= 64    # a resumed, short prefill
+            convo = convo + [1, 5, 6] + res.token_ids + torch.randint(2, 320, (15,), generator=gen).tolist()
+        answers[name] = got
+        gen = torch.Generator().manual_seed(3)
+    assert answers["graph"] == answers["eager"]
+
+
+def test_graph_prefill_stays_eager_where_it_cannot_run(tmp_path):
+    """Near the end of the cache (padding would not fit), with a replay-strategy hybrid (no per-row state to drop
+    padding rows from) and for a fresh prompt: the eager prefill, with the same result."""
+    model = load_target(write_random_checkpoint(tmp_path / "q", tiny_config("qwen3_5"), seed=7),
+                        dtype=torch.float32, device="cpu", max_positions=512)
+    turn = torch.randint(0, 320, (8,), generator=torch.Generator().manual_seed(2))
+    for rollback, history, max_len in (("checkpoint", 500, 509), ("replay", 30, 512), ("checkpoint", 0, 512)):
+        hooks = ArchHooks()
+        s = SpecSession(model, hooks, NGramProposer(), k=4, rollback=rollback, max_len=max_len, cuda_graphs=True)
+        s.cache.reset()
+        if history:
+            s.hooks.prefill(model, s.cache, torch.randint(0, 320, (history,)), 512, ())
+        static = s.hooks.static[5]
+        before = static.tokens.clone()
+        out = s.hooks.prefill(model, s.cache, turn, 512, ())
+        assert torch.equal(static.tokens, before), rollback      # never replayed
+        assert s.cache.length == history + 8 and out.logits.shape == (1, 320)
