@@ -83,6 +83,9 @@ class Settings:
     cuda_graphs: bool | None = _knob(None, "capture decode/verify/drafter as CUDA graphs; None = arch default",
                                      section="runtime")
     prefill_chunk: int | None = _knob(None, "prefill chunk length in tokens; None = arch default", min=16)
+    graph_prefill_max: int | None = _knob(
+        None, "with CUDA graphs, resumed prefills of at most this many tokens replay captured forwards instead of "
+        "one eager forward (0 = off); None = arch default (off until measured on a GPU)", min=0, max=4096)
     cpu_blas: bool = _knob(True, "CPU fp32: linears through numpy's OpenBLAS GEMV, torch intra-op threads set to 1")
     stage_timing: Literal["host", "device"] = _knob(
         "host", "telemetry stage times: host (no extra syncs) or device (sync per stage; for profiling)")

@@ -87,6 +87,8 @@ class Engine:
         self.model_dir = model_dir
         self.device = model.device
         self.hooks = select_hooks(settings.arch, self.device)
+        if settings.graph_prefill_max is not None:
+            self.hooks.defaults.graph_prefill_max = settings.graph_prefill_max
         self.proposer = build_proposer(settings, model)
         kv = settings.kv_dtype
         self.session = SpecSession(

@@ -109,3 +109,18 @@ def test_graph_prefill_stays_eager_where_it_cannot_run(tmp_path):
         out = s.hooks.prefill(model, s.cache, turn, 512, ())
         assert torch.equal(static.tokens, before), rollback      # never replayed
         assert s.cache.length == history + 8 and out.logits.shape == (1, 320)
+
+
+def test_setting_turns_the_graph_prefill_on(tiny_checkpoints, tmp_path):
+    """Off by default (not yet timed on a GPU); the `graph_prefill_max` setting reaches the hooks."""
+    import shutil
+
+    from edgespec.config import load_settings
+    from edgespec.engine import Engine
+    from edgespec.loading.synthetic import write_chat_tokenizer
+
+    folder = shutil.copytree(tiny_checkpoints["llama"], tmp_path / "llama")
+    write_chat_tokenizer(folder)
+    base = load_settings(cli=None).with_overrides(model=str(folder), cpu_blas=False)
+    assert Engine.from_settings(base).hooks.defaults.graph_prefill_max == 0
+    assert Engine.from_settings(base.with_overrides(graph_prefill_max=64)).hooks.defaults.graph_prefill_max == 64
