@@ -131,12 +131,16 @@ class Engine:
         else:
             model_dir = Path(settings.model).expanduser()
         from edgespec.memory import checkpoint_bytes
-        drafter_bytes = checkpoint_bytes(settings.drafter_path) if settings.drafter == "dflash" else 0
+        drafter_bytes = 0
+        if settings.drafter == "dflash":
+            from edgespec.drafters.dflash_loader import demo_drafter_path
+            packaged = settings.model == "demo" and not settings.drafter_path
+            drafter_bytes = checkpoint_bytes(demo_drafter_path() if packaged else settings.drafter_path)
         if gguf is not None:
             # The file's Q4/Q8 blocks served as they are (edgespec.loading.gguf_model).
             from edgespec.loading.gguf_model import load_gguf_target
             model, model_dir = load_gguf_target(gguf, dtype=dtype, device=device,
-                                                max_positions=settings.max_seq_len)
+                                                max_positions=settings.max_seq_len, drafter_bytes=drafter_bytes)
         else:
             model = load_target(model_dir, dtype=dtype, device=device, max_positions=settings.max_seq_len,
                                 kv_fp8=settings.kv_dtype == "fp8", drafter_bytes=drafter_bytes)

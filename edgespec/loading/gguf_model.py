@@ -178,9 +178,11 @@ def _materialize(root: nn.Module, device: torch.device) -> None:
 
 
 def load_gguf_target(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                     max_positions: int | None = None, merge: bool = True) -> tuple[TargetModel, Path]:
+                     max_positions: int | None = None, merge: bool = True, drafter_bytes: int = 0
+                     ) -> tuple[TargetModel, Path]:
     """The GGUF at ``path`` as a :class:`TargetModel` with packed layers, and the folder of its config and
-    tokenizer files. ``merge``: merge q/k/v and gate/up as served (packed rows stack exactly)."""
+    tokenizer files. ``merge``: merge q/k/v and gate/up as served (packed rows stack exactly). ``drafter_bytes``:
+    the drafter's share of the memory budget kept as ``model.memory_budget``."""
     path = Path(path).expanduser()
     folder = gguf_metadata_folder(path)   # validates architecture, tensor names and tokenizer
     cfg = load_config(folder)
@@ -262,5 +264,6 @@ def load_gguf_target(path: str | Path, dtype: torch.dtype = torch.float32, devic
     # Reported by `bench` / `doctor` beside the measured peak (the packed blocks are what the model holds).
     from edgespec.memory import module_bytes, plan_budget
     model.memory_budget = plan_budget(cfg, module_bytes(model), device, dtype,
-                                      max_positions or cfg.max_position_embeddings, packed=True)
+                                      max_positions or cfg.max_position_embeddings, drafter=drafter_bytes,
+                                      packed=True)
     return model.eval(), folder

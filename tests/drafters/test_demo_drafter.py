@@ -33,6 +33,13 @@ def test_the_packaged_drafter_is_the_published_layout() -> None:
     assert json.loads((folder / "distill.json").read_text())["options"]["steps"] > 0   # how it was made
 
 
+def test_memory_budget_counts_the_packaged_drafter(engines) -> None:
+    from edgespec.memory import checkpoint_bytes
+
+    budget = engines[1].model.memory_budget
+    assert budget is not None and budget.drafter == checkpoint_bytes(demo_drafter_path()) > 0
+
+
 def test_greedy_dflash_equals_plain_on_every_bench_prompt(engines) -> None:
     plain, spec = engines
     als = {}

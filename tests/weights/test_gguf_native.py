@@ -185,3 +185,9 @@ def test_unsupported_tensor_type_is_named(tmp_path: Path) -> None:
     path = write_tiny_gguf(tmp_path / "tiny.gguf", "Q5_0")
     with pytest.raises(UnsupportedModelError, match=r"blk\.0\.attn_q\.weight is Q5_0.*Q4_0, Q4_1"):
         load_gguf_target(path)
+
+
+def test_budget_counts_the_drafter(tmp_path: Path) -> None:
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", "Q8_0")
+    model, _ = load_gguf_target(path, max_positions=64, drafter_bytes=12345)
+    assert model.memory_budget.drafter == 12345
