@@ -23,8 +23,16 @@ def build_proposer(settings: Settings, model: TargetModel) -> Proposer | None:
                              max_len=settings.max_seq_len + 64)
     if name == "dflash":
         from edgespec.drafters.dflash import load_dflash
-        return load_dflash(settings, model)
+        return _with_lookup(load_dflash(settings, model), settings)
     if name == "mtp":
         from edgespec.drafters.mtp import MTPProposer
-        return MTPProposer.from_target(model, max_seq_len=settings.max_seq_len)
+        return _with_lookup(MTPProposer.from_target(model, max_seq_len=settings.max_seq_len), settings)
     raise ConfigError(f"drafter {name!r} is not one of none, ngram, dflash, mtp")
+
+
+def _with_lookup(proposer: Proposer, settings: Settings) -> Proposer:
+    """The model drafter, behind an n-gram lookup when ``lookup_min_match`` is set (edgespec.drafters.lookup)."""
+    if settings.lookup_min_match <= 0:
+        return proposer
+    from edgespec.drafters.lookup import LookupFirstProposer
+    return LookupFirstProposer(proposer, min_match=settings.lookup_min_match, max_len=settings.max_seq_len + 64)

@@ -1,0 +1,57 @@
+"""Lookup first: a model drafter (DFlash, MTP) that takes an n-gram draft instead when the request repeats itself.
+
+Robot replies repeat their own structure: the same JSON keys, the same step template with another waypoint.
+Where the request's own tokens already hold the continuation (a suffix of ``min_match`` or more tokens recurs), an
+n-gram lookup drafts it for free and often further than a small drafter would; elsewhere the model drafter runs
+as usual. Both see every committed token (the model drafter keeps its context window whichever drafted), so
+switching costs nothing, and the target verifies every draft either way: the output never changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from edgespec.drafters.base import Draft, Proposer
+from edgespec.drafters.ngram import NGramProposer
+from edgespec.models.decoder import ForwardOutput
+
+
+class LookupFirstProposer(Proposer):
+    """``model`` drafts unless the n-gram ``lookup`` finds a recurring suffix of at least ``min_match`` tokens
+    followed by at least ``min_draft`` tokens; :attr:`lookup_cycles` / :attr:`model_cycles` count the choices."""
+
+    def __init__(self, model: Proposer, min_match: int = 3, min_draft: int = 2, max_match: int = 8,
+                 max_len: int = 1 << 16) -> None:
+        self.model = model
+        self.lookup = NGramProposer(max_match=max(max_match, min_match), min_match=min_match, gate=0.0,
+                                    max_len=max_len)
+        self.min_draft = min_draft
+        self.name = f"{model.name}+lookup"
+        self.taps, self.default_k, self.max_k = model.taps, model.default_k, model.max_k
+        self.resume_rows = model.resume_rows
+        self.lookup_cycles = self.model_cycles = 0
+
+    def reset(self) -> None:
+        self.model.reset()
+        self.lookup.reset()
+        self.lookup_cycles = self.model_cycles = 0
+
+    def begin(self, prompt_ids: Sequence[int], prefill: ForwardOutput) -> None:
+        self.model.begin(prompt_ids, prefill)
+        self.lookup.begin(prompt_ids, prefill)
+        self.lookup_cycles = self.model_cycles = 0
+
+    def propose(self, last_token: int, k: int) -> Draft | None:
+        tokens = self.lookup.find(k)
+        if len(tokens) >= min(self.min_draft, k):
+            self.lookup_cycles += 1
+            return Draft(torch.tensor(tokens, dtype=torch.long))
+        self.model_cycles += 1
+        return self.model.propose(last_token, k)
+
+    def commit(self, tokens: Sequence[int], accepted: int, verify: ForwardOutput | None,
+               drafted: int = 0) -> None:
+        self.model.commit(tokens, accepted, verify, drafted)
+        self.lookup.commit(tokens, accepted, verify, drafted)

@@ -1,0 +1,79 @@
+"""Lookup first (edgespec.drafters.lookup): an n-gram draft where the request repeats itself, the model drafter
+elsewhere; both see every committed token and the output equals plain decoding."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from _tools import load_tool
+
+from edgespec.arch.base import ROLLBACK_STRATEGIES
+from edgespec.arch.detect import select_hooks
+from edgespec.config import Settings
+from edgespec.drafters.dflash import DFlashProposer, load_dflash_checkpoint
+from edgespec.drafters.factory import build_proposer
+from edgespec.drafters.lookup import LookupFirstProposer
+from edgespec.speculative.acceptance import StrictGreedy
+from edgespec.speculative.session import SpecSession
+
+CPU = torch.device("cpu")
+make_drafter = load_tool("make_drafter")
+
+
+@pytest.fixture(scope="module")
+def drafter(tiny_checkpoints, tmp_path_factory):
+    return make_drafter.write_dflash_drafter(tmp_path_factory.mktemp("lookup") / "d", tiny_checkpoints["qwen3"],
+                                             seed=2, num_layers=1, block_size=6, target_layer_ids=[0, 2])
+
+
+def _plain(model, prompt, n, arch="base"):
+    """Plain greedy decoding with the same hooks (thor defaults to an FP8 KV cache, which rounds differently)."""
+    session = SpecSession(model, select_hooks(arch, CPU), None, max_len=256)
+    return session.generate(prompt, max_tokens=n, policy=StrictGreedy(), k=0).token_ids
+
+
+def test_lookup_where_the_history_repeats_the_model_elsewhere(tiny_models, drafter):
+    model = tiny_models["qwen3"]
+
+    def started(prompt: list[int], first: int) -> LookupFirstProposer:
+        prop = LookupFirstProposer(load_dflash_checkpoint(drafter, model, window_size=16), min_match=3)
+        prefill = model.prefill(torch.tensor(prompt), model.new_cache(64), taps=prop.taps)
+        prop.begin(prompt, prefill)
+        prop.commit([first], 0, None)
+        return prop
+
+    # History ... 11 12 13 14 15 16 5 11 12 | 13: the suffix 11 12 13 recurs, followed by 14 15 16 5.
+    prop = started([3, 4, 11, 12, 13, 14, 15, 16, 5, 11, 12], 13)
+    assert prop.propose(13, 4).tokens.tolist() == [14, 15, 16, 5]
+    assert (prop.lookup_cycles, prop.model_cycles) == (1, 0)
+    # No recurring suffix of 3 tokens: the DFlash block drafts (k tokens of its head's argmax).
+    prop = started([3, 4, 11, 12, 13, 14, 15, 16, 5, 17, 18], 19)
+    draft = prop.propose(19, 4)
+    assert draft is not None and draft.tokens.shape == (4,)
+    assert (prop.lookup_cycles, prop.model_cycles) == (0, 1)
+
+
+@pytest.mark.parametrize("arch,rollback", list(itertools.product(("base", "thor"), ROLLBACK_STRATEGIES)))
+def test_greedy_equals_plain(tiny_models, drafter, arch, rollback):
+    model = tiny_models["qwen3"]
+    gen = torch.Generator().manual_seed(len(arch) + len(rollback))
+    # A third of the vocabulary in the prompt: most generated tokens recur, so both drafters take turns.
+    prompt = torch.randperm(model.config.vocab_size, generator=gen)[:110].tolist()
+    graphs = select_hooks(arch, CPU).defaults.cuda_graphs
+    prop = LookupFirstProposer(load_dflash_checkpoint(drafter, model, window_size=8, cuda_graphs=graphs),
+                               min_match=1)
+    session = SpecSession(model, select_hooks(arch, CPU), prop, rollback=rollback, max_len=256)
+    out = session.generate(prompt, max_tokens=18, policy=StrictGreedy())
+    assert out.token_ids == _plain(model, prompt, 18, arch)
+    assert prop.lookup_cycles > 0 and prop.model_cycles > 0 and prop.model.window.end == session.cache.length
+
+
+def test_setting_wraps_the_model_drafter(tiny_models, drafter):
+    model = tiny_models["qwen3"]
+    plain = build_proposer(Settings(drafter="dflash", drafter_path=str(drafter)), model)
+    assert isinstance(plain, DFlashProposer)
+    wrapped = build_proposer(Settings(drafter="dflash", drafter_path=str(drafter), lookup_min_match=3), model)
+    assert isinstance(wrapped, LookupFirstProposer) and wrapped.name == "dflash+lookup"
+    assert wrapped.lookup.min_match == 3 and wrapped.taps == plain.taps and wrapped.max_k == plain.max_k
