@@ -56,6 +56,8 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--steps", type=int, default=400)
     g.add_argument("--batch", type=int, default=4, help="sequences per step (per rank)")
     g.add_argument("--anchors", type=int, default=32, help="blocks per sequence per step")
+    g.add_argument("--pack", type=int, default=1, help="sequences per forward: their blocks packed into one "
+                   "masked batch (same logits; on a GPU one launch sequence instead of one per sequence)")
     g.add_argument("--lr", type=float, default=6e-4)
     g.add_argument("--warmup", type=int, default=20)
     g.add_argument("--gamma", type=float, default=7.0, help="loss decay over block rows: exp(-(k-1)/gamma)")
@@ -260,7 +262,8 @@ def run_distill(args: argparse.Namespace) -> int:
     opts = TrainOptions(steps=args.steps, batch=args.batch, anchors=args.anchors, lr=args.lr, warmup=args.warmup,
                         gamma=args.gamma, window=args.window, eval_every=args.eval_every,
                         save_every=args.save_every, seed=args.seed, vocab_sample=args.vocab_sample,
-                        time_budget_s=None if args.time_budget is None else args.time_budget * 60.0)
+                        time_budget_s=None if args.time_budget is None else args.time_budget * 60.0,
+                        pack=args.pack)
     info = {"target": str(model_dir), "data": str(data_dir), "from_log": args.from_log, "init": args.init,
             "options": vars(opts), "world": world, "data_seconds": round(t_data, 1)}
     t1 = time.time()

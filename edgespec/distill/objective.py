@@ -34,17 +34,23 @@ def _lin(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def block_mask(anchors: torch.Tensor, n_ctx: int, bs: int, *, causal: bool = False, sliding: int | None = None,
-               window: int | None = None) -> torch.Tensor:
+               window: int | None = None, ctx_pos: torch.Tensor | None = None, ctx_seq: torch.Tensor | None = None,
+               anchor_seq: torch.Tensor | None = None) -> torch.Tensor:
     """Boolean ``[N*bs, n_ctx + N*bs]`` (True = attend): block ``j`` (anchor ``a_j``) sees context keys
     ``t < a_j`` (and ``t >= a_j - window`` with a per-token window W, as the proposer keeps) plus its own block
-    (causal inside it on causal layers); a sliding layer also drops keys ``sliding`` or more positions away."""
+    (causal inside it on causal layers); a sliding layer also drops keys ``sliding`` or more positions away.
+    A packed batch of several sequences passes each context row's position and sequence (``ctx_pos``,
+    ``ctx_seq``) and each anchor's sequence (``anchor_seq``): a block then sees its own sequence's context only."""
     device = anchors.device
     N = anchors.shape[0]
     q_pos = (anchors[:, None] + torch.arange(bs, device=device)).reshape(-1)           # [N*bs]
     q_blk = torch.arange(N, device=device).repeat_interleave(bs)
-    ctx_pos = torch.arange(n_ctx, device=device)
+    if ctx_pos is None:
+        ctx_pos = torch.arange(n_ctx, device=device)
     a = anchors[q_blk]
     ctx = ctx_pos[None, :] < a[:, None]
+    if ctx_seq is not None and anchor_seq is not None:
+        ctx = ctx & (ctx_seq[None, :] == anchor_seq[q_blk][:, None])
     if window is not None:
         ctx = ctx & (ctx_pos[None, :] >= a[:, None] - window)
     own = q_blk[:, None] == q_blk[None, :]
@@ -66,6 +72,11 @@ class BlockBatch:
     block_ids: torch.Tensor
     labels: torch.Tensor
     taps: torch.Tensor
+    # Packed batches (pack_blocks): each context row's position in its sequence and the sequence of each context
+    # row and anchor. None for one sequence (positions 0 .. n_ctx-1).
+    ctx_pos: torch.Tensor | None = None
+    ctx_seq: torch.Tensor | None = None
+    anchor_seq: torch.Tensor | None = None
 
 
 def make_blocks(tokens: torch.Tensor, prompt_len: int, taps: torch.Tensor, anchors: torch.Tensor, bs: int,
@@ -78,6 +89,19 @@ def make_blocks(tokens: torch.Tensor, prompt_len: int, taps: torch.Tensor, ancho
     block_ids[:, 0] = tokens[anchors]
     n_ctx = int(anchors.max()) if anchors.numel() else 0
     return BlockBatch(anchors, block_ids, labels, taps[:n_ctx])
+
+
+def pack_blocks(batches: list[BlockBatch]) -> BlockBatch:
+    """Several sequences' blocks as one batch for one forward (on a GPU, one launch sequence for a whole step
+    instead of one per sequence): contexts and blocks concatenated, each block masked to its own sequence's
+    context, positions kept per sequence. Its logits equal the per-sequence forwards' (tested)."""
+    dev = batches[0].anchors.device
+    ctx_pos = torch.cat([torch.arange(b.taps.shape[0], device=dev) for b in batches])
+    ctx_seq = torch.cat([torch.full((b.taps.shape[0],), i, device=dev) for i, b in enumerate(batches)])
+    anchor_seq = torch.cat([torch.full((b.anchors.shape[0],), i, device=dev) for i, b in enumerate(batches)])
+    return BlockBatch(torch.cat([b.anchors for b in batches]), torch.cat([b.block_ids for b in batches]),
+                      torch.cat([b.labels for b in batches]), torch.cat([b.taps for b in batches]),
+                      ctx_pos, ctx_seq, anchor_seq)
 
 
 class BlockObjective(nn.Module):
@@ -110,7 +134,7 @@ class BlockObjective(nn.Module):
         feats = _norm(d.hidden_norm, F.linear(b.taps.reshape(n_ctx, -1).to(dtype), d.fc.weight))
         h = self.embed[b.block_ids.reshape(-1)].to(dtype) * cfg.input_embedding_scale
         q_pos = (b.anchors[:, None] + torch.arange(bs, device=h.device)).reshape(-1)
-        ctx_pos = torch.arange(n_ctx, device=h.device)
+        ctx_pos = torch.arange(n_ctx, device=h.device) if b.ctx_pos is None else b.ctx_pos
         cs_q = (self.cos[q_pos][:, None].to(dtype), self.sin[q_pos][:, None].to(dtype))
         cs_c = (self.cos[ctx_pos][:, None].to(dtype), self.sin[ctx_pos][:, None].to(dtype))
         nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -119,7 +143,8 @@ class BlockObjective(nn.Module):
             att = layer.self_attn
             kind = (layer.causal, layer.sliding_window)
             if kind not in masks:
-                masks[kind] = block_mask(b.anchors, n_ctx, bs, causal=kind[0], sliding=kind[1], window=self.window)
+                masks[kind] = block_mask(b.anchors, n_ctx, bs, causal=kind[0], sliding=kind[1], window=self.window,
+                                         ctx_pos=b.ctx_pos, ctx_seq=b.ctx_seq, anchor_seq=b.anchor_seq)
             x = _norm(layer.input_layernorm, h)
             q = rope_ref(_norm(att.q_norm, _lin(att.q_proj, x).view(-1, nh, hd)), *cs_q)
             k_blk = rope_ref(_norm(att.k_norm, _lin(att.k_proj, x).view(-1, nkv, hd)), *cs_q)

@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 from torch.utils.data import DistributedSampler
 
 from edgespec.distill.data import Sequence_
-from edgespec.distill.objective import BlockObjective, accepted_lengths, make_blocks, sampled_vocab
+from edgespec.distill.objective import BlockObjective, accepted_lengths, make_blocks, pack_blocks, sampled_vocab
 from edgespec.drafters.dflash_net import DFlashDraftModel
 
 
@@ -50,6 +50,7 @@ class TrainOptions:
     seed: int = 0
     vocab_sample: int = 0          # > 0: sampled softmax over the labels + this many random tokens
     time_budget_s: float | None = None   # fit ``steps`` to this many seconds of training (see fit_steps)
+    pack: int = 1                  # sequences per forward (pack_blocks): fewer, larger launches on a GPU
 
 
 def fit_steps(opts: TrainOptions, step: int, elapsed_s: float, step_s: float, eval_s: float) -> int:
@@ -241,26 +242,33 @@ def train(objective: BlockObjective, train_seqs: Sequence[Sequence_], held_out: 
             g["lr"] = lr_at(step)
         optim.zero_grad(set_to_none=True)
         loss_sum, weight_sum, hits, rows = 0.0, 0.0, 0, 0
-        for i, j in enumerate(picks):
-            s = train_seqs[j]
-            anchors = sample_anchors(s, opts.anchors, gen)
-            if anchors.numel() == 0:
+        groups = [picks[g:g + max(opts.pack, 1)] for g in range(0, len(picks), max(opts.pack, 1))]
+        for i, group in enumerate(groups):
+            parts = []
+            for j in group:
+                s = train_seqs[j]
+                anchors = sample_anchors(s, opts.anchors, gen)
+                if anchors.numel():
+                    parts.append(make_blocks(s.tokens.to(device), s.prompt_len, s.taps.to(device),
+                                             anchors.to(device), objective.cfg.block_size,
+                                             objective.cfg.mask_token_id))
+            if not parts:
                 continue
-            b = make_blocks(s.tokens.to(device), s.prompt_len, s.taps.to(device), anchors.to(device),
-                            objective.cfg.block_size, objective.cfg.mask_token_id)
+            b = parts[0] if len(parts) == 1 else pack_blocks(parts)
             labels, vocab = b.labels, None
             if opts.vocab_sample > 0:
                 vocab, labels = sampled_vocab(b.labels, objective.head.shape[0], opts.vocab_sample, gen)
             logits = model(b, vocab)
             loss, weight = objective.loss(logits, labels)
-            # Each sequence's mean, averaged over the step's sequences (DDP then averages over ranks).
-            loss = loss / len(picks)
-            if world > 1 and i < len(picks) - 1:
+            # Each group's weighted mean (one sequence's without packing), averaged over the step's sequences
+            # (DDP then averages over ranks).
+            loss = loss * len(group) / len(picks)
+            if world > 1 and i < len(groups) - 1:
                 with model.no_sync():
                     loss.backward()
             else:
                 loss.backward()
-            loss_sum += float(loss.detach()) * len(picks)
+            loss_sum += float(loss.detach()) * len(picks)       # the group mean times its sequences
             weight_sum += float(weight)
             with torch.no_grad():
                 valid = labels[:, 0] >= 0
