@@ -77,3 +77,17 @@ def test_setting_wraps_the_model_drafter(tiny_models, drafter):
     wrapped = build_proposer(Settings(drafter="dflash", drafter_path=str(drafter), lookup_min_match=3), model)
     assert isinstance(wrapped, LookupFirstProposer) and wrapped.name == "dflash+lookup"
     assert wrapped.lookup.min_match == 3 and wrapped.taps == plain.taps and wrapped.max_k == plain.max_k
+
+
+def test_mtp_behind_the_lookup_catches_up_and_equals_plain(tiny_models):
+    """MTP keeps the committed rows of the cycles the lookup drafted and catches up at its next propose."""
+    from edgespec.drafters.mtp import MTPProposer
+
+    model = tiny_models["qwen3_5"]
+    prompt = torch.randperm(model.config.vocab_size, generator=torch.Generator().manual_seed(4))[:110].tolist()
+    for arch in ("base", "thor"):
+        prop = LookupFirstProposer(MTPProposer(model, max_len=256), min_match=1)
+        session = SpecSession(model, select_hooks(arch, CPU), prop, k=3, max_len=256)
+        out = session.generate(prompt, max_tokens=18, policy=StrictGreedy())
+        assert out.token_ids == _plain(model, prompt, 18, arch), arch
+        assert prop.lookup_cycles > 0 and prop.model_cycles > 0
