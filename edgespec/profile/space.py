@@ -24,13 +24,14 @@ if TYPE_CHECKING:  # the CLI parser imports this module; keep torch out of `edge
 
 # Every setting the profiler may change, in the order they appear in labels and reports.
 TUNED_KNOBS: tuple[str, ...] = (
-    "drafter", "num_draft_tokens", "window_size", "window_seed", "acceptance", "relaxed_top_k", "relaxed_delta",
-    "relaxed_margin", "kv_dtype", "rollback", "cuda_graphs", "prefill_chunk",
+    "drafter", "num_draft_tokens", "window_size", "window_seed", "lookup_min_match", "acceptance", "relaxed_top_k",
+    "relaxed_delta", "relaxed_margin", "kv_dtype", "rollback", "cuda_graphs", "prefill_chunk",
 )
 
 # Short names used in candidate labels (report tables, chart axis, progress bar).
 SHORT = {
     "drafter": "drafter", "num_draft_tokens": "K", "window_size": "W", "window_seed": "seed",
+    "lookup_min_match": "lookup",
     "acceptance": "accept", "relaxed_top_k": "topk", "relaxed_delta": "delta", "relaxed_margin": "margin",
     "kv_dtype": "kv", "rollback": "rollback", "cuda_graphs": "graphs", "prefill_chunk": "chunk",
 }
@@ -46,6 +47,7 @@ K_VALUES: dict[str, tuple[int, ...]] = {
 }
 WINDOW_SIZES: tuple[int, ...] = (64, 128, 256)
 WINDOW_SEEDS: tuple[bool, ...] = (True, False)
+LOOKUP_MIN_MATCH: tuple[int, ...] = (0, 2, 3, 4)   # n-gram lookup in front of dflash/mtp (0 = off)
 RELAXED_TOP_K: tuple[int, ...] = (3, 5)
 RELAXED_DELTA: tuple[float, ...] = (1.0, 2.0)
 RELAXED_MARGIN: tuple[str, ...] = ("logit",)
@@ -73,6 +75,8 @@ def describe(c: Mapping[str, Any]) -> str:
         keys.append("num_draft_tokens")
     if c["drafter"] == "dflash":
         keys += ["window_size", "window_seed"]
+    if c["drafter"] in ("dflash", "mtp"):
+        keys.append("lookup_min_match")
     if c["acceptance"] != "strict":
         keys += ["acceptance", "relaxed_top_k", "relaxed_delta", "relaxed_margin"]
     keys += ["kv_dtype", "rollback", "cuda_graphs", "prefill_chunk"]
@@ -189,6 +193,13 @@ def _plan_window(cur: Candidate, ctx: SpaceContext) -> GroupPlan:
     return GroupPlan(_variants(cur, [{"window_size": w, "window_seed": s} for w, s in product(sizes, seeds)]))
 
 
+def _plan_lookup(cur: Candidate, ctx: SpaceContext) -> GroupPlan:
+    if cur["drafter"] not in ("dflash", "mtp"):
+        return GroupPlan([cur], "the n-gram lookup goes in front of a model drafter (dflash, mtp) only")
+    return GroupPlan(_variants(cur, [{"lookup_min_match": v} for v in _vals(ctx, "lookup_min_match",
+                                                                            LOOKUP_MIN_MATCH)]))
+
+
 def _plan_relaxed(cur: Candidate, ctx: SpaceContext) -> GroupPlan:
     if cur["drafter"] == "none":
         return GroupPlan([cur], "no drafter: acceptance does not apply")
@@ -242,6 +253,7 @@ GROUPS: dict[str, Group] = {g.name: g for g in (
     Group("drafter", "draft proposer: none, ngram, dflash, mtp", ("drafter",), _plan_drafter),
     Group("k", "drafts per cycle K (num_draft_tokens)", ("num_draft_tokens",), _plan_k),
     Group("window", "dflash window size and prompt-tail seeding", ("window_size", "window_seed"), _plan_window),
+    Group("lookup", "n-gram lookup in front of dflash/mtp (lookup_min_match)", ("lookup_min_match",), _plan_lookup),
     Group("relaxed", "relaxed thinking acceptance (lossy, --allow-lossy) with top-k and margin",
           ("acceptance", "relaxed_top_k", "relaxed_delta", "relaxed_margin"), _plan_relaxed),
     Group("kv", "KV cache format: model dtype or fp8", ("kv_dtype",), _plan_kv),
