@@ -133,9 +133,8 @@ class Engine:
         from edgespec.memory import checkpoint_bytes
         drafter_bytes = 0
         if settings.drafter == "dflash":
-            from edgespec.drafters.dflash_loader import demo_drafter_path
-            packaged = settings.model == "demo" and not settings.drafter_path
-            drafter_bytes = checkpoint_bytes(demo_drafter_path() if packaged else settings.drafter_path)
+            from edgespec.drafters.dflash_loader import dflash_folder
+            drafter_bytes = checkpoint_bytes(dflash_folder(settings))
         if gguf is not None:
             # The file's Q4/Q8 blocks served as they are (edgespec.loading.gguf_model).
             from edgespec.loading.gguf_model import load_gguf_target

@@ -124,14 +124,22 @@ def demo_drafter_path() -> Path:
     return Path(str(resources.files("edgespec").joinpath("data/drafters/smollm2-135m-dflash")))
 
 
+def is_packaged_drafter(settings: Settings) -> bool:
+    """True when ``settings`` serve the packaged demo drafter: the demo model with no ``drafter_path``."""
+    return not settings.drafter_path and settings.model == "demo"
+
+
+def dflash_folder(settings: Settings) -> str | None:
+    """The DFlash checkpoint folder ``settings`` name: ``drafter_path``, or the packaged demo drafter."""
+    return str(demo_drafter_path()) if is_packaged_drafter(settings) else settings.drafter_path
+
+
 def load_dflash(settings: Settings, model: TargetModel) -> DFlashProposer:
     """Build the DFlash proposer named by ``settings`` (``drafter_path``, ``window_size``, ``window_seed``,
     ``cuda_graphs``; None takes the arch default of ``settings.arch`` on the model's device). The demo model
     without a ``drafter_path`` gets the packaged demo drafter."""
-    path = settings.drafter_path
-    packaged = not path and settings.model == "demo"
-    if packaged:
-        path = str(demo_drafter_path())
+    path = dflash_folder(settings)
+    packaged = is_packaged_drafter(settings)
     if not path:
         raise ConfigError("drafter dflash needs drafter_path (--drafter-path / EDGESPEC_DRAFTER_PATH): the "
                           "DFlash checkpoint folder")
@@ -157,4 +165,4 @@ def load_dflash(settings: Settings, model: TargetModel) -> DFlashProposer:
     return proposer
 
 
-__all__ = ["demo_drafter_path", "load_dflash", "load_dflash_checkpoint"]
+__all__ = ["demo_drafter_path", "dflash_folder", "is_packaged_drafter", "load_dflash", "load_dflash_checkpoint"]
