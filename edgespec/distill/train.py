@@ -213,17 +213,20 @@ def train(objective: BlockObjective, train_seqs: Sequence[Sequence_], held_out: 
     if first_al is None:
         first_al = evaluate()
     eval_s = time.time() - t_start
-    probe_steps, t_probe = step + min(10, opts.steps), 0.0
+    # With a time budget, steps first_step+1 .. first_step+probe are timed (the first one, with its allocations
+    # and compiled kernels, is left out), then the step count is fitted once.
+    first_step, probe, t_probe = step, min(10, opts.steps), 0.0
+    pack = max(opts.pack, 1)
     last_al, last_loss = first_al, float("nan")
     progress.update(step, f"held-out AL {last_al:.2f}")
     epoch, order = 0, []
     gen = torch.Generator().manual_seed(opts.seed * 7919 + rank + 1000 * step)
     drafter.train()
     while step < opts.steps:
-        if step == probe_steps - min(10, opts.steps) + 1:
-            t_probe = time.time()      # the first step (allocations, kernels compiled) is left out of the timing
-        if step == probe_steps and opts.time_budget_s is not None:
-            step_s = (time.time() - t_probe) / max(min(10, opts.steps) - 1, 1)
+        if step == first_step + 1:
+            t_probe = time.time()
+        if step == first_step + probe and opts.time_budget_s is not None:
+            step_s = (time.time() - t_probe) / max(probe - 1, 1)
             total = fit_steps(opts, step, time.time() - t_start, step_s, eval_s)
             if world > 1:      # every rank must stop at the same step (DDP)
                 agreed = torch.tensor([total], device=device)
@@ -242,7 +245,7 @@ def train(objective: BlockObjective, train_seqs: Sequence[Sequence_], held_out: 
             g["lr"] = lr_at(step)
         optim.zero_grad(set_to_none=True)
         loss_sum, weight_sum, hits, rows = 0.0, 0.0, 0, 0
-        groups = [picks[g:g + max(opts.pack, 1)] for g in range(0, len(picks), max(opts.pack, 1))]
+        groups = [picks[g:g + pack] for g in range(0, len(picks), pack)]
         for i, group in enumerate(groups):
             parts = []
             for j in group:
