@@ -28,6 +28,11 @@ def llamacpp_figures(path: Path) -> dict[str, float]:
     return out
 
 
+def ratio(ours: float | None, theirs: float | None) -> str:
+    """``ours / theirs`` in an 8-wide column, ``-`` where either figure is missing."""
+    return f"{ours / theirs:8.2f}" if ours and theirs else f"{'-':>8}"
+
+
 def main() -> int:
     d = Path(sys.argv[1])
     if not (d / "quant_bench.json").exists():      # PEER_STACK=0: the whole-model table alone
@@ -47,9 +52,6 @@ def main() -> int:
         dec = 1e6 / stack[mine]["us_1"]
         pre = {r: v["tok_s"] for r, v in prefill.get(mine if mine != "bf16" else "cublas", {}).items()}
         p512, p2048 = pre.get("512", pre.get(512)), pre.get("2048", pre.get(2048))
-
-        def ratio(a, b):
-            return f"{a / b:8.2f}" if a and b else f"{'-':>8}"
         print(f"{theirs:>8} {t.get('decode', 0):8.0f} {t.get('pp512', 0):8.0f} {t.get('pp2048', 0):8.0f} | "
               f"{mine:>9} {dec:8.0f} {p512 or 0:8.0f} {p2048 or 0:8.0f} | {ratio(dec, t.get('decode'))} "
               f"{ratio(p512, t.get('pp512'))} {ratio(p2048, t.get('pp2048'))}")
@@ -78,7 +80,7 @@ def whole_model(d: Path) -> None:
         t, r = llamacpp_figures(g), rows[mine]
         pre = {int(k): v for k, v in r.get("prefill_tok_s", {}).items()}
         cells = [(r["decode_tok_s"], t.get("decode")), (pre.get(512), t.get("pp512")), (pre.get(2048), t.get("pp2048"))]
-        ratios = " ".join(f"{a / b:8.2f}" if a and b else f"{'-':>8}" for a, b in cells)
+        ratios = " ".join(ratio(a, b) for a, b in cells)
         print(f"{theirs:>9} {t.get('decode', 0):8.0f} {t.get('pp512', 0):8.0f} {t.get('pp2048', 0):8.0f} | "
               f"{mine:>8} {r['decode_tok_s']:8.0f} {pre.get(512, 0):8.0f} {pre.get(2048, 0):8.0f} "
               f"{r['peak_bytes'] / 1e9:8.2f} | {ratios}")
