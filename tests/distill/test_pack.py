@@ -2,29 +2,24 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from _tools import load_tool
 
 from edgespec.distill.objective import BlockObjective, make_blocks, pack_blocks
 from edgespec.loading.checkpoint import load_target
 
-ROOT = Path(__file__).resolve().parents[2]
+make_drafter = load_tool("make_drafter")
 
 
 @pytest.mark.parametrize("window", [None, 5])
 def test_packed_forward_equals_one_sequence_at_a_time(tiny_checkpoints, tmp_path, window) -> None:
-    sys.path.insert(0, str(ROOT / "tools"))
-    from make_drafter import write_dflash_drafter
-
     from edgespec.distill.cli import _init_drafter
 
     target = load_target(tiny_checkpoints["qwen3"], max_positions=256)
     # a sliding layer and a full one: both mask kinds see positions per sequence
-    folder = write_dflash_drafter(tmp_path / "d", tiny_checkpoints["qwen3"], num_layers=2, block_size=4,
-                                  sliding_layers=1, sliding_window=6, seed=5)
+    folder = make_drafter.write_dflash_drafter(tmp_path / "d", tiny_checkpoints["qwen3"], num_layers=2,
+                                               block_size=4, sliding_layers=1, sliding_window=6, seed=5)
     drafter = _init_drafter(str(folder), target)
     obj = BlockObjective(drafter, target.model.embed_tokens.weight, target.lm_head_weight, 128, window=window)
     gen = torch.Generator().manual_seed(3)
