@@ -193,7 +193,13 @@ def run_format_bench(args: argparse.Namespace) -> int:
           f"{args.context}, torch threads={torch.get_num_threads()}, load average {load:.2f}; packed layers run "
           f"the product the arch hooks choose (column 'fast': layers on a fast kernel, the rest on the torch "
           f"reference)", flush=True)
-    prefill = [int(n) for n in str(getattr(args, "format_prefill", "") or "").split(",") if n]
+    try:
+        prefill = [int(n) for n in str(getattr(args, "format_prefill", "") or "").split(",") if n]
+    except ValueError:
+        raise ConfigError(f"--format-prefill {args.format_prefill!r}: expected a comma list of prompt lengths, "
+                          "e.g. 512,2048") from None
+    if any(n < 1 for n in prefill):
+        raise ConfigError(f"--format-prefill {args.format_prefill!r}: prompt lengths must be 1 or more")
     rows = []
     for fmt in formats:
         r = bench_format(cfg_dict, fmt, device, dtype, args.context, args.group_size, args.format_iters,

@@ -188,6 +188,10 @@ def run_distill(args: argparse.Namespace) -> int:
     from edgespec.loading.checkpoint import load_target
     from edgespec.loading.tokenizer import ChatTokenizer
 
+    if args.pack < 1:
+        raise ConfigError(f"--pack {args.pack}: sequences per forward must be 1 or more")
+    if args.time_budget is not None and args.time_budget <= 0:
+        raise ConfigError(f"--time-budget {args.time_budget}: minutes of training must be more than 0")
     device = resolve_device(args.device)
     local = int(__import__("os").environ.get("LOCAL_RANK", 0))
     if device.type == "cuda" and device.index is None:

@@ -50,7 +50,7 @@ class TrainOptions:
     seed: int = 0
     vocab_sample: int = 0          # > 0: sampled softmax over the labels + this many random tokens
     time_budget_s: float | None = None   # fit ``steps`` to this many seconds of training (see fit_steps)
-    pack: int = 1                  # sequences per forward (pack_blocks): fewer, larger launches on a GPU
+    pack: int = 1                  # sequences per forward (pack_blocks, >= 1): fewer, larger launches on a GPU
 
 
 def fit_steps(opts: TrainOptions, step: int, elapsed_s: float, step_s: float, eval_s: float) -> int:
@@ -216,7 +216,6 @@ def train(objective: BlockObjective, train_seqs: Sequence[Sequence_], held_out: 
     # With a time budget, steps first_step+1 .. first_step+probe are timed (the first one, with its allocations
     # and compiled kernels, is left out), then the step count is fitted once.
     first_step, probe, t_probe = step, min(10, opts.steps), 0.0
-    pack = max(opts.pack, 1)
     last_al, last_loss = first_al, float("nan")
     progress.update(step, f"held-out AL {last_al:.2f}")
     epoch, order = 0, []
@@ -245,7 +244,7 @@ def train(objective: BlockObjective, train_seqs: Sequence[Sequence_], held_out: 
             g["lr"] = lr_at(step)
         optim.zero_grad(set_to_none=True)
         loss_sum, weight_sum, hits, rows = 0.0, 0.0, 0, 0
-        groups = [picks[g:g + pack] for g in range(0, len(picks), pack)]
+        groups = [picks[g:g + opts.pack] for g in range(0, len(picks), opts.pack)]
         for i, group in enumerate(groups):
             parts = []
             for j in group:

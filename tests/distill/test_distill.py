@@ -191,6 +191,10 @@ def test_distill_refuses_bad_inputs(tiny_target, tmp_path) -> None:
     assert r.returncode == 2 and "outside the target's layers" in r.stderr
     r = _distill(*_common(tiny_target, out, prompts), "--init", str(tmp_path / "nothing"), "--steps", "1")
     assert r.returncode == 2 and "--init drafter folder not found" in r.stderr
+    r = _distill(*_common(tiny_target, out, prompts), "--pack", "0", "--steps", "1")
+    assert r.returncode == 2 and "--pack 0: sequences per forward must be 1 or more" in r.stderr
+    r = _distill(*_common(tiny_target, out, prompts), "--time-budget", "-1", "--steps", "1")
+    assert r.returncode == 2 and "--time-budget -1.0: minutes of training must be more than 0" in r.stderr
     r = _distill(*_common(tiny_target, out, prompts), "--steps", "1", "--data-only")
     assert r.returncode == 0, r.stderr
     # the same data folder with another recipe is refused, not mixed

@@ -79,9 +79,10 @@ def test_quantize_bad_input(source, tmp_path):
 
 def test_format_bench_table(capsys):
     assert main(["bench", "--formats", "dense,fp8,nvfp4,int4", "--format-shape", "tiny:llama", "--group-size",
-                 "32", "--context", "16", "--format-iters", "2"]) == 0
+                 "32", "--context", "16", "--format-iters", "2", "--format-prefill", "8,24"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     by = {r["format"]: r for r in rows}
+    assert all(set(r["prefill_tok_s"]) == {"8", "24"} and min(r["prefill_tok_s"].values()) > 0 for r in rows)
     assert set(by) == {"dense", "fp8", "nvfp4", "int4"}
     assert by["dense"]["packed_layers"] == 0 and all(by[f]["packed_layers"] > 0 for f in ("fp8", "nvfp4", "int4"))
     # fp32 dense vs 1 byte (fp8) and ~0.56 bytes (4-bit) per weight: bytes per token fall in that order.
@@ -90,3 +91,7 @@ def test_format_bench_table(capsys):
     with pytest.raises(ConfigError, match="unknown int2"):
         from edgespec.bench.formats import run_format_bench
         run_format_bench(type("A", (), {"formats": "int2", "format_shape": "tiny:llama"})())
+    for bad, why in (("512,big", "comma list of prompt lengths"), ("0", "must be 1 or more")):
+        with pytest.raises(ConfigError, match=f"--format-prefill '{bad}': .*{why}"):
+            run_format_bench(type("A", (), {"formats": "dense", "format_shape": "tiny:llama", "context": 16,
+                                            "format_prefill": bad})())
