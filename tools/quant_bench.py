@@ -12,8 +12,9 @@ through torch's alternatives on the device: bf16 cuBLAS and edgespec's bf16 GEMV
 (``torch._weight_int4pack_mm``, group 128) and ``torch._scaled_mm`` (FP8 x FP8 with per-tensor scales: it also
 quantizes the activations, so it is a different product, shown for its speed only).
 ``--sweep`` first tries launch configurations per distinct matrix and times the stack with the best of each as
-well. ``--prefill`` times the stack at those row counts (tensor-core GEMM over dequantized tiles) against bf16
-cuBLAS. Writes quant_bench.json to $OUT when set.
+well. ``--prefill`` times the stack at those row counts through both many-row paths (the fused tensor-core tile,
+and dequantize-then-cuBLAS) against bf16 cuBLAS: the crossover sets ``DEQUANT_GEMM_MIN_ROWS``.
+Writes quant_bench.json to $OUT when set.
 """
 
 from __future__ import annotations
@@ -305,28 +306,38 @@ def print_entry(fmt: str, entry: dict) -> None:
 
 
 def bench_prefill(shape: str, formats: list[str], rows_list: list[int], report: dict) -> None:
-    """Tokens/s of the linear stack at prefill row counts: one copy per distinct matrix, times its uses."""
+    """Tokens/s of the linear stack at prefill row counts: one copy per distinct matrix, times its uses. Each
+    quantized format runs both many-row paths (``fused``: the decode kernels' tensor-core tile; ``dequant``: a
+    band dequantized then multiplied by cuBLAS), next to bf16 cuBLAS on dense weights."""
     counts = matrix_counts(shape)
     out = {}
-    for fmt in formats + ["cublas"]:
+    variants = [(f, p) for f in formats for p in ("fused", "dequant")] + [("cublas", "")]
+    for fmt, path in variants:
         torch.cuda.empty_cache()
+        cfg = {"DEQUANT": int(path == "dequant")}
         res = {}
         for rows in rows_list:
             total = 0.0
             for (n, k), uses in counts.items():
                 w = make_weight(fmt, n, k)
                 x = torch.randn(rows, k, device=DEV, dtype=torch.bfloat16)
-                call = (lambda w=w, x=x: F.linear(x, w)) if fmt == "cublas" else (lambda w=w, x=x: quant_matmul(w, x))
+                if fmt == "cublas":
+                    def call(w=w, x=x):
+                        return F.linear(x, w)
+                else:
+                    def call(w=w, x=x, cfg=cfg):
+                        return quant_matmul(w, x, config=cfg)
                 if fmt != "cublas" and rows == rows_list[0]:
                     e = rel_err(call(), matmul_ref(w, x))
                     if e > 2e-2:
-                        print(f"  prefill {fmt} {n}x{k}: rel err {e:.1e} vs reference", flush=True)
+                        print(f"  prefill {fmt} {path} {n}x{k}: rel err {e:.1e} vs reference", flush=True)
                 total += uses * time_us(call, reps=3)
                 del w
             res[rows] = {"us": total, "tok_s": rows / total * 1e6}
-        out[fmt] = res
-        print(f"  prefill {shape} {fmt:>10}: " + "  ".join(f"{r} rows {v['us'] / 1e3:.1f} ms ({v['tok_s']:.0f} tok/s "
-                                                              f"linear only)" for r, v in res.items()), flush=True)
+        name = f"{fmt} {path}".strip()
+        out[name] = res
+        print(f"  prefill {shape} {name:>17}: " + "  ".join(f"{r} rows {v['us'] / 1e3:.2f} ms ({v['tok_s']:.0f} tok/s)"
+                                                             for r, v in res.items()), flush=True)
     report.setdefault("prefill", {})[shape] = out
 
 
@@ -338,6 +349,7 @@ def main() -> int:
     ap.add_argument("--no-baselines", action="store_true", help="leave out bf16, tinygemm and _scaled_mm")
     ap.add_argument("--prefill", default="", help="prefill row counts, e.g. 512,2048")
     ap.add_argument("--prefill-shapes", default="qwen3.5-4b")
+    ap.add_argument("--no-decode", action="store_true", help="only the --prefill timings")
     ap.add_argument("--llama", default="", help="peer llama shape, e.g. '--hidden 3072 --layers 28' (shape 'llama')")
     args = ap.parse_args()
     if args.llama:
@@ -348,7 +360,7 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e9:.0f} GB/s (% = bytes / time / copy bandwidth)",
           flush=True)
     report = {"device": torch.cuda.get_device_name(), "bandwidth_GBps": bw / 1e9, "shapes": {}}
-    for shape in [s for s in args.shapes.split(",") if s]:
+    for shape in [s for s in args.shapes.split(",") if s and not args.no_decode]:
         bench_shape(shape, formats, bw, args.sweep, report, not args.no_baselines)
     if args.prefill:
         rows = [int(r) for r in args.prefill.split(",")]

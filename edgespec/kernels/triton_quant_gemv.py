@@ -33,6 +33,7 @@ import triton.language as tl
 
 from edgespec.kernels import sm_count
 from edgespec.kernels.triton_gemv import _split_sum_kernel
+from edgespec.kernels.triton_quant_prefill import DEQUANT_GEMM_MIN_ROWS, dequant_gemm
 
 MAX_ROWS = 16
 FORMATS = ("int4", "nvfp4", "fp8_block")
@@ -411,8 +412,9 @@ def _check(packed, x: torch.Tensor) -> None:
 def quant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
                  config: dict[str, int] | None = None) -> torch.Tensor:
     """``x [..., in] @ W^T (+ bias)`` for bf16/fp16 ``x`` and a packed weight with the contract buffer names
-    (``packed.format`` picks the kernel), output in x's dtype. 1..16 rows: the decode/verify launch; more rows:
-    the prefill launch of the same kernels. ``config`` overrides the launch (benchmark sweeps)."""
+    (``packed.format`` picks the kernel), output in x's dtype. 1..16 rows: the decode/verify launch; below
+    ``DEQUANT_GEMM_MIN_ROWS[format]``: the many-row launch of the same kernels; more (prefill): dequantize-then-GEMM.
+    ``config`` overrides the launch (benchmark sweeps; ``DEQUANT`` 0/1 forces the fused or the GEMM path)."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
@@ -421,6 +423,9 @@ def quant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
     M, N, K = x2.shape[0], packed.out_features, packed.in_features
     fmt = packed.format
     cfg = {**quant_config(fmt, N, K, M, sm_count(x.device)), **(config or {})}
+    if cfg.get("DEQUANT", int(M >= DEQUANT_GEMM_MIN_ROWS[fmt])):
+        # prefill: dequantize a band of rows, multiply on the tensor cores (edgespec.kernels.triton_quant_prefill)
+        return dequant_gemm(packed, x2, bias).reshape(*lead, N)
     many = M > MAX_ROWS
     block_m = cfg["BLOCK_M"] if many else 16
     if M > 1:

@@ -92,7 +92,7 @@ def test_fp8_ragged_k() -> None:
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("rows", [17, 100, 512])
+@pytest.mark.parametrize("rows", [17, 63, 64, 100, 512])
 def test_prefill_rows(fmt: str, rows: int) -> None:
     from edgespec.kernels.triton_quant_gemv import quant_matmul
     torch.manual_seed(rows)
@@ -100,6 +100,40 @@ def test_prefill_rows(fmt: str, rows: int) -> None:
     x = torch.randn(rows, 768, device=DEV, dtype=torch.bfloat16)
     poison()
     assert rel_err(quant_matmul(p, x), p.matmul_ref(x)) < 1e-2
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dequantize_band_equals_reference_rows(fmt: str, dtype: torch.dtype) -> None:
+    """The prefill path's Triton dequantization is the format's ``dequantize_rows`` bit for bit, for whole
+    matrices, bands starting mid-matrix and a ragged last block (fp8 K not a multiple of 128)."""
+    from edgespec.kernels.triton_quant_prefill import dequantize_band
+    torch.manual_seed(7)
+    k = 320 if fmt == "fp8_block" else 384
+    p = pack(fmt, torch.randn(300, k, device=DEV) * 0.05, group_size=64 if fmt == "int4" else 128)
+    for start, stop in ((0, 300), (128, 300), (0, 128), (256, 300)):
+        poison()
+        assert torch.equal(dequantize_band(p, start, stop, dtype), p.dequantize_rows(start, stop, dtype)), \
+            (fmt, start, stop)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequant_gemm_bands_and_bias(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A matrix taller than one band is multiplied band by band into the right output columns, with a bias;
+    forcing either many-row path (``DEQUANT`` 0/1) gives the reference result."""
+    from edgespec.kernels import triton_quant_prefill
+    from edgespec.kernels.triton_quant_gemv import quant_matmul
+    torch.manual_seed(11)
+    p = pack(fmt, torch.randn(1000, 512, device=DEV) * 0.05)
+    x = torch.randn(96, 512, device=DEV, dtype=torch.bfloat16)
+    bias = torch.randn(1000, device=DEV, dtype=torch.bfloat16)
+    ref = p.matmul_ref(x, bias)
+    monkeypatch.setattr(triton_quant_prefill, "BAND_ELEMENTS", 256 * 512)     # bands of 256 rows: 4 bands
+    assert triton_quant_prefill.band_rows(1000, 512) == 256
+    poison()
+    assert rel_err(quant_matmul(p, x, bias), ref) < 1e-2
+    for forced in (0, 1):
+        assert rel_err(quant_matmul(p, x, bias, config={"DEQUANT": forced}), ref) < 1e-2, forced
 
 
 def test_row_result_independent_of_batch_within_verify() -> None:
