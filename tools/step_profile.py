@@ -2,6 +2,7 @@
 
     python tools/step_profile.py [--shapes qwen3.5-4b,qwen3.5-27b] [--rows 1,16] [--context 512]
     python tools/step_profile.py --drafter qwen3.5-27b        # the DFlash draft graph instead
+    python tools/step_profile.py --prefill 512 --shapes peer-llama --format int4   # a whole-model prefill
 
 For each shape and row count it replays the captured forward (as served: merged projections, CUDA graphs) and
 prints the GPU time per step split into kernel groups (matmul, attention, GDN, conv, norms, elementwise, copies),
@@ -152,6 +153,36 @@ def profile_drafter(shape: str, bw: float, sequence: int) -> dict:
     return res
 
 
+def profile_prefill(shape: str, fmt: str, tokens: int, sequence: int, host: bool = False) -> dict:
+    """One whole-model prefill of ``tokens`` tokens as ``edgespec bench --formats`` times it (the arch's prefill
+    chunk, a fresh cache each time), its kernels grouped."""
+    from edgespec.bench.formats import format_model, shape_config
+    device = torch.device("cuda")
+    model = format_model(shape_config(shape), fmt, device, torch.bfloat16, tokens + 8)
+    cache = model.new_cache(tokens + 8)
+    hooks = select_hooks("auto", device)
+    hooks.prepare(model, cache, 1, (), hooks.defaults.rollback, graphs=True)
+    prompt = torch.randint(0, model.config.vocab_size, (tokens,), device=device)
+
+    def step() -> None:
+        cache.reset()
+        hooks.prefill(model, cache, prompt, hooks.defaults.prefill_chunk, ())
+
+    res = profile_step(step, steps=3)
+    res.update(shape=f"{shape} {fmt} prefill {tokens}")
+    if host:
+        # Where the host's time goes (a prefill whose wall time exceeds its kernel time is launch-bound)
+        import cProfile
+        import pstats
+        prof = cProfile.Profile()
+        prof.runcall(lambda: [step() for _ in range(3)] and torch.cuda.synchronize())
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    print(f"\n{shape} {fmt} prefill of {tokens} tokens: {res['step_us'] / 1e3:.2f} ms "
+          f"({tokens / res['step_us'] * 1e6:.0f} tok/s), {res['gpu_us'] / 1e3:.2f} ms in kernels")
+    print_profile(res, sequence)
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="qwen3.5-4b,qwen3.5-27b")
@@ -160,12 +191,18 @@ def main() -> int:
     ap.add_argument("--rollback", default=None, help="verify rollback strategy (default: the arch default)")
     ap.add_argument("--sequence", type=int, default=0, help="also print the first N kernels of one step in order")
     ap.add_argument("--drafter", default=None, help="profile the DFlash draft graph of this shape instead")
+    ap.add_argument("--prefill", default="", help="profile whole-model prefills of these lengths instead, e.g. 512")
+    ap.add_argument("--format", default="dense", help="weight format of --prefill: dense, fp8, nvfp4, int4")
+    ap.add_argument("--host", action="store_true", help="with --prefill: also a cProfile of the host side")
     args = ap.parse_args()
     device = torch.device("cuda")
     bw = measure_copy_bandwidth(device)
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
     report = {"device": torch.cuda.get_device_name(), "bandwidth_GBps": bw / 1e9, "shapes": []}
-    shapes = [] if args.drafter else args.shapes.split(",")
+    shapes = [] if args.drafter or args.prefill else args.shapes.split(",")
+    for shape in args.shapes.split(",") if args.prefill else []:
+        for n in args.prefill.split(","):
+            report["shapes"].append(profile_prefill(shape, args.format, int(n), args.sequence, args.host))
     if args.drafter:
         report["shapes"].append(profile_drafter(args.drafter, bw, args.sequence))
     for shape in shapes:

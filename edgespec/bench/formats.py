@@ -166,7 +166,7 @@ def bench_format(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype
             cache.reset()
             hooks.prefill(model, cache, tokens, hooks.defaults.prefill_chunk, ())
 
-        prefill_tok_s[n] = n * 1e3 / time_cuda(run_prefill, iters=2, warmup=1, repeats=3)
+        prefill_tok_s[n] = n * 1e3 / time_cuda(run_prefill, iters=3, warmup=2, repeats=5)
     wbytes = weight_bytes_per_token(model)
     packed = sum(1 for m in model.modules() if isinstance(m, PackedLinear))
     out = {"format": fmt, "packed_layers": packed, "fast_kernels": kernels, "weight_bytes_per_token": wbytes,
