@@ -88,7 +88,7 @@ class Settings:
     prefill_chunk: int | None = _knob(None, "prefill chunk length in tokens; None = arch default", min=16)
     graph_prefill_max: int | None = _knob(
         None, "with CUDA graphs, resumed prefills of at most this many tokens replay captured forwards instead of "
-        "one eager forward (0 = off); None = arch default (off until measured on a GPU)", min=0, max=4096)
+        "one eager forward (0 = off); None = arch default (128 on the GPU hooks, 0 on CPU)", min=0, max=4096)
     cpu_blas: bool = _knob(True, "CPU fp32: linears through numpy's OpenBLAS GEMV, torch intra-op threads set to 1")
     stage_timing: Literal["host", "device"] = _knob(
         "host", "telemetry stage times: host (no extra syncs) or device (sync per stage; for profiling)")

@@ -2,7 +2,7 @@
 # One device session: GPU correctness tests, the attention launch sweep, the shape sweep and the cycle split.
 # Usage on the GPU machine, from the repository root:  OUT=/some/dir bash tools/gpu_sweep.sh [stage ...]
 # Stages: tests, quant-tests, formats, shapes27b, gemv, profile, attn-sweep, kernels, fp8-sweep, pdl, gdn-tile, skinny, skinny-ab, block-attn,
-# attn-in-place, drafter, shapes, cycle, multiturn (default: tests attn-sweep kernels shapes cycle). Every output lands in $OUT.
+# attn-in-place, drafter, shapes, cycle, multiturn, graph-prefill-tests, prefill (default: tests attn-sweep kernels shapes cycle). Every output lands in $OUT.
 # multiturn needs the demo's tokenizer in bench-tokenizer/ (here: python tools/make_bench_model.py --tokenizer-only
 # bench-tokenizer; the device has no demo package) and writes its random checkpoints on the device.
 # The attention research probes (Nsight Compute, timer traces, the overhead probe) run from lab/lab_sweep.sh.
@@ -52,9 +52,17 @@ for s in $stages; do
     drafter) python3 tools/step_profile.py --drafter qwen3.5-27b 2>&1 | tee "$OUT/drafter_profile.txt" | grep -v "^ *\[" ;;
     shapes) python3 tools/gpu_bench.py --shapes smollm2-135m,qwen3.5-4b,qwen3-4b,qwen3.5-27b --kv model --compare-hf none \
              --sweep-out "$OUT" 2>&1 | tail -12 | tee "$OUT/gpu_bench.txt" ;;
-    multiturn) for shape in smollm2-135m qwen3.5-0.8b; do python3 -m edgespec.cli bench --multi-turn --random-model $shape \
-             --bench-tokenizer bench-tokenizer --tokens 16 --turns 4 --max-seq-len 4096 --out "$OUT/multiturn_$shape.json"; \
-             done 2>&1 | tee "$OUT/multiturn.txt" ;;
+    multiturn) for run in bfloat16:0 bfloat16:128 float32:128; do dt=${run%:*}; gp=${run#*:}; \
+             for shape in smollm2-135m qwen3.5-0.8b; do echo "== $shape $dt graph_prefill_max=$gp"; \
+             EDGESPEC_GRAPH_PREFILL_MAX=$gp python3 -m edgespec.cli bench --multi-turn --random-model $shape --dtype $dt \
+             --bench-tokenizer bench-tokenizer --tokens 16 --turns 4 --max-seq-len 4096 \
+             --out "$OUT/multiturn_${shape}_${dt}_gp$gp.json"; done; done 2>&1 | tee "$OUT/multiturn.txt" ;;
+    graph-prefill-tests) python3 -m pytest -q -p no:cacheprovider tests/cache/test_graph_prefill.py 2>&1 | tail -15 \
+             | tee "$OUT/graph_prefill_tests.txt" ;;
+    prefill) python3 tools/quant_bench.py --no-decode --llama "--hidden 3072 --layers 28" --prefill 17,32,64,128,512,2048 \
+             --prefill-shapes llama,qwen3.5-27b 2>&1 | tee "$OUT/quant_prefill.txt"
+             for f in dense int4; do python3 tools/step_profile.py --prefill 512,2048 --shapes peer-llama --format $f; done \
+             2>&1 | tee "$OUT/prefill_profile.txt" ;;
     cycle) python3 tools/cycle_bench.py --shape qwen3.5-27b --k 15 --tokens 128 2>&1 | tail -20 \
              | tee "$OUT/cycle_bench.txt" ;;
   esac

@@ -58,6 +58,16 @@ def run_multi_turn(engine: Engine, args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("--multi-turn compares with and without prefix reuse: leave prefix_reuse on")
     fresh = Engine(engine.settings.with_overrides(prefix_reuse=False), engine.model, engine.tokenizer,
                    engine.model_dir)
+    # Warm-up, untimed: a short conversation of two turns on both engines, so kernel compilation and CUDA-graph
+    # capture of the fresh and the resumed prefill paths fall outside the timed turns (a first resumed prefill on
+    # a GPU compiled for seconds).
+    warm = [{"role": "system", "content": "Warm-up. " + history_text(engine, min(256, args.history_tokens),
+                                                                      args.prompts)}]
+    for turn in range(2):
+        warm.append({"role": "user", "content": INSTRUCTIONS[turn]})
+        for e in (engine, fresh):
+            out = _turn(e, warm, args.tokens)
+        warm.append({"role": "assistant", "content": out["text"]})
     history = history_text(engine, args.history_tokens, args.prompts)
     system = ("You control a 6-axis robot arm in a kitchen. Keep answers short. Session log so far:\n" + history)
     messages = [{"role": "system", "content": system}]

@@ -2,7 +2,8 @@
 writes: last-row logits no further from the eager resume than the eager resume already is from a fresh one-shot
 prefill (products over other row counts round differently), the same hidden rows, KV rows and GDN state to float
 tolerance, and the same greedy answers over a multi-turn chat, for the rollback strategies that keep per-row
-state. On CPU the static forward runs eagerly, the code a CUDA graph captures; the GPU run is the lead's to check.
+state. On CPU the static forward runs eagerly, the code a CUDA graph captures; on CUDA (bf16, skipped without a
+GPU) the same tests replay the captured graphs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,19 @@ from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 from edgespec.speculative.acceptance import StrictGreedy
 from edgespec.speculative.session import SpecSession
 
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device")])]
+
+
+def _model(tmp_path, fam: str, seed: int, device: str, dtype: torch.dtype | None = None):
+    """A tiny random target: fp32 on CPU, bf16 (as served) on CUDA unless ``dtype`` says otherwise."""
+    dtype = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
+    # the Triton attention takes head_dim 64/128/256: the CUDA run widens the tiny heads
+    cfg = tiny_config(fam) if device == "cpu" else tiny_config(fam, head_dim=64, num_attention_heads=4,
+                                                                 num_key_value_heads=2)
+    return load_target(write_random_checkpoint(tmp_path / fam, cfg, seed=seed), dtype=dtype, device=device,
+                       max_positions=512)
+
 
 def _session(model, rollback: str, graph_max: int) -> SpecSession:
     hooks = ArchHooks()
@@ -30,11 +44,11 @@ def _session(model, rollback: str, graph_max: int) -> SpecSession:
 @pytest.mark.parametrize("fam,rollback,width", [("llama", "checkpoint", 32), ("qwen3_5", "checkpoint", 5),
                                                 ("qwen3_5", "deferred", 32)])
 @pytest.mark.parametrize("n", [23, 45])
-def test_graph_prefill_equals_eager(tmp_path, fam, rollback, width, n):
-    model = load_target(write_random_checkpoint(tmp_path / fam, tiny_config(fam), seed=7), dtype=torch.float32,
-                        device="cpu", max_positions=512)
-    history = torch.randint(0, 320, (30,), generator=torch.Generator().manual_seed(1))
-    turn = torch.randint(0, 320, (n,), generator=torch.Generator().manual_seed(2))
+@pytest.mark.parametrize("device", DEVICES)
+def test_graph_prefill_equals_eager(tmp_path, fam, rollback, width, n, device):
+    model = _model(tmp_path, fam, 7, device)
+    history = torch.randint(0, 320, (30,), generator=torch.Generator().manual_seed(1)).to(device)
+    turn = torch.randint(0, 320, (n,), generator=torch.Generator().manual_seed(2)).to(device)
     one_shot = _session(model, rollback, 0)
     one_shot.cache.reset()
     ref = one_shot.hooks.prefill(model, one_shot.cache, torch.cat([history, turn]), 512, ()).logits
@@ -60,21 +74,28 @@ def test_graph_prefill_equals_eager(tmp_path, fam, rollback, width, n):
     assert la == lb == 30 + n
     assert a.logits.shape == b.logits.shape == (1, 320)
     resume_error = float((a.logits - ref).abs().max())
-    assert float((b.logits - a.logits).abs().max()) <= max(2 * resume_error, 1e-5)
-    torch.testing.assert_close(b.hidden, a.hidden, rtol=1e-3, atol=1e-3)
+    # CPU: the graph path may differ from the eager resume by what the eager resume differs from a one-shot
+    # prefill. CUDA (bf16): one-shot and eager resume both run the SDPA kernel (often the same bits), the graph
+    # path the Triton attention over 32-row chunks: a few bf16 steps of the logits' scale apart.
+    floor = 1e-5 if device == "cpu" else 3e-2 * float(a.logits.abs().max())
+    assert float((b.logits - a.logits).abs().max()) <= max(2 * resume_error, floor)
+    tol = 1e-3 if device == "cpu" else 3e-2         # bf16 on CUDA: products over other row counts round apart
+    torch.testing.assert_close(b.hidden, a.hidden, rtol=tol, atol=tol)
     for x, y in zip(kvb, kva, strict=True):
-        torch.testing.assert_close(x, y, rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(x, y, rtol=tol, atol=tol)
     if sa is not None:
-        torch.testing.assert_close(sb, sa, rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(sb, sa, rtol=tol, atol=tol)
     assert int(a.logits.argmax()) == int(b.logits.argmax())
 
 
 @pytest.mark.parametrize("fam,rollback", [("llama", "checkpoint"), ("qwen3_5", "checkpoint"),
                                           ("qwen3_5", "deferred")])
-def test_multi_turn_answers_equal_with_graph_prefill(tmp_path, fam, rollback):
-    """Prefix reuse over a growing conversation: resumed turns (short prefills) graphed or eager, same answers."""
-    model = load_target(write_random_checkpoint(tmp_path / fam, tiny_config(fam), seed=9), dtype=torch.float32,
-                        device="cpu", max_positions=512)
+@pytest.mark.parametrize("device", DEVICES)
+def test_multi_turn_answers_equal_with_graph_prefill(tmp_path, fam, rollback, device):
+    """Prefix reuse over a growing conversation: resumed turns (short prefills) graphed or eager, same answers.
+    In fp32 on CUDA too: a tiny random model's logits sit close together, so bf16 rounding differences between
+    the two kernel paths would flip near-ties that have nothing to do with the prefill logic under test."""
+    model = _model(tmp_path, fam, 9, device, torch.float32)
     gen = torch.Generator().manual_seed(3)
     answers = {}
     for name, graph_max in (("eager", 0), ("graph", 64)):
@@ -112,7 +133,7 @@ def test_graph_prefill_stays_eager_where_it_cannot_run(tmp_path):
 
 
 def test_setting_turns_the_graph_prefill_on(tiny_checkpoints, tmp_path):
-    """Off by default (not yet timed on a GPU); the `graph_prefill_max` setting reaches the hooks."""
+    """Off on CPU (the base hooks), 128 on the GPU hooks; the `graph_prefill_max` setting reaches the hooks."""
     import shutil
 
     from edgespec.config import load_settings
@@ -121,6 +142,9 @@ def test_setting_turns_the_graph_prefill_on(tiny_checkpoints, tmp_path):
 
     folder = shutil.copytree(tiny_checkpoints["llama"], tmp_path / "llama")
     write_chat_tokenizer(folder)
-    base = load_settings(cli=None).with_overrides(model=str(folder), cpu_blas=False)
+    base = load_settings(cli=None).with_overrides(model=str(folder), cpu_blas=False, device="cpu")
     assert Engine.from_settings(base).hooks.defaults.graph_prefill_max == 0
     assert Engine.from_settings(base.with_overrides(graph_prefill_max=64)).hooks.defaults.graph_prefill_max == 64
+    from edgespec.arch.detect import select_hooks
+    for arch in ("rtx", "thor"):
+        assert select_hooks(arch, torch.device("cpu")).defaults.graph_prefill_max == 128
