@@ -102,6 +102,15 @@ def _run_hf(model, ids: list[int], tokens: int, eos: list[int], lookup: int | No
     return {"tokens": new, "tok_s": (n - 1) / max(t_all - t_first, 1e-9) if n > 1 else 0.0}
 
 
+def _tie_check(engine, ids: list[int], plain: list[int], other: list[int]) -> dict[str, Any]:
+    """Where a bf16/fp16 speculative stream leaves the plain one: the first differing token and its regret under
+    the plain model (``edgespec.speculative.parity``): a tie flip of rounding size, or a real error."""
+    from edgespec.speculative.parity import TIE_REGRET, divergence_regret, first_divergence
+    regret = divergence_regret(engine.model, ids, plain, other, engine.session.kv_fp8)
+    return {"first_divergence": first_divergence(plain, other), "regret": regret,
+            "tie_flip": regret is not None and regret <= TIE_REGRET}
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from edgespec.engine import Engine
 
@@ -163,9 +172,14 @@ def run_bench(args: argparse.Namespace) -> int:
             same = best["tokens"] == plain_tokens
             row = {"prompt": pr.id, "runner": name, "tok_s": round(tok_s, 2), "al": best.get("al"),
                    "tokens": len(best["tokens"]), "same_as_plain": same, "telemetry": best.get("telemetry")}
+            verdict = str(same)
+            if not same and name.startswith("edgespec") and engine.model.dtype != torch.float32:
+                row.update(_tie_check(engine, ids, plain_tokens, best["tokens"]))
+                verdict = (f"False: {'tie flip' if row['tie_flip'] else 'NOT A TIE'} at token "
+                           f"{row['first_divergence']} (regret {row['regret']:.2%})")
             rows.append(row)
             al = f"{row['al']:.2f}" if row["al"] is not None else "-"
-            print(f"{pr.id:<26} {name:<22} {tok_s:>8.1f} {al:>6} {len(best['tokens']):>6} {same}", flush=True)
+            print(f"{pr.id:<26} {name:<22} {tok_s:>8.1f} {al:>6} {len(best['tokens']):>6} {verdict}", flush=True)
     from edgespec.memory import format_bytes, peak_bytes
     budget = engine.model.memory_budget
     peak = peak_bytes(engine.device)
