@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from edgespec.bench.random_model import bench_model, copy_tokenizer, tokenizer_source, write_bench_model
 from edgespec.cli import main
@@ -112,3 +113,33 @@ def test_make_bench_model_tool_writes_tokenizer_only_or_a_model(tmp_path, tok_di
                                      str(tmp_path / "only"), "--dtype", "float32"])
     assert tool.main() == 0
     assert (tmp_path / "m" / "model.safetensors").is_file() and (tmp_path / "m" / "tokenizer.json").is_file()
+
+
+def test_multi_turn_bench_names_a_bf16_divergence(tmp_path, tok_dir, monkeypatch, capsys):
+    """In bf16 a differing answer is checked for a tie flip: here the reuse engine's answer on turn 1 is swapped
+    for the worst-scoring token at its third position, which the check must call NOT A TIE."""
+    from edgespec.bench import multiturn
+
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
+    real_turn = multiturn._turn
+    calls = {"n": 0}
+
+    def turn(engine, messages, max_tokens):
+        out = real_turn(engine, messages, max_tokens)
+        calls["n"] += 1
+        # call order: 2 warm-up turns x 2 engines, then (reuse, fresh) per timed turn; bend turn 1's reuse answer
+        if calls["n"] == 7 and len(out["tokens"]) >= 3:
+            ids = torch.tensor(out["ids"] + out["tokens"][:2])
+            logits = engine.model.prefill(ids, engine.model.new_cache(ids.shape[0] + 1)).logits[-1]
+            out["tokens"] = out["tokens"][:2] + [int(logits.argmin())]
+        return out
+
+    monkeypatch.setattr(multiturn, "_turn", turn)
+    out = tmp_path / "mt.json"
+    assert main(["bench", "--multi-turn", "--random-model", "tiny:llama", "--bench-tokenizer", str(tok_dir),
+                 "--dtype", "bfloat16", "--history-tokens", "100", "--turns", "2", "--tokens", "6",
+                 "--max-seq-len", "1024", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    rows = json.loads(out.read_text())["multi_turn"]
+    assert not rows[1]["same_output"] and rows[1]["first_divergence"] == 2 and rows[1]["tie_flip"] is False
+    assert "NOT A TIE at token 2" in text and "answers DIFFER" in text
