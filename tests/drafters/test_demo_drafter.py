@@ -50,5 +50,5 @@ def test_greedy_dflash_equals_plain_on_every_bench_prompt(engines) -> None:
         assert got.token_ids == want.token_ids, p.id
         als[p.id] = got.telemetry.acceptance_length
     # the trained drafter gets drafts accepted on the kind of robot prompt it was trained for (a random drafter's
-    # drafts are all rejected: AL exactly 1.0; the shipped one measured 2.82 at 32 tokens)
-    assert als["robot_json_plan"] >= 2.0, als
+    # drafts are all rejected: AL exactly 1.0; the shipped one measured 3.44 at 32 tokens, the goal is 3.0)
+    assert als["robot_json_plan"] >= 3.0, als
