@@ -21,6 +21,7 @@ import torch
 
 from edgespec.bench.prompts import BenchPrompt, load_prompts
 from edgespec.config import load_settings
+from edgespec.speculative.parity import tie_check
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
@@ -102,15 +103,6 @@ def _run_hf(model, ids: list[int], tokens: int, eos: list[int], lookup: int | No
     return {"tokens": new, "tok_s": (n - 1) / max(t_all - t_first, 1e-9) if n > 1 else 0.0}
 
 
-def _tie_check(engine, ids: list[int], plain: list[int], other: list[int]) -> dict[str, Any]:
-    """Where a bf16/fp16 speculative stream leaves the plain one: the first differing token and its regret under
-    the plain model (``edgespec.speculative.parity``): a tie flip of rounding size, or a real error."""
-    from edgespec.speculative.parity import TIE_REGRET, divergence_regret, first_divergence
-    regret = divergence_regret(engine.model, ids, plain, other, engine.session.kv_fp8)
-    return {"first_divergence": first_divergence(plain, other), "regret": regret,
-            "tie_flip": regret is not None and regret <= TIE_REGRET}
-
-
 def run_bench(args: argparse.Namespace) -> int:
     from edgespec.engine import Engine
 
@@ -174,7 +166,7 @@ def run_bench(args: argparse.Namespace) -> int:
                    "tokens": len(best["tokens"]), "same_as_plain": same, "telemetry": best.get("telemetry")}
             verdict = str(same)
             if not same and name.startswith("edgespec") and engine.model.dtype != torch.float32:
-                row.update(_tie_check(engine, ids, plain_tokens, best["tokens"]))
+                row.update(tie_check(engine.model, ids, plain_tokens, best["tokens"], engine.session.kv_fp8))
                 verdict = (f"False: {'tie flip' if row['tie_flip'] else 'NOT A TIE'} at token "
                            f"{row['first_divergence']} (regret {row['regret']:.2%})")
             rows.append(row)

@@ -21,6 +21,7 @@ import torch
 from edgespec.bench.prompts import load_prompts
 from edgespec.engine import Engine, Request
 from edgespec.errors import ConfigError
+from edgespec.speculative.parity import tie_check
 
 INSTRUCTIONS = [
     "The gripper reports the cup is slipping. Re-grip it with more force, then place it on the left shelf and "
@@ -90,8 +91,7 @@ def run_multi_turn(engine: Engine, args: argparse.Namespace) -> dict[str, Any]:
         verdict = "yes" if same else "NO"
         if not same and engine.model.dtype != torch.float32:
             # bf16/fp16: a resumed and a whole prefill run different kernel shapes; name a tie flip as such
-            from edgespec.bench.cli import _tie_check
-            row.update(_tie_check(fresh, b["ids"], b["tokens"], a["tokens"]))
+            row.update(tie_check(fresh.model, b["ids"], b["tokens"], a["tokens"], fresh.session.kv_fp8))
             verdict = (f"NO: {'tie flip' if row['tie_flip'] else 'NOT A TIE'} at token {row['first_divergence']} "
                        f"(regret {row['regret']:.2%})")
         rows.append(row)

@@ -52,3 +52,12 @@ def lossless(model: TargetModel, prompt: Sequence[int], plain: Sequence[int], ot
         return False
     regret = divergence_regret(model, prompt, plain, other, kv_fp8)
     return regret is not None and regret <= TIE_REGRET
+
+
+def tie_check(model: TargetModel, prompt: Sequence[int], plain: Sequence[int], other: Sequence[int],
+              kv_fp8: bool = False) -> dict[str, object]:
+    """Where ``other`` leaves ``plain`` and why, for reports: ``first_divergence`` (index), ``regret`` (see
+    :func:`divergence_regret`) and ``tie_flip`` (the regret is of rounding size, :data:`TIE_REGRET`)."""
+    regret = divergence_regret(model, prompt, plain, other, kv_fp8)
+    return {"first_divergence": first_divergence(plain, other), "regret": regret,
+            "tie_flip": regret is not None and regret <= TIE_REGRET}

@@ -1,18 +1,16 @@
-"""``edgespec bench`` names why a bf16 speculative stream left the plain one: the first differing token and its
-regret under the plain model, a tie flip (the runner-up, rounding-size regret) told apart from a real error (a
-token far below the best)."""
+"""``edgespec bench`` (through ``edgespec.speculative.parity.tie_check``) names why a bf16 speculative stream
+left the plain one: the first differing token and its regret under the plain model, a tie flip (the runner-up,
+rounding-size regret) told apart from a real error (a token far below the best)."""
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import torch
 
 from edgespec.arch.base import ArchHooks
-from edgespec.bench.cli import _tie_check
 from edgespec.loading.checkpoint import load_target
 from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 from edgespec.speculative.acceptance import StrictGreedy
+from edgespec.speculative.parity import tie_check
 from edgespec.speculative.session import SpecSession
 
 
@@ -22,18 +20,17 @@ def test_tie_flip_and_real_error_told_apart(tmp_path) -> None:
     prompt = torch.randint(0, 320, (12,), generator=torch.Generator().manual_seed(0)).tolist()
     plain = SpecSession(model, ArchHooks(), None, max_len=256).generate(prompt, max_tokens=8,
                                                                       policy=StrictGreedy()).token_ids
-    engine = SimpleNamespace(model=model, session=SimpleNamespace(kv_fp8=False))
     cache = model.new_cache(64)
     logits = model.prefill(torch.tensor(prompt + plain[:3]), cache).logits[-1].float()
     order = logits.argsort(descending=True).tolist()
     assert order[0] == plain[3]
 
     worst = plain[:3] + [order[-1]] + plain[4:]
-    res = _tie_check(engine, prompt, plain, worst)
+    res = tie_check(model, prompt, plain, worst)
     assert res["first_divergence"] == 3 and not res["tie_flip"] and res["regret"] > 0.02
 
     gap = float(logits[order[0]] - logits[order[1]]) / float(logits.abs().max())
-    runner_up = _tie_check(engine, prompt, plain, plain[:3] + [order[1]] + plain[4:])
+    runner_up = tie_check(model, prompt, plain, plain[:3] + [order[1]] + plain[4:])
     assert runner_up["first_divergence"] == 3 and abs(runner_up["regret"] - gap) < 1e-6
     assert runner_up["tie_flip"] == (gap <= 0.02)
-    assert _tie_check(engine, prompt, plain, plain[:5])["regret"] == float("inf")      # one stream stops early
+    assert tie_check(model, prompt, plain, plain[:5])["regret"] == float("inf")      # one stream stops early
