@@ -282,10 +282,11 @@ def test_settings_and_factory(tiny_models, drafters):
     with pytest.raises(ConfigError, match="num_draft_tokens 9"):
         load_dflash(Settings(drafter="dflash", drafter_path=str(drafters["qwen3_5"]), num_draft_tokens=9), target)
     prop = build_proposer(Settings(drafter="dflash", drafter_path=str(drafters["qwen3_5"]), window_size=7,
-                                   window_seed=False, cuda_graphs=True), target)
+                                   window_seed=False, cuda_graphs=True, lookup_min_match=0), target)
     assert isinstance(prop, DFlashProposer) and prop.window_size == 7 and not prop.window_seed and prop.cuda_graphs
     for arch in ("base", "thor"):
-        prop = build_proposer(Settings(drafter="dflash", drafter_path=str(drafters["qwen3_5"]), arch=arch), target)
+        prop = build_proposer(Settings(drafter="dflash", drafter_path=str(drafters["qwen3_5"]), arch=arch,
+                                       lookup_min_match=0), target)
         defaults = select_hooks(arch, CPU).defaults
         assert (prop.window_seed, prop.cuda_graphs, prop.window_size) == (defaults.window_seed,
                                                                           defaults.cuda_graphs, 128)

@@ -34,5 +34,6 @@ def test_window_refusal_through_settings_is_a_config_error(tiny_checkpoints, dra
     target = load_target(tiny_checkpoints["qwen3"], max_positions=128)
     with pytest.raises(ConfigError, match="--window-size 6 or more"):
         build_proposer(Settings(drafter="dflash", drafter_path=str(drafter_b6), window_size=4), target)
-    prop = build_proposer(Settings(drafter="dflash", drafter_path=str(drafter_b6), window_size=6), target)
+    prop = build_proposer(Settings(drafter="dflash", drafter_path=str(drafter_b6), window_size=6, lookup_min_match=0),
+                          target)
     assert prop.window_size == 6          # equal to the block size is enough

@@ -57,7 +57,7 @@ def test_from_target_errors(tiny_models, tiny_checkpoints, tmp_path):
     assert no_mtp.mtp is None
     with pytest.raises(ConfigError, match="no mtp.\\* weights"):
         build_proposer(Settings(drafter="mtp"), no_mtp)
-    prop = build_proposer(Settings(drafter="mtp", max_seq_len=64), tiny_models["qwen3_5"])
+    prop = build_proposer(Settings(drafter="mtp", max_seq_len=64, lookup_min_match=0), tiny_models["qwen3_5"])
     assert isinstance(prop, MTPProposer) and prop.caches[0].max_len >= 64
 
 
