@@ -57,11 +57,6 @@ class ArchDefaults:
     # rollback (which keeps a few KB of inputs per row); checkpoint rollback would need a whole GDN state per row,
     # so it prefills through its verify forward. 32: the widest the Triton attention takes (kernels.attention).
     graph_prefill_rows: int = 32
-    # The n-gram lookup in front of a model drafter (dflash/mtp; edgespec.drafters.lookup): on CPU every verify row
-    # costs and a model draft costs a forward, so free drafts from the request's own recurring phrases pay on every
-    # bench prompt of the demo (prose 31 -> 51 tok/s, repeated text 20 -> 47, robot_navigation_plan 40 -> 97, the
-    # JSON plan unchanged at AL 3.92; docs/benchmarks.md). The GPU hooks keep 0 until it is timed there.
-    lookup_min_match: int = 3
 
 
 class ArchHooks:

@@ -76,10 +76,9 @@ class Settings:
     ngram_max_match: int = _knob(4, "n-gram proposer: longest suffix tried first", min=1, max=64)
     ngram_min_match: int = _knob(1, "n-gram proposer: shortest suffix accepted", min=1, max=64)
     ngram_lookback: int = _knob(4096, "n-gram proposer: tokens of history searched", min=8)
-    lookup_min_match: int | None = _knob(
-        None, "dflash/mtp: take an n-gram draft from the request's own tokens when a suffix of at least this many "
-        "tokens recurs, the model drafter otherwise; 0 = off; None = arch default (3 on CPU, 0 on the GPU hooks)",
-        min=0, max=64)
+    lookup_min_match: int = _knob(3, "dflash/mtp: take an n-gram draft from the request's own tokens when a suffix "
+                                  "of at least this many tokens recurs, the model drafter otherwise; 0 = off", min=0,
+                                  max=64)
     ngram_gate: float = _knob(0.1, "n-gram proposer: stop drafting below this accepted/drafted ratio", min=0.0, max=1.0)
     adaptive_k: bool | None = _knob(None, "adapt drafts per cycle to acceptance (+2 after a full accept, "
                                     "accepted+1 after a rejection, within 1..K); None = arch default (on for CPU)")

@@ -18,4 +18,4 @@ class RtxHooks(ArchHooks):
     def make_defaults(self) -> ArchDefaults:
         return ArchDefaults(kv_fp8=False, rollback="deferred", prefill_chunk=2048, window_size=128,
                             window_seed=True, cuda_graphs=True, adaptive_k=False,
-                            graph_prefill_max=128, lookup_min_match=0)
+                            graph_prefill_max=128)

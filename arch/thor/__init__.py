@@ -18,4 +18,4 @@ class ThorHooks(ArchHooks):
     def make_defaults(self) -> ArchDefaults:
         return ArchDefaults(kv_fp8=True, rollback="deferred", prefill_chunk=256, window_size=128,
                             window_seed=True, cuda_graphs=True, adaptive_k=False,
-                            graph_prefill_max=128, lookup_min_match=0)
+                            graph_prefill_max=128)

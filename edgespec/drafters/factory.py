@@ -23,21 +23,18 @@ def build_proposer(settings: Settings, model: TargetModel) -> Proposer | None:
                              max_len=settings.max_seq_len + 64)
     if name == "dflash":
         from edgespec.drafters.dflash import load_dflash
-        return _with_lookup(load_dflash(settings, model), settings, model)
+        return _with_lookup(load_dflash(settings, model), settings)
     if name == "mtp":
         from edgespec.drafters.mtp import MTPProposer
-        return _with_lookup(MTPProposer.from_target(model, max_seq_len=settings.max_seq_len), settings, model)
+        return _with_lookup(MTPProposer.from_target(model, max_seq_len=settings.max_seq_len), settings)
     raise ConfigError(f"drafter {name!r} is not one of none, ngram, dflash, mtp")
 
 
-def _with_lookup(proposer: Proposer, settings: Settings, model: TargetModel) -> Proposer:
-    """The model drafter, behind an n-gram lookup when ``lookup_min_match`` (or, left unset, the arch default of the
-    model's device) is above 0 (edgespec.drafters.lookup)."""
-    min_match = settings.lookup_min_match
-    if min_match is None:
-        from edgespec.arch.detect import select_hooks
-        min_match = select_hooks(settings.arch, model.device).defaults.lookup_min_match
-    if min_match <= 0:
+def _with_lookup(proposer: Proposer, settings: Settings) -> Proposer:
+    """The model drafter, behind an n-gram lookup when ``lookup_min_match`` is above 0 (edgespec.drafters.lookup;
+    the default 3 sped up every bench prompt of the demo on a CPU and on an H200 but the JSON plan, which it left
+    even: docs/benchmarks.md)."""
+    if settings.lookup_min_match <= 0:
         return proposer
     from edgespec.drafters.lookup import LookupFirstProposer
-    return LookupFirstProposer(proposer, min_match=min_match, max_len=settings.max_seq_len + 64)
+    return LookupFirstProposer(proposer, min_match=settings.lookup_min_match, max_len=settings.max_seq_len + 64)

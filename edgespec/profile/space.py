@@ -115,8 +115,6 @@ def start_candidate(base: Settings, defaults: ArchDefaults) -> Candidate:
         c["prefill_chunk"] = defaults.prefill_chunk
     if c["cuda_graphs"] is None:
         c["cuda_graphs"] = defaults.cuda_graphs
-    if c["lookup_min_match"] is None:
-        c["lookup_min_match"] = defaults.lookup_min_match
     return c
 
 

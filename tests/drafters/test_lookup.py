@@ -71,8 +71,7 @@ def test_greedy_equals_plain(tiny_models, drafter, arch, rollback):
 
 
 def test_setting_wraps_the_model_drafter(tiny_models, drafter):
-    """0 turns the lookup off, N sets it; left unset, the arch default of the model's device: 3 on CPU (base
-    hooks), 0 for the GPU hooks (named here through the ``arch`` setting)."""
+    """0 turns the lookup off, N sets it; the default is 3."""
     model = tiny_models["qwen3"]
     plain = build_proposer(Settings(drafter="dflash", drafter_path=str(drafter), lookup_min_match=0), model)
     assert isinstance(plain, DFlashProposer)
@@ -81,9 +80,6 @@ def test_setting_wraps_the_model_drafter(tiny_models, drafter):
     assert wrapped.lookup.min_match == 2 and wrapped.taps == plain.taps and wrapped.max_k == plain.max_k
     default = build_proposer(Settings(drafter="dflash", drafter_path=str(drafter)), model)
     assert isinstance(default, LookupFirstProposer) and default.lookup.min_match == 3
-    for arch in ("rtx", "thor"):
-        assert isinstance(build_proposer(Settings(drafter="dflash", drafter_path=str(drafter), arch=arch), model),
-                          DFlashProposer)
 
 
 def test_mtp_behind_the_lookup_catches_up_and_equals_plain(tiny_models):

@@ -116,7 +116,7 @@ def test_group_plans_explain_skips() -> None:
     assert all(c["num_draft_tokens"] is None for c in drafters[1:])   # a new drafter starts at its default K
     assert "model drafter" in GROUPS["lookup"].plan(cur, _ctx()).note          # n-gram already drafts by lookup
     lookups = GROUPS["lookup"].plan({**cur, "drafter": "dflash"}, _ctx()).candidates
-    assert cur["lookup_min_match"] == 3                    # unset: the arch default (CPU: 3), resolved
+    assert cur["lookup_min_match"] == 3                    # the default
     assert [c["lookup_min_match"] for c in lookups] == [3, 0, 2, 4]
 
 
