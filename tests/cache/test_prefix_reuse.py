@@ -52,7 +52,9 @@ def _conversation(engine: Engine, turns: int = 4) -> list[tuple[list[int], int, 
     for turn in range(turns):
         msgs.append({"role": "user", "content": f"Turn {turn}: move block {turn} left and say where it is."})
         c = engine.complete(Request(messages=list(msgs), max_tokens=20))
-        window = engine.proposer.window_tokens() if engine.settings.drafter == "dflash" else None
+        # the DFlash proposer itself (by default it sits behind the n-gram lookup, edgespec.drafters.lookup)
+        dflash = getattr(engine.proposer, "model", engine.proposer)
+        window = dflash.window_tokens() if engine.settings.drafter == "dflash" else None
         out.append((c.token_ids, c.cached_tokens, window))
         msgs.append({"role": "assistant", "content": c.text})
     return out
