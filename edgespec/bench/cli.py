@@ -21,7 +21,7 @@ import torch
 
 from edgespec.bench.prompts import BenchPrompt, load_prompts
 from edgespec.config import load_settings
-from edgespec.speculative.parity import tie_check
+from edgespec.speculative.parity import describe_divergence, tie_check
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
@@ -167,8 +167,7 @@ def run_bench(args: argparse.Namespace) -> int:
             verdict = str(same)
             if not same and name.startswith("edgespec") and engine.model.dtype != torch.float32:
                 row.update(tie_check(engine.model, ids, plain_tokens, best["tokens"], engine.session.kv_fp8))
-                verdict = (f"False: {'tie flip' if row['tie_flip'] else 'NOT A TIE'} at token "
-                           f"{row['first_divergence']} (regret {row['regret']:.2%})")
+                verdict = f"False: {describe_divergence(row)}"
             rows.append(row)
             al = f"{row['al']:.2f}" if row["al"] is not None else "-"
             print(f"{pr.id:<26} {name:<22} {tok_s:>8.1f} {al:>6} {len(best['tokens']):>6} {verdict}", flush=True)

@@ -21,7 +21,7 @@ import torch
 from edgespec.bench.prompts import load_prompts
 from edgespec.engine import Engine, Request
 from edgespec.errors import ConfigError
-from edgespec.speculative.parity import tie_check
+from edgespec.speculative.parity import describe_divergence, tie_check
 
 INSTRUCTIONS = [
     "The gripper reports the cup is slipping. Re-grip it with more force, then place it on the left shelf and "
@@ -92,8 +92,7 @@ def run_multi_turn(engine: Engine, args: argparse.Namespace) -> dict[str, Any]:
         if not same and engine.model.dtype != torch.float32:
             # bf16/fp16: a resumed and a whole prefill run different kernel shapes; name a tie flip as such
             row.update(tie_check(fresh.model, b["ids"], b["tokens"], a["tokens"], fresh.session.kv_fp8))
-            verdict = (f"NO: {'tie flip' if row['tie_flip'] else 'NOT A TIE'} at token {row['first_divergence']} "
-                       f"(regret {row['regret']:.2%})")
+            verdict = f"NO: {describe_divergence(row)}"
         rows.append(row)
         print(f"{turn:>4} {a['prompt']:>7} {a['prompt'] - a['cached']:>5} {a['ttft_ms']:>14.1f} {b['ttft_ms']:>14.1f} "
               f"{ratio:>7.3f} {verdict}")

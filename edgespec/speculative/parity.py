@@ -61,3 +61,9 @@ def tie_check(model: TargetModel, prompt: Sequence[int], plain: Sequence[int], o
     regret = divergence_regret(model, prompt, plain, other, kv_fp8)
     return {"first_divergence": first_divergence(plain, other), "regret": regret,
             "tie_flip": regret is not None and regret <= TIE_REGRET}
+
+
+def describe_divergence(check: dict[str, object]) -> str:
+    """One line for a :func:`tie_check` result: ``tie flip at token 23 (regret 0.00%)`` or ``NOT A TIE ...``."""
+    kind = "tie flip" if check["tie_flip"] else "NOT A TIE"
+    return f"{kind} at token {check['first_divergence']} (regret {check['regret']:.2%})"

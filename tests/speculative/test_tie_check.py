@@ -10,7 +10,7 @@ from edgespec.arch.base import ArchHooks
 from edgespec.loading.checkpoint import load_target
 from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 from edgespec.speculative.acceptance import StrictGreedy
-from edgespec.speculative.parity import tie_check
+from edgespec.speculative.parity import describe_divergence, tie_check
 from edgespec.speculative.session import SpecSession
 
 
@@ -28,6 +28,7 @@ def test_tie_flip_and_real_error_told_apart(tmp_path) -> None:
     worst = plain[:3] + [order[-1]] + plain[4:]
     res = tie_check(model, prompt, plain, worst)
     assert res["first_divergence"] == 3 and not res["tie_flip"] and res["regret"] > 0.02
+    assert describe_divergence(res).startswith("NOT A TIE at token 3 (regret ")
 
     gap = float(logits[order[0]] - logits[order[1]]) / float(logits.abs().max())
     runner_up = tie_check(model, prompt, plain, plain[:3] + [order[1]] + plain[4:])
