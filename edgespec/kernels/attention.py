@@ -79,11 +79,8 @@ def cached_attention(q: torch.Tensor, cache: KVCache, start: int, scale: float,
     if T <= TRITON_MAX_ROWS and use_triton(q):
         from edgespec.kernels.triton_attention import cached_attention_triton
         return cached_attention_triton(q, cache, start, scale, start_t=pos_t)
-    if pos_t is None and q.is_cuda:
-        k, v = cache.read(start + T)
-        return prefill_attention(q, k, v, start, scale)
     if pos_t is None:
         k, v = cache.read(start + T)
-        return attention_ref(q, k, v, start, scale)
+        return (prefill_attention if q.is_cuda else attention_ref)(q, k, v, start, scale)
     k, v = cache.read(cache.max_len)
     return attention_ref(q, k, v, 0, scale, pos_q=pos_t + torch.arange(T, device=q.device))
