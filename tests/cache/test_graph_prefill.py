@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _devices import DEVICES
 
 from edgespec.arch.base import ArchHooks
 from edgespec.cache.prefix import PrefixCache
@@ -18,9 +19,6 @@ from edgespec.loading.checkpoint import load_target
 from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 from edgespec.speculative.acceptance import StrictGreedy
 from edgespec.speculative.session import SpecSession
-
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA device")])]
 
 
 def _model(tmp_path, fam: str, seed: int, device: str, dtype: torch.dtype | None = None):

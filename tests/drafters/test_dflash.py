@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from _devices import DEVICES
 from _tools import load_tool
 from safetensors.torch import load_file, save_file
 
@@ -432,11 +433,9 @@ def test_window_and_block_parity(tiny_models, drafters, family, drafter, window,
 
 
 # ---- the merged, fused drafter against the checkpoint's layout --------------------------------------------------
-_CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                        reason="needs CUDA")])
 
 
-@pytest.mark.parametrize("device", ["cpu", _CUDA])
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_head_norm_rope_is_per_part_rms_norm(device, dtype):
     """The q and k norms of one merged projection in one launch (head_norm_rope, with the rotation made the
@@ -458,7 +457,7 @@ def test_head_norm_rope_is_per_part_rms_norm(device, dtype):
                                                      else {"atol": 2e-2, "rtol": 1e-2}))
 
 
-@pytest.mark.parametrize("device", ["cpu", _CUDA])
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("path", ["reference", "dispatch"])
 @pytest.mark.parametrize("shape", [(6, 8, 2, 5, 32), (16, 32, 8, 128, 128)], ids=["tiny", "27b-drafter"])

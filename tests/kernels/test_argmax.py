@@ -9,6 +9,7 @@ import zlib
 
 import pytest
 import torch
+from _devices import DEVICES
 
 from edgespec.kernels.argmax import greedy_verdict, greedy_verdict_ref
 
@@ -239,8 +240,7 @@ def test_cuda_graph_replay(R: int) -> None:
         assert out[0].item() == agree
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA")])])
+@pytest.mark.parametrize("device", DEVICES)
 def test_row_argmax_equals_torch(device):
     """row_argmax (the DFlash draft graph's argmax) = torch.argmax, ties included, on a drafter-sized head output."""
     from edgespec.kernels.argmax import row_argmax

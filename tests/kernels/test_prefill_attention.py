@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _devices import DEVICES
 
 from edgespec.kernels.attention import attention_ref, cached_attention, prefill_attention
-
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA device")])]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _devices import CUDA
 
 from edgespec.drafters.window import FeatureWindow
 from edgespec.kernels.window_write import window_write, window_write_ref
 
-_CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                        reason="needs CUDA")])
 # (capacity, scratch rows, feature dim, layers, KV heads, head dim, rows, start): one row deep in the ring, a full
 # wrap-around append, the 27B drafter's widths.
 CASES = [(8, 4, 64, 3, 2, 16, 8, 13), (128, 16, 640, 5, 4, 32, 1, 300), (128, 16, 5120, 5, 4, 256, 16, 250)]
@@ -35,7 +34,7 @@ def test_reference_is_the_window_write(case):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("device", [_CUDA])
+@pytest.mark.parametrize("device", [CUDA])
 @pytest.mark.parametrize("case", CASES)
 def test_triton_equals_reference(device, case):
     """The one-launch Triton store = the reference, bit for bit, also replayed from a CUDA graph at a new start."""
