@@ -156,18 +156,10 @@ def profile_drafter(shape: str, bw: float, sequence: int) -> dict:
 def profile_prefill(shape: str, fmt: str, tokens: int, sequence: int, host: bool = False) -> dict:
     """One whole-model prefill of ``tokens`` tokens as ``edgespec bench --formats`` times it (the arch's prefill
     chunk, a fresh cache each time), its kernels grouped."""
-    from edgespec.bench.formats import format_model, shape_config
+    from edgespec.bench.formats import prefill_step, served_model, shape_config
     device = torch.device("cuda")
-    model = format_model(shape_config(shape), fmt, device, torch.bfloat16, tokens + 8)
-    cache = model.new_cache(tokens + 8)
-    hooks = select_hooks("auto", device)
-    hooks.prepare(model, cache, 1, (), hooks.defaults.rollback, graphs=True)
-    prompt = torch.randint(0, model.config.vocab_size, (tokens,), device=device)
-
-    def step() -> None:
-        cache.reset()
-        hooks.prefill(model, cache, prompt, hooks.defaults.prefill_chunk, ())
-
+    model, cache, hooks = served_model(shape_config(shape), fmt, device, torch.bfloat16, tokens + 8)
+    step = prefill_step(model, cache, hooks, torch.randint(0, model.config.vocab_size, (tokens,), device=device))
     res = profile_step(step, steps=3)
     res.update(shape=f"{shape} {fmt} prefill {tokens}")
     if host:
@@ -175,7 +167,11 @@ def profile_prefill(shape: str, fmt: str, tokens: int, sequence: int, host: bool
         import cProfile
         import pstats
         prof = cProfile.Profile()
-        prof.runcall(lambda: [step() for _ in range(3)] and torch.cuda.synchronize())
+        prof.enable()
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     print(f"\n{shape} {fmt} prefill of {tokens} tokens: {res['step_us'] / 1e3:.2f} ms "
           f"({tokens / res['step_us'] * 1e6:.0f} tok/s), {res['gpu_us'] / 1e3:.2f} ms in kernels")

@@ -16,14 +16,16 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from edgespec.arch.base import ArchHooks
 from edgespec.arch.detect import select_hooks
 from edgespec.bench.gpu import THOR_BW, fill_random_, time_cuda, weight_bytes_per_token
+from edgespec.cache.model_cache import ModelCache
 from edgespec.errors import ConfigError
 from edgespec.loading.hf_config import parse_config
 from edgespec.loading.synthetic import SHAPES, TINY_SHAPES, config_dict, tiny_config
@@ -124,6 +126,27 @@ def format_model(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype
     return model.eval()
 
 
+def served_model(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype: torch.dtype, max_len: int,
+                 group: int = 128) -> tuple[TargetModel, ModelCache, ArchHooks]:
+    """:func:`format_model` with its cache and the arch hooks prepared as a session serves it: each packed weight
+    on the product the hooks pick (Triton on CUDA) and, on CUDA, the decode step captured as a graph."""
+    model = format_model(cfg_dict, fmt, device, dtype, max_len, group)
+    cache = model.new_cache(max_len)
+    hooks = select_hooks("auto", device)
+    hooks.prepare(model, cache, 1, (), hooks.defaults.rollback, graphs=device.type == "cuda")
+    return model, cache, hooks
+
+
+def prefill_step(model: TargetModel, cache: ModelCache, hooks: ArchHooks, tokens: torch.Tensor
+                 ) -> Callable[[], None]:
+    """One whole-model prefill of ``tokens`` into a fresh cache with the arch's prefill chunk (what ``--format-prefill``
+    times and ``tools/step_profile.py --prefill`` profiles)."""
+    def run() -> None:
+        cache.reset()
+        hooks.prefill(model, cache, tokens, hooks.defaults.prefill_chunk, ())
+    return run
+
+
 def _quantize(like: PackedWeight, dense: torch.Tensor, group: int) -> PackedWeight:
     if isinstance(like, FP8BlockWeight):
         return FP8BlockWeight.quantize(dense)
@@ -142,12 +165,7 @@ def bench_format(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype
     reset_peak(device)
     base = 0 if device.type == "cuda" else current_rss()
     max_len = max([context, *prefill]) + 8
-    model = format_model(cfg_dict, fmt, device, dtype, max_len, group)
-    cache = model.new_cache(max_len)
-    # The served decode step: the arch hooks pick each packed weight's product (Triton on CUDA) and, on CUDA,
-    # capture the step as a graph, exactly as a session does.
-    hooks = select_hooks("auto", device)
-    hooks.prepare(model, cache, 1, (), hooks.defaults.rollback, graphs=device.type == "cuda")
+    model, cache, hooks = served_model(cfg_dict, fmt, device, dtype, max_len, group)
     kernels = sum(1 for m in model.modules() if isinstance(m, PackedWeight) and m.kernel is not None)
     prompt = torch.randint(0, model.config.vocab_size, (context,), device=device)
     model.prefill(prompt, cache, chunk=min(context, 256))
@@ -160,12 +178,7 @@ def bench_format(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype
     ms = time_cuda(step, iters=iters, warmup=2, repeats=3)
     prefill_tok_s = {}
     for n in prefill:
-        tokens = torch.randint(0, model.config.vocab_size, (n,), device=device)
-
-        def run_prefill(tokens: torch.Tensor = tokens) -> None:
-            cache.reset()
-            hooks.prefill(model, cache, tokens, hooks.defaults.prefill_chunk, ())
-
+        run_prefill = prefill_step(model, cache, hooks, torch.randint(0, model.config.vocab_size, (n,), device=device))
         prefill_tok_s[n] = n * 1e3 / time_cuda(run_prefill, iters=3, warmup=2, repeats=5)
     wbytes = weight_bytes_per_token(model)
     packed = sum(1 for m in model.modules() if isinstance(m, PackedLinear))
