@@ -308,36 +308,37 @@ def print_entry(fmt: str, entry: dict) -> None:
 def bench_prefill(shape: str, formats: list[str], rows_list: list[int], report: dict) -> None:
     """Tokens/s of the linear stack at prefill row counts: one copy per distinct matrix, times its uses. Each
     quantized format runs both many-row paths (``fused``: the decode kernels' tensor-core tile; ``dequant``: a
-    band dequantized then multiplied by cuBLAS), next to bf16 cuBLAS on dense weights."""
+    band dequantized then multiplied by cuBLAS), next to bf16 cuBLAS on dense weights. Each matrix is made once
+    per format and timed at every row count through every path before the next one is made."""
     counts = matrix_counts(shape)
     out = {}
-    variants = [(f, p) for f in formats for p in ("fused", "dequant")] + [("cublas", "")]
-    for fmt, path in variants:
+    for fmt in formats + ["cublas"]:
         torch.cuda.empty_cache()
-        cfg = {"DEQUANT": int(path == "dequant")}
-        res = {}
-        for rows in rows_list:
-            total = 0.0
-            for (n, k), uses in counts.items():
-                w = make_weight(fmt, n, k)
+        paths = ("fused", "dequant") if fmt != "cublas" else ("",)
+        totals = {(path, rows): 0.0 for path in paths for rows in rows_list}
+        for (n, k), uses in counts.items():
+            w = make_weight(fmt, n, k)
+            for rows in rows_list:
                 x = torch.randn(rows, k, device=DEV, dtype=torch.bfloat16)
-                if fmt == "cublas":
-                    def call(w=w, x=x):
-                        return F.linear(x, w)
-                else:
-                    def call(w=w, x=x, cfg=cfg):
-                        return quant_matmul(w, x, config=cfg)
-                if fmt != "cublas" and rows == rows_list[0]:
-                    e = rel_err(call(), matmul_ref(w, x))
-                    if e > 2e-2:
-                        print(f"  prefill {fmt} {path} {n}x{k}: rel err {e:.1e} vs reference", flush=True)
-                total += uses * time_us(call, reps=3)
-                del w
-            res[rows] = {"us": total, "tok_s": rows / total * 1e6}
-        name = f"{fmt} {path}".strip()
-        out[name] = res
-        print(f"  prefill {shape} {name:>17}: " + "  ".join(f"{r} rows {v['us'] / 1e3:.2f} ms ({v['tok_s']:.0f} tok/s)"
-                                                             for r, v in res.items()), flush=True)
+                for path in paths:
+                    if fmt == "cublas":
+                        def call(w=w, x=x):
+                            return F.linear(x, w)
+                    else:
+                        def call(w=w, x=x, dequant=int(path == "dequant")):
+                            return quant_matmul(w, x, config={"DEQUANT": dequant})
+                        if rows == rows_list[0]:
+                            e = rel_err(call(), matmul_ref(w, x))
+                            if e > 2e-2:
+                                print(f"  prefill {fmt} {path} {n}x{k}: rel err {e:.1e} vs reference", flush=True)
+                    totals[path, rows] += uses * time_us(call, reps=3)
+            del w
+        for path in paths:
+            res = {rows: {"us": totals[path, rows], "tok_s": rows / totals[path, rows] * 1e6} for rows in rows_list}
+            name = f"{fmt} {path}".strip()
+            out[name] = res
+            print(f"  prefill {shape} {name:>17}: " + "  ".join(
+                f"{r} rows {v['us'] / 1e3:.2f} ms ({v['tok_s']:.0f} tok/s)" for r, v in res.items()), flush=True)
     report.setdefault("prefill", {})[shape] = out
 
 
