@@ -33,6 +33,7 @@ import triton.language as tl
 
 from edgespec.kernels import sm_count
 from edgespec.kernels.triton_gemv import _split_sum_kernel
+from edgespec.kernels.triton_pdl import pdl_launch, pdl_release, pdl_wait
 from edgespec.kernels.triton_quant_prefill import DEQUANT_GEMM_MIN_ROWS, dequant_gemm
 
 MAX_ROWS = 16
@@ -84,7 +85,8 @@ def _finish(acc, part_ptr, b_ptr, y_ptr, m, n, M, N, pid_k, stride_ps, stride_pm
 def _int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, part_ptr, b_ptr, y_ptr, M, N, n_tiles, tiles_per_split,
                  stride_xm, stride_qn, stride_sn, stride_zn, stride_ps, stride_pm, stride_ym,
                  GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr,
-                 DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, M_FAST: tl.constexpr):
+                 DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, M_FAST: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     HALF: tl.constexpr = GROUP // 2
     pid_m, pid_n = _program_mn(M, BLOCK_M, M_FAST)
     pid_k = tl.program_id(1)
@@ -118,6 +120,7 @@ def _int4_kernel(x_ptr, q_ptr, s_ptr, z_ptr, part_ptr, b_ptr, y_ptr, M, N, n_til
             acc2 += (lo * xe[None, :] + hi * xo[None, :]) * s[:, None]
     if not DOT:
         acc = tl.sum(acc2, axis=1)
+    pdl_release(PDL)
     _finish(acc, part_ptr, b_ptr, y_ptr, m, n, M, N, pid_k, stride_ps, stride_pm, stride_ym, DOT, DIRECT, HAS_BIAS)
 
 
@@ -167,9 +170,11 @@ def _int4_word_values(words, zpair):
 @triton.jit
 def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, part_ptr, b_ptr, y_ptr, M, N, n_tiles, tiles_per_split,
                       stride_qn, stride_sn, stride_zn, stride_ps,
-                      GROUP: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr):
+                      GROUP: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      PDL: tl.constexpr):
     """One row: the weights as int32 words (8 codes each), unpacked with fp16 pair arithmetic (see
     ``_INT4_WORD_ASM``), multiplied in fp32 and scaled once per word."""
+    pdl_wait(PDL)
     WORDS: tl.constexpr = GROUP // 8
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -204,6 +209,7 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, part_ptr, b_ptr, y_ptr, M, N, 
         acc2 += part * s[:, None]
     acc = tl.sum(acc2, axis=1)
     m = tl.arange(0, 1)
+    pdl_release(PDL)
     _finish(acc, part_ptr, b_ptr, y_ptr, m, n, M, N, pid_k, stride_ps, 0, 0, False, DIRECT, HAS_BIAS)
 
 
@@ -245,8 +251,10 @@ X_SHIFT = 4
 @triton.jit
 def _int4_gemv_h2_kernel(x_ptr, q_ptr, s_ptr, z_ptr, part_ptr, b_ptr, y_ptr, M, N, n_tiles, tiles_per_split,
                          stride_qn, stride_sn, stride_zn, stride_ps,
-                         GROUP: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr):
+                         GROUP: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      PDL: tl.constexpr):
     """One row, products in fp16 pairs per word (``_INT4_WORD_DOT_ASM``), accumulated in fp32 across words."""
+    pdl_wait(PDL)
     WORDS: tl.constexpr = GROUP // 8
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -281,14 +289,127 @@ def _int4_gemv_h2_kernel(x_ptr, q_ptr, s_ptr, z_ptr, part_ptr, b_ptr, y_ptr, M, 
         acc2 += part * s[:, None]
     acc = tl.sum(acc2, axis=1)
     m = tl.arange(0, 1)
+    pdl_release(PDL)
     _finish(acc, part_ptr, b_ptr, y_ptr, m, n, M, N, pid_k, stride_ps, 0, 0, False, DIRECT, HAS_BIAS)
+
+
+# int4 for 1..16 rows on the tensor cores. A word of eight codes becomes four registers, each a pair of 16-bit values
+# (q[p] - z, q[p + 4] - z), p = 0..3, already in the activation's type: the codes OR-ed into the mantissa of 128
+# (bf16, 0x4300) or 1024 (fp16, 0x6400) in one LOP3, then one fused pair operation takes (that + z) away, exactly
+# (|q - z| <= 15 is an integer of either type). The pairs are laid side by side as the product's K axis, column
+# 8w + 2p + h holding input 8w + p + 4h, and the activation tile is permuted to the same order in registers, so the
+# compiler feeds the pairs to the mma as they are: ~2.5-2.8 instructions per weight (sm_90 SASS, lab/quant_sass.py)
+# against ~6.8 for the byte tile of ``_int4_kernel``, and below the one-row word kernel's ~3.5.
+_INT4_PAIRS_BF16_ASM = tl.constexpr("""
+{
+.reg .b32 t1, t2, t3, one;
+mov.b32 one, 0x3F803F80;
+lop3.b32 $0, $4, 0x000F000F, 0x43004300, 0xea;
+shr.b32 t1, $4, 4;
+lop3.b32 $1, t1, 0x000F000F, 0x43004300, 0xea;
+shr.b32 t2, $4, 8;
+lop3.b32 $2, t2, 0x000F000F, 0x43004300, 0xea;
+shr.b32 t3, $4, 12;
+lop3.b32 $3, t3, 0x000F000F, 0x43004300, 0xea;
+fma.rn.bf16x2 $0, $0, one, $5;
+fma.rn.bf16x2 $1, $1, one, $5;
+fma.rn.bf16x2 $2, $2, one, $5;
+fma.rn.bf16x2 $3, $3, one, $5;
+}
+""")
+_INT4_PAIRS_FP16_ASM = tl.constexpr("""
+{
+.reg .b32 t1, t2, t3;
+lop3.b32 $0, $4, 0x000F000F, 0x64006400, 0xea;
+shr.b32 t1, $4, 4;
+lop3.b32 $1, t1, 0x000F000F, 0x64006400, 0xea;
+shr.b32 t2, $4, 8;
+lop3.b32 $2, t2, 0x000F000F, 0x64006400, 0xea;
+shr.b32 t3, $4, 12;
+lop3.b32 $3, t3, 0x000F000F, 0x64006400, 0xea;
+sub.f16x2 $0, $0, $5;
+sub.f16x2 $1, $1, $5;
+sub.f16x2 $2, $2, $5;
+sub.f16x2 $3, $3, $5;
+}
+""")
+
+
+@triton.jit
+def _int4_pair_tile(words, z, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, IS_BF16: tl.constexpr):
+    """The ``[BLOCK_N, GROUP]`` tile of ``q - z`` (activation type) from ``[BLOCK_N, GROUP / 8]`` int32 words and
+    the rows' zero points, its columns in the pair order (column 8w + 2p + h = input 8w + p + 4h)."""
+    WORDS: tl.constexpr = GROUP // 8
+    if IS_BF16:
+        zh = z | 0xC300                                    # bf16 bits of -(128 + z): the fma adds it
+        zpair = zh | (zh << 16)
+        t0, t1, t2, t3 = tl.inline_asm_elementwise(_INT4_PAIRS_BF16_ASM, "=r,=r,=r,=r,r,r",
+                                                   [words, zpair[:, None] + tl.zeros_like(words)],
+                                                   dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+    else:
+        zh = z | 0x6400
+        zpair = zh | (zh << 16)
+        t0, t1, t2, t3 = tl.inline_asm_elementwise(_INT4_PAIRS_FP16_ASM, "=r,=r,=r,=r,r,r",
+                                                   [words, zpair[:, None] + tl.zeros_like(words)],
+                                                   dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+    pairs = tl.reshape(tl.join(tl.join(t0, t2), tl.join(t1, t3)), [BLOCK_N, 4 * WORDS])     # column 4w + p
+    halves = tl.join(pairs.to(tl.int16), (pairs >> 16).to(tl.int16))                         # h = 0: low half
+    dt: tl.constexpr = tl.bfloat16 if IS_BF16 else tl.float16
+    return tl.reshape(halves, [BLOCK_N, GROUP]).to(dt, bitcast=True)
+
+
+@triton.jit
+def _prefetch_l2(ptrs):
+    """Ask L2 for the 128-byte lines at ``ptrs`` (no registers written, nothing waited for)."""
+    tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\nmov.u32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _int4_pair_dot_kernel(x_ptr, q_ptr, s_ptr, z_ptr, part_ptr, b_ptr, y_ptr, M, N, n_tiles, tiles_per_split,
+                          stride_xm, stride_qn, stride_sn, stride_zn, stride_ps, stride_pm, stride_ym,
+                          GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_BF16: tl.constexpr,
+                          DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
+    """1..16 rows: one 16-row tensor-core tile per quantization group over the pair-ordered ``q - z`` tile
+    (``_int4_pair_tile``), the group's scale applied to the tile's fp32 product. ``PREFETCH`` > 0: before waiting
+    for the previous kernel (PDL), ask L2 for the first ``PREFETCH`` 128-byte lines of each of the program's rows:
+    weights are never written during a step, so they may be read early, and the first tiles then come from L2."""
+    WORDS: tl.constexpr = GROUP // 8
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    m = tl.arange(0, BLOCK_M)
+    lo_t = pid_k * tiles_per_split          # the host makes the splits divide the tiles evenly
+    if PREFETCH > 0:
+        line = tl.minimum(tl.arange(0, PREFETCH) * 32, tiles_per_split * WORDS - 1)     # 32 words = 128 bytes
+        _prefetch_l2(q_ptr + tl.minimum(n, N - 1)[:, None] * stride_qn + lo_t * WORDS + line[None, :])
+    pdl_wait(PDL)
+    w_ptrs = q_ptr + n[:, None] * stride_qn + (lo_t * WORDS + tl.arange(0, WORDS))[None, :]
+    x_ptrs = x_ptr + m[:, None] * stride_xm + (lo_t * GROUP + tl.arange(0, GROUP))[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for i in range(0, tiles_per_split):
+        t = lo_t + i
+        words = tl.load(w_ptrs, mask=n_ok[:, None], other=0)
+        z = tl.load(z_ptr + n * stride_zn + t, mask=n_ok, other=0).to(tl.int32)
+        s = tl.load(s_ptr + n * stride_sn + t, mask=n_ok, other=0.0).to(tl.float32)
+        w = _int4_pair_tile(words, z, BLOCK_N, GROUP, IS_BF16)
+        xc = tl.load(x_ptrs, mask=m[:, None] < M, other=0.0)
+        # inputs 8w + 4h + p -> column 8w + 2p + h, the weight tile's order
+        x = tl.reshape(tl.permute(tl.reshape(xc, [BLOCK_M, WORDS, 2, 4]), (0, 1, 3, 2)), [BLOCK_M, GROUP])
+        acc += tl.dot(x, tl.trans(w)) * s[None, :]
+        w_ptrs += WORDS
+        x_ptrs += GROUP
+    pdl_release(PDL)
+    _finish(acc, part_ptr, b_ptr, y_ptr, m, n, M, N, pid_k, stride_ps, stride_pm, stride_ym, True, DIRECT, HAS_BIAS)
 
 
 @triton.jit
 def _nvfp4_kernel(x_ptr, q_ptr, s_ptr, scale2_ptr, part_ptr, b_ptr, y_ptr, M, N, n_tiles, tiles_per_split,
                   stride_xm, stride_qn, stride_sn, stride_ps, stride_pm, stride_ym,
                   TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr,
-                  DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, M_FAST: tl.constexpr):
+                  DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, M_FAST: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     HALF: tl.constexpr = TILE // 2
     NB: tl.constexpr = TILE // 16
     pid_m, pid_n = _program_mn(M, BLOCK_M, M_FAST)
@@ -329,6 +450,7 @@ def _nvfp4_kernel(x_ptr, q_ptr, s_ptr, scale2_ptr, part_ptr, b_ptr, y_ptr, M, N,
             acc2 += tl.sum(tl.reshape(prod, [BLOCK_N, NB, 8]), axis=2) * sc
     if not DOT:
         acc = tl.sum(acc2, axis=1)
+    pdl_release(PDL)
     _finish(acc, part_ptr, b_ptr, y_ptr, m, n, M, N, pid_k, stride_ps, stride_pm, stride_ym, DOT, DIRECT, HAS_BIAS)
 
 
@@ -336,7 +458,8 @@ def _nvfp4_kernel(x_ptr, q_ptr, s_ptr, scale2_ptr, part_ptr, b_ptr, y_ptr, M, N,
 def _fp8_block_kernel(x_ptr, w_ptr, s_ptr, part_ptr, b_ptr, y_ptr, M, N, K, n_tiles, tiles_per_split,
                       stride_xm, stride_wn, stride_sn, stride_ps, stride_pm, stride_ym,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr, EVEN_K: tl.constexpr,
-                      DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, M_FAST: tl.constexpr):
+                      DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, M_FAST: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     # BLOCK_N divides 128, so a program's rows share one row of the scale grid; a K tile is one 128-wide block.
     pid_m, pid_n = _program_mn(M, BLOCK_M, M_FAST)
     pid_k = tl.program_id(1)
@@ -368,20 +491,28 @@ def _fp8_block_kernel(x_ptr, w_ptr, s_ptr, part_ptr, b_ptr, y_ptr, M, N, K, n_ti
             acc2 += w.to(tl.float32) * (x * s)[None, :]
     if not DOT:
         acc = tl.sum(acc2, axis=1)
+    pdl_release(PDL)
     _finish(acc, part_ptr, b_ptr, y_ptr, m, n, M, N, pid_k, stride_ps, stride_pm, stride_ym, DOT, DIRECT, HAS_BIAS)
 
 
 # ---- launch ---------------------------------------------------------------------------------------------------
 
 def quant_config(fmt: str, N: int, K: int, M: int, sms: int) -> dict[str, int]:
-    """Launch of one product: the per-matrix winners of ``tools/quant_bench.py --sweep`` on an H100 (2026-11-25,
-    docs/quant_kernels.md). 1..16 rows: ``BLOCK_N`` weight rows per program, ``SPLIT_K`` K ranges when there are
-    too few row blocks to fill the chip (about ``waves`` programs per SM); one int4/nvfp4 row takes the CUDA-core
-    path (int4: the word kernel with fp16-pair products, ``H2``), fp8 rows and 2+ rows the tensor-core
-    tile. More rows (prefill): 64x128 output tiles, the row blocks of a weight tile side by side."""
+    """Launch of one product: the per-matrix winners of ``tools/quant_bench.py --sweep`` (H100 2026-11-25; int4
+    H200 2026-11-26, docs/quant_kernels.md). 1..16 rows: ``BLOCK_N`` weight rows per program, ``SPLIT_K`` K
+    ranges when there are too few row blocks to fill the chip (about ``waves`` programs per SM). One int4/nvfp4
+    row takes the CUDA-core path (int4: the word kernel with fp16-pair products, ``H2``; a vocabulary-wide int4
+    matrix the pair tile), fp8 rows and 2+ rows the tensor-core tile (int4: the pair tile). More rows (prefill):
+    64x128 output tiles, the row blocks of a weight tile side by side."""
     if M > MAX_ROWS:
         return {"BLOCK_M": 64, "BLOCK_N": 128, "SPLIT_K": 1, "DOT": 1, "num_warps": 8, "num_stages": 3}
-    if M == 1 and fmt != "fp8_block":
+    if fmt == "int4" and (M > 1 or N >= 65536):
+        # 2..16 rows, and one row of a vocabulary-wide matrix: the pair-ordered tensor-core tile
+        # (``_int4_pair_dot_kernel``); the lm_head asks L2 for its first lines before the PDL wait
+        block_n, warps, stages, waves = (64 if N <= 8192 else 128), 4, 3, 4
+        cfg = {"BLOCK_M": 16, "DOT": 1, "PAIRS": 1, "PREFETCH": 4 if N >= 65536 else 0, "num_warps": warps,
+               "num_stages": stages}
+    elif M == 1 and fmt != "fp8_block":
         block_n, warps, stages, waves = {"int4": (64, 4, 3, 4), "nvfp4": (32, 4, 4, 4)}[fmt]
         cfg = {"BLOCK_M": 16, "DOT": 0, "num_warps": warps, "num_stages": stages, "H2": int(fmt == "int4")}
     else:
@@ -393,7 +524,9 @@ def quant_config(fmt: str, N: int, K: int, M: int, sms: int) -> dict[str, int]:
     n_tiles = triton.cdiv(K, 128)
     want = waves * sms
     splits = 1 if n_blocks >= want // 2 else max(1, min(triton.cdiv(want, n_blocks), n_tiles // 4))
-    return {**cfg, "BLOCK_N": block_n, "SPLIT_K": splits}
+    # PDL (where the device has it) measured on the H200 stacks: int4 2-8% faster at 1 and 16 rows; block-FP8's
+    # 16-row tile 16% slower on the 27B stack, so the other formats launch without it
+    return {**cfg, "BLOCK_N": block_n, "SPLIT_K": splits, "PDL": int(fmt == "int4")}
 
 
 def _check(packed, x: torch.Tensor) -> None:
@@ -444,16 +577,27 @@ def quant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
     part = y if direct else torch.empty((splits, M, N), dtype=torch.float32, device=x.device)
     b = bias if bias is not None else y
     grid = (triton.cdiv(N, block_n) * (triton.cdiv(M, block_m) if many else 1), splits)
+    # PDL (SM90+): the next launch is scheduled while this one drains; every kernel waits for its predecessor first
+    pdl = pdl_launch(x.device) if cfg.get("PDL", 0) else {}
+    launch = dict(PDL=bool(pdl), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl)
     common = dict(BLOCK_M=block_m, BLOCK_N=block_n, DOT=bool(cfg["DOT"]), DIRECT=direct, HAS_BIAS=bias is not None,
-                  M_FAST=many, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                  M_FAST=many, **launch)
     ps, pm = (part.stride(0), part.stride(1)) if not direct else (0, 0)
-    if fmt == "int4" and M == 1 and not cfg["DOT"] and cfg.get("WORDS", 1):
+    if fmt == "int4" and cfg["DOT"] and cfg.get("PAIRS", 0) and not many:
+        q, s, z = packed.qweight, packed.scales, packed.zeros
+        qw = q.view(torch.int32)                 # 8 codes per word: rows of in/2 bytes are whole words
+        _int4_pair_dot_kernel[grid](x2, qw, s, z, part, b, y, M, N, n_tiles, per_split, x2.stride(0), qw.stride(0),
+                                    s.stride(0), z.stride(0), ps, pm, y.stride(0), GROUP=tile, BLOCK_M=16,
+                                    BLOCK_N=block_n, IS_BF16=x2.dtype == torch.bfloat16, DIRECT=direct,
+                                    HAS_BIAS=bias is not None, PREFETCH=cfg.get("PREFETCH", 0) if pdl else 0,
+                                    **launch)
+    elif fmt == "int4" and M == 1 and not cfg["DOT"] and cfg.get("WORDS", 1):
         q, s, z = packed.qweight, packed.scales, packed.zeros
         qw = q.view(torch.int32)                 # 8 codes per word: rows of in/2 bytes are whole words
         kern = _int4_gemv_h2_kernel if cfg.get("H2", 0) else _int4_gemv_kernel
         kern[grid](x2, qw, s, z, part, b, y, M, N, n_tiles, per_split, qw.stride(0), s.stride(0),
                                 z.stride(0), ps, GROUP=tile, BLOCK_N=block_n, DIRECT=direct,
-                                HAS_BIAS=bias is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                                HAS_BIAS=bias is not None, **launch)
     elif fmt == "int4":
         q, s, z = packed.qweight, packed.scales, packed.zeros
         _int4_kernel[grid](x2, q, s, z, part, b, y, M, N, n_tiles, per_split, x2.stride(0), q.stride(0),
@@ -472,7 +616,7 @@ def quant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
         _split_sum_kernel[(M, triton.cdiv(N, 1024))](
             part, bias if bias is not None else part, y, M, N, splits, part.stride(0), part.stride(1), y.stride(0),
             HAS_BIAS=bias is not None, SPLITS_P2=max(2, triton.next_power_of_2(splits)), BLOCK=1024, num_warps=4,
-            PDL=False)
+            PDL=bool(pdl), **pdl)
     return y.reshape(*lead, N)
 
 

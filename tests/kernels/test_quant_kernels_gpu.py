@@ -22,6 +22,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _READY, reason="needs a CU
 DEV = "cuda"
 TOL = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
 FORMATS = ("int4", "nvfp4", "fp8_block")
+# int4 only: the previous byte tile for 2..16 rows, and a wide pair tile
+INT4_LAUNCHES = ({"SPLIT_K": 2, "DOT": 1, "PAIRS": 0}, {"SPLIT_K": 1, "DOT": 1, "PAIRS": 1, "BLOCK_N": 256})
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -64,7 +66,8 @@ def test_bias_split_and_launches(fmt: str, dtype: torch.dtype) -> None:
         ref = p.matmul_ref(x, bias)
         for cfg in ({"SPLIT_K": 1, "DOT": 0}, {"SPLIT_K": 1, "DOT": 1}, {"SPLIT_K": 4, "DOT": 1},
                     {"SPLIT_K": 8, "DOT": 0, "BLOCK_N": 32}, {"SPLIT_K": 2, "DOT": 0, "WORDS": 0},
-                    {"SPLIT_K": 1, "DOT": 0, "H2": 0}, {"SPLIT_K": 3, "DOT": 0, "H2": 1, "BLOCK_N": 64}):
+                    {"SPLIT_K": 1, "DOT": 0, "H2": 0}, {"SPLIT_K": 3, "DOT": 0, "H2": 1, "BLOCK_N": 64},
+                    {"SPLIT_K": 2, "DOT": 1, "PDL": 0}, *INT4_LAUNCHES * (fmt == "int4")):
             poison()
             assert rel_err(quant_matmul(p, x, bias, config=cfg), ref) < TOL[dtype], (fmt, rows, cfg)
 
@@ -137,13 +140,36 @@ def test_dequant_gemm_bands_and_bias(fmt: str, monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_row_result_independent_of_batch_within_verify() -> None:
-    """Within the 2..16-row launch a row's result does not depend on how many rows ride along."""
+    """Within the 2..16-row launch a row's result does not depend on how many rows ride along; one int4 row sent
+    through the pair tile (the default for vocabulary-wide matrices) equals the same row of the 16-row verify."""
     from edgespec.kernels.triton_quant_gemv import quant_matmul
-    p = pack("int4", torch.randn(512, 1024, device=DEV) * 0.05)
-    x = torch.randn(16, 1024, device=DEV, dtype=torch.bfloat16)
-    full = quant_matmul(p, x)
-    for rows in (2, 5, 9):
-        assert torch.equal(quant_matmul(p, x[:rows]), full[:rows])
+    for fmt in FORMATS:
+        p = pack(fmt, torch.randn(512, 1024, device=DEV) * 0.05)
+        x = torch.randn(16, 1024, device=DEV, dtype=torch.bfloat16)
+        full = quant_matmul(p, x)
+        for rows in (2, 5, 9):
+            assert torch.equal(quant_matmul(p, x[:rows]), full[:rows]), (fmt, rows)
+        if fmt == "int4":
+            assert torch.equal(quant_matmul(p, x[:1], config={"DOT": 1, "PAIRS": 1}), full[:1])
+
+
+@pytest.mark.parametrize("group", [32, 64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_int4_pair_tile_groups(group: int, dtype: torch.dtype) -> None:
+    """The pair-ordered int4 tile for every group size, both activation types, the extreme codes (q - z = +-15)
+    and a ragged last row block."""
+    from edgespec.kernels.triton_quant_gemv import quant_matmul
+    torch.manual_seed(group)
+    p = pack("int4", torch.randn(333, 1024, device=DEV) * 0.05, group_size=group)
+    p.qweight[:7] = 0xFF                       # q = 15 in every nibble of the first rows
+    p.zeros[:3] = 0                            # ... against z = 0: +15
+    p.qweight[7:9] = 0x00                      # q = 0 ...
+    p.zeros[7:9] = 15                          # ... against z = 15: -15
+    for rows in (1, 3, 16):
+        x = torch.randn(rows, 1024, device=DEV, dtype=dtype)
+        poison()
+        assert rel_err(quant_matmul(p, x, config={"PAIRS": 1, "DOT": 1}), p.matmul_ref(x)) < TOL[dtype], \
+            (group, rows)
 
 
 def test_choose_kernel_and_graph_capture() -> None:
