@@ -40,10 +40,14 @@ from edgespec.kernels.triton_quant_gemv import quant_config, quant_matmul  # noq
 
 DEV = "cuda"
 
+# int4: the pair-ordered tensor-core tile (PAIRS=1) for 1 and 16 rows, against the previous one-row word kernel
+# (DOT=0, H2=1) and the previous byte tile (PAIRS=0)
+INT4_PAIRS = [dict(DOT=1, PAIRS=1, BLOCK_N=bn, num_warps=w, num_stages=st, PREFETCH=pf) for bn, w, st, pf in
+              ((64, 4, 3, 0), (128, 4, 3, 0), (128, 4, 4, 0), (128, 2, 3, 0), (256, 4, 3, 0), (256, 8, 3, 0),
+               (128, 4, 3, 2), (128, 4, 3, 4), (64, 4, 3, 2))]
 DECODE_SWEEP = {
-    "int4": [dict(DOT=0, BLOCK_N=bn, num_warps=w, num_stages=st, H2=h) for bn, w, st, h in
-             ((64, 4, 3, 0), (128, 4, 1, 0), (64, 4, 3, 1), (128, 4, 3, 1), (128, 8, 3, 1), (128, 4, 1, 1),
-              (256, 8, 3, 1))],
+    "int4": INT4_PAIRS + [dict(DOT=0, BLOCK_N=bn, num_warps=w, num_stages=st, H2=1) for bn, w, st in
+                          ((64, 4, 3), (128, 4, 3))],
     "nvfp4": [dict(DOT=d, BLOCK_N=bn, num_warps=w, num_stages=st) for d, bn, w, st in
               ((0, 16, 4, 4), (0, 32, 4, 4), (0, 64, 4, 4), (0, 128, 8, 4), (1, 128, 4, 3))],
     "fp8_block": [dict(DOT=d, BLOCK_N=bn, num_warps=w, num_stages=st) for d, bn, w, st in
@@ -53,8 +57,13 @@ VERIFY_SWEEP = {
     fmt: [dict(DOT=1, BLOCK_N=bn, num_warps=w, num_stages=st) for bn, w, st in
           (((32, 4, 4), (64, 4, 4), (128, 4, 3), (128, 8, 4)) if fmt != "fp8_block" else
            ((32, 4, 4), (32, 4, 6), (64, 4, 4), (128, 8, 4)))]
-    for fmt in ("int4", "nvfp4", "fp8_block")
+    for fmt in ("nvfp4", "fp8_block")
 }
+VERIFY_SWEEP["int4"] = INT4_PAIRS + [dict(DOT=1, PAIRS=0, BLOCK_N=128, num_warps=4, num_stages=3)]
+# The int4 launches before the pair tile (one row: the word kernel; 2..16 rows: the byte tile; no PDL), timed in
+# the same run as "int4_prev" so the change is measured side by side.
+INT4_PREVIOUS = {1: dict(DOT=0, H2=1, BLOCK_N=64, num_warps=4, num_stages=3, PDL=0),
+                 16: dict(DOT=1, PAIRS=0, BLOCK_N=128, num_warps=4, num_stages=3, PDL=0)}
 
 
 # The peer shape (tools/peer_llamacpp.sh): set by --llama, named "llama" in --shapes / --prefill-shapes.
@@ -172,6 +181,8 @@ def sweep_matrix(fmt: str, n: int, k: int, bw: float) -> dict:
 
 def make_weight(fmt: str, n: int, k: int):
     """One random ``[n, k]`` weight in the layout ``fmt``'s product reads."""
+    if fmt == "int4_prev":
+        return random_packed("int4", n, k)
     if fmt in ("bf16", "cublas"):
         return torch.randn(n, k, device=DEV, dtype=torch.bfloat16) * 0.02
     if fmt == "tinygemm":
@@ -220,6 +231,8 @@ class Stack:
         if self.fmt == "scaled_mm":
             one = torch.ones((), device=DEV)
             return torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        if self.fmt == "int4_prev":
+            return quant_matmul(w, x, config=INT4_PREVIOUS[1 if x.shape[0] == 1 else 16])
         return quant_matmul(w, x, config=self.configs.get((n, k, min(x.shape[0], 16))))
 
     def time(self, rows: int) -> float:
@@ -238,8 +251,9 @@ def bench_shape(shape: str, formats: list[str], bw: float, sweep: bool, report: 
     counts = matrix_counts(shape)
     print(f"\n== {shape}: {sum(counts.values())} matrices per step, distinct {sorted(counts)}", flush=True)
     rows_out = {}
-    for fmt in formats + (["bf16", "tinygemm", "scaled_mm"] if baselines else []):
-        if fmt in ("tinygemm",) and "int4" not in formats or fmt == "scaled_mm" and "fp8_block" not in formats:
+    for fmt in formats + (["int4_prev", "bf16", "tinygemm", "scaled_mm"] if baselines else []):
+        needs = {"tinygemm": "int4", "int4_prev": "int4", "scaled_mm": "fp8_block"}.get(fmt)
+        if needs and needs not in formats:
             continue
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
