@@ -40,6 +40,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format-prefill", default="", help="with --formats: comma list of prompt lengths whose "
                    "whole-model prefill rate is also timed (e.g. 512,2048)")
     p.add_argument("--format-iters", type=int, default=10, help="with --formats: decode steps per timing")
+    p.add_argument("--format-verify-rows", type=int, default=16, help="with --formats: rows of the verify forward "
+                   "also timed (a speculative cycle's; 1: none)")
     p.add_argument("--prompts", help="prompt set YAML (default: the packaged bench set)")
     p.add_argument("--tokens", type=int, default=128, help="max new tokens per prompt")
     p.add_argument("--repeats", type=int, default=1, help="timed runs per prompt (median reported)")

@@ -127,13 +127,15 @@ def format_model(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype
 
 
 def served_model(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype: torch.dtype, max_len: int,
-                 group: int = 128) -> tuple[TargetModel, ModelCache, ArchHooks]:
+                 group: int = 128, verify_rows: int = 1) -> tuple[TargetModel, ModelCache, ArchHooks]:
     """:func:`format_model` with its cache and the arch hooks prepared as a session serves it: each packed weight
-    on the product the hooks pick (Triton on CUDA) and, on CUDA, the decode step captured as a graph."""
+    on the product the hooks pick (Triton on CUDA) and, on CUDA, the decode step (and a ``verify_rows``-row verify
+    forward with the arch's rollback strategy) captured as graphs."""
     model = format_model(cfg_dict, fmt, device, dtype, max_len, group)
-    cache = model.new_cache(max_len)
     hooks = select_hooks("auto", device)
-    hooks.prepare(model, cache, 1, (), hooks.defaults.rollback, graphs=device.type == "cuda")
+    rollback = hooks.defaults.rollback
+    cache = hooks.new_cache(model, max_len, kv_fp8=False, rollback=rollback, max_rows=verify_rows)
+    hooks.prepare(model, cache, verify_rows, (), rollback, graphs=device.type == "cuda")
     return model, cache, hooks
 
 
@@ -156,16 +158,18 @@ def _quantize(like: PackedWeight, dense: torch.Tensor, group: int) -> PackedWeig
 
 
 def bench_format(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype: torch.dtype, context: int,
-                 group: int, iters: int, prefill: Sequence[int] = ()) -> dict[str, Any]:
-    """Bytes per token, peak memory and decode time of one format (one decode step at ``context``), and the
-    whole-model prefill rate of each length in ``prefill`` (a fresh cache each time, the arch's prefill chunk)."""
+                 group: int, iters: int, prefill: Sequence[int] = (), verify_rows: int = 16) -> dict[str, Any]:
+    """Bytes per token, peak memory, decode time (one step at ``context``) and verify time (one forward of
+    ``verify_rows`` rows, as a speculative cycle runs it, with the rollback of all but one row) of one format, and
+    the whole-model prefill rate of each length in ``prefill`` (a fresh cache each time, the arch's prefill
+    chunk)."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     reset_peak(device)
     base = 0 if device.type == "cuda" else current_rss()
-    max_len = max([context, *prefill]) + 8
-    model, cache, hooks = served_model(cfg_dict, fmt, device, dtype, max_len, group)
+    max_len = max([context + verify_rows, *prefill]) + 8
+    model, cache, hooks = served_model(cfg_dict, fmt, device, dtype, max_len, group, verify_rows)
     kernels = sum(1 for m in model.modules() if isinstance(m, PackedWeight) and m.kernel is not None)
     prompt = torch.randint(0, model.config.vocab_size, (context,), device=device)
     model.prefill(prompt, cache, chunk=min(context, 256))
@@ -176,6 +180,15 @@ def bench_format(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype
         cache.length -= 1
 
     ms = time_cuda(step, iters=iters, warmup=2, repeats=3)
+    rows = torch.randint(0, model.config.vocab_size, (verify_rows,), device=device)
+
+    def verify() -> None:
+        start = cache.length
+        hooks.verify(model, cache, rows, ())
+        hooks.rollback(model, cache, start, rows, 1, ())
+        cache.length = start
+
+    verify_ms = time_cuda(verify, iters=iters, warmup=2, repeats=3) if verify_rows > 1 else ms
     prefill_tok_s = {}
     for n in prefill:
         run_prefill = prefill_step(model, cache, hooks, torch.randint(0, model.config.vocab_size, (n,), device=device))
@@ -183,7 +196,7 @@ def bench_format(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype
     wbytes = weight_bytes_per_token(model)
     packed = sum(1 for m in model.modules() if isinstance(m, PackedLinear))
     out = {"format": fmt, "packed_layers": packed, "fast_kernels": kernels, "weight_bytes_per_token": wbytes,
-           "decode_ms": ms,
+           "decode_ms": ms, "verify_rows": verify_rows, "verify_ms": verify_ms,
            "decode_tok_s": 1e3 / ms, "prefill_tok_s": prefill_tok_s,
            "thor_limit_tok_s": THOR_BW / wbytes, "peak_bytes": peak_bytes(device) - base,
            "budget": model.memory_budget.to_dict()}
@@ -213,20 +226,25 @@ def run_format_bench(args: argparse.Namespace) -> int:
                           "e.g. 512,2048") from None
     if any(n < 1 for n in prefill):
         raise ConfigError(f"--format-prefill {args.format_prefill!r}: prompt lengths must be 1 or more")
+    verify_rows = getattr(args, "format_verify_rows", 16)
+    if not 1 <= verify_rows <= 64:
+        raise ConfigError(f"--format-verify-rows {verify_rows}: rows of one verify forward must be 1..64")
     rows = []
     for fmt in formats:
         r = bench_format(cfg_dict, fmt, device, dtype, args.context, args.group_size, args.format_iters,
-                         prefill)
+                         prefill, verify_rows)
         rows.append(r)
         print(json.dumps(r), flush=True)
     print()
     peak = "peak MB" if device.type == "cuda" else "RSS+ MB"     # CPU: peak resident growth during build + run
+    verify = f"verify{verify_rows} ms"
     print(f"{'format':<7} {'packed':>6} {'fast':>5} {'weights/token MB':>16} {peak:>9} {'decode ms':>9} {'tok/s':>8} "
-          f"{'Thor limit tok/s':>16}" + "".join(f" {f'pp{n} tok/s':>12}" for n in prefill))
+          f"{verify:>11} {'v/decode':>8} {'Thor limit tok/s':>16}" + "".join(f" {f'pp{n} tok/s':>12}" for n in prefill))
     for r in rows:
         print(f"{r['format']:<7} {r['packed_layers']:>6} {r['fast_kernels']:>5} "
               f"{r['weight_bytes_per_token'] / 1e6:>16.2f} "
               f"{r['peak_bytes'] / 1e6:>9.1f} {r['decode_ms']:>9.2f} {r['decode_tok_s']:>8.1f} "
+              f"{r['verify_ms']:>11.2f} {r['verify_ms'] / r['decode_ms']:>8.2f} "
               f"{r['thor_limit_tok_s']:>16.1f}" + "".join(f" {r['prefill_tok_s'][n]:>12.0f}" for n in prefill))
     if getattr(args, "out", None):
         Path(args.out).write_text(json.dumps({"shape": args.format_shape, "device": str(device),

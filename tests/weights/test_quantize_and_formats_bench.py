@@ -83,6 +83,7 @@ def test_format_bench_table(capsys):
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     by = {r["format"]: r for r in rows}
     assert all(set(r["prefill_tok_s"]) == {"8", "24"} and min(r["prefill_tok_s"].values()) > 0 for r in rows)
+    assert all(r["verify_rows"] == 16 and r["verify_ms"] > 0 for r in rows)
     assert set(by) == {"dense", "fp8", "nvfp4", "int4"}
     assert by["dense"]["packed_layers"] == 0 and all(by[f]["packed_layers"] > 0 for f in ("fp8", "nvfp4", "int4"))
     # fp32 dense vs 1 byte (fp8) and ~0.56 bytes (4-bit) per weight: bytes per token fall in that order.
@@ -91,6 +92,9 @@ def test_format_bench_table(capsys):
     with pytest.raises(ConfigError, match="unknown int2"):
         from edgespec.bench.formats import run_format_bench
         run_format_bench(type("A", (), {"formats": "int2", "format_shape": "tiny:llama"})())
+    with pytest.raises(ConfigError, match="--format-verify-rows 0: .*1..64"):
+        run_format_bench(type("A", (), {"formats": "dense", "format_shape": "tiny:llama", "context": 16,
+                                        "format_prefill": "", "format_verify_rows": 0})())
     for bad, why in (("512,big", "comma list of prompt lengths"), ("0", "must be 1 or more")):
         with pytest.raises(ConfigError, match=f"--format-prefill '{bad}': .*{why}"):
             run_format_bench(type("A", (), {"formats": "dense", "format_shape": "tiny:llama", "context": 16,
