@@ -7,7 +7,7 @@ weight cannot reach the limit at all. This prints, per kernel and launch, regist
 instruction count per warp and lane-instructions per weight (loop x 32 lanes x warps / weights of one tile), with
 its top opcodes. Needs only Triton (its bundled ptxas and cuobjdump):
 
-    python lab/quant_sass.py                      # int4: pair tile, byte tile, one-row word kernel
+    python lab/quant_sass.py                      # int4 and nvfp4: pair tiles, byte tiles, one-row word kernel
     python lab/quant_sass.py --block-n 256 --warps 8 --group 64
 """
 
@@ -41,6 +41,12 @@ def programs(args: argparse.Namespace) -> list[tuple[str, object, dict, dict, in
          dict(GROUP=g, BLOCK_M=16, BLOCK_N=bn, DOT=True, M_FAST=False, **common), {**TYPES, "q_ptr": "*u8"}, bn * g),
         ("int4 word kernel, fp16 pairs, 1 row", tq._int4_gemv_h2_kernel,
          dict(GROUP=g, BLOCK_N=64, **common), {**TYPES, "q_ptr": "*i32"}, 64 * g),
+        ("nvfp4 pair tile, 1..16 rows", tq._nvfp4_pair_dot_kernel,
+         dict(BLOCK_M=16, BLOCK_N=bn, IS_BF16=True, **common),
+         {**TYPES, "q_ptr": "*i32", "s_ptr": "*fp8e4nv", "scale2_ptr": "*fp32"}, bn * 128),
+        ("nvfp4 byte tile (old), 2..16 rows", tq._nvfp4_kernel,
+         dict(TILE=128, BLOCK_M=16, BLOCK_N=bn, DOT=True, M_FAST=False, **common),
+         {**TYPES, "q_ptr": "*u8", "s_ptr": "*fp8e4nv", "scale2_ptr": "*fp32"}, bn * 128),
     ]
 
 

@@ -60,6 +60,10 @@ VERIFY_SWEEP = {
     for fmt in ("nvfp4", "fp8_block")
 }
 VERIFY_SWEEP["int4"] = INT4_PAIRS + [dict(DOT=1, PAIRS=0, BLOCK_N=128, num_warps=4, num_stages=3)]
+NVFP4_PAIRS = [dict(DOT=1, PAIRS=1, BLOCK_N=bn, num_warps=w, num_stages=st) for bn, w, st in
+               ((64, 4, 3), (128, 4, 3), (128, 4, 4), (256, 8, 3))]
+DECODE_SWEEP["nvfp4"] += NVFP4_PAIRS
+VERIFY_SWEEP["nvfp4"] = NVFP4_PAIRS + [dict(DOT=1, PAIRS=0, BLOCK_N=128, num_warps=4, num_stages=3)]
 # The int4 launches before the pair tile (one row: the word kernel; 2..16 rows: the byte tile; no PDL), timed in
 # the same run as "int4_prev" so the change is measured side by side.
 INT4_PREVIOUS = {1: dict(DOT=0, H2=1, BLOCK_N=64, num_warps=4, num_stages=3, PDL=0),

@@ -339,7 +339,6 @@ sub.f16x2 $3, $3, $5;
 def _int4_pair_tile(words, z, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, IS_BF16: tl.constexpr):
     """The ``[BLOCK_N, GROUP]`` tile of ``q - z`` (activation type) from ``[BLOCK_N, GROUP / 8]`` int32 words and
     the rows' zero points, its columns in the pair order (column 8w + 2p + h = input 8w + p + 4h)."""
-    WORDS: tl.constexpr = GROUP // 8
     if IS_BF16:
         zh = z | 0xC300                                    # bf16 bits of -(128 + z): the fma adds it
         zpair = zh | (zh << 16)
@@ -352,10 +351,141 @@ def _int4_pair_tile(words, z, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, IS_BF1
         t0, t1, t2, t3 = tl.inline_asm_elementwise(_INT4_PAIRS_FP16_ASM, "=r,=r,=r,=r,r,r",
                                                    [words, zpair[:, None] + tl.zeros_like(words)],
                                                    dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+    return _pair_columns(t0, t1, t2, t3, BLOCK_N, GROUP, IS_BF16)
+
+
+@triton.jit
+def _pair_columns(t0, t1, t2, t3, BLOCK_N: tl.constexpr, TILE: tl.constexpr, IS_BF16: tl.constexpr):
+    """``[BLOCK_N, TILE]`` 16-bit values from four ``[BLOCK_N, TILE / 8]`` int32 tensors of pairs (``tp`` of word w
+    holds inputs 8w + p and 8w + p + 4 as its low and high half), column 8w + 2p + h holding input 8w + p + 4h."""
+    WORDS: tl.constexpr = TILE // 8
     pairs = tl.reshape(tl.join(tl.join(t0, t2), tl.join(t1, t3)), [BLOCK_N, 4 * WORDS])     # column 4w + p
     halves = tl.join(pairs.to(tl.int16), (pairs >> 16).to(tl.int16))                         # h = 0: low half
     dt: tl.constexpr = tl.bfloat16 if IS_BF16 else tl.float16
-    return tl.reshape(halves, [BLOCK_N, GROUP]).to(dt, bitcast=True)
+    return tl.reshape(halves, [BLOCK_N, TILE]).to(dt, bitcast=True)
+
+
+@triton.jit
+def _pair_order_x(x_ptrs, mask, BLOCK_M: tl.constexpr, TILE: tl.constexpr):
+    """The ``[BLOCK_M, TILE]`` activation tile at ``x_ptrs`` with its columns in the pair order of
+    :func:`_pair_columns` (inputs 8w + 4h + p -> column 8w + 2p + h), permuted in registers."""
+    xc = tl.load(x_ptrs, mask=mask, other=0.0)
+    return tl.reshape(tl.permute(tl.reshape(xc, [BLOCK_M, TILE // 8, 2, 4]), (0, 1, 3, 2)), [BLOCK_M, TILE])
+
+
+# NVFP4 for 1..16 rows on the tensor cores, the same pair order as int4. Each e2m1 code is placed into the bits of
+# a 16-bit float: magnitude (3 bits) under the exponent's lowest bits, sign into bit 15. That is the code's value
+# times 2^-126 (bf16) or 2^-14 (fp16) exactly, the smallest code (0.5) a subnormal. One fused pair op multiplies
+# it by the block scale times 2^63 (bf16) or 2^7 (fp16): e2m1 (2 significant bits) times e4m3 (4) is exact in
+# either type and lands in the normal range (value x scale x 2^-63 / 2^-7), so the weights reach the mma exact; the
+# accumulated tile is scaled by the global scale and 2^63 / 2^7 once at the end. Inputs: word ($4), scale pair
+# ($5); outputs: pairs p = 0..3 (magnitudes of nibbles p and p + 4 shifted under the exponent, their signs to bits
+# 15 and 31, each masked before they are merged).
+_NVFP4_PAIRS_BF16_ASM = tl.constexpr("""
+{
+.reg .b32 a, b, zero;
+mov.b32 zero, 0;
+shl.b32 a, $4, 6;
+shl.b32 b, $4, 12;
+and.b32 b, b, 0x80008000;
+lop3.b32 a, a, 0x01C001C0, b, 0xea;
+fma.rn.bf16x2 $0, a, $5, zero;
+shl.b32 a, $4, 2;
+shl.b32 b, $4, 8;
+and.b32 b, b, 0x80008000;
+lop3.b32 a, a, 0x01C001C0, b, 0xea;
+fma.rn.bf16x2 $1, a, $5, zero;
+shr.b32 a, $4, 2;
+shl.b32 b, $4, 4;
+and.b32 b, b, 0x80008000;
+lop3.b32 a, a, 0x01C001C0, b, 0xea;
+fma.rn.bf16x2 $2, a, $5, zero;
+shr.b32 a, $4, 6;
+and.b32 b, $4, 0x80008000;
+lop3.b32 a, a, 0x01C001C0, b, 0xea;
+fma.rn.bf16x2 $3, a, $5, zero;
+}
+""")
+_NVFP4_PAIRS_FP16_ASM = tl.constexpr("""
+{
+.reg .b32 a, b, zero;
+mov.b32 zero, 0;
+shl.b32 a, $4, 9;
+shl.b32 b, $4, 12;
+and.b32 b, b, 0x80008000;
+lop3.b32 a, a, 0x0E000E00, b, 0xea;
+fma.rn.f16x2 $0, a, $5, zero;
+shl.b32 a, $4, 5;
+shl.b32 b, $4, 8;
+and.b32 b, b, 0x80008000;
+lop3.b32 a, a, 0x0E000E00, b, 0xea;
+fma.rn.f16x2 $1, a, $5, zero;
+shl.b32 a, $4, 1;
+shl.b32 b, $4, 4;
+and.b32 b, b, 0x80008000;
+lop3.b32 a, a, 0x0E000E00, b, 0xea;
+fma.rn.f16x2 $2, a, $5, zero;
+shr.b32 a, $4, 3;
+and.b32 b, $4, 0x80008000;
+lop3.b32 a, a, 0x0E000E00, b, 0xea;
+fma.rn.f16x2 $3, a, $5, zero;
+}
+""")
+NVFP4_BF16_SHIFT = tl.constexpr(63)    # block scales times 2^63 in the tile, the result times 2^-63 (bf16)
+NVFP4_FP16_SHIFT = tl.constexpr(7)     # ... 2^7 / 2^-7 (fp16: 448 x 2^7 stays below fp16's 65504)
+
+
+@triton.jit
+def _nvfp4_pair_dot_kernel(x_ptr, q_ptr, s_ptr, scale2_ptr, part_ptr, b_ptr, y_ptr, M, N, n_tiles, tiles_per_split,
+                           stride_xm, stride_qn, stride_sn, stride_ps, stride_pm, stride_ym,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_BF16: tl.constexpr,
+                           DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+    """1..16 rows: one 16-row tensor-core tile per 128 inputs over the pair-ordered, block-scaled weight tile
+    (see ``_NVFP4_PAIRS_BF16_ASM``); the tile products accumulate in the mma, scaled once at the end."""
+    TILE: tl.constexpr = 128
+    WORDS: tl.constexpr = TILE // 8
+    NB: tl.constexpr = TILE // 16
+    SHIFT: tl.constexpr = NVFP4_BF16_SHIFT if IS_BF16 else NVFP4_FP16_SHIFT
+    pdl_wait(PDL)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    m = tl.arange(0, BLOCK_M)
+    lo_t = pid_k * tiles_per_split          # the host makes the splits divide the tiles evenly
+    # words as [rows, scale blocks, 2]: a block's scale pair is broadcast over its two words in registers
+    w_ptrs = (q_ptr + n[:, None, None] * stride_qn + lo_t * WORDS + tl.arange(0, NB)[None, :, None] * 2
+              + tl.arange(0, 2)[None, None, :])
+    s_ptrs = s_ptr + n[:, None] * stride_sn + (lo_t * NB + tl.arange(0, NB))[None, :]
+    x_ptrs = x_ptr + m[:, None] * stride_xm + (lo_t * TILE + tl.arange(0, TILE))[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for _ in range(0, tiles_per_split):
+        words = tl.load(w_ptrs, mask=n_ok[:, None, None], other=0)
+        sc = tl.load(s_ptrs, mask=n_ok[:, None], other=0.0).to(tl.float32) * (2.0 ** SHIFT)
+        if IS_BF16:
+            sb = sc.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        else:
+            sb = sc.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        spair = (sb | (sb << 16))[:, :, None] + tl.zeros_like(words)
+        if IS_BF16:
+            t0, t1, t2, t3 = tl.inline_asm_elementwise(_NVFP4_PAIRS_BF16_ASM, "=r,=r,=r,=r,r,r", [words, spair],
+                                                       dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+        else:
+            t0, t1, t2, t3 = tl.inline_asm_elementwise(_NVFP4_PAIRS_FP16_ASM, "=r,=r,=r,=r,r,r", [words, spair],
+                                                       dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+        t0 = tl.reshape(t0, [BLOCK_N, WORDS])
+        t1 = tl.reshape(t1, [BLOCK_N, WORDS])
+        t2 = tl.reshape(t2, [BLOCK_N, WORDS])
+        t3 = tl.reshape(t3, [BLOCK_N, WORDS])
+        w = _pair_columns(t0, t1, t2, t3, BLOCK_N, TILE, IS_BF16)
+        x = _pair_order_x(x_ptrs, m[:, None] < M, BLOCK_M, TILE)
+        acc = tl.dot(x, tl.trans(w), acc)
+        w_ptrs += WORDS
+        s_ptrs += NB
+        x_ptrs += TILE
+    acc = acc * (tl.load(scale2_ptr) * (2.0 ** SHIFT))        # the weights were value x scale x 2^-SHIFT
+    pdl_release(PDL)
+    _finish(acc, part_ptr, b_ptr, y_ptr, m, n, M, N, pid_k, stride_ps, stride_pm, stride_ym, True, DIRECT, HAS_BIAS)
 
 
 @triton.jit
@@ -394,9 +524,7 @@ def _int4_pair_dot_kernel(x_ptr, q_ptr, s_ptr, z_ptr, part_ptr, b_ptr, y_ptr, M,
         z = tl.load(z_ptr + n * stride_zn + t, mask=n_ok, other=0).to(tl.int32)
         s = tl.load(s_ptr + n * stride_sn + t, mask=n_ok, other=0.0).to(tl.float32)
         w = _int4_pair_tile(words, z, BLOCK_N, GROUP, IS_BF16)
-        xc = tl.load(x_ptrs, mask=m[:, None] < M, other=0.0)
-        # inputs 8w + 4h + p -> column 8w + 2p + h, the weight tile's order
-        x = tl.reshape(tl.permute(tl.reshape(xc, [BLOCK_M, WORDS, 2, 4]), (0, 1, 3, 2)), [BLOCK_M, GROUP])
+        x = _pair_order_x(x_ptrs, m[:, None] < M, BLOCK_M, GROUP)
         acc += tl.dot(x, tl.trans(w)) * s[None, :]
         w_ptrs += WORDS
         x_ptrs += GROUP
@@ -506,9 +634,10 @@ def quant_config(fmt: str, N: int, K: int, M: int, sms: int) -> dict[str, int]:
     64x128 output tiles, the row blocks of a weight tile side by side."""
     if M > MAX_ROWS:
         return {"BLOCK_M": 64, "BLOCK_N": 128, "SPLIT_K": 1, "DOT": 1, "num_warps": 8, "num_stages": 3}
-    if fmt == "int4" and (M > 1 or N >= 65536):
-        # 2..16 rows, and one row of a vocabulary-wide matrix: the pair-ordered tensor-core tile
-        # (``_int4_pair_dot_kernel``); the lm_head asks L2 for its first lines before the PDL wait
+    if fmt == "int4" and (M > 1 or N >= 65536) or fmt == "nvfp4" and M > 1:
+        # 2..16 rows, and one int4 row of a vocabulary-wide matrix: the pair-ordered tensor-core tile
+        # (``_int4_pair_dot_kernel``, ``_nvfp4_pair_dot_kernel``); the int4 lm_head asks L2 for its first lines
+        # before the PDL wait
         block_n, warps, stages, waves = (64 if N <= 8192 else 128), 4, 3, 4
         cfg = {"BLOCK_M": 16, "DOT": 1, "PAIRS": 1, "PREFETCH": 4 if N >= 65536 else 0, "num_warps": warps,
                "num_stages": stages}
@@ -524,8 +653,8 @@ def quant_config(fmt: str, N: int, K: int, M: int, sms: int) -> dict[str, int]:
     n_tiles = triton.cdiv(K, 128)
     want = waves * sms
     splits = 1 if n_blocks >= want // 2 else max(1, min(triton.cdiv(want, n_blocks), n_tiles // 4))
-    # PDL (where the device has it) measured on the H200 stacks: int4 2-8% faster at 1 and 16 rows; block-FP8's
-    # 16-row tile 16% slower on the 27B stack, so the other formats launch without it
+    # PDL (where the device has it) measured on the H200 stacks: int4 2-8% faster at 1 and 16 rows; the 16-row
+    # tiles of block-FP8 and NVFP4 16% and 32% slower on the 27B stack, so those launch without it
     return {**cfg, "BLOCK_N": block_n, "SPLIT_K": splits, "PDL": int(fmt == "int4")}
 
 
@@ -602,6 +731,13 @@ def quant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
         q, s, z = packed.qweight, packed.scales, packed.zeros
         _int4_kernel[grid](x2, q, s, z, part, b, y, M, N, n_tiles, per_split, x2.stride(0), q.stride(0),
                            s.stride(0), z.stride(0), ps, pm, y.stride(0), GROUP=tile, **common)
+    elif fmt == "nvfp4" and cfg["DOT"] and cfg.get("PAIRS", 0) and not many:
+        qw = packed.weight.view(torch.int32)     # 8 codes per word: rows of in/2 bytes are whole words
+        s = packed.weight_scale
+        _nvfp4_pair_dot_kernel[grid](x2, qw, s, packed.weight_scale_2, part, b, y, M, N, n_tiles, per_split,
+                                     x2.stride(0), qw.stride(0), s.stride(0), ps, pm, y.stride(0), BLOCK_M=16,
+                                     BLOCK_N=block_n, IS_BF16=x2.dtype == torch.bfloat16, DIRECT=direct,
+                                     HAS_BIAS=bias is not None, **launch)
     elif fmt == "nvfp4":
         q, s = packed.weight, packed.weight_scale
         _nvfp4_kernel[grid](x2, q, s, packed.weight_scale_2, part, b, y, M, N, n_tiles, per_split, x2.stride(0),

@@ -22,8 +22,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _READY, reason="needs a CU
 DEV = "cuda"
 TOL = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
 FORMATS = ("int4", "nvfp4", "fp8_block")
-# int4 only: the previous byte tile for 2..16 rows, and a wide pair tile
-INT4_LAUNCHES = ({"SPLIT_K": 2, "DOT": 1, "PAIRS": 0}, {"SPLIT_K": 1, "DOT": 1, "PAIRS": 1, "BLOCK_N": 256})
+# int4 and nvfp4: the previous byte tile for 2..16 rows, and a wide pair tile
+PAIR_LAUNCHES = ({"SPLIT_K": 2, "DOT": 1, "PAIRS": 0}, {"SPLIT_K": 1, "DOT": 1, "PAIRS": 1, "BLOCK_N": 256})
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -67,7 +67,7 @@ def test_bias_split_and_launches(fmt: str, dtype: torch.dtype) -> None:
         for cfg in ({"SPLIT_K": 1, "DOT": 0}, {"SPLIT_K": 1, "DOT": 1}, {"SPLIT_K": 4, "DOT": 1},
                     {"SPLIT_K": 8, "DOT": 0, "BLOCK_N": 32}, {"SPLIT_K": 2, "DOT": 0, "WORDS": 0},
                     {"SPLIT_K": 1, "DOT": 0, "H2": 0}, {"SPLIT_K": 3, "DOT": 0, "H2": 1, "BLOCK_N": 64},
-                    {"SPLIT_K": 2, "DOT": 1, "PDL": 0}, *INT4_LAUNCHES * (fmt == "int4")):
+                    {"SPLIT_K": 2, "DOT": 1, "PDL": 0}, *PAIR_LAUNCHES * (fmt != "fp8_block")):
             poison()
             assert rel_err(quant_matmul(p, x, bias, config=cfg), ref) < TOL[dtype], (fmt, rows, cfg)
 
@@ -151,6 +151,27 @@ def test_row_result_independent_of_batch_within_verify() -> None:
             assert torch.equal(quant_matmul(p, x[:rows]), full[:rows]), (fmt, rows)
         if fmt == "int4":
             assert torch.equal(quant_matmul(p, x[:1], config={"DOT": 1, "PAIRS": 1}), full[:1])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_nvfp4_pair_tile_every_code_and_scale(dtype: torch.dtype) -> None:
+    """The NVFP4 pair tile places each e2m1 code into a 16-bit float (the 0.5 code a subnormal) and multiplies it
+    by the block scale before the mma: every code against every e4m3 scale magnitude (subnormal scales too) gives
+    the reference product to the rounding of the output."""
+    from edgespec.kernels.triton_quant_gemv import quant_matmul
+    torch.manual_seed(5)
+    n, k = 256, 1024
+    p = pack("nvfp4", torch.randn(n, k, device=DEV) * 0.05)
+    codes = torch.arange(256, dtype=torch.int32, device=DEV).to(torch.uint8)        # both nibbles: all 16 codes
+    p.weight.copy_(codes.repeat(n * k // 2 // 256).view(n, k // 2))
+    scale_bits = torch.arange(n * k // 16, device=DEV, dtype=torch.int32) % 127        # e4m3 0x00..0x7E
+    p.weight_scale.copy_(scale_bits.to(torch.uint8).view(torch.float8_e4m3fn).view(n, k // 16))
+    for rows in (2, 16):
+        x = torch.randn(rows, k, device=DEV, dtype=dtype)
+        poison()
+        out = quant_matmul(p, x, config={"DOT": 1, "PAIRS": 1})
+        ref = p.matmul_ref(x)
+        assert rel_err(out, ref) < TOL[dtype] / 2.5, rows      # exact weights: the output's rounding
 
 
 @pytest.mark.parametrize("group", [32, 64, 128, 256])
