@@ -60,6 +60,9 @@ class Settings:
     # --- speculation -------------------------------------------------------------------------------------------
     drafter: Literal["none", "ngram", "dflash", "mtp"] = _knob("none", "draft proposer", section="speculation")
     drafter_path: str | None = _knob(None, "DFlash drafter checkpoint folder")
+    drafter_weights: Literal["model", "fp8", "int4", "nvfp4"] = _knob(
+        "model", "DFlash drafter linear layers: model = as the checkpoint; fp8, int4 or nvfp4 = quantized at load "
+        "(fewer bytes per draft; acceptance may move, the output cannot)")
     num_draft_tokens: int | None = _knob(
         None, "K drafts per cycle (verify K+1 rows); None = drafter default", min=1, max=MAX_DRAFT_TOKENS)
     window_size: int | None = _knob(None, "DFlash per-token context window W; None = arch default (128)", min=1,

@@ -10,10 +10,12 @@ from safetensors import safe_open
 from edgespec.config import Settings
 from edgespec.drafters.dflash_net import DFlashConfig, DFlashDraftModel, parse_dflash_config
 from edgespec.drafters.dflash_proposer import DFlashProposer
+from edgespec.drafters.quantize import quantize_linears
 from edgespec.errors import CheckpointError, ConfigError
 from edgespec.loading.hf_config import read_json
 from edgespec.loading.weights import load_parameters, weight_files
 from edgespec.models.decoder import TargetModel
+from edgespec.models.layers import merge_all_projections
 
 
 def _checkpoint_index(files: list[Path]) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -85,8 +87,11 @@ def _drafter_dtype(target: TargetModel) -> torch.dtype:
 
 
 def load_dflash_checkpoint(folder: str | Path, target: TargetModel, *, window_size: int = 128,
-                           window_seed: bool = True, cuda_graphs: bool = False) -> DFlashProposer:
+                           window_seed: bool = True, cuda_graphs: bool = False,
+                           weights: str = "model") -> DFlashProposer:
     """Load a DFlash drafter folder (``config.json`` + safetensors) for ``target``, checking that they fit.
+    ``weights``: ``model`` serves the checkpoint's dtype; ``fp8`` / ``int4`` / ``nvfp4`` quantize the drafter's
+    linear layers after loading (:mod:`edgespec.drafters.quantize`) and give them the device's fast product.
 
     Raises :class:`CheckpointError` for missing / unreadable files, missing or unexpected keys and shape
     mismatches, and :class:`ConfigError` when the drafter was made for another target (hidden size,
@@ -112,6 +117,13 @@ def load_dflash_checkpoint(folder: str | Path, target: TargetModel, *, window_si
                                lambda name: fc_hint if name == "fc.weight" else "")
     if problems:
         raise CheckpointError(f"DFlash drafter {folder} does not fit its config: " + " | ".join(problems))
+    if weights != "model":
+        # Merge q/k/v and gate/up first so each merged matrix is quantized whole, then pick each packed layer's
+        # product (before the proposer captures any graph).
+        from edgespec.arch.detect import select_hooks
+        merge_all_projections(drafter)
+        quantize_linears(drafter, weights, dtype)
+        select_hooks("auto", device).choose_weight_kernels(drafter)
     # Loaded under the checkpoint's names; the proposer merges q/k/v and gate/up (+ fused SiLU), as in the target.
     return DFlashProposer(drafter, target, window_size=window_size, window_seed=window_seed, cuda_graphs=cuda_graphs)
 
@@ -151,7 +163,8 @@ def load_dflash(settings: Settings, model: TargetModel) -> DFlashProposer:
     # None: the arch default, like window_seed and cuda_graphs.
     size = defaults.window_size if settings.window_size is None else settings.window_size
     try:
-        proposer = load_dflash_checkpoint(path, model, window_size=size, window_seed=seed, cuda_graphs=graphs)
+        proposer = load_dflash_checkpoint(path, model, window_size=size, window_seed=seed, cuda_graphs=graphs,
+                                          weights=settings.drafter_weights)
     except ConfigError as e:
         if not packaged:
             raise

@@ -16,6 +16,7 @@ from edgespec.kernels.linear import linear
 from edgespec.kernels.rope import head_norm_rope
 from edgespec.models.config import ModelConfig
 from edgespec.models.layers import MLP, Linear, RMSNorm, merge_linears
+from edgespec.weights.base import is_packed
 
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -188,8 +189,11 @@ class DFlashAttention(nn.Module):
 
     def context_kv(self, x: torch.Tensor) -> torch.Tensor:
         """Raw ``k | v`` projections ``[T, 2*Hkv*hd]`` of context rows ``x [T, H]``: the merged weight's last rows
-        (a view: context and block share one copy of the weights)."""
+        (a view: context and block share one copy of the weights). A packed (quantized) weight has no row view:
+        the whole product runs and its k | v columns are kept."""
         q_out = self.n_heads * self.hd
+        if is_packed(self.qkv_proj.weight):
+            return self.qkv_proj(x)[:, q_out:]
         bias = self.qkv_proj.bias
         return linear(x, self.qkv_proj.weight[q_out:], None if bias is None else bias[q_out:])
 

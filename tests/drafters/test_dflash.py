@@ -582,3 +582,46 @@ def test_greedy_dflash_equals_plain(tiny_models, drafters, family, kv_fp8):
         prop = load_dflash_checkpoint(drafters[family], model, window_size=8)
         session = SpecSession(model, select_hooks(arch, CPU), prop, kv_fp8=kv_fp8, max_len=128)
         assert session.generate(prompt, max_tokens=n, policy=StrictGreedy()).token_ids == plain
+
+
+# ---- quantized drafter ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", ["fp8", "int4", "nvfp4"])
+def test_quantized_drafter_stays_lossless(tiny_models, drafters, fmt):
+    """``drafter_weights``: the drafter's linear layers are packed after loading (merged q/k/v and gate/up
+    included, its own head kept dense); drafts move, the greedy output equals plain decoding."""
+    from edgespec.weights.base import PackedLinear, PackedWeight
+    model = tiny_models["qwen3_5"]
+    prompt = prompt_ids(model.config.vocab_size, n=21, seed=5)
+    plain = plain_greedy(model, prompt, 18)
+    dense = load_dflash_checkpoint(drafters["qwen3_5"], model, window_size=8)
+    prop = load_dflash_checkpoint(drafters["qwen3_5"], model, window_size=8, weights=fmt)
+    attn = prop.drafter.layers[0].self_attn
+    assert isinstance(prop.drafter.fc, PackedLinear) and isinstance(attn.qkv_proj.weight, PackedWeight)
+    assert isinstance(prop.drafter.layers[0].mlp.gate_up_proj, PackedLinear)
+    packed_bytes = sum(m.nbytes for m in prop.drafter.modules() if isinstance(m, PackedWeight))
+    dense_bytes = sum(p.numel() * p.element_size() for n, p in dense.drafter.named_parameters()
+                      if n.endswith("weight") and p.dim() == 2)
+    assert packed_bytes < dense_bytes / 2
+    # context rows read the k | v columns of the packed product
+    x = torch.randn(3, model.config.hidden_size)
+    kv = attn.context_kv(x)
+    assert kv.shape == (3, 2 * attn.n_kv * attn.hd)
+    assert torch.allclose(kv, attn.qkv_proj(x)[:, attn.n_heads * attn.hd:])
+    for arch in ("base", "thor"):
+        session = SpecSession(model, select_hooks(arch, CPU), prop, max_len=128)
+        assert session.generate(prompt, max_tokens=18, policy=StrictGreedy()).token_ids == plain, arch
+        prop = load_dflash_checkpoint(drafters["qwen3_5"], model, window_size=8, weights=fmt)
+
+
+def test_quantized_drafter_own_head_stays_dense_and_setting_checked(tiny_models, drafters):
+    from edgespec.weights.base import PackedLinear
+    prop = load_dflash(Settings(drafter="dflash", drafter_path=str(drafters["own"]), drafter_weights="int4"),
+                       tiny_models["qwen3"])
+    assert isinstance(prop.drafter.fc, PackedLinear) and not isinstance(prop.drafter.lm_head, PackedLinear)
+    from edgespec.config import load_settings
+    with pytest.raises(ConfigError, match="drafter_weights"):
+        load_settings(cli={"drafter_weights": "int2"}, environ={})
+    with pytest.raises(ConfigError, match="drafter_weights"):
+        load_settings(environ={"EDGESPEC_DRAFTER_WEIGHTS": "int2"})
+    with pytest.raises(ConfigError, match="drafter_weights 'int2'"):
+        load_dflash_checkpoint(drafters["own"], tiny_models["qwen3"], weights="int2")

@@ -94,3 +94,27 @@ def test_kernel_logits_match_the_reference_product(folders, fmt):
     fast, ref = results
     scale = ref.abs().max().item()
     assert (fast - ref).abs().max().item() <= 2e-2 * scale
+
+
+@pytest.mark.parametrize("drafter_weights", ["int4", "fp8", "nvfp4"])
+def test_quantized_dflash_drafter_on_a_quantized_target(folders, tmp_path, drafter_weights):
+    """``drafter_weights``: a DFlash drafter quantized at load runs its packed layers on the Triton products (inside
+    the proposer's CUDA graphs) and the output stays lossless on an int4 (AWQ) target."""
+    from _tools import load_tool
+
+    from edgespec.drafters.dflash import load_dflash_checkpoint
+    make_drafter = load_tool("make_drafter")
+
+    model = load_target(folders["qwen3_5", "awq"][0], dtype=torch.bfloat16, device=CUDA, max_positions=512)
+    folder = make_drafter.write_dflash_drafter(tmp_path / "d", tiny_config("qwen3_5", **WIDE), seed=4, num_layers=2,
+                                               block_size=8, target_layer_ids=[1, 3])
+    prop = load_dflash_checkpoint(folder, model, window_size=16, cuda_graphs=True, weights=drafter_weights)
+    packed = _packed(prop.drafter)
+    assert packed and all(p.kernel is not None for p in packed)
+    prompt = prompt_ids(model.config.vocab_size, n=21, seed=7)
+    plain = SpecSession(model, select_hooks("rtx", CUDA), None, max_len=256).generate(
+        prompt, max_tokens=24, policy=StrictGreedy()).token_ids
+    s = SpecSession(model, select_hooks("rtx", CUDA), prop, max_len=256, cuda_graphs=True)
+    out = s.generate(prompt, max_tokens=24, policy=StrictGreedy())
+    assert out.telemetry.draft_tokens > 0
+    assert lossless(model, prompt, plain, out.token_ids, kv_fp8=s.kv_fp8)
