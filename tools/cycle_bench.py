@@ -1,9 +1,12 @@
 """Split of one speculative cycle on a GPU: draft / verify / accept+rollback / other, with device-synced stages.
 
-    python tools/cycle_bench.py [--shape qwen3.5-27b] [--k 15] [--tokens 128]
+    python tools/cycle_bench.py [--shape qwen3.5-27b] [--k 15] [--tokens 128] [--format int4]
+                                [--drafter-weights model,int4]
 
-Builds the target shape with random weights on the GPU and a random 5-layer DFlash drafter of the published
-layout for it (tools/make_drafter.py), then runs the session with ``stage_timing=device``. Random drafts are
+Builds the target shape with random weights on the GPU (``--format``: dense bf16, or fp8/nvfp4/int4 linear layers
+as ``edgespec bench --formats`` builds them) and a random 5-layer DFlash drafter of the published layout for it
+(tools/make_drafter.py), served once per ``--drafter-weights`` entry (the checkpoint's bf16, or quantized at load),
+then runs the session with ``stage_timing=device``. Random drafts are
 rejected, so every cycle verifies K+1 rows and rolls back: the worst case for cycle overheads. The same split is
 printed for the n-gram drafter. Writes cycle_bench.json to $OUT when set.
 """
@@ -24,12 +27,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_drafter import write_dflash_drafter  # noqa: E402
 
 from edgespec.arch.detect import select_hooks  # noqa: E402
+from edgespec.bench.formats import FORMATS, format_model  # noqa: E402
 from edgespec.bench.gpu import random_model  # noqa: E402
 from edgespec.drafters.dflash import load_dflash_checkpoint  # noqa: E402
 from edgespec.drafters.ngram import NGramProposer  # noqa: E402
 from edgespec.loading.synthetic import SHAPES, config_dict  # noqa: E402
 from edgespec.speculative.acceptance import StrictGreedy  # noqa: E402
 from edgespec.speculative.session import SpecSession  # noqa: E402
+from edgespec.weights.base import PackedWeight  # noqa: E402
+
+
+def weight_bytes(module: torch.nn.Module) -> int:
+    """Bytes of a module's weights: packed weights whole, dense matrices (2-D parameters) as stored."""
+    packed = sum(m.nbytes for m in module.modules() if isinstance(m, PackedWeight))
+    dense = sum(p.numel() * p.element_size() for p in module.parameters() if p.dim() == 2)
+    return packed + dense
+
+
+def nbytes(t: torch.Tensor | PackedWeight) -> int:
+    return t.nbytes if isinstance(t, PackedWeight) else t.numel() * t.element_size()
+
+
+def sm_clock_mhz() -> int | None:
+    """The GPU's maximum SM clock (nvidia-smi), for scaling SM-bound stage times to another GPU."""
+    import subprocess
+    try:
+        text = subprocess.run(["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits", "-i",
+                               str(torch.cuda.current_device())], capture_output=True, text=True, timeout=20).stdout
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
 
 
 def split(tel) -> dict[str, float]:
@@ -51,25 +78,54 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=15)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rollback", default=None, help="rollback strategy (default: the arch default)")
+    ap.add_argument("--format", default="dense", choices=FORMATS, help="the target's linear layers")
+    ap.add_argument("--drafter-weights", default="model", help="comma list of drafter_weights to serve the DFlash "
+                    "drafter in, one run each (model, fp8, int4, nvfp4)")
+    ap.add_argument("--max-len", type=int, default=2048, help="cache length (the peak memory figure includes it)")
+    ap.add_argument("--kv", choices=("auto", "fp8", "model"), default="auto", help="KV cache format")
     args = ap.parse_args()
     device = torch.device("cuda")
-    model = random_model(args.shape, device, torch.bfloat16, max_len=2048)
+    if args.format == "dense":
+        model = random_model(args.shape, device, torch.bfloat16, max_len=args.max_len)
+    else:
+        model = format_model(config_dict(**SHAPES[args.shape]), args.format, device, torch.bfloat16, args.max_len)
     prompt = torch.randint(0, 1000, (256,)).tolist()
-    out = {"shape": args.shape, "device": torch.cuda.get_device_name(device), "k": args.k}
+    kv_fp8 = None if args.kv == "auto" else args.kv == "fp8"
+    embed = model.model.embed_tokens.weight
+    # One verify forward reads every weight matrix but the embedding (one row per token).
+    verify_bytes = weight_bytes(model) - (nbytes(embed) if embed is not model.lm_head_weight else 0)
+    out = {"shape": args.shape, "device": torch.cuda.get_device_name(device), "k": args.k, "format": args.format,
+           "sms": torch.cuda.get_device_properties(device).multi_processor_count, "sm_clock_mhz": sm_clock_mhz(),
+           "target_weight_bytes": weight_bytes(model), "verify_bytes": verify_bytes, "max_len": args.max_len}
+    print(f"{out['device']} ({out['sms']} SMs, {out['sm_clock_mhz']} MHz): {args.shape} target {args.format}, "
+          f"{verify_bytes / 1e9:.2f} GB read per verify", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         write_dflash_drafter(tmp, config_dict(**SHAPES[args.shape]), num_layers=5, dtype=torch.bfloat16)
-        proposers = {"dflash": load_dflash_checkpoint(tmp, model, window_size=128, cuda_graphs=True),
-                     "ngram": NGramProposer()}
-        for name, proposer in proposers.items():
+        runs = [f"dflash-{w}" for w in args.drafter_weights.split(",") if w] + ["ngram"]
+        for name in runs:
+            if name == "ngram":
+                proposer = NGramProposer()
+            else:
+                proposer = load_dflash_checkpoint(tmp, model, window_size=128, cuda_graphs=True,
+                                                  weights=name.split("-", 1)[1])
+                # a draft forward reads the drafter and the head it multiplies by (the target's, when borrowed)
+                head = proposer._head_weight
+                out[f"{name}_draft_bytes"] = weight_bytes(proposer.drafter) + (
+                    nbytes(head) if head is model.lm_head_weight else 0)
+                print(f"{name}: {weight_bytes(proposer.drafter) / 1e9:.2f} GB of drafter weights, "
+                      f"{out[f'{name}_draft_bytes'] / 1e9:.2f} GB read per draft", flush=True)
             k = min(args.k, proposer.max_k)
-            session = SpecSession(model, select_hooks("auto", device), proposer, k=k, max_len=2048,
-                                  cuda_graphs=True, stage_timing="device", rollback=args.rollback)
+            torch.cuda.reset_peak_memory_stats()
+            session = SpecSession(model, select_hooks("auto", device), proposer, k=k, max_len=args.max_len,
+                                  cuda_graphs=True, stage_timing="device", rollback=args.rollback, kv_fp8=kv_fp8)
             out["rollback"] = session.rollback_strategy
             session.generate(prompt, max_tokens=16, policy=StrictGreedy())          # warm-up
             res = session.generate(prompt, max_tokens=args.tokens, policy=StrictGreedy())
-            out[name] = split(res.telemetry)
+            out[name] = {**split(res.telemetry), "peak_GB": torch.cuda.max_memory_allocated() / 1e9,
+                         "kv_fp8": session.kv_fp8}
             print(name, json.dumps({k: round(v, 4) for k, v in out[name].items()}), flush=True)
-            del session
+            del session, proposer
+            torch.cuda.empty_cache()
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "cycle_bench.json").write_text(json.dumps(out, indent=2))
     return 0
