@@ -28,7 +28,7 @@ from make_drafter import write_dflash_drafter  # noqa: E402
 
 from edgespec.arch.detect import select_hooks  # noqa: E402
 from edgespec.bench.formats import FORMATS, format_model  # noqa: E402
-from edgespec.bench.gpu import random_model  # noqa: E402
+from edgespec.bench.gpu import random_model, sm_clock_mhz  # noqa: E402
 from edgespec.drafters.dflash import load_dflash_checkpoint  # noqa: E402
 from edgespec.drafters.ngram import NGramProposer  # noqa: E402
 from edgespec.loading.synthetic import SHAPES, config_dict  # noqa: E402
@@ -46,17 +46,6 @@ def weight_bytes(module: torch.nn.Module) -> int:
 
 def nbytes(t: torch.Tensor | PackedWeight) -> int:
     return t.nbytes if isinstance(t, PackedWeight) else t.numel() * t.element_size()
-
-
-def sm_clock_mhz() -> int | None:
-    """The GPU's maximum SM clock (nvidia-smi), for scaling SM-bound stage times to another GPU."""
-    import subprocess
-    try:
-        text = subprocess.run(["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits", "-i",
-                               str(torch.cuda.current_device())], capture_output=True, text=True, timeout=20).stdout
-        return int(text.split()[0])
-    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
-        return None
 
 
 def split(tel) -> dict[str, float]:
@@ -110,8 +99,9 @@ def main() -> int:
                                                   weights=name.split("-", 1)[1])
                 # a draft forward reads the drafter and the head it multiplies by (the target's, when borrowed)
                 head = proposer._head_weight
-                out[f"{name}_draft_bytes"] = weight_bytes(proposer.drafter) + (
-                    nbytes(head) if head is model.lm_head_weight else 0)
+                out[f"{name}_drafter_bytes"] = weight_bytes(proposer.drafter)
+                out[f"{name}_head_bytes"] = nbytes(head) if head is model.lm_head_weight else 0
+                out[f"{name}_draft_bytes"] = out[f"{name}_drafter_bytes"] + out[f"{name}_head_bytes"]
                 print(f"{name}: {weight_bytes(proposer.drafter) / 1e9:.2f} GB of drafter weights, "
                       f"{out[f'{name}_draft_bytes'] / 1e9:.2f} GB read per draft", flush=True)
             k = min(args.k, proposer.max_k)

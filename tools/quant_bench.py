@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edgespec.bench.gpu import linear_shape_counts  # noqa: E402
+from edgespec.bench.gpu import linear_shape_counts, sm_clock_mhz  # noqa: E402
 from edgespec.bench.timing import graph_time_us as time_us  # noqa: E402
 from edgespec.kernels import sm_count  # noqa: E402
 from edgespec.kernels.quant_ref import RawPacked, matmul_ref  # noqa: E402
@@ -285,6 +285,17 @@ def bench_shape(shape: str, formats: list[str], bw: float, sweep: bool, report: 
             entry["limit_us"] = limit_us
             for rows in (1, 4, 8, 16):
                 entry[f"us_{rows}"] = stack.time(rows)
+            # The widest matrix alone (the lm_head: enough programs to fill any GPU many times over): the kernel's
+            # rate per SM and clock when the chip is full, what tools/thor_projection.py scales to Thor's SMs.
+            wide = max(counts, key=lambda nk: nk[0])
+            alone = Stack(fmt, Counter({wide: 1}))
+            sms, mhz = sm_count(torch.device(DEV)), sm_clock_mhz()
+            entry["filled"] = {"matrix": list(wide), "bytes": alone.nbytes, "sms": sms, "sm_clock_mhz": mhz,
+                               **{f"us_{r}": alone.time(r) for r in (1, 16)}}
+            if mhz:
+                entry["filled"]["bytes_per_sm_clock_16"] = alone.nbytes / (entry["filled"]["us_16"] * 1e-6) / (
+                    sms * mhz * 1e6)
+            del alone
             if configs:
                 stack.configs = configs
                 entry["tuned_us_1"] = stack.time(1)
@@ -317,9 +328,13 @@ def print_entry(fmt: str, entry: dict) -> None:
                  f"v16/d {entry['tuned_us_16'] / entry['tuned_us_1']:.2f}") if "tuned_us_1" in entry else ""
         err = f"  err {entry['max_rel_err_vs_ref']:.1e}" if "max_rel_err_vs_ref" in entry else ""
         peak = f"  peak {entry['peak_GB']:.1f} GB" if "peak_GB" in entry else "  (same weights as bf16)"
+        f = entry.get("filled")
+        filled = (f"  widest alone {f['bytes'] / f['us_16'] / 1e3:.0f} GB/s at 16 rows"
+                  + (f" = {f['bytes_per_sm_clock_16']:.1f} B per SM-clock" if "bytes_per_sm_clock_16" in f else "")
+                  if f else "")
         print(f"  {fmt:>10}: {entry['bytes'] / 1e9:6.2f} GB  decode {d:8.0f} us {limit_us / d * 100:5.1f}% of "
               f"limit  4 rows {entry['us_4']:.0f}  8 rows {entry['us_8']:.0f}  16 rows {v:.0f} us "
-              f"(v16/d {v / d:.2f}, {limit_us / v * 100:.1f}%){peak}{err}{tuned}",
+              f"(v16/d {v / d:.2f}, {limit_us / v * 100:.1f}%){peak}{err}{tuned}{filled}",
               flush=True)
 
 

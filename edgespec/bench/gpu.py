@@ -51,6 +51,19 @@ def measure_copy_bandwidth(device: torch.device, nbytes: int = 2 << 30) -> float
 
 
 
+def sm_clock_mhz(device: torch.device | None = None) -> int | None:
+    """The GPU's maximum SM clock from nvidia-smi (None where it cannot be read): with the SM count, what scales a
+    stage bound by its SMs from one GPU to another (``tools/thor_projection.py``)."""
+    import subprocess
+    index = torch.cuda.current_device() if device is None or device.index is None else device.index
+    try:
+        text = subprocess.run(["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits", "-i",
+                               str(index)], capture_output=True, text=True, timeout=20).stdout
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
+
+
 def random_model(shape: str, device: torch.device, dtype: torch.dtype, max_len: int) -> TargetModel:
     """A model of a published shape with N(0, 0.02) weights, built directly on ``device``: merged on the meta
     device and allocated once in ``dtype`` (peak memory = the weights), after the memory budget said it fits."""

@@ -38,6 +38,26 @@ def test_stage_bounds_and_rate(tmp_path, capsys):
     assert "PROJECTION" in out and "dflash-int4" in out and "ngram" not in out.split("measured on")[0]
 
 
+def test_full_chip_kernel_estimate(tmp_path, capsys):
+    path, data = _bench(tmp_path, **{"dflash-int4_drafter_bytes": 0.273e9, "dflash-int4_head_bytes": 2.457e9})
+    # 5 bytes per SM-clock for int4, 10 for bf16: Thor does 20 x 1575e6 = 31.5e9 SM-clocks per second.
+    stack = tmp_path / "quant_bench.json"
+    stack.write_text(json.dumps({"shapes": {"qwen3.5-27b": {
+        "int4": {"filled": {"bytes_per_sm_clock_16": 5.0}}, "bf16": {"filled": {"bytes_per_sm_clock_16": 10.0}}}}}))
+    run = {**data["dflash-int4"], "draft_bytes": 2.73e9, "drafter_bytes": 0.273e9, "head_bytes": 2.457e9,
+           "drafter_weights": "int4"}
+    p = proj.project(run, data, al=4.0, clock_mhz=1575, rates=proj.stack_rates(str(stack), "qwen3.5-27b"))
+    v, d = p["stages"]["verify"], p["stages"]["draft"]
+    assert v["kernel_ms"] == pytest.approx(27.3e9 / 5 / 31.5e9 * 1e3) and v["kernel_bound"] == "SMs"
+    assert d["kernel_ms"] == pytest.approx(10.0) and d["kernel_bound"] == "bytes"    # 2.73 GB at 273 GB/s
+    assert p["kernel_tok_s"] > p["tok_s"]
+    assert proj.main([str(path), "--stack-json", str(stack)]) == 0
+    assert "full-chip" in capsys.readouterr().out
+    stack.write_text(json.dumps({"shapes": {}}))
+    assert proj.main([str(path), "--stack-json", str(stack)]) == 2
+    assert "no full-chip rate" in capsys.readouterr().err
+
+
 def test_bad_inputs(tmp_path, capsys):
     assert proj.main([str(tmp_path / "missing.json")]) == 2
     assert "cannot read" in capsys.readouterr().err
