@@ -143,6 +143,9 @@ class Engine:
         else:
             model = load_target(model_dir, dtype=dtype, device=device, max_positions=settings.max_seq_len,
                                 kv_fp8=settings.kv_dtype == "fp8", drafter_bytes=drafter_bytes)
+        if settings.lm_head_weights != "model":
+            from edgespec.weights.requantize import quantize_lm_head
+            quantize_lm_head(model, settings.lm_head_weights)
         if device.type == "cpu" and dtype == torch.float32 and settings.cpu_blas:
             # OpenBLAS GEMVs, torch single-threaded (see edgespec.kernels.linear); beside the GGUF products' own
             # pool, OpenBLAS itself single-threaded too (a dense drafter's products on BLAS, the target's on it).

@@ -35,6 +35,7 @@ from edgespec.loading.synthetic import SHAPES, config_dict  # noqa: E402
 from edgespec.speculative.acceptance import StrictGreedy  # noqa: E402
 from edgespec.speculative.session import SpecSession  # noqa: E402
 from edgespec.weights.base import PackedWeight  # noqa: E402
+from edgespec.weights.requantize import quantize_lm_head  # noqa: E402
 
 
 def weight_bytes(module: torch.nn.Module) -> int:
@@ -70,6 +71,8 @@ def main() -> int:
     ap.add_argument("--format", default="dense", choices=FORMATS, help="the target's linear layers")
     ap.add_argument("--drafter-weights", default="model", help="comma list of drafter_weights to serve the DFlash "
                     "drafter in, one run each (model, fp8, int4, nvfp4)")
+    ap.add_argument("--lm-head", default="model", choices=("model", "fp8", "int4", "nvfp4"),
+                    help="the target's output projection (lm_head_weights)")
     ap.add_argument("--max-len", type=int, default=2048, help="cache length (the peak memory figure includes it)")
     ap.add_argument("--kv", choices=("auto", "fp8", "model"), default="auto", help="KV cache format")
     args = ap.parse_args()
@@ -78,15 +81,19 @@ def main() -> int:
         model = random_model(args.shape, device, torch.bfloat16, max_len=args.max_len)
     else:
         model = format_model(config_dict(**SHAPES[args.shape]), args.format, device, torch.bfloat16, args.max_len)
+    quantize_lm_head(model, args.lm_head)
     prompt = torch.randint(0, 1000, (256,)).tolist()
     kv_fp8 = None if args.kv == "auto" else args.kv == "fp8"
     embed = model.model.embed_tokens.weight
     # One verify forward reads every weight matrix but the embedding (one row per token).
     verify_bytes = weight_bytes(model) - (nbytes(embed) if embed is not model.lm_head_weight else 0)
     out = {"shape": args.shape, "device": torch.cuda.get_device_name(device), "k": args.k, "format": args.format,
+           "lm_head": args.lm_head,
            "sms": torch.cuda.get_device_properties(device).multi_processor_count, "sm_clock_mhz": sm_clock_mhz(),
-           "target_weight_bytes": weight_bytes(model), "verify_bytes": verify_bytes, "max_len": args.max_len}
-    print(f"{out['device']} ({out['sms']} SMs, {out['sm_clock_mhz']} MHz): {args.shape} target {args.format}, "
+           "target_weight_bytes": weight_bytes(model), "verify_bytes": verify_bytes,
+           "head_bytes": nbytes(model.lm_head_weight), "max_len": args.max_len}
+    print(f"{out['device']} ({out['sms']} SMs, {out['sm_clock_mhz']} MHz): {args.shape} target {args.format} "
+          f"(lm_head {args.lm_head}), "
           f"{verify_bytes / 1e9:.2f} GB read per verify", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         write_dflash_drafter(tmp, config_dict(**SHAPES[args.shape]), num_layers=5, dtype=torch.bfloat16)

@@ -51,9 +51,13 @@ def project(run: dict, meta: dict, al: float, clock_mhz: float, rates: dict[str,
               "other": (run["other_ms_per_cycle"], 0)}
     kernel_ms = {}
     if rates is not None:
-        kernel_ms["verify"] = meta["verify_bytes"] / (rates[STACK_NAMES[meta["format"]]] * thor_clock) * 1e3
+        # the output projection runs in its own format (lm_head_weights), the rest of a verify in the target's
+        head_rate = rates[STACK_NAMES[meta.get("lm_head", "model")]]
+        head = meta.get("head_bytes", run["head_bytes"])
+        kernel_ms["verify"] = ((meta["verify_bytes"] - head) / rates[STACK_NAMES[meta["format"]]]
+                               + head / head_rate) / thor_clock * 1e3
         kernel_ms["draft"] = (run["drafter_bytes"] / rates[STACK_NAMES[run["drafter_weights"]]]
-                              + run["head_bytes"] / rates["bf16"]) / thor_clock * 1e3
+                              + run["head_bytes"] / head_rate) / thor_clock * 1e3
     out = {"stages": {}}
     for name, (ms, nbytes) in stages.items():
         bytes_ms, sm_ms = nbytes / THOR_BW * 1e3, ms * scale
@@ -120,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
             v, d = p["stages"]["verify"], p["stages"]["draft"]
             kernel = (f" {p['kernel_tok_s']:>6.1f} (verify {v['kernel_ms']:>5.1f} ms {v['kernel_bound']:>5})"
                       if rates else "")
-            print(f"{meta['shape'] + ' ' + meta['format']:<22} {name:<14} {meta['verify_bytes'] / 1e9:>9.2f} "
+            target = f"{meta['shape']} {meta['format']}" + (f" head {meta['lm_head']}"
+                                                             if meta.get("lm_head", "model") != "model" else "")
+            print(f"{target:<22} {name:<14} {meta['verify_bytes'] / 1e9:>9.2f} "
                   f"{run['draft_bytes'] / 1e9:>8.2f} {v['ms']:>8.1f} ({v['bound']:>5}) {d['ms']:>8.1f} "
                   f"({d['bound']:>5}) {p['cycle_ms']:>8.1f} {p['tok_s']:>6.1f}{kernel} "
                   f"{p['byte_limit_tok_s']:>10.1f} {run['peak_GB']:>9.1f} ({meta['max_len']} ctx)")

@@ -10,7 +10,7 @@ from safetensors import safe_open
 from edgespec.config import Settings
 from edgespec.drafters.dflash_net import DFlashConfig, DFlashDraftModel, parse_dflash_config
 from edgespec.drafters.dflash_proposer import DFlashProposer
-from edgespec.drafters.quantize import quantize_linears
+from edgespec.drafters.quantize import DRAFTER_WEIGHTS, quantize_linears
 from edgespec.errors import CheckpointError, ConfigError
 from edgespec.loading.hf_config import read_json
 from edgespec.loading.weights import load_parameters, weight_files
@@ -97,6 +97,8 @@ def load_dflash_checkpoint(folder: str | Path, target: TargetModel, *, window_si
     mismatches, and :class:`ConfigError` when the drafter was made for another target (hidden size,
     vocabulary, mask id, tap layers, layer count).
     """
+    if weights not in DRAFTER_WEIGHTS:
+        raise ConfigError(f"drafter_weights {weights!r}: choose one of {', '.join(DRAFTER_WEIGHTS)}")
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise CheckpointError(f"DFlash drafter folder not found: {folder}")

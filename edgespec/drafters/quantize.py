@@ -13,30 +13,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from edgespec.errors import ConfigError
 from edgespec.models.layers import Linear
-from edgespec.weights.base import PackedLinear, PackedWeight
-from edgespec.weights.fp8_block import FP8BlockWeight
-from edgespec.weights.int4 import Int4Weight
-from edgespec.weights.nvfp4 import NVFP4Weight
+from edgespec.weights.base import PackedLinear
+from edgespec.weights.requantize import PACKED_CHOICES, quantize_weight
 
-DRAFTER_WEIGHTS = ("model", "fp8", "int4", "nvfp4")
-INT4_GROUPS = (128, 64, 32)     # the largest that divides the layer's inputs (the products take 32..256)
+DRAFTER_WEIGHTS = ("model", *PACKED_CHOICES)
 KEEP_DENSE = ("lm_head", "embed_tokens")
-
-
-def quantize_weight(fmt: str, w: torch.Tensor, compute_dtype: torch.dtype) -> PackedWeight | None:
-    """``w [out, in]`` in ``fmt`` (fp8: 128x128 blocks, int4: group 128 (64, 32 for narrow layers), nvfp4:
-    16-blocks), or None when the format cannot hold this shape (int4: ``in`` a multiple of 32; nvfp4: of 16)."""
-    in_f = w.shape[1]
-    if fmt == "fp8":
-        return FP8BlockWeight.quantize(w, compute_dtype=compute_dtype)
-    if fmt == "int4":
-        group = next((g for g in INT4_GROUPS if in_f % g == 0), None)
-        return Int4Weight.quantize(w, group, compute_dtype) if group else None
-    if fmt == "nvfp4":
-        return NVFP4Weight.quantize(w, compute_dtype) if in_f % 16 == 0 else None
-    raise ConfigError(f"drafter_weights {fmt!r}: choose one of {', '.join(DRAFTER_WEIGHTS)}")
 
 
 def quantize_linears(root: nn.Module, fmt: str, compute_dtype: torch.dtype) -> int:
@@ -61,4 +43,4 @@ def quantize_linears(root: nn.Module, fmt: str, compute_dtype: torch.dtype) -> i
     return packed
 
 
-__all__ = ["DRAFTER_WEIGHTS", "quantize_linears", "quantize_weight"]
+__all__ = ["DRAFTER_WEIGHTS", "quantize_linears"]

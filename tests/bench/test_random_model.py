@@ -143,3 +143,12 @@ def test_multi_turn_bench_names_a_bf16_divergence(tmp_path, tok_dir, monkeypatch
     rows = json.loads(out.read_text())["multi_turn"]
     assert not rows[1]["same_output"] and rows[1]["first_divergence"] == 2 and rows[1]["tie_flip"] is False
     assert "NOT A TIE at token 2" in text and "answers DIFFER" in text
+
+
+def test_engine_serves_a_quantized_head(tmp_path, tok_dir):
+    """``lm_head_weights: int4`` reaches the engine's model (tiny:llama is untied)."""
+    from edgespec.config import Settings
+    from edgespec.weights import PackedLinear
+    out = write_bench_model("tiny:llama", tmp_path / "m", tokenizer=str(tok_dir), dtype="float32")
+    engine = Engine.from_settings(Settings(model=str(out), max_seq_len=256, lm_head_weights="int4"))
+    assert isinstance(engine.model.lm_head, PackedLinear) and engine.model.lm_head.weight.format == "int4"

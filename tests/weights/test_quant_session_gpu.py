@@ -118,3 +118,19 @@ def test_quantized_dflash_drafter_on_a_quantized_target(folders, tmp_path, draft
     out = s.generate(prompt, max_tokens=24, policy=StrictGreedy())
     assert out.telemetry.draft_tokens > 0
     assert lossless(model, prompt, plain, out.token_ids, kv_fp8=s.kv_fp8)
+
+
+def test_quantized_lm_head_on_gpu_stays_lossless(folders):
+    """``lm_head_weights: int4`` on CUDA: the head runs on the pair tile inside the graphed verify, lossless."""
+    from edgespec.weights.requantize import quantize_lm_head
+
+    model = load_target(folders["qwen3_5", "awq"][0], dtype=torch.bfloat16, device=CUDA, max_positions=512)
+    assert quantize_lm_head(model, "int4")
+    prompt = prompt_ids(model.config.vocab_size, n=21, seed=7)
+    plain = SpecSession(model, select_hooks("rtx", CUDA), None, max_len=256).generate(
+        prompt, max_tokens=24, policy=StrictGreedy()).token_ids
+    assert model.lm_head.weight.kernel is not None
+    s = SpecSession(model, select_hooks("rtx", CUDA), OracleProposer(plain, model.config.vocab_size, seed=5), k=7,
+                    max_len=256)
+    out = s.generate(prompt, max_tokens=24, policy=StrictGreedy())
+    assert lossless(model, prompt, plain, out.token_ids, kv_fp8=s.kv_fp8)

@@ -1,0 +1,58 @@
+"""Quantize loaded dense layers into packed formats after loading: the DFlash drafter's linear layers
+(``drafter_weights``) and the target's output projection (``lm_head_weights``).
+
+Both are read every speculative cycle on a bandwidth-bound device: the Qwen3.5-27B head is 2.54 GB in bf16 and is
+read by every verify and, borrowed by the DFlash drafter, by every draft (5.1 GB a cycle), 0.66 GB in int4. Each
+layer is quantized from its dense weight and the dense weight dropped before the next, so nothing is held twice.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from edgespec.errors import ConfigError
+from edgespec.weights.base import PackedLinear, PackedWeight, is_packed
+from edgespec.weights.fp8_block import FP8BlockWeight
+from edgespec.weights.int4 import Int4Weight
+from edgespec.weights.nvfp4 import NVFP4Weight
+
+PACKED_CHOICES = ("fp8", "int4", "nvfp4")
+INT4_GROUPS = (128, 64, 32)     # the largest that divides the layer's inputs (the products take 32..256)
+
+
+def quantize_weight(fmt: str, w: torch.Tensor, compute_dtype: torch.dtype) -> PackedWeight | None:
+    """``w [out, in]`` in ``fmt`` (fp8: 128x128 blocks, int4: group 128 (64, 32 for narrow layers), nvfp4:
+    16-blocks), or None when the format cannot hold this shape (int4: ``in`` a multiple of 32; nvfp4: of 16)."""
+    in_f = w.shape[1]
+    if fmt == "fp8":
+        return FP8BlockWeight.quantize(w, compute_dtype=compute_dtype)
+    if fmt == "int4":
+        group = next((g for g in INT4_GROUPS if in_f % g == 0), None)
+        return Int4Weight.quantize(w, group, compute_dtype) if group else None
+    if fmt == "nvfp4":
+        return NVFP4Weight.quantize(w, compute_dtype) if in_f % 16 == 0 else None
+    raise ConfigError(f"packed format {fmt!r}: choose one of {', '.join(PACKED_CHOICES)}")
+
+
+def quantize_lm_head(model, fmt: str) -> bool:
+    """Serve ``model``'s output projection in ``fmt`` (``lm_head_weights``); ``model`` keeps it as loaded. Returns
+    whether the head was packed. The logits change by the format's rounding; speculative decoding stays equal to
+    plain decoding of the model so served."""
+    if fmt == "model":
+        return False
+    if model.lm_head is None:
+        raise ConfigError(f"lm_head_weights {fmt!r}: this model ties its head to the embedding table; only an "
+                          "untied lm_head can be quantized (set lm_head_weights: model)")
+    if is_packed(model.lm_head.weight):
+        raise ConfigError(f"lm_head_weights {fmt!r}: the checkpoint's lm_head is already packed "
+                          f"({model.lm_head.weight.format}); set lm_head_weights: model")
+    with torch.no_grad():
+        packed = quantize_weight(fmt, model.lm_head.weight.detach(), model.dtype)
+        if packed is None:
+            raise ConfigError(f"lm_head_weights {fmt!r}: hidden size {model.config.hidden_size} does not fit the "
+                              "format's blocks")
+        model.lm_head = PackedLinear(packed)
+    return True
+
+
+__all__ = ["PACKED_CHOICES", "quantize_lm_head", "quantize_weight"]

@@ -1,0 +1,63 @@
+"""``lm_head_weights``: the target's untied output projection quantized after loading. The logits move by the
+format's rounding only, speculative decoding stays equal to plain decoding of the model so served, and the bad
+cases (tied head, already packed head, unknown format) are refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_dflash import prompt_ids
+from test_spec_lossless import OracleProposer
+
+from edgespec.arch.detect import select_hooks
+from edgespec.config import load_settings
+from edgespec.errors import ConfigError
+from edgespec.loading.checkpoint import load_target
+from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
+from edgespec.speculative.acceptance import StrictGreedy
+from edgespec.speculative.session import SpecSession
+from edgespec.weights import PackedLinear
+from edgespec.weights.requantize import quantize_lm_head
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def untied(tmp_path_factory):
+    folder = write_random_checkpoint(tmp_path_factory.mktemp("head") / "m",
+                                     tiny_config("qwen3_5", tie_word_embeddings=False), seed=8)
+    return folder
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int4", "nvfp4"])
+def test_quantized_head_logits_and_lossless(untied, fmt):
+    dense = load_target(untied, max_positions=256)
+    model = load_target(untied, max_positions=256)
+    assert quantize_lm_head(model, fmt) and isinstance(model.lm_head, PackedLinear)
+    assert model.lm_head.weight.nbytes < dense.lm_head.weight.numel() * 4 / 3
+    hidden = torch.randn(5, model.config.hidden_size)
+    ref, out = dense.logits(hidden), model.logits(hidden)
+    assert ((out - ref).norm() / ref.norm()).item() < 0.15          # the format's rounding, nothing more
+    prompt = prompt_ids(model.config.vocab_size, n=19, seed=4)
+    for arch in ("base", "thor"):
+        # plain decoding with the same hooks: thor serves an FP8 KV cache, so its plain output is its own
+        plain = SpecSession(model, select_hooks(arch, CPU), None, max_len=128).generate(
+            prompt, max_tokens=16, policy=StrictGreedy()).token_ids
+        s = SpecSession(model, select_hooks(arch, CPU), OracleProposer(plain, model.config.vocab_size, seed=2),
+                        k=5, max_len=128)
+        assert s.generate(prompt, max_tokens=16, policy=StrictGreedy()).token_ids == plain, arch
+
+
+def test_refusals(untied, tmp_path):
+    model = load_target(untied, max_positions=64)
+    assert not quantize_lm_head(model, "model")
+    quantize_lm_head(model, "int4")
+    with pytest.raises(ConfigError, match="already packed"):
+        quantize_lm_head(model, "fp8")
+    with pytest.raises(ConfigError, match="packed format 'int2'"):
+        quantize_lm_head(load_target(untied, max_positions=64), "int2")
+    tied = write_random_checkpoint(tmp_path / "tied", tiny_config("qwen3_5", tie_word_embeddings=True), seed=8)
+    with pytest.raises(ConfigError, match="ties its head to the embedding"):
+        quantize_lm_head(load_target(tied, max_positions=64), "int4")
+    with pytest.raises(ConfigError, match="lm_head_weights"):
+        load_settings(cli={"lm_head_weights": "int2"}, environ={})
