@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Jetson AGX Thor PROJECTION: {THOR_BW / 1e9:.0f} GB/s, {THOR_SMS} SMs at an assumed "
           f"{args.thor_clock_mhz:.0f} MHz, AL {args.al}")
     second = f" {'tok/s (full-chip rate)':>22}" if args.stack_json else ""
-    print(f"{'target':<22} {'drafter':<14} {'verify GB':>9} {'draft GB':>8} {'verify ms':>15} {'draft ms':>15} "
+    print(f"{'target':<28} {'drafter':<14} {'verify GB':>9} {'draft GB':>8} {'verify ms':>15} {'draft ms':>15} "
           f"{'cycle ms':>8} {'tok/s':>6}{second} {'byte limit':>10} {'peak GB (measured)':>18}")
     for path in args.files:
         try:
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                       if rates else "")
             target = f"{meta['shape']} {meta['format']}" + (f" head {meta['lm_head']}"
                                                              if meta.get("lm_head", "model") != "model" else "")
-            print(f"{target:<22} {name:<14} {meta['verify_bytes'] / 1e9:>9.2f} "
+            print(f"{target:<28} {name:<14} {meta['verify_bytes'] / 1e9:>9.2f} "
                   f"{run['draft_bytes'] / 1e9:>8.2f} {v['ms']:>8.1f} ({v['bound']:>5}) {d['ms']:>8.1f} "
                   f"({d['bound']:>5}) {p['cycle_ms']:>8.1f} {p['tok_s']:>6.1f}{kernel} "
                   f"{p['byte_limit_tok_s']:>10.1f} {run['peak_GB']:>9.1f} ({meta['max_len']} ctx)")

@@ -28,22 +28,11 @@ from edgespec.loading.gguf_demo import _hf_name, _unpermute_rows, gguf_metadata_
 from edgespec.loading.hf_config import load_config
 from edgespec.models.decoder import TargetModel
 from edgespec.models.layers import RotaryEmbedding
-from edgespec.weights.base import PackedLinear, PackedWeight
+from edgespec.weights.base import PackedEmbedding, PackedLinear
 from edgespec.weights.gguf import GGML_FORMATS
 
 # ggml type ids of unquantized tensors and their numpy dtypes.
 _DENSE = {0: np.float32, 1: np.float16, 30: None}   # 30 = BF16 (gguf-py returns its raw uint8 bytes)
-
-
-class PackedEmbedding(nn.Module):
-    """A token embedding whose table is a :class:`PackedWeight` (rows decoded on lookup)."""
-
-    def __init__(self, packed: PackedWeight) -> None:
-        super().__init__()
-        self.weight = packed
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.weight.rows(tokens)
 
 
 @dataclass

@@ -6,6 +6,6 @@ checkpoint stores them, a torch reference product that dequantizes one tile at a
 path and the oracle of the fast kernels), and an optional fast kernel chosen per device.
 """
 
-from edgespec.weights.base import PackedLinear, PackedWeight, is_packed, register_format, weight_format
+from edgespec.weights.base import PackedEmbedding, PackedLinear, PackedWeight, is_packed, register_format, weight_format
 
-__all__ = ["PackedLinear", "PackedWeight", "is_packed", "register_format", "weight_format"]
+__all__ = ["PackedEmbedding", "PackedLinear", "PackedWeight", "is_packed", "register_format", "weight_format"]

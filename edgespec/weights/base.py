@@ -155,6 +155,18 @@ class PackedLinear(nn.Module):
         return self.weight.matmul(x, self.bias)
 
 
+class PackedEmbedding(nn.Module):
+    """A token embedding whose table is a :class:`PackedWeight` (rows decoded on lookup): a GGUF model's table, or
+    a tied head quantized by ``lm_head_weights``."""
+
+    def __init__(self, packed: PackedWeight) -> None:
+        super().__init__()
+        self.weight = packed
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.weight.rows(tokens)
+
+
 def is_packed(weight: object) -> bool:
     """True for a :class:`PackedWeight` (the dispatch test of :func:`edgespec.kernels.linear.linear`)."""
     return isinstance(weight, PackedWeight)

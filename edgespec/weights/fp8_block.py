@@ -42,6 +42,14 @@ class FP8BlockWeight(PackedWeight):
         scales = scales.repeat_interleave(bi, 1)[:, :self.in_features]
         return (self.weight[start:stop].float() * scales).to(dtype)
 
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Embedding lookup from a packed table: each row with its block row of scales, gathered on the device (no
+        host sync), only those rows decoded."""
+        flat = index.reshape(-1)
+        scales = self.weight_scale_inv[flat // self.block[0]].repeat_interleave(self.block[1], 1)
+        out = (self.weight[flat].float() * scales[:, :self.in_features]).to(self.compute_dtype)
+        return out.reshape(*index.shape, self.in_features)
+
     @classmethod
     def cat(cls, parts: list[PackedWeight]) -> PackedWeight | None:
         """Stacked rows when every part but the last ends on a block boundary (the scale rows then stack too)."""

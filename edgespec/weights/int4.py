@@ -83,10 +83,18 @@ class Int4Weight(PackedWeight):
         self.register_buffer("zeros", torch.empty(out_features, groups, dtype=torch.uint8, device=device))
 
     def dequantize_rows(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        return self._decode(slice(start, stop), dtype)
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Embedding lookup from a packed table: the rows' codes, scales and zeros gathered on the device (no host
+        sync, so it can sit in a captured graph), only those rows decoded."""
+        return self._decode(index.reshape(-1), self.compute_dtype).reshape(*index.shape, self.in_features)
+
+    def _decode(self, rows: slice | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         g = self.group_size
-        q = unpack_nibbles(self.qweight[start:stop]).float()
-        z = self.zeros[start:stop].float().repeat_interleave(g, 1)
-        s = self.scales[start:stop].float().repeat_interleave(g, 1)
+        q = unpack_nibbles(self.qweight[rows]).float()
+        z = self.zeros[rows].float().repeat_interleave(g, 1)
+        s = self.scales[rows].float().repeat_interleave(g, 1)
         return ((q - z) * s).to(dtype)
 
     @classmethod

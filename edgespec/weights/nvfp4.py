@@ -70,9 +70,17 @@ class NVFP4Weight(PackedWeight):
         self.register_buffer("weight_scale_2", torch.empty((), dtype=torch.float32, device=device))
 
     def dequantize_rows(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
-        codes = unpack_nibbles(self.weight[start:stop])
+        return self._decode(slice(start, stop), dtype)
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Embedding lookup from a packed table: the rows' codes and scales gathered on the device (no host sync),
+        only those rows decoded."""
+        return self._decode(index.reshape(-1), self.compute_dtype).reshape(*index.shape, self.in_features)
+
+    def _decode(self, rows: slice | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        codes = unpack_nibbles(self.weight[rows])
         values = e2m1_table(codes.device)[codes]
-        scales = self.weight_scale[start:stop].float().repeat_interleave(GROUP, 1) * self.weight_scale_2
+        scales = self.weight_scale[rows].float().repeat_interleave(GROUP, 1) * self.weight_scale_2
         return (values * scales).to(dtype)
 
     @classmethod

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from edgespec.errors import ConfigError
-from edgespec.weights.base import PackedLinear, PackedWeight, is_packed
+from edgespec.weights.base import PackedEmbedding, PackedLinear, PackedWeight, is_packed
 from edgespec.weights.fp8_block import FP8BlockWeight
 from edgespec.weights.int4 import Int4Weight
 from edgespec.weights.nvfp4 import NVFP4Weight
@@ -36,22 +36,25 @@ def quantize_weight(fmt: str, w: torch.Tensor, compute_dtype: torch.dtype) -> Pa
 
 def quantize_lm_head(model, fmt: str) -> bool:
     """Serve ``model``'s output projection in ``fmt`` (``lm_head_weights``); ``model`` keeps it as loaded. Returns
-    whether the head was packed. The logits change by the format's rounding; speculative decoding stays equal to
-    plain decoding of the model so served."""
+    whether the head was packed. A head tied to the embedding table packs the table (lookups included). The logits
+    change by the format's rounding; speculative decoding stays equal to plain decoding of the model so served."""
     if fmt == "model":
         return False
-    if model.lm_head is None:
-        raise ConfigError(f"lm_head_weights {fmt!r}: this model ties its head to the embedding table; only an "
-                          "untied lm_head can be quantized (set lm_head_weights: model)")
-    if is_packed(model.lm_head.weight):
-        raise ConfigError(f"lm_head_weights {fmt!r}: the checkpoint's lm_head is already packed "
-                          f"({model.lm_head.weight.format}); set lm_head_weights: model")
+    tied = model.lm_head is None
+    head = model.lm_head_weight
+    if is_packed(head):
+        raise ConfigError(f"lm_head_weights {fmt!r}: the checkpoint's {'embedding table' if tied else 'lm_head'} "
+                          f"is already packed ({head.format}); set lm_head_weights: model")
     with torch.no_grad():
-        packed = quantize_weight(fmt, model.lm_head.weight.detach(), model.dtype)
+        packed = quantize_weight(fmt, head.detach(), model.dtype)
         if packed is None:
             raise ConfigError(f"lm_head_weights {fmt!r}: hidden size {model.config.hidden_size} does not fit the "
                               "format's blocks")
-        model.lm_head = PackedLinear(packed)
+        if tied:
+            # A tied head is the embedding table: the table itself is packed, its lookups decode the rows asked for.
+            model.model.embed_tokens = PackedEmbedding(packed)
+        else:
+            model.lm_head = PackedLinear(packed)
     return True
 
 

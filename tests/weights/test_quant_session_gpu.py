@@ -134,3 +134,23 @@ def test_quantized_lm_head_on_gpu_stays_lossless(folders):
                     max_len=256)
     out = s.generate(prompt, max_tokens=24, policy=StrictGreedy())
     assert lossless(model, prompt, plain, out.token_ids, kv_fp8=s.kv_fp8)
+
+
+@pytest.mark.parametrize("fmt", ["int4", "nvfp4"])
+def test_quantized_tied_head_on_gpu_stays_lossless(tmp_path, fmt):
+    """A tied head packed by ``lm_head_weights``: embedding lookups decode packed rows inside the captured graphs,
+    the head runs the packed product; lossless."""
+    from edgespec.weights.requantize import quantize_lm_head
+
+    folder = write_random_checkpoint(tmp_path / "tied", tiny_config("qwen3_5", tie_word_embeddings=True, **WIDE),
+                                     seed=21)
+    model = load_target(folder, dtype=torch.bfloat16, device=CUDA, max_positions=512)
+    assert model.lm_head is None and quantize_lm_head(model, fmt)
+    prompt = prompt_ids(model.config.vocab_size, n=21, seed=7)
+    plain = SpecSession(model, select_hooks("rtx", CUDA), None, max_len=256).generate(
+        prompt, max_tokens=24, policy=StrictGreedy()).token_ids
+    assert model.lm_head_weight.kernel is not None
+    s = SpecSession(model, select_hooks("rtx", CUDA), OracleProposer(plain, model.config.vocab_size, seed=5), k=7,
+                    max_len=256)
+    assert lossless(model, prompt, plain, s.generate(prompt, max_tokens=24, policy=StrictGreedy()).token_ids,
+                    kv_fp8=s.kv_fp8)

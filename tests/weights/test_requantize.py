@@ -48,6 +48,29 @@ def test_quantized_head_logits_and_lossless(untied, fmt):
         assert s.generate(prompt, max_tokens=16, policy=StrictGreedy()).token_ids == plain, arch
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "int4", "nvfp4"])
+def test_tied_head_packs_the_table(tmp_path, fmt):
+    """A tied head is the embedding table: packing it serves the lookups from the packed rows (equal to the
+    format's dequantized rows) and the head from the packed product; speculative == plain."""
+    from edgespec.weights import PackedEmbedding
+    tied = write_random_checkpoint(tmp_path / "tied", tiny_config("qwen3_5", tie_word_embeddings=True), seed=8)
+    model = load_target(tied, max_positions=256)
+    assert model.lm_head is None and quantize_lm_head(model, fmt)
+    table = model.model.embed_tokens
+    assert isinstance(table, PackedEmbedding) and model.lm_head_weight is table.weight
+    ids = torch.tensor([[3, 0, 77], [model.config.vocab_size - 1, 5, 3]])
+    rows = model.embed(ids)
+    assert rows.shape == (2, 3, model.config.hidden_size)
+    for i, t in enumerate(ids.reshape(-1).tolist()):
+        assert torch.equal(rows.reshape(-1, rows.shape[-1])[i], table.weight.dequantize_rows(t, t + 1, rows.dtype)[0])
+    prompt = prompt_ids(model.config.vocab_size, n=19, seed=4)
+    plain = SpecSession(model, select_hooks("base", CPU), None, max_len=128).generate(
+        prompt, max_tokens=12, policy=StrictGreedy()).token_ids
+    s = SpecSession(model, select_hooks("base", CPU), OracleProposer(plain, model.config.vocab_size, seed=2), k=5,
+                    max_len=128)
+    assert s.generate(prompt, max_tokens=12, policy=StrictGreedy()).token_ids == plain
+
+
 def test_refusals(untied, tmp_path):
     model = load_target(untied, max_positions=64)
     assert not quantize_lm_head(model, "model")
@@ -56,8 +79,5 @@ def test_refusals(untied, tmp_path):
         quantize_lm_head(model, "fp8")
     with pytest.raises(ConfigError, match="packed format 'int2'"):
         quantize_lm_head(load_target(untied, max_positions=64), "int2")
-    tied = write_random_checkpoint(tmp_path / "tied", tiny_config("qwen3_5", tie_word_embeddings=True), seed=8)
-    with pytest.raises(ConfigError, match="ties its head to the embedding"):
-        quantize_lm_head(load_target(tied, max_positions=64), "int4")
     with pytest.raises(ConfigError, match="lm_head_weights"):
         load_settings(cli={"lm_head_weights": "int2"}, environ={})
