@@ -49,8 +49,8 @@ class Settings:
     gguf_weights: Literal["packed", "fp32"] = _knob(
         "packed", "GGUF models (demo, *.gguf): packed = serve the file's Q4/Q8 blocks, fp32 = convert to fp32")
     lm_head_weights: Literal["model", "fp8", "int4", "nvfp4"] = _knob(
-        "model", "output projection: model = as the checkpoint; fp8, int4 or nvfp4 = quantized at load (an untied "
-        "head read by every verify and DFlash draft; changes the logits by the format's rounding)")
+        "model", "output projection: model = as the checkpoint; fp8, int4 or nvfp4 = quantized at load (read by "
+        "every verify and DFlash draft; a tied head packs the embedding table; changes the logits by the rounding)")
     device: str = _knob("auto", "torch device: auto, cpu, cuda, cuda:N")
     kv_dtype: Literal["auto", "model", "fp8"] = _knob(
         "auto", "KV cache format: model (= dtype), fp8 (e4m3 with per-token-head scales), auto = arch default")
