@@ -142,15 +142,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    kernel = compile_kernel(args)
+def loop_report(kernel: triton.compiler.CompiledKernel, top: int) -> tuple[str, int, str]:
+    """(registers / stack / shared memory, the main loop's instructions per warp, its top opcodes) of a compiled
+    kernel, as the lab's SASS probes print them."""
     usage, sass = dump(kernel)
     regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     n, hist = loop_histogram(sass)
-    print(f"registers {regs.group(1)}  stack {regs.group(2)} B  shared {kernel.metadata.shared} B  "
-          f"loop {n} instructions per warp per {args.block_n}-key tile")
-    print("  " + "; ".join(f"{op} {c}" for op, c in hist.most_common(args.top)))
+    resources = f"registers {regs.group(1)}, stack {regs.group(2)} B, shared {kernel.metadata.shared} B"
+    return resources, n, "  " + "; ".join(f"{op} {c}" for op, c in hist.most_common(top))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    resources, n, opcodes = loop_report(compile_kernel(args), args.top)
+    print(f"{resources}, loop {n} instructions per warp per {args.block_n}-key tile")
+    print(opcodes)
     return 0
 
 

@@ -14,14 +14,13 @@ its top opcodes. Needs only Triton (its bundled ptxas and cuobjdump):
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from attn_sass import _compile_sm90, dump, loop_histogram  # noqa: E402
+from attn_sass import _compile_sm90, loop_report  # noqa: E402
 
 from edgespec.kernels import triton_quant_gemv as tq  # noqa: E402
 
@@ -61,12 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     for label, fn, consts, types, weights in programs(args):
         kernel = _compile_sm90(fn, consts, types, {"num_warps": args.warps, "num_stages": args.stages})
-        usage, sass = dump(kernel)
-        regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-        n, hist = loop_histogram(sass)
-        print(f"{label}: registers {regs.group(1)}, stack {regs.group(2)} B, shared {kernel.metadata.shared} B, "
-              f"loop {n} per warp = {n * 32 * args.warps / weights:.2f} lane-instructions per weight")
-        print("  " + "; ".join(f"{op} {c}" for op, c in hist.most_common(args.top)))
+        resources, n, opcodes = loop_report(kernel, args.top)
+        print(f"{label}: {resources}, loop {n} per warp = {n * 32 * args.warps / weights:.2f} lane-instructions "
+              "per weight")
+        print(opcodes)
     return 0
 
 

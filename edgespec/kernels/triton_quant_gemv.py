@@ -300,39 +300,24 @@ def _int4_gemv_h2_kernel(x_ptr, q_ptr, s_ptr, z_ptr, part_ptr, b_ptr, y_ptr, M, 
 # 8w + 2p + h holding input 8w + p + 4h, and the activation tile is permuted to the same order in registers, so the
 # compiler feeds the pairs to the mma as they are: ~2.5-2.8 instructions per weight (sm_90 SASS, lab/quant_sass.py)
 # against ~6.8 for the byte tile of ``_int4_kernel``, and below the one-row word kernel's ~3.5.
-_INT4_PAIRS_BF16_ASM = tl.constexpr("""
-{
-.reg .b32 t1, t2, t3, one;
-mov.b32 one, 0x3F803F80;
-lop3.b32 $0, $4, 0x000F000F, 0x43004300, 0xea;
-shr.b32 t1, $4, 4;
-lop3.b32 $1, t1, 0x000F000F, 0x43004300, 0xea;
-shr.b32 t2, $4, 8;
-lop3.b32 $2, t2, 0x000F000F, 0x43004300, 0xea;
-shr.b32 t3, $4, 12;
-lop3.b32 $3, t3, 0x000F000F, 0x43004300, 0xea;
-fma.rn.bf16x2 $0, $0, one, $5;
-fma.rn.bf16x2 $1, $1, one, $5;
-fma.rn.bf16x2 $2, $2, one, $5;
-fma.rn.bf16x2 $3, $3, one, $5;
-}
-""")
-_INT4_PAIRS_FP16_ASM = tl.constexpr("""
-{
-.reg .b32 t1, t2, t3;
-lop3.b32 $0, $4, 0x000F000F, 0x64006400, 0xea;
-shr.b32 t1, $4, 4;
-lop3.b32 $1, t1, 0x000F000F, 0x64006400, 0xea;
-shr.b32 t2, $4, 8;
-lop3.b32 $2, t2, 0x000F000F, 0x64006400, 0xea;
-shr.b32 t3, $4, 12;
-lop3.b32 $3, t3, 0x000F000F, 0x64006400, 0xea;
-sub.f16x2 $0, $0, $5;
-sub.f16x2 $1, $1, $5;
-sub.f16x2 $2, $2, $5;
-sub.f16x2 $3, $3, $5;
-}
-""")
+
+
+def _int4_pairs_asm(magic: str, take_zero: str, setup: tuple[str, ...] = ()) -> tl.constexpr:
+    """The PTX of one word ($4) -> four int4 pairs ($0..$3): nibbles p and p + 4 OR-ed into the mantissa of the
+    ``magic`` pair, then ``take_zero`` (a pair op on ``$p`` and the (magic + z) pair ``$5``) leaves q - z."""
+    lines = ["{", ".reg .b32 t1, t2, t3" + (", one;" if setup else ";"), *setup,
+             f"lop3.b32 $0, $4, 0x000F000F, {magic}, 0xea;"]
+    for p in (1, 2, 3):
+        lines += [f"shr.b32 t{p}, $4, {4 * p};", f"lop3.b32 ${p}, t{p}, 0x000F000F, {magic}, 0xea;"]
+    lines += [take_zero.format(p=p) for p in range(4)]
+    return tl.constexpr("\n".join([*lines, "}"]))
+
+
+# bf16: 128 + q, and an fma by one adds -(128 + z) (sub.bf16x2 needs sm_90; the fma runs from sm_80)
+_INT4_PAIRS_BF16_ASM = _int4_pairs_asm("0x43004300", "fma.rn.bf16x2 ${p}, ${p}, one, $5;",
+                                       ("mov.b32 one, 0x3F803F80;",))
+# fp16: 1024 + q, minus (1024 + z)
+_INT4_PAIRS_FP16_ASM = _int4_pairs_asm("0x64006400", "sub.f16x2 ${p}, ${p}, $5;")
 
 
 @triton.jit
@@ -352,6 +337,15 @@ def _int4_pair_tile(words, z, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, IS_BF1
                                                    [words, zpair[:, None] + tl.zeros_like(words)],
                                                    dtype=(tl.int32,) * 4, is_pure=True, pack=1)
     return _pair_columns(t0, t1, t2, t3, BLOCK_N, GROUP, IS_BF16)
+
+
+@triton.jit
+def _pair_program(N, tiles_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(K split, weight rows, their in-bounds mask, activation rows, first tile) of a 1..16-row pair-tile program."""
+    pid_k = tl.program_id(1)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    lo_t = pid_k * tiles_per_split          # the host makes the splits divide the tiles evenly
+    return pid_k, n, n < N, tl.arange(0, BLOCK_M), lo_t
 
 
 @triton.jit
@@ -381,58 +375,27 @@ def _pair_order_x(x_ptrs, mask, BLOCK_M: tl.constexpr, TILE: tl.constexpr):
 # accumulated tile is scaled by the global scale and 2^63 / 2^7 once at the end. Inputs: word ($4), scale pair
 # ($5); outputs: pairs p = 0..3 (magnitudes of nibbles p and p + 4 shifted under the exponent, their signs to bits
 # 15 and 31, each masked before they are merged).
-_NVFP4_PAIRS_BF16_ASM = tl.constexpr("""
-{
-.reg .b32 a, b, zero;
-mov.b32 zero, 0;
-shl.b32 a, $4, 6;
-shl.b32 b, $4, 12;
-and.b32 b, b, 0x80008000;
-lop3.b32 a, a, 0x01C001C0, b, 0xea;
-fma.rn.bf16x2 $0, a, $5, zero;
-shl.b32 a, $4, 2;
-shl.b32 b, $4, 8;
-and.b32 b, b, 0x80008000;
-lop3.b32 a, a, 0x01C001C0, b, 0xea;
-fma.rn.bf16x2 $1, a, $5, zero;
-shr.b32 a, $4, 2;
-shl.b32 b, $4, 4;
-and.b32 b, b, 0x80008000;
-lop3.b32 a, a, 0x01C001C0, b, 0xea;
-fma.rn.bf16x2 $2, a, $5, zero;
-shr.b32 a, $4, 6;
-and.b32 b, $4, 0x80008000;
-lop3.b32 a, a, 0x01C001C0, b, 0xea;
-fma.rn.bf16x2 $3, a, $5, zero;
-}
-""")
-_NVFP4_PAIRS_FP16_ASM = tl.constexpr("""
-{
-.reg .b32 a, b, zero;
-mov.b32 zero, 0;
-shl.b32 a, $4, 9;
-shl.b32 b, $4, 12;
-and.b32 b, b, 0x80008000;
-lop3.b32 a, a, 0x0E000E00, b, 0xea;
-fma.rn.f16x2 $0, a, $5, zero;
-shl.b32 a, $4, 5;
-shl.b32 b, $4, 8;
-and.b32 b, b, 0x80008000;
-lop3.b32 a, a, 0x0E000E00, b, 0xea;
-fma.rn.f16x2 $1, a, $5, zero;
-shl.b32 a, $4, 1;
-shl.b32 b, $4, 4;
-and.b32 b, b, 0x80008000;
-lop3.b32 a, a, 0x0E000E00, b, 0xea;
-fma.rn.f16x2 $2, a, $5, zero;
-shr.b32 a, $4, 3;
-and.b32 b, $4, 0x80008000;
-lop3.b32 a, a, 0x0E000E00, b, 0xea;
-fma.rn.f16x2 $3, a, $5, zero;
-}
-""")
-NVFP4_BF16_SHIFT = tl.constexpr(63)    # block scales times 2^63 in the tile, the result times 2^-63 (bf16)
-NVFP4_FP16_SHIFT = tl.constexpr(7)     # ... 2^7 / 2^-7 (fp16: 448 x 2^7 stays below fp16's 65504)
+
+
+def _nvfp4_pairs_asm(mag_shifts: tuple[int, ...], mag_mask: str, fma: str) -> tl.constexpr:
+    """The PTX of one word -> four NVFP4 pairs: per pair p, the magnitudes of nibbles p and p + 4 shifted by
+    ``mag_shifts[p]`` (left if positive) under the exponent and masked, their signs (bits 4p + 3, 4p + 19) moved to
+    bits 15 and 31 and masked, merged, and multiplied by the scale pair ``$5``."""
+    lines = ["{", ".reg .b32 a, b, zero;", "mov.b32 zero, 0;"]
+    for p, k in enumerate(mag_shifts):
+        lines.append(f"{'shl' if k >= 0 else 'shr'}.b32 a, $4, {abs(k)};")
+        if 12 - 4 * p:
+            lines += [f"shl.b32 b, $4, {12 - 4 * p};", "and.b32 b, b, 0x80008000;"]
+        else:
+            lines.append("and.b32 b, $4, 0x80008000;")
+        lines += [f"lop3.b32 a, a, {mag_mask}, b, 0xea;", f"{fma} ${p}, a, $5, zero;"]
+    return tl.constexpr("\n".join([*lines, "}"]))
+
+
+_NVFP4_PAIRS_BF16_ASM = _nvfp4_pairs_asm((6, 2, -2, -6), "0x01C001C0", "fma.rn.bf16x2")    # magnitude -> bits 6..8
+_NVFP4_PAIRS_FP16_ASM = _nvfp4_pairs_asm((9, 5, 1, -3), "0x0E000E00", "fma.rn.f16x2")      # magnitude -> bits 9..11
+NVFP4_BF16_SHIFT = tl.constexpr(63)    # block scales times 2^63 in the tile, undone on the accumulator (bf16)
+NVFP4_FP16_SHIFT = tl.constexpr(7)     # ... 2^7 (fp16: 448 x 2^7 stays below 65504)
 
 
 @triton.jit
@@ -447,12 +410,7 @@ def _nvfp4_pair_dot_kernel(x_ptr, q_ptr, s_ptr, scale2_ptr, part_ptr, b_ptr, y_p
     NB: tl.constexpr = TILE // 16
     SHIFT: tl.constexpr = NVFP4_BF16_SHIFT if IS_BF16 else NVFP4_FP16_SHIFT
     pdl_wait(PDL)
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
-    m = tl.arange(0, BLOCK_M)
-    lo_t = pid_k * tiles_per_split          # the host makes the splits divide the tiles evenly
+    pid_k, n, n_ok, m, lo_t = _pair_program(N, tiles_per_split, BLOCK_M, BLOCK_N)
     # words as [rows, scale blocks, 2]: a block's scale pair is broadcast over its two words in registers
     w_ptrs = (q_ptr + n[:, None, None] * stride_qn + lo_t * WORDS + tl.arange(0, NB)[None, :, None] * 2
               + tl.arange(0, 2)[None, None, :])
@@ -505,12 +463,7 @@ def _int4_pair_dot_kernel(x_ptr, q_ptr, s_ptr, z_ptr, part_ptr, b_ptr, y_ptr, M,
     for the previous kernel (PDL), ask L2 for the first ``PREFETCH`` 128-byte lines of each of the program's rows:
     weights are never written during a step, so they may be read early, and the first tiles then come from L2."""
     WORDS: tl.constexpr = GROUP // 8
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
-    m = tl.arange(0, BLOCK_M)
-    lo_t = pid_k * tiles_per_split          # the host makes the splits divide the tiles evenly
+    pid_k, n, n_ok, m, lo_t = _pair_program(N, tiles_per_split, BLOCK_M, BLOCK_N)
     if PREFETCH > 0:
         line = tl.minimum(tl.arange(0, PREFETCH) * 32, tiles_per_split * WORDS - 1)     # 32 words = 128 bytes
         _prefetch_l2(q_ptr + tl.minimum(n, N - 1)[:, None] * stride_qn + lo_t * WORDS + line[None, :])
