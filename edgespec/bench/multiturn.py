@@ -36,13 +36,17 @@ INSTRUCTIONS = [
 
 
 def history_text(engine: Engine, tokens: int, prompts_path: str | None) -> str:
-    """An earlier session log of about ``tokens`` tokens, built from the bench prompt set."""
-    pieces = [f"[{i:03d}] operator: {p.user}" for i, p in enumerate(load_prompts(prompts_path))]
-    text, i = "", 0
-    while len(engine.tokenizer.encode(text)) < tokens:
-        text += pieces[i % len(pieces)] + "\n"
+    """An earlier session log of about ``tokens`` tokens, built from the bench prompt set. Each line's tokens are
+    counted once (re-encoding the growing log on every line was quadratic in its length); merges across line ends
+    make the sum approximate, which "about" allows."""
+    pieces = [f"[{i:03d}] operator: {p.user}\n" for i, p in enumerate(load_prompts(prompts_path))]
+    counts = [max(1, len(engine.tokenizer.encode(piece))) for piece in pieces]
+    parts, total, i = [], 0, 0
+    while total < tokens:
+        parts.append(pieces[i % len(pieces)])
+        total += counts[i % len(pieces)]
         i += 1
-    return text
+    return "".join(parts)
 
 
 def _turn(engine: Engine, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
