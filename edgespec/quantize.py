@@ -32,9 +32,7 @@ from edgespec.loading.hf_config import parse_config, read_json
 from edgespec.loading.safetensors_io import TensorReader, read_headers
 from edgespec.loading.weights import weight_files
 from edgespec.models.layers import Linear
-from edgespec.weights.fp8_block import FP8BlockWeight
-from edgespec.weights.int4 import Int4Weight
-from edgespec.weights.nvfp4 import NVFP4Weight
+from edgespec.weights.requantize import quantize_weight
 
 FORMATS = ("int4", "nvfp4", "fp8")
 # Kept in their source dtype by default: read once per token (embeddings), sensitive (lm_head), or tiny.
@@ -85,14 +83,6 @@ def _linear_names(raw_cfg: dict[str, Any], with_mtp: bool) -> dict[str, tuple[in
     with torch.device("meta"):
         model = TargetModel(cfg, max_positions=1, with_mtp=with_mtp)
     return {n: (m.out_features, m.in_features) for n, m in model.named_modules() if isinstance(m, Linear)}
-
-
-def _quantize(fmt: str, w: torch.Tensor, group_size: int, global_amax: torch.Tensor | None):
-    if fmt == "fp8":
-        return FP8BlockWeight.quantize(w)
-    if fmt == "nvfp4":
-        return NVFP4Weight.quantize(w, global_amax=global_amax)
-    return Int4Weight.quantize(w, group_size)
 
 
 def _public_tensors(fmt: str, q) -> dict[str, torch.Tensor]:
@@ -230,7 +220,7 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, fmt: str, *, keep: lis
             mats = {k: reader.read(entries[k]).float() for k in group}
             amax = max(m.abs().amax() for m in mats.values()) if fmt == "nvfp4" else None
             for k, w in mats.items():
-                q = _quantize(fmt, w, group_size, amax)
+                q = quantize_weight(fmt, w, group_size=group_size, global_amax=amax)
                 err = (q.dequantize(torch.float32) - w).norm() / w.norm().clamp(min=1e-12)
                 errors.append(LayerError(quant_keys[k], tuple(w.shape), float(err)))
                 prefix = k[:-len("weight")]

@@ -36,6 +36,7 @@ from edgespec.weights.base import PackedLinear, PackedWeight
 from edgespec.weights.fp8_block import FP8BlockWeight
 from edgespec.weights.int4 import Int4Weight
 from edgespec.weights.nvfp4 import NVFP4Weight
+from edgespec.weights.requantize import quantize_weight
 
 FORMATS = ("dense", "fp8", "nvfp4", "int4")
 
@@ -119,7 +120,7 @@ def format_model(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype
             if isinstance(module, PackedWeight):
                 dense = torch.empty(module.out_features, module.in_features, device=device).normal_(
                     0.0, 0.02, generator=gen)
-                q = _quantize(module, dense, group)
+                q = quantize_weight(fmt, dense, group_size=group)
                 for b, t in q.named_buffers(recurse=False):
                     getattr(module, b).copy_(t)
                 del dense, q
@@ -147,14 +148,6 @@ def prefill_step(model: TargetModel, cache: ModelCache, hooks: ArchHooks, tokens
         cache.reset()
         hooks.prefill(model, cache, tokens, hooks.defaults.prefill_chunk, ())
     return run
-
-
-def _quantize(like: PackedWeight, dense: torch.Tensor, group: int) -> PackedWeight:
-    if isinstance(like, FP8BlockWeight):
-        return FP8BlockWeight.quantize(dense)
-    if isinstance(like, NVFP4Weight):
-        return NVFP4Weight.quantize(dense)
-    return Int4Weight.quantize(dense, group)
 
 
 def bench_format(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype: torch.dtype, context: int,

@@ -20,17 +20,20 @@ PACKED_CHOICES = ("fp8", "int4", "nvfp4")
 INT4_GROUPS = (128, 64, 32)     # the largest that divides the layer's inputs (the products take 32..256)
 
 
-def quantize_weight(fmt: str, w: torch.Tensor, compute_dtype: torch.dtype) -> PackedWeight | None:
-    """``w [out, in]`` in ``fmt`` (fp8: 128x128 blocks, int4: group 128 (64, 32 for narrow layers), nvfp4:
-    16-blocks), or None when the format cannot hold this shape (int4: ``in`` a multiple of 32; nvfp4: of 16)."""
+def quantize_weight(fmt: str, w: torch.Tensor, compute_dtype: torch.dtype = torch.float32,
+                    group_size: int | None = None, global_amax: torch.Tensor | None = None) -> PackedWeight | None:
+    """``w [out, in]`` in ``fmt``: the one round-to-nearest entry for every format (``edgespec quantize``, the
+    format bench, ``drafter_weights``, ``lm_head_weights``). fp8: 128x128 blocks; int4: ``group_size``, or else the
+    largest of 128/64/32 dividing ``in``; nvfp4: 16-blocks, ``global_amax`` shared by matrices served merged. None
+    when the format cannot hold this shape (int4: ``in`` not a multiple of the group; nvfp4: of 16)."""
     in_f = w.shape[1]
     if fmt == "fp8":
         return FP8BlockWeight.quantize(w, compute_dtype=compute_dtype)
     if fmt == "int4":
-        group = next((g for g in INT4_GROUPS if in_f % g == 0), None)
-        return Int4Weight.quantize(w, group, compute_dtype) if group else None
+        group = group_size or next((g for g in INT4_GROUPS if in_f % g == 0), None)
+        return Int4Weight.quantize(w, group, compute_dtype) if group and in_f % group == 0 else None
     if fmt == "nvfp4":
-        return NVFP4Weight.quantize(w, compute_dtype) if in_f % 16 == 0 else None
+        return NVFP4Weight.quantize(w, compute_dtype, global_amax) if in_f % 16 == 0 else None
     raise ConfigError(f"packed format {fmt!r}: choose one of {', '.join(PACKED_CHOICES)}")
 
 
