@@ -28,7 +28,7 @@ from make_drafter import write_dflash_drafter  # noqa: E402
 
 from edgespec.arch.detect import select_hooks  # noqa: E402
 from edgespec.bench.formats import FORMATS, format_model  # noqa: E402
-from edgespec.bench.gpu import random_model, sm_clock_mhz  # noqa: E402
+from edgespec.bench.gpu import random_model, sm_clock_mhz, weight_bytes_per_token  # noqa: E402
 from edgespec.drafters.dflash import load_dflash_checkpoint  # noqa: E402
 from edgespec.drafters.ngram import NGramProposer  # noqa: E402
 from edgespec.loading.synthetic import SHAPES, config_dict  # noqa: E402
@@ -84,9 +84,7 @@ def main() -> int:
     quantize_lm_head(model, args.lm_head)
     prompt = torch.randint(0, 1000, (256,)).tolist()
     kv_fp8 = None if args.kv == "auto" else args.kv == "fp8"
-    embed = model.model.embed_tokens.weight
-    # One verify forward reads every weight matrix but the embedding (one row per token).
-    verify_bytes = weight_bytes(model) - (nbytes(embed) if embed is not model.lm_head_weight else 0)
+    verify_bytes = weight_bytes_per_token(model)      # a verify reads every matrix once, one embedding row a token
     out = {"shape": args.shape, "device": torch.cuda.get_device_name(device), "k": args.k, "format": args.format,
            "lm_head": args.lm_head,
            "sms": torch.cuda.get_device_properties(device).multi_processor_count, "sm_clock_mhz": sm_clock_mhz(),

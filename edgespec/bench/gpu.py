@@ -93,15 +93,19 @@ def fill_random_(model: TargetModel, gen: torch.Generator) -> None:
 def weight_bytes_per_token(model: TargetModel) -> int:
     """Bytes of weights one forward reads: every matrix once; of the embedding only one row (unless tied, where
     the matrix is read in full as the lm_head)."""
+    from edgespec.weights.base import is_packed
+
     total = 0
     emb = model.model.embed_tokens.weight
+    # a packed table (GGUF, or a tied head under lm_head_weights) is its buffers; its rows are out_features
+    table = {id(t) for t in emb.buffers()} if is_packed(emb) else {id(emb)}
+    table_bytes, table_rows = (emb.nbytes, emb.out_features) if is_packed(emb) else (
+        emb.numel() * emb.element_size(), emb.shape[0])
     for name, p in [*model.named_parameters(), *_packed_buffers(model)]:
-        if p is emb:
-            continue
-        if name.startswith("mtp."):
+        if id(p) in table or name.startswith("mtp."):
             continue
         total += p.numel() * p.element_size()
-    total += emb.numel() * emb.element_size() if model.lm_head is None else emb.shape[1] * emb.element_size()
+    total += table_bytes if model.lm_head is None else table_bytes // table_rows
     return total
 
 

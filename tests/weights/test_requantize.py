@@ -10,6 +10,7 @@ from test_dflash import prompt_ids
 from test_spec_lossless import OracleProposer
 
 from edgespec.arch.detect import select_hooks
+from edgespec.bench.gpu import weight_bytes_per_token
 from edgespec.config import load_settings
 from edgespec.errors import ConfigError
 from edgespec.loading.checkpoint import load_target
@@ -33,7 +34,11 @@ def untied(tmp_path_factory):
 def test_quantized_head_logits_and_lossless(untied, fmt):
     dense = load_target(untied, max_positions=256)
     model = load_target(untied, max_positions=256)
+    head = model.lm_head.weight
+    dense_read = weight_bytes_per_token(model)
     assert quantize_lm_head(model, fmt) and isinstance(model.lm_head, PackedLinear)
+    assert weight_bytes_per_token(model) == (dense_read - head.numel() * head.element_size()
+                                             + model.lm_head.weight.nbytes)
     assert model.lm_head.weight.nbytes < dense.lm_head.weight.numel() * 4 / 3
     hidden = torch.randn(5, model.config.hidden_size)
     ref, out = dense.logits(hidden), model.logits(hidden)
@@ -55,8 +60,12 @@ def test_tied_head_packs_the_table(tmp_path, fmt):
     from edgespec.weights import PackedEmbedding
     tied = write_random_checkpoint(tmp_path / "tied", tiny_config("qwen3_5", tie_word_embeddings=True), seed=8)
     model = load_target(tied, max_positions=256)
+    dense_read, dense_table = weight_bytes_per_token(model), model.lm_head_weight
     assert model.lm_head is None and quantize_lm_head(model, fmt)
     table = model.model.embed_tokens
+    # bytes read per token: the packed table in full (it is the head) instead of the dense one
+    assert weight_bytes_per_token(model) == (dense_read - dense_table.numel() * dense_table.element_size()
+                                             + table.weight.nbytes)
     assert isinstance(table, PackedEmbedding) and model.lm_head_weight is table.weight
     ids = torch.tensor([[3, 0, 77], [model.config.vocab_size - 1, 5, 3]])
     rows = model.embed(ids)
