@@ -82,6 +82,7 @@ def main() -> int:
     else:
         model = format_model(config_dict(**SHAPES[args.shape]), args.format, device, torch.bfloat16, args.max_len)
     quantize_lm_head(model, args.lm_head)
+    load_peak = torch.cuda.max_memory_allocated(device)     # building the target and packing its head
     prompt = torch.randint(0, 1000, (256,)).tolist()
     kv_fp8 = None if args.kv == "auto" else args.kv == "fp8"
     verify_bytes = weight_bytes_per_token(model)      # a verify reads every matrix once, one embedding row a token
@@ -89,10 +90,10 @@ def main() -> int:
            "lm_head": args.lm_head,
            "sms": torch.cuda.get_device_properties(device).multi_processor_count, "sm_clock_mhz": sm_clock_mhz(),
            "target_weight_bytes": weight_bytes(model), "verify_bytes": verify_bytes,
-           "head_bytes": nbytes(model.lm_head_weight), "max_len": args.max_len}
+           "head_bytes": nbytes(model.lm_head_weight), "max_len": args.max_len, "load_peak_GB": load_peak / 1e9}
     print(f"{out['device']} ({out['sms']} SMs, {out['sm_clock_mhz']} MHz): {args.shape} target {args.format} "
           f"(lm_head {args.lm_head}), "
-          f"{verify_bytes / 1e9:.2f} GB read per verify", flush=True)
+          f"{verify_bytes / 1e9:.2f} GB read per verify, load peak {load_peak / 1e9:.1f} GB", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         write_dflash_drafter(tmp, config_dict(**SHAPES[args.shape]), num_layers=5, dtype=torch.bfloat16)
         runs = [f"dflash-{w}" for w in args.drafter_weights.split(",") if w] + ["ngram"]

@@ -18,6 +18,10 @@ from edgespec.weights.nvfp4 import NVFP4Weight
 
 PACKED_CHOICES = ("fp8", "int4", "nvfp4")
 INT4_GROUPS = (128, 64, 32)     # the largest that divides the layer's inputs (the products take 32..256)
+# Rows quantized at a time: the format quantizers hold a few fp32 copies of what they are given (a 27B head in one
+# piece: ~15 GB of scratch on the serving device), a band of 8192 rows a few hundred MB. A multiple of 128, so FP8
+# blocks never straddle two bands.
+QUANT_BAND_ROWS = 8192
 
 
 def quantize_weight(fmt: str, w: torch.Tensor, compute_dtype: torch.dtype = torch.float32,
@@ -26,6 +30,14 @@ def quantize_weight(fmt: str, w: torch.Tensor, compute_dtype: torch.dtype = torc
     format bench, ``drafter_weights``, ``lm_head_weights``). fp8: 128x128 blocks; int4: ``group_size``, or else the
     largest of 128/64/32 dividing ``in``; nvfp4: 16-blocks, ``global_amax`` shared by matrices served merged. None
     when the format cannot hold this shape (int4: ``in`` not a multiple of the group; nvfp4: of 16)."""
+    if w.shape[0] > QUANT_BAND_ROWS and fmt in PACKED_CHOICES:
+        # Band by band, stacked by the format's own cat: every row (FP8: every 128-row block) quantizes on its
+        # own, and NVFP4's global scale comes from the whole matrix first, so the result is the same bits.
+        bands = w.split(QUANT_BAND_ROWS)
+        if fmt == "nvfp4" and global_amax is None:
+            global_amax = torch.stack([band.abs().amax() for band in bands]).amax().float()
+        parts = [quantize_weight(fmt, band, compute_dtype, group_size, global_amax) for band in bands]
+        return None if parts[0] is None else type(parts[0]).cat(parts)
     in_f = w.shape[1]
     if fmt == "fp8":
         return FP8BlockWeight.quantize(w, compute_dtype=compute_dtype)

@@ -90,3 +90,18 @@ def test_refusals(untied, tmp_path):
         quantize_lm_head(load_target(untied, max_positions=64), "int2")
     with pytest.raises(ConfigError, match="lm_head_weights"):
         load_settings(cli={"lm_head_weights": "int2"}, environ={})
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int4", "nvfp4"])
+def test_banded_quantization_is_the_same_bits(fmt, monkeypatch):
+    """A matrix taller than a band is quantized band by band (bounded scratch) into exactly the tensors the
+    format's quantizer makes of it whole, a ragged last band and a partial FP8 block included."""
+    from edgespec.weights import requantize
+    torch.manual_seed(3)
+    w = torch.randn(300, 256) * torch.linspace(0.1, 3.0, 300)[:, None]       # rows of different ranges
+    whole = requantize.quantize_weight(fmt, w)
+    monkeypatch.setattr(requantize, "QUANT_BAND_ROWS", 128)
+    banded = requantize.quantize_weight(fmt, w)
+    assert type(banded) is type(whole) and banded.out_features == 300
+    for name, t in whole.named_buffers():
+        assert torch.equal(getattr(banded, name), t), name
