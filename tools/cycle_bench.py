@@ -32,17 +32,11 @@ from edgespec.bench.gpu import random_model, sm_clock_mhz, weight_bytes_per_toke
 from edgespec.drafters.dflash import load_dflash_checkpoint  # noqa: E402
 from edgespec.drafters.ngram import NGramProposer  # noqa: E402
 from edgespec.loading.synthetic import SHAPES, config_dict  # noqa: E402
+from edgespec.memory import module_bytes  # noqa: E402
 from edgespec.speculative.acceptance import StrictGreedy  # noqa: E402
 from edgespec.speculative.session import SpecSession  # noqa: E402
 from edgespec.weights.base import PackedWeight  # noqa: E402
 from edgespec.weights.requantize import quantize_lm_head  # noqa: E402
-
-
-def weight_bytes(module: torch.nn.Module) -> int:
-    """Bytes of a module's weights: packed weights whole, dense matrices (2-D parameters) as stored."""
-    packed = sum(m.nbytes for m in module.modules() if isinstance(m, PackedWeight))
-    dense = sum(p.numel() * p.element_size() for p in module.parameters() if p.dim() == 2)
-    return packed + dense
 
 
 def nbytes(t: torch.Tensor | PackedWeight) -> int:
@@ -89,7 +83,7 @@ def main() -> int:
     out = {"shape": args.shape, "device": torch.cuda.get_device_name(device), "k": args.k, "format": args.format,
            "lm_head": args.lm_head,
            "sms": torch.cuda.get_device_properties(device).multi_processor_count, "sm_clock_mhz": sm_clock_mhz(),
-           "target_weight_bytes": weight_bytes(model), "verify_bytes": verify_bytes,
+           "target_weight_bytes": module_bytes(model), "verify_bytes": verify_bytes,
            "head_bytes": nbytes(model.lm_head_weight), "max_len": args.max_len, "load_peak_GB": load_peak / 1e9}
     print(f"{out['device']} ({out['sms']} SMs, {out['sm_clock_mhz']} MHz): {args.shape} target {args.format} "
           f"(lm_head {args.lm_head}), "
@@ -105,10 +99,10 @@ def main() -> int:
                                                   weights=name.split("-", 1)[1])
                 # a draft forward reads the drafter and the head it multiplies by (the target's, when borrowed)
                 head = proposer._head_weight
-                out[f"{name}_drafter_bytes"] = weight_bytes(proposer.drafter)
+                out[f"{name}_drafter_bytes"] = module_bytes(proposer.drafter)
                 out[f"{name}_head_bytes"] = nbytes(head) if head is model.lm_head_weight else 0
                 out[f"{name}_draft_bytes"] = out[f"{name}_drafter_bytes"] + out[f"{name}_head_bytes"]
-                print(f"{name}: {weight_bytes(proposer.drafter) / 1e9:.2f} GB of drafter weights, "
+                print(f"{name}: {out[f'{name}_drafter_bytes'] / 1e9:.2f} GB of drafter weights, "
                       f"{out[f'{name}_draft_bytes'] / 1e9:.2f} GB read per draft", flush=True)
             k = min(args.k, proposer.max_k)
             torch.cuda.reset_peak_memory_stats()
