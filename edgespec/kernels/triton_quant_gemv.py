@@ -252,7 +252,7 @@ X_SHIFT = 4
 def _int4_gemv_h2_kernel(x_ptr, q_ptr, s_ptr, z_ptr, part_ptr, b_ptr, y_ptr, M, N, n_tiles, tiles_per_split,
                          stride_qn, stride_sn, stride_zn, stride_ps,
                          GROUP: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      PDL: tl.constexpr):
+                         PDL: tl.constexpr):
     """One row, products in fp16 pairs per word (``_INT4_WORD_DOT_ASM``), accumulated in fp32 across words."""
     pdl_wait(PDL)
     WORDS: tl.constexpr = GROUP // 8
@@ -298,8 +298,8 @@ def _int4_gemv_h2_kernel(x_ptr, q_ptr, s_ptr, z_ptr, part_ptr, b_ptr, y_ptr, M, 
 # (bf16, 0x4300) or 1024 (fp16, 0x6400) in one LOP3, then one fused pair operation takes (that + z) away, exactly
 # (|q - z| <= 15 is an integer of either type). The pairs are laid side by side as the product's K axis, column
 # 8w + 2p + h holding input 8w + p + 4h, and the activation tile is permuted to the same order in registers, so the
-# compiler feeds the pairs to the mma as they are: ~2.5-2.8 instructions per weight (sm_90 SASS, lab/quant_sass.py)
-# against ~6.8 for the byte tile of ``_int4_kernel``, and below the one-row word kernel's ~3.5.
+# compiler feeds the pairs to the mma as they are: 2.87 lane-instructions per weight in the sm_90 main loop
+# (lab/quant_sass.py), against 6.83 for the byte tile of ``_int4_kernel`` and 4.09 for the one-row word kernel.
 
 
 def _int4_pairs_asm(magic: str, take_zero: str, setup: tuple[str, ...] = ()) -> tl.constexpr:
@@ -324,18 +324,12 @@ _INT4_PAIRS_FP16_ASM = _int4_pairs_asm("0x64006400", "sub.f16x2 ${p}, ${p}, $5;"
 def _int4_pair_tile(words, z, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, IS_BF16: tl.constexpr):
     """The ``[BLOCK_N, GROUP]`` tile of ``q - z`` (activation type) from ``[BLOCK_N, GROUP / 8]`` int32 words and
     the rows' zero points, its columns in the pair order (column 8w + 2p + h = input 8w + p + 4h)."""
-    if IS_BF16:
-        zh = z | 0xC300                                    # bf16 bits of -(128 + z): the fma adds it
-        zpair = zh | (zh << 16)
-        t0, t1, t2, t3 = tl.inline_asm_elementwise(_INT4_PAIRS_BF16_ASM, "=r,=r,=r,=r,r,r",
-                                                   [words, zpair[:, None] + tl.zeros_like(words)],
-                                                   dtype=(tl.int32,) * 4, is_pure=True, pack=1)
-    else:
-        zh = z | 0x6400
-        zpair = zh | (zh << 16)
-        t0, t1, t2, t3 = tl.inline_asm_elementwise(_INT4_PAIRS_FP16_ASM, "=r,=r,=r,=r,r,r",
-                                                   [words, zpair[:, None] + tl.zeros_like(words)],
-                                                   dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+    # bf16: the bits of -(128 + z), which the fma adds; fp16: 1024 + z, which the sub takes away
+    zh = z | (0xC300 if IS_BF16 else 0x6400)
+    asm: tl.constexpr = _INT4_PAIRS_BF16_ASM if IS_BF16 else _INT4_PAIRS_FP16_ASM
+    t0, t1, t2, t3 = tl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r,r", [words, (zh | (zh << 16))[:, None] +
+                                                                        tl.zeros_like(words)],
+                                               dtype=(tl.int32,) * 4, is_pure=True, pack=1)
     return _pair_columns(t0, t1, t2, t3, BLOCK_N, GROUP, IS_BF16)
 
 
@@ -409,6 +403,8 @@ def _nvfp4_pair_dot_kernel(x_ptr, q_ptr, s_ptr, scale2_ptr, part_ptr, b_ptr, y_p
     WORDS: tl.constexpr = TILE // 8
     NB: tl.constexpr = TILE // 16
     SHIFT: tl.constexpr = NVFP4_BF16_SHIFT if IS_BF16 else NVFP4_FP16_SHIFT
+    HALF: tl.constexpr = tl.bfloat16 if IS_BF16 else tl.float16
+    ASM: tl.constexpr = _NVFP4_PAIRS_BF16_ASM if IS_BF16 else _NVFP4_PAIRS_FP16_ASM
     pdl_wait(PDL)
     pid_k, n, n_ok, m, lo_t = _pair_program(N, tiles_per_split, BLOCK_M, BLOCK_N)
     # words as [rows, scale blocks, 2]: a block's scale pair is broadcast over its two words in registers
@@ -420,17 +416,10 @@ def _nvfp4_pair_dot_kernel(x_ptr, q_ptr, s_ptr, scale2_ptr, part_ptr, b_ptr, y_p
     for _ in range(0, tiles_per_split):
         words = tl.load(w_ptrs, mask=n_ok[:, None, None], other=0)
         sc = tl.load(s_ptrs, mask=n_ok[:, None], other=0.0).to(tl.float32) * (2.0 ** SHIFT)
-        if IS_BF16:
-            sb = sc.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        else:
-            sb = sc.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        sb = sc.to(HALF).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
         spair = (sb | (sb << 16))[:, :, None] + tl.zeros_like(words)
-        if IS_BF16:
-            t0, t1, t2, t3 = tl.inline_asm_elementwise(_NVFP4_PAIRS_BF16_ASM, "=r,=r,=r,=r,r,r", [words, spair],
-                                                       dtype=(tl.int32,) * 4, is_pure=True, pack=1)
-        else:
-            t0, t1, t2, t3 = tl.inline_asm_elementwise(_NVFP4_PAIRS_FP16_ASM, "=r,=r,=r,=r,r,r", [words, spair],
-                                                       dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+        t0, t1, t2, t3 = tl.inline_asm_elementwise(ASM, "=r,=r,=r,=r,r,r", [words, spair], dtype=(tl.int32,) * 4,
+                                                   is_pure=True, pack=1)
         t0 = tl.reshape(t0, [BLOCK_N, WORDS])
         t1 = tl.reshape(t1, [BLOCK_N, WORDS])
         t2 = tl.reshape(t2, [BLOCK_N, WORDS])
