@@ -53,7 +53,7 @@ def model_budget(model_dir: str, max_seq_len: int, device_name: str = "auto", dt
     not fit: the lines say so."""
     from pathlib import Path
 
-    from edgespec.engine import resolve_device
+    from edgespec.plan import resolve_device
     from edgespec.loading.checkpoint import build_empty, normalise_key, resolve_dtype
     from edgespec.loading.hf_config import load_config
     from edgespec.loading.quant_config import detect_quantization

@@ -17,7 +17,7 @@ from torch import nn
 
 from edgespec.cache.kv import KVCache
 from edgespec.cache.model_cache import ModelCache
-from edgespec.cache.state import GDNState, GDNStateBank
+from edgespec.cache.state import GDNState, GDNStateBank, StateMode
 from edgespec.kernels.linear import linear
 from edgespec.models.config import ModelConfig
 from edgespec.models.gdn import GatedDeltaNet
@@ -59,9 +59,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norms)
 
     def forward(self, h: torch.Tensor, delta: torch.Tensor | None, cache: KVCache | GDNState, start: int,
-                rope: RotaryEmbedding, chunked: bool, checkpoint: bool, pos_t: torch.Tensor | None = None,
-                cs: tuple[torch.Tensor, torch.Tensor] | None = None, defer: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                rope: RotaryEmbedding, chunked: bool, mode: StateMode, pos_t: torch.Tensor | None = None,
+                cs: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns ``(h, delta)``: this layer's output is ``h + delta`` (see the class doc). ``cs``: the
         forward's rotary angles, shared by its attention layers."""
         if delta is None:
@@ -71,7 +70,7 @@ class DecoderLayer(nn.Module):
         if self.kind == "full_attention":
             x = self.self_attn(x, cache, start, rope, pos_t, cs)
         else:
-            x = self.linear_attn(x, cache, chunked=chunked, checkpoint=checkpoint, defer=defer)
+            x = self.linear_attn(x, cache, chunked=chunked, mode=mode)
         h, y = self.post_attention_layernorm.add_forward(x, h)
         return h, self.mlp(y)
 
@@ -172,15 +171,16 @@ class TargetModel(nn.Module):
     # -- forwards -----------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: ModelCache, *, taps: Sequence[int] = (),
-                checkpoint: bool = False, defer: bool = False, chunked: bool | None = None,
+                mode: StateMode = StateMode.ADVANCE, chunked: bool | None = None,
                 logits: Literal["all", "last", "none"] = "all",
                 pos_t: torch.Tensor | None = None) -> ForwardOutput:
         """Run ``tokens [T]`` at positions ``cache.length ..``; returns logits, final hidden and taps.
 
         ``taps``: layer ids whose OUTPUT is captured (id L = HF ``hidden_states[L+1]``).
-        ``checkpoint``: save GDN state after every row so :meth:`ModelCache.rollback` is constant time.
-        ``defer``: leave GDN states untouched and keep each row's inputs; :meth:`ModelCache.rollback` (which must
-        follow before the next forward) then advances them by the kept rows.
+        ``mode`` (what the GDN states do; the rollback strategies of ``edgespec.arch.rollback`` pick it):
+        CHECKPOINT saves the state after every row so :meth:`ModelCache.rollback` is constant time; DEFER leaves
+        the states untouched and keeps each row's inputs, and :meth:`ModelCache.rollback` (which must follow
+        before the next forward) then advances them by the kept rows; ADVANCE just updates them.
         ``pos_t``: graph mode -- the start position as a one-element device tensor. Nothing then depends on
         host values, so the forward can be captured once per T and replayed at any position; the caller (see
         ``edgespec.arch.graphs``) does the host bookkeeping (``cache.length``, checkpoint marks).
@@ -191,9 +191,11 @@ class TargetModel(nn.Module):
             cache.check_room(start, T)
         if chunked is None:
             chunked = T >= self.CHUNKED_MIN_ROWS
-        if checkpoint and defer:
-            raise ValueError("a forward either checkpoints or defers its GDN states, not both")
-        defer = defer and cache.has_state
+        if not isinstance(mode, StateMode):
+            raise ValueError(f"forward mode {mode!r} is not a StateMode ({', '.join(m.name for m in StateMode)})")
+        if not cache.has_state:
+            mode = StateMode.ADVANCE        # attention-only: nothing to checkpoint or defer
+        checkpoint, defer = mode is StateMode.CHECKPOINT, mode is StateMode.DEFER
         if checkpoint:
             if pos_t is None:
                 cache.begin_checkpointed_forward(start, T)
@@ -207,7 +209,7 @@ class TargetModel(nn.Module):
         delta = None
         cs = self.rope.angles(start, T, pos_t, h.dtype) if cache.kv_layers else None
         for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers, strict=True)):
-            h, delta = layer(h, delta, layer_cache, start, self.rope, chunked, checkpoint, pos_t, cs, defer=defer)
+            h, delta = layer(h, delta, layer_cache, start, self.rope, chunked, mode, pos_t, cs)
             if tap_out is not None and i in tap_index:
                 tap_out[:, tap_index[i]] = h + delta
         if pos_t is None:

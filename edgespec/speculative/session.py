@@ -14,12 +14,13 @@ from typing import Protocol
 
 import torch
 
-from edgespec.arch.base import ROLLBACK_STRATEGIES, ArchHooks
+from edgespec.arch.base import ArchHooks
 from edgespec.cache.prefix import PrefixCache
 from edgespec.drafters.base import Draft, Proposer
-from edgespec.errors import ConfigError, PromptTooLongError, RequestError
+from edgespec.errors import PromptTooLongError, RequestError
 from edgespec.models.decoder import ForwardOutput, TargetModel
 from edgespec.speculative.acceptance import AcceptancePolicy, Verdict
+from edgespec.speculative.plan import SessionPlan, draft_tokens
 from edgespec.speculative.telemetry import RequestTelemetry
 
 
@@ -105,26 +106,44 @@ class Emitter:
 class SpecSession:
     """Batch-1 generation loop over one target model, one proposer (or none) and one arch hook set."""
 
-    def __init__(self, model: TargetModel, hooks: ArchHooks, proposer: Proposer | None = None, *,
-                 k: int | None = None, kv_fp8: bool | None = None, rollback: str | None = None,
-                 prefill_chunk: int | None = None, max_len: int = 4096, cuda_graphs: bool | None = None,
-                 stage_timing: str = "host", adaptive_k: bool | None = None) -> None:
-        d = hooks.defaults
-        self.model, self.hooks, self.proposer = model, hooks, proposer
-        self.k = 0 if proposer is None else (k or proposer.default_k)
-        if proposer is not None and not (1 <= self.k <= proposer.max_k):
-            raise ConfigError(f"num_draft_tokens {self.k} out of range 1..{proposer.max_k} for {proposer.name}")
-        self.kv_fp8 = d.kv_fp8 if kv_fp8 is None else kv_fp8
-        self.rollback_strategy = d.rollback if rollback in (None, "auto") else rollback
-        if self.rollback_strategy not in ROLLBACK_STRATEGIES:
-            raise ConfigError(f"rollback {self.rollback_strategy!r} is not one of {', '.join(ROLLBACK_STRATEGIES)}")
-        self.prefill_chunk = prefill_chunk or d.prefill_chunk
+    def __init__(self, model: TargetModel, hooks: ArchHooks, proposer: Proposer | None, k: int,
+                 plan: SessionPlan) -> None:
+        """``k``: drafts per cycle (0 without a proposer; :func:`draft_tokens` resolves and checks it); ``plan``:
+        the resolved knobs. Allocates the cache and builds (captures) the static forwards."""
+        self.model, self.hooks, self.proposer, self.plan = model, hooks, proposer, plan
+        self.k = k
+        self.rollback = plan.rollback
         self.taps: tuple[int, ...] = tuple(proposer.taps) if proposer is not None else ()
-        self.cache = hooks.new_cache(model, max_len, self.kv_fp8, self.rollback_strategy, max_rows=self.k + 1)
-        self.cuda_graphs = d.cuda_graphs if cuda_graphs is None else cuda_graphs
-        self.stage_timing = stage_timing
-        self.adaptive_k = d.adaptive_k if adaptive_k is None else adaptive_k
-        hooks.prepare(model, self.cache, self.k + 1, self.taps, self.rollback_strategy, self.cuda_graphs)
+        self.cache = hooks.new_cache(model, plan.max_len, plan.kv_fp8, plan.rollback, max_rows=k + 1)
+        hooks.prepare(model, self.cache, k + 1, self.taps, plan.rollback, plan.cuda_graphs, plan.graph_prefill_max)
+
+    @classmethod
+    def with_defaults(cls, model: TargetModel, hooks: ArchHooks, proposer: Proposer | None = None, *,
+                      k: int | None = None, **knobs) -> SpecSession:
+        """A session whose knobs not given (see :meth:`SessionPlan.resolve`) take the arch defaults of ``hooks``:
+        for tests and tools that build a session without an engine."""
+        return cls(model, hooks, proposer, draft_tokens(k, proposer), SessionPlan.resolve(hooks.defaults, **knobs))
+
+    # The resolved knobs, read by benchmarks and tools.
+    @property
+    def kv_fp8(self) -> bool:
+        return self.plan.kv_fp8
+
+    @property
+    def prefill_chunk(self) -> int:
+        return self.plan.prefill_chunk
+
+    @property
+    def cuda_graphs(self) -> bool:
+        return self.plan.cuda_graphs
+
+    @property
+    def adaptive_k(self) -> bool:
+        return self.plan.adaptive_k
+
+    @property
+    def rollback_strategy(self) -> str:
+        return self.plan.rollback.name
 
     @property
     def resume_rows(self) -> int | None:
@@ -164,7 +183,7 @@ class SpecSession:
         k = self.k if k is None else k
         model, hooks, cache, proposer = self.model, self.hooks, self.cache, self.proposer
         device = model.device
-        sync = torch.cuda.synchronize if self.stage_timing == "device" and device.type == "cuda" else None
+        sync = torch.cuda.synchronize if self.plan.stage_timing == "device" and device.type == "cuda" else None
         tel = RequestTelemetry(drafter=self.drafter_name, prompt_tokens=len(prompt_ids), sync=sync)
         out = Emitter(max_tokens, stop_ids, policy, on_tokens, constraint)
         start = 0
@@ -269,7 +288,7 @@ class SpecSession:
         rows = torch.cat([torch.tensor([last], device=device), draft.tokens])     # [drafted + 1]
         start = cache.length
         with tel.stage("verify"):
-            step = self.hooks.verify(model, cache, rows, self.taps)
+            step = self.hooks.verify(model, cache, rows, self.taps, self.rollback)
         with tel.stage("accept"):
             logits, greedy = step.logits, step.greedy          # [drafted + 1, vocab], [drafted + 2] or None
             if constraint is not None:
@@ -277,7 +296,7 @@ class SpecSession:
                 logits = _masked(logits, constraint.row_masks(draft.tokens.tolist(), logits.shape[-1], device))
                 greedy = None
             verdict = policy.accept(logits, draft.tokens, draft.probs, greedy)
-            replayed = self.hooks.rollback(model, cache, start, rows, verdict.accepted + 1, self.taps)
+            replayed = self.rollback.rollback(model, cache, start, rows, verdict.accepted + 1, self.taps)
         return Cycle(verdict, replayed if replayed is not None else step, drafted)
 
 
