@@ -19,6 +19,7 @@ from edgespec.cache.prefix import PrefixCache
 from edgespec.config import Settings
 from edgespec.drafters.factory import build_proposer
 from edgespec.errors import ConfigError, RequestError
+from edgespec.kernels import options as kernel_options
 from edgespec.kernels.linear import configure_cpu
 from edgespec.loading.checkpoint import load_target
 from edgespec.loading.resumable_encoder import ResumableEncoder
@@ -100,12 +101,15 @@ class Engine:
     @classmethod
     def around(cls, settings: Settings, model, tokenizer: ChatTokenizer, model_dir: Path) -> Engine:
         """An engine of ``settings`` over a model already loaded (benchmarks that try several settings on one)."""
-        return cls(RuntimePlan.for_device(settings, model.device), model, tokenizer, model_dir)
+        plan = RuntimePlan.for_device(settings, model.device)
+        kernel_options.fix(plan.kernels)
+        return cls(plan, model, tokenizer, model_dir)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Engine:
         """Resolve ``settings`` into a :class:`RuntimePlan`, load the model and tokenizer it names, and build."""
         plan = RuntimePlan.from_settings(settings)
+        kernel_options.fix(plan.kernels)      # before any kernel runs (loading packs weights with some)
         device, dtype = plan.device, plan.dtype
         gguf = None
         if settings.model == "demo":

@@ -1,4 +1,4 @@
-"""The runtime plan: the settings, the arch defaults and the device resolved once, into one frozen object.
+"""The runtime plan: the settings, the arch defaults, the kernel options and the device resolved once, frozen.
 
 ``Engine.from_settings`` builds it before loading anything; the layers below take its plain fields (a
 :class:`~edgespec.speculative.plan.SessionPlan` for the session, a :class:`~edgespec.drafters.plan.DrafterPlan`
@@ -18,6 +18,7 @@ from edgespec.config import Settings
 from edgespec.drafters.dflash_loader import dflash_folder, is_packaged_drafter
 from edgespec.drafters.plan import DrafterPlan, NGramKnobs
 from edgespec.errors import ConfigError
+from edgespec.kernels.options import KernelOptions
 from edgespec.loading.checkpoint import resolve_dtype
 from edgespec.speculative.plan import SessionPlan
 
@@ -33,6 +34,7 @@ class RuntimePlan:
     defaults: ArchDefaults          # that arch's defaults, which the fields below already applied
     session: SessionPlan
     drafter: DrafterPlan
+    kernels: KernelOptions          # fixed for the process when the engine builds (edgespec.kernels.options)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RuntimePlan:
@@ -51,7 +53,8 @@ class RuntimePlan:
             adaptive_k=settings.adaptive_k, graph_prefill_max=settings.graph_prefill_max,
             stage_timing=settings.stage_timing)
         return cls(settings=settings, device=device, dtype=resolve_dtype(settings.dtype, device), arch=arch,
-                   defaults=defaults, session=session, drafter=drafter_plan(settings, defaults))
+                   defaults=defaults, session=session, drafter=drafter_plan(settings, defaults),
+                   kernels=KernelOptions.from_settings(settings))
 
     def new_hooks(self) -> ArchHooks:
         """The hook set of this plan (one per engine: it owns the captured graphs of that engine's cache)."""
