@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from edgespec.errors import CheckpointError, EdgespecError, UnsupportedModelError
+from edgespec.paths import cache_root
 
 __all__ = [
     "DEMO_GGUF_NAME",
@@ -79,16 +80,6 @@ _LLAMA3_PRE = {"llama3", "llama-bpe", "llama-v3", "smaug-bpe", "falcon3"}
 
 # ------------------------------------------------------------------------------------------------------------
 # locations
-
-
-def cache_root() -> Path:
-    """``$EDGESPEC_CACHE_DIR``, else ``$XDG_CACHE_HOME/edgespec``, else ``~/.cache/edgespec``."""
-    explicit = os.environ.get("EDGESPEC_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "edgespec"
 
 
 def demo_gguf_path() -> Path:
