@@ -1,0 +1,83 @@
+"""Draft tree structure and builders (edgespec.drafters.tree)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from edgespec.drafters.tree import Branch, DraftTree, chain_tree, tree_from_branches, tree_from_logits
+from edgespec.errors import ConfigError
+
+
+def _paths(tree: DraftTree) -> set[tuple[int, ...]]:
+    """Token sequence of every node's root path."""
+    return {tuple(int(tree.tokens[r - 1]) for r in tree.path_to(i + 1)[1:]) for i in range(tree.size)}
+
+
+def test_chain_is_the_one_branch_tree():
+    tree = chain_tree([5, 9, 2])
+    assert tree.is_chain and tree.size == 3 and tree.max_depth == 3
+    assert tree.row_parents().tolist() == [-1, 0, 1, 2]
+    assert tree.first_chain().tolist() == [5, 9, 2]
+
+
+def test_tree_from_logits_takes_the_most_probable_prefixes():
+    """Best-first by joint probability: the budget's nodes are exactly the most probable path prefixes (brute force
+    over every path of the per-depth top tokens)."""
+    torch.manual_seed(0)
+    D, V, budget = 4, 6, 9
+    logits = torch.randn(D, V) * 2
+    tree = tree_from_logits(logits, budget)
+    assert tree.size == budget
+    logp = torch.log_softmax(logits, -1)
+    scores = {}
+    for d in range(1, D + 1):
+        for path in itertools.product(range(V), repeat=d):
+            scores[path] = sum(float(logp[i, t]) for i, t in enumerate(path))
+    best = sorted(scores, key=lambda p: -scores[p])[:budget]
+    assert _paths(tree) == set(best)
+    # The first-child path is the chain of per-depth argmaxes, and children come likeliest first.
+    assert tree.first_chain().tolist()[:1] == [int(logits[0].argmax())]
+    for kids in tree.children():
+        probs = [float(tree.probs[c - 1]) for c in kids]
+        assert probs == sorted(probs, reverse=True)
+    assert math.isclose(float(tree.probs[0]), float(torch.softmax(logits[0], -1).max()), rel_tol=1e-6)
+
+
+def test_tree_from_logits_peaked_rows_give_a_chain():
+    logits = torch.full((5, 50), -20.0)
+    logits[torch.arange(5), torch.tensor([3, 1, 4, 1, 5])] = 20.0
+    tree = tree_from_logits(logits, 5)
+    assert tree.is_chain and tree.tokens.tolist() == [3, 1, 4, 1, 5]
+
+
+def test_tree_from_branches_merges_shared_prefixes_heaviest_first():
+    branches = [Branch((1, 2, 3), 1), Branch((1, 2, 7, 8), 3), Branch((4, 5), 2)]
+    tree = tree_from_branches(branches, budget=16)
+    assert _paths(tree) == {(1,), (1, 2), (1, 2, 3), (1, 2, 7), (1, 2, 7, 8), (4,), (4, 5)}
+    assert tree.first_chain().tolist() == [1, 2, 7, 8]               # the heaviest branch
+    assert float(tree.probs[0]) == pytest.approx(4 / 6)              # token 1 carries weight 4 of 6
+    cut = tree_from_branches(branches, budget=5)
+    assert cut.size == 5 and _paths(cut) == {(1,), (1, 2), (1, 2, 7), (1, 2, 7, 8), (4,)}
+
+
+@pytest.mark.parametrize("budget", [0, -3, 2.5, True])
+def test_bad_budget_refused_by_name(budget):
+    with pytest.raises(ConfigError, match="draft tree budget"):
+        tree_from_logits(torch.randn(3, 10), budget)
+
+
+def test_bad_trees_refused():
+    with pytest.raises(ValueError, match="parents must come first"):
+        DraftTree(torch.tensor([1, 2]), torch.tensor([1, -1]), torch.tensor([2, 1]), torch.ones(2))
+    with pytest.raises(ValueError, match="repeats token"):
+        DraftTree(torch.tensor([1, 1]), torch.tensor([-1, -1]), torch.tensor([1, 1]), torch.ones(2))
+    with pytest.raises(ValueError, match="depth"):
+        DraftTree(torch.tensor([1, 2]), torch.tensor([-1, 0]), torch.tensor([1, 3]), torch.ones(2))
+    with pytest.raises(ValueError, match="weights must be positive"):
+        tree_from_branches([Branch((1,), 0)], 4)
+    with pytest.raises(ValueError, match="non-empty branch"):
+        tree_from_branches([Branch((), 1)], 4)
