@@ -32,6 +32,12 @@ import torch
 
 from edgespec.errors import ConfigError
 
+# Largest node budget: a tree forward takes at most 64 rows (the root + 63 nodes), the width of the ancestor bit
+# masks the Triton attention reads (edgespec.kernels.tree.MAX_TREE_ROWS).
+MAX_TREE_BUDGET = 63
+# The budget ``draft_tree: auto`` picks.
+AUTO_TREE_BUDGET = 16
+
 
 @dataclass(frozen=True)
 class Branch:
@@ -83,6 +89,19 @@ class DraftTree:
     def is_chain(self) -> bool:
         """True when every node is the child of the one before it (a plain draft chain)."""
         return bool((self.parents == torch.arange(-1, self.size - 1)).all())
+
+    def pruned(self, max_depth: int, max_nodes: int) -> DraftTree | None:
+        """The nodes of depth at most ``max_depth`` among the first ``max_nodes`` (pre-order keeps every kept
+        node's parent); None when none is left."""
+        keep = (self.depths <= max_depth) & (torch.arange(self.size) < max_nodes)
+        if bool(keep.all()):
+            return self
+        if not bool(keep.any()):
+            return None
+        new_index = torch.cumsum(keep.long(), 0) - 1
+        parents = self.parents[keep]
+        parents = torch.where(parents < 0, parents, new_index[parents.clamp_min(0)])
+        return DraftTree(self.tokens[keep], parents, self.depths[keep], self.probs[keep])
 
     def row_parents(self) -> torch.Tensor:
         """Parent row of every verify row ``[N + 1]`` (row 0, the root: -1)."""
@@ -149,6 +168,27 @@ def chain_tree(tokens: torch.Tensor | Sequence[int], probs: torch.Tensor | None 
     n = toks.shape[0]
     p = torch.ones(n) if probs is None else torch.as_tensor(probs, dtype=torch.float32).cpu().view(-1)
     return DraftTree(toks, torch.arange(-1, n - 1), torch.arange(1, n + 1), p)
+
+
+def tree_budget(setting: int | str | None) -> int | None:
+    """The node budget a ``draft_tree`` setting asks for: None for ``off`` (chains), a whole number from 1 to
+    :data:`MAX_TREE_BUDGET`, or ``auto`` (:data:`AUTO_TREE_BUDGET`). Anything else is refused by name."""
+    if setting is None or setting == "off":
+        return None
+    if setting == "auto":
+        return AUTO_TREE_BUDGET
+    value = setting
+    if isinstance(setting, str):
+        try:
+            value = int(setting)
+        except ValueError:
+            raise ConfigError(f"draft_tree {setting!r} must be off, auto or a node budget from 1 to "
+                              f"{MAX_TREE_BUDGET}") from None
+    check_budget(value)
+    if value > MAX_TREE_BUDGET:
+        raise ConfigError(f"draft_tree budget {value} is above the largest tree forward: {MAX_TREE_BUDGET} nodes "
+                          f"(+ the root = {MAX_TREE_BUDGET + 1} verify rows)")
+    return value
 
 
 def check_budget(budget: int) -> int:

@@ -17,10 +17,13 @@ import torch
 from edgespec.arch.base import ROLLBACK_STRATEGIES, ArchHooks
 from edgespec.cache.prefix import PrefixCache
 from edgespec.drafters.base import Draft, Proposer
+from edgespec.drafters.tree import DraftTree, tree_budget
 from edgespec.errors import ConfigError, PromptTooLongError, RequestError
+from edgespec.kernels.tree import TreeMask
 from edgespec.models.decoder import ForwardOutput, TargetModel
 from edgespec.speculative.acceptance import AcceptancePolicy, Verdict
 from edgespec.speculative.telemetry import RequestTelemetry
+from edgespec.speculative.tree_accept import accept_tree
 
 
 class TokenConstraint(Protocol):
@@ -108,7 +111,7 @@ class SpecSession:
     def __init__(self, model: TargetModel, hooks: ArchHooks, proposer: Proposer | None = None, *,
                  k: int | None = None, kv_fp8: bool | None = None, rollback: str | None = None,
                  prefill_chunk: int | None = None, max_len: int = 4096, cuda_graphs: bool | None = None,
-                 stage_timing: str = "host", adaptive_k: bool | None = None) -> None:
+                 stage_timing: str = "host", adaptive_k: bool | None = None, draft_tree: int | None = None) -> None:
         d = hooks.defaults
         self.model, self.hooks, self.proposer = model, hooks, proposer
         self.k = 0 if proposer is None else (k or proposer.default_k)
@@ -118,9 +121,17 @@ class SpecSession:
         self.rollback_strategy = d.rollback if rollback in (None, "auto") else rollback
         if self.rollback_strategy not in ROLLBACK_STRATEGIES:
             raise ConfigError(f"rollback {self.rollback_strategy!r} is not one of {', '.join(ROLLBACK_STRATEGIES)}")
+        # Tree verification: a budget of draft nodes per cycle (None: chains). Its GDN layers defer, so a tree
+        # session runs the deferred strategy for its chain verifies too (one set of kept rows serves both).
+        self.tree_budget = None if proposer is None else tree_budget(draft_tree)
+        if self.tree_budget is not None:
+            if rollback not in (None, "auto", "deferred"):
+                raise ConfigError(f"draft_tree needs rollback 'deferred' (tree GDN layers defer), not {rollback!r}")
+            self.rollback_strategy = "deferred"
         self.prefill_chunk = prefill_chunk or d.prefill_chunk
         self.taps: tuple[int, ...] = tuple(proposer.taps) if proposer is not None else ()
-        self.cache = hooks.new_cache(model, max_len, self.kv_fp8, self.rollback_strategy, max_rows=self.k + 1)
+        self.cache = hooks.new_cache(model, max_len, self.kv_fp8, self.rollback_strategy,
+                                     max_rows=max(self.k, self.tree_budget or 0) + 1)
         self.cuda_graphs = d.cuda_graphs if cuda_graphs is None else cuda_graphs
         self.stage_timing = stage_timing
         self.adaptive_k = d.adaptive_k if adaptive_k is None else adaptive_k
@@ -213,17 +224,29 @@ class SpecSession:
                 finish = "length"
                 break
             last = out.tokens[-1]
-            draft = None
+            draft = tree = None
+            # Trees go without a grammar (its masks judge one chain of drafts); the depth keeps to K and the room.
+            use_tree = self.tree_budget is not None and constraint is None
+            if use_tree:
+                room = min(k, out.room - 1, cache.max_len - cache.length - 1)
             if proposer is not None and (room > 0 or pending is not None):
                 with tel.stage("draft"):
                     if pending is not None:
                         pending.commit_to(proposer)
                         pending = None
-                    draft = self._propose(last, room, constraint) if room > 0 else None
-            cycle = self._decode(last, policy, constraint, tel) if draft is None else \
-                self._verify(last, draft, policy, constraint, tel)
+                    if room > 0 and use_tree:
+                        tree = self._propose_tree(last, room)
+                    elif room > 0:
+                        draft = self._propose(last, room, constraint)
+            if tree is not None:
+                cycle = self._verify_tree(last, tree, policy, tel)
+            elif draft is None:
+                cycle = self._decode(last, policy, constraint, tel)
+            else:
+                cycle = self._verify(last, draft, policy, constraint, tel)
             tel.record_cycle(cycle.drafted, cycle.verdict.accepted)
-            draft_len.update(cycle.drafted, cycle.verdict.accepted)
+            if tree is None:
+                draft_len.update(cycle.drafted, cycle.verdict.accepted)
             if proposer is not None:
                 pending = cycle
             with tel.stage("other"):
@@ -247,6 +270,32 @@ class SpecSession:
         if constraint is not None:
             tokens = tokens[:constraint.valid_prefix(tokens.tolist())]
         return None if tokens.numel() == 0 else type(draft)(tokens.to(self.model.device), draft.probs)
+
+    def _propose_tree(self, last: int, room: int) -> DraftTree | None:
+        """The proposer's tree cut to depth ``room`` and to the rows the cache has left (pre-order: a cut keeps
+        every parent); None when nothing is left."""
+        tree = self.proposer.propose_tree(last, room, self.tree_budget)
+        if tree is None:
+            return None
+        fit = min(tree.size, self.cache.max_len - self.cache.length - 1)
+        return tree.pruned(room, fit)
+
+    def _verify_tree(self, last: int, tree: DraftTree, policy: AcceptancePolicy, tel: RequestTelemetry) -> Cycle:
+        """Verify ``last`` + every tree node in one forward, accept a path, keep only that path's rows and states.
+        The proposer's commit sees the path's rows in order, as it would after a chain."""
+        model, cache, device = self.model, self.cache, self.model.device
+        rows = torch.cat([torch.tensor([last]), tree.tokens]).to(device)
+        with tel.stage("verify"):
+            step = model.forward(rows, cache, taps=self.taps, chunked=False,
+                                 tree=TreeMask.from_parents(tree.row_parents(), device))
+        with tel.stage("accept"):
+            verdict = accept_tree(policy, step.logits, tree)
+            cache.commit_path(verdict.rows)
+            path = torch.tensor(verdict.rows, device=device)
+            kept = ForwardOutput(step.logits[path], step.hidden[path],
+                                 None if step.taps is None else step.taps[path])
+        tel.record_tree(tree.size, verdict.sibling)
+        return Cycle(Verdict(verdict.accepted, verdict.tokens), kept, tree.size)
 
     def _decode(self, last: int, policy: AcceptancePolicy, constraint: TokenConstraint | None,
                 tel: RequestTelemetry) -> Cycle:
