@@ -95,7 +95,7 @@ class Engine:
             model, self.hooks, self.proposer, k=settings.num_draft_tokens,
             kv_fp8=None if kv == "auto" else kv == "fp8", rollback=settings.rollback,
             prefill_chunk=settings.prefill_chunk, max_len=settings.max_seq_len, cuda_graphs=settings.cuda_graphs,
-            stage_timing=settings.stage_timing, adaptive_k=settings.adaptive_k)
+            stage_timing=settings.stage_timing, adaptive_k=settings.adaptive_k, draft_tree=settings.draft_tree)
         # Prefix reuse: what the session's cache holds between requests (see edgespec.cache.prefix).
         turn = [t for t in (tokenizer.token_id("<|im_start|>"),) if t is not None]
         self.prefix = PrefixCache(self.session.cache, turn_ids=turn) if settings.prefix_reuse else None

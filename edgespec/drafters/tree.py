@@ -35,8 +35,12 @@ from edgespec.errors import ConfigError
 # Largest node budget: a tree forward takes at most 64 rows (the root + 63 nodes), the width of the ancestor bit
 # masks the Triton attention reads (edgespec.kernels.tree.MAX_TREE_ROWS).
 MAX_TREE_BUDGET = 63
-# The budget ``draft_tree: auto`` picks.
-AUTO_TREE_BUDGET = 16
+# ``draft_tree: auto``: the node budget, and the least joint probability a node needs on a CPU. A GPU verify is
+# bound by weight bytes, so up to its byte-bound row count extra nodes cost little (DDTree's gain peaks at a middle
+# budget); on a CPU each verify row costs about a quarter of a decode step (the demo on two cores:
+# docs/benchmarks.md), so a node is only worth verifying when the drafter gives its path a fair chance.
+AUTO_TREE_BUDGET = 32
+AUTO_TREE_MIN_JOINT_CPU = 0.1
 
 
 @dataclass(frozen=True)
@@ -90,10 +94,22 @@ class DraftTree:
         """True when every node is the child of the one before it (a plain draft chain)."""
         return bool((self.parents == torch.arange(-1, self.size - 1)).all())
 
-    def pruned(self, max_depth: int, max_nodes: int) -> DraftTree | None:
-        """The nodes of depth at most ``max_depth`` among the first ``max_nodes`` (pre-order keeps every kept
-        node's parent); None when none is left."""
+    def joint_probs(self) -> torch.Tensor:
+        """``[N]`` product of the draft probabilities along each node's path: the drafter's chance that the whole
+        path is right (its expected share of the acceptance length, for a calibrated drafter)."""
+        joint = self.probs.clone()
+        for i, p in enumerate(self.parents.tolist()):
+            if p >= 0:
+                joint[i] *= joint[p]
+        return joint
+
+    def pruned(self, max_depth: int, max_nodes: int, min_joint: float = 0.0) -> DraftTree | None:
+        """The nodes of depth at most ``max_depth`` and joint probability at least ``min_joint`` among the first
+        ``max_nodes`` (pre-order, and a parent's joint probability is at least its child's: every kept node keeps
+        its parent); None when none is left."""
         keep = (self.depths <= max_depth) & (torch.arange(self.size) < max_nodes)
+        if min_joint > 0:
+            keep &= self.joint_probs() >= min_joint
         if bool(keep.all()):
             return self
         if not bool(keep.any()):
@@ -170,17 +186,28 @@ def chain_tree(tokens: torch.Tensor | Sequence[int], probs: torch.Tensor | None 
     return DraftTree(toks, torch.arange(-1, n - 1), torch.arange(1, n + 1), p)
 
 
+def tree_setting(setting: int | str | None, device: torch.device) -> tuple[int | None, float]:
+    """``(budget, least joint probability)`` of a ``draft_tree`` setting on ``device``: ``off`` -> (None, 0: chains);
+    a whole number -> that budget, every node kept; ``auto`` -> :data:`AUTO_TREE_BUDGET`, with
+    :data:`AUTO_TREE_MIN_JOINT_CPU` off CUDA."""
+    budget = tree_budget(setting)
+    auto = isinstance(setting, str) and setting.strip().lower() == "auto"
+    return budget, AUTO_TREE_MIN_JOINT_CPU if auto and device.type != "cuda" else 0.0
+
+
 def tree_budget(setting: int | str | None) -> int | None:
     """The node budget a ``draft_tree`` setting asks for: None for ``off`` (chains), a whole number from 1 to
     :data:`MAX_TREE_BUDGET`, or ``auto`` (:data:`AUTO_TREE_BUDGET`). Anything else is refused by name."""
-    if setting is None or setting == "off":
+    word = setting.strip().lower() if isinstance(setting, str) else setting
+    # YAML reads a bare ``off`` as false, which the settings then hold as the string "False".
+    if word is None or word in ("off", "false", "none"):
         return None
-    if setting == "auto":
+    if word == "auto":
         return AUTO_TREE_BUDGET
-    value = setting
-    if isinstance(setting, str):
+    value = word
+    if isinstance(word, str):
         try:
-            value = int(setting)
+            value = int(word)
         except ValueError:
             raise ConfigError(f"draft_tree {setting!r} must be off, auto or a node budget from 1 to "
                               f"{MAX_TREE_BUDGET}") from None
@@ -194,7 +221,7 @@ def tree_budget(setting: int | str | None) -> int | None:
 def check_budget(budget: int) -> int:
     """A node budget must be a positive whole number; returns it."""
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise ConfigError(f"draft tree budget {budget!r} must be a whole number >= 1")
+        raise ConfigError(f"draft_tree budget {budget!r} must be a whole number >= 1")
     return budget
 
 

@@ -17,7 +17,7 @@ import torch
 from edgespec.arch.base import ROLLBACK_STRATEGIES, ArchHooks
 from edgespec.cache.prefix import PrefixCache
 from edgespec.drafters.base import Draft, Proposer
-from edgespec.drafters.tree import DraftTree, tree_budget
+from edgespec.drafters.tree import DraftTree, tree_setting
 from edgespec.errors import ConfigError, PromptTooLongError, RequestError
 from edgespec.kernels.tree import TreeMask
 from edgespec.models.decoder import ForwardOutput, TargetModel
@@ -111,7 +111,8 @@ class SpecSession:
     def __init__(self, model: TargetModel, hooks: ArchHooks, proposer: Proposer | None = None, *,
                  k: int | None = None, kv_fp8: bool | None = None, rollback: str | None = None,
                  prefill_chunk: int | None = None, max_len: int = 4096, cuda_graphs: bool | None = None,
-                 stage_timing: str = "host", adaptive_k: bool | None = None, draft_tree: int | None = None) -> None:
+                 stage_timing: str = "host", adaptive_k: bool | None = None, draft_tree: int | str | None = None
+                 ) -> None:
         d = hooks.defaults
         self.model, self.hooks, self.proposer = model, hooks, proposer
         self.k = 0 if proposer is None else (k or proposer.default_k)
@@ -123,7 +124,9 @@ class SpecSession:
             raise ConfigError(f"rollback {self.rollback_strategy!r} is not one of {', '.join(ROLLBACK_STRATEGIES)}")
         # Tree verification: a budget of draft nodes per cycle (None: chains). Its GDN layers defer, so a tree
         # session runs the deferred strategy for its chain verifies too (one set of kept rows serves both).
-        self.tree_budget = None if proposer is None else tree_budget(draft_tree)
+        self.tree_budget, self.tree_min_joint = tree_setting(draft_tree, model.device)
+        if proposer is None:
+            self.tree_budget = None
         if self.tree_budget is not None:
             if rollback not in (None, "auto", "deferred"):
                 raise ConfigError(f"draft_tree needs rollback 'deferred' (tree GDN layers defer), not {rollback!r}")
@@ -225,10 +228,9 @@ class SpecSession:
                 break
             last = out.tokens[-1]
             draft = tree = None
-            # Trees go without a grammar (its masks judge one chain of drafts); the depth keeps to K and the room.
+            # Trees go without a grammar (its masks judge one chain of drafts). Their depth follows the draft
+            # length as a chain's would (adaptive on CPU, where each drafted depth costs a drafter head row).
             use_tree = self.tree_budget is not None and constraint is None
-            if use_tree:
-                room = min(k, out.room - 1, cache.max_len - cache.length - 1)
             if proposer is not None and (room > 0 or pending is not None):
                 with tel.stage("draft"):
                     if pending is not None:
@@ -245,8 +247,7 @@ class SpecSession:
             else:
                 cycle = self._verify(last, draft, policy, constraint, tel)
             tel.record_cycle(cycle.drafted, cycle.verdict.accepted)
-            if tree is None:
-                draft_len.update(cycle.drafted, cycle.verdict.accepted)
+            draft_len.update(cycle.drafted if tree is None else tree.max_depth, cycle.verdict.accepted)
             if proposer is not None:
                 pending = cycle
             with tel.stage("other"):
@@ -278,7 +279,7 @@ class SpecSession:
         if tree is None:
             return None
         fit = min(tree.size, self.cache.max_len - self.cache.length - 1)
-        return tree.pruned(room, fit)
+        return tree.pruned(room, fit, self.tree_min_joint)
 
     def _verify_tree(self, last: int, tree: DraftTree, policy: AcceptancePolicy, tel: RequestTelemetry) -> Cycle:
         """Verify ``last`` + every tree node in one forward, accept a path, keep only that path's rows and states.

@@ -66,7 +66,7 @@ def test_tree_from_branches_merges_shared_prefixes_heaviest_first():
 
 @pytest.mark.parametrize("budget", [0, -3, 2.5, True])
 def test_bad_budget_refused_by_name(budget):
-    with pytest.raises(ConfigError, match="draft tree budget"):
+    with pytest.raises(ConfigError, match="draft_tree budget"):
         tree_from_logits(torch.randn(3, 10), budget)
 
 
@@ -81,3 +81,30 @@ def test_bad_trees_refused():
         tree_from_branches([Branch((1,), 0)], 4)
     with pytest.raises(ValueError, match="non-empty branch"):
         tree_from_branches([Branch((), 1)], 4)
+
+
+def test_pruning_by_depth_nodes_and_joint_probability_keeps_parents():
+    tree = tree_from_logits(torch.tensor([[2.0, 1.0, 0.0, -1.0], [3.0, 0.0, 0.0, 0.0], [0.5, 0.4, 0.0, 0.0]]), 10)
+    joint = tree.joint_probs()
+    for i, p in enumerate(tree.parents.tolist()):
+        assert joint[i] <= (1.0 if p < 0 else joint[p])
+    for depth, nodes, floor in ((1, 10, 0.0), (3, 4, 0.0), (3, 10, 0.2), (2, 6, 0.1)):
+        cut = tree.pruned(depth, nodes, floor)
+        assert cut.max_depth <= depth and cut.size <= nodes and bool((cut.joint_probs() >= floor).all())
+        # Exactly the qualifying nodes, each under its own parent's path.
+        want = {p for i, p in enumerate(_ordered_paths(tree)) if len(p) <= depth and i < nodes and joint[i] >= floor}
+        assert _paths(cut) == want
+    assert tree.pruned(3, 10, 0.99) is None
+
+
+def _ordered_paths(tree: DraftTree) -> list[tuple[int, ...]]:
+    return [tuple(int(tree.tokens[r - 1]) for r in tree.path_to(i + 1)[1:]) for i in range(tree.size)]
+
+
+def test_draft_tree_setting():
+    from edgespec.drafters.tree import AUTO_TREE_BUDGET, AUTO_TREE_MIN_JOINT_CPU, tree_setting
+    cpu = torch.device("cpu")
+    assert tree_setting("off", cpu) == (None, 0.0) and tree_setting("False", cpu) == (None, 0.0)
+    assert tree_setting("24", cpu) == (24, 0.0)
+    assert tree_setting("auto", cpu) == (AUTO_TREE_BUDGET, AUTO_TREE_MIN_JOINT_CPU)
+    assert tree_setting("auto", torch.device("cuda")) == (AUTO_TREE_BUDGET, 0.0)
