@@ -1,17 +1,8 @@
 """Portable hook set: the stages of a speculative cycle in plain torch, runnable on CPU.
 
 The session calls only these methods; subclasses in ``rtx`` and ``thor`` change defaults and override stages.
-Rollback strategies (both available on every arch, chosen by the ``rollback`` setting or the arch default):
-
-* ``checkpoint``: verify saves the GDN state after every row; rollback copies one slot back (constant time).
-* ``replay``: snapshot the GDN state before verify; on a partial accept restore it and re-run the accepted rows
-  (a second, shorter forward; needs no per-row slots).
-* ``deferred``: verify leaves the GDN state untouched and keeps each row's inputs (a few KB); the accept stage
-  advances the state by the accepted rows in one launch for all layers. Fewest state bytes of the three: one read
-  in the verify, one read + write in the commit (checkpoints write the state once per verify row).
-
-Attention-only models never replay or defer: truncating their KV cache is O(1), so every strategy reduces to
-setting the length.
+How a verify leaves the GDN state and how rejected rows are taken back is a rollback strategy
+(``edgespec.arch.rollback``) that the session passes in: the hooks learn no mode of their own.
 """
 
 from __future__ import annotations
@@ -22,17 +13,17 @@ from dataclasses import dataclass
 import torch
 
 from edgespec.arch.graphs import StaticForward
+from edgespec.arch.rollback import RollbackStrategy
 from edgespec.cache.model_cache import ModelCache
+from edgespec.cache.state import StateMode
 from edgespec.models.decoder import ForwardOutput, TargetModel
 from edgespec.weights.base import PackedWeight
 
-# The rollback strategies every arch offers (see the module doc).
-ROLLBACK_STRATEGIES: tuple[str, ...] = ("checkpoint", "replay", "deferred")
 
-
-@dataclass
+@dataclass(frozen=True)
 class ArchDefaults:
-    """Hardware-dependent defaults; a setting left at auto/None takes these."""
+    """Hardware-dependent defaults; a setting left at auto/None takes these (resolved once, into the runtime plan
+    of ``edgespec.plan``; nothing edits them in place)."""
 
     kv_fp8: bool = False
     rollback: str = "checkpoint"
@@ -44,6 +35,10 @@ class ArchDefaults:
     # compute-heavy on a few cores), so drafting only as far as drafts are being accepted pays; on a GPU the
     # verify runs as a static graph of K+1 rows whatever is drafted, so shorter drafts would only lose tokens.
     adaptive_k: bool = True
+    # ``draft_tree: auto``: tree nodes whose path the drafter gives a lower joint probability are not verified. On a
+    # CPU each verify row costs (the demo on two cores: ~4 ms a row against ~12 ms a decode step), so a node pays only
+    # when its path has a fair chance; the GPU hooks set 0 (a byte-bound verify's extra rows cost little).
+    tree_min_joint: float = 0.1
     # A prefill that continues a non-empty cache (a follow-up turn resumed by prefix reuse) of at most this many
     # tokens goes through the captured verify forward in chunks of its rows instead of one eager forward: on a GPU
     # an eager forward of a few dozen rows is bound by its hundreds of kernel launches, a graph replay is not.
@@ -60,47 +55,47 @@ class ArchDefaults:
 
 
 class ArchHooks:
-    """Portable stages (also the CPU path). See the module doc for the rollback strategies."""
+    """Portable stages (also the CPU path); the rollback strategies are in ``edgespec.arch.rollback``."""
 
     name = "base"
 
     def __init__(self) -> None:
         self.defaults = self.make_defaults()
-        self.static: dict[int, StaticForward] = {}   # row count -> static (graph-mode) forward
-        self.rollback_mode = self.defaults.rollback   # set by prepare(); verify and rollback follow it
+        self.static: dict[int, StaticForward] = {}   # row count -> static (graph-mode) forward, built by prepare()
+        self.graph_prefill_max = 0                    # resumed prefills this short replay the widest of them
 
-    def make_defaults(self) -> ArchDefaults:
+    @classmethod
+    def make_defaults(cls) -> ArchDefaults:
         return ArchDefaults()
 
     # -- cache --------------------------------------------------------------------------------------------------
-    def new_cache(self, model: TargetModel, max_len: int, kv_fp8: bool, rollback: str, max_rows: int) -> ModelCache:
-        """Allocate the request cache; checkpoint rollback needs one state slot per verify row, deferred rollback
-        room for each verify row's inputs."""
-        defer_rows = max(max_rows, self.defaults.graph_prefill_rows) if rollback == "deferred" else 0
-        return model.new_cache(max_len, kv_fp8=kv_fp8,
-                               checkpoint_rows=max_rows if rollback == "checkpoint" else 0, defer_rows=defer_rows)
+    def new_cache(self, model: TargetModel, max_len: int, kv_fp8: bool, rollback: RollbackStrategy,
+                  max_rows: int) -> ModelCache:
+        """Allocate the request cache with the per-row room ``rollback`` needs for verifies of ``max_rows`` rows
+        (and the wide static forward of ``ArchDefaults.graph_prefill_rows``)."""
+        rows = rollback.cache_rows(max_rows, self.defaults.graph_prefill_rows)
+        return model.new_cache(max_len, kv_fp8=kv_fp8, checkpoint_rows=rows.checkpoint_rows,
+                               defer_rows=rows.defer_rows)
 
     def prepare(self, model: TargetModel, cache: ModelCache, verify_rows: int, taps: Sequence[int],
-                rollback: str, graphs: bool) -> None:
-        """Fix the rollback strategy (one of ``ROLLBACK_STRATEGIES``) that :meth:`verify` and :meth:`rollback`
-        follow, and build the static decode (1 row) and verify (``verify_rows``) forwards, and a wider one for short
-        resumed prefills (``ArchDefaults.graph_prefill_rows``); capture them as CUDA graphs when ``graphs`` and the
-        model is on CUDA. Leaves the cache reset. Without ``graphs`` stages run eagerly."""
-        self.rollback_mode = rollback
+                rollback: RollbackStrategy, graphs: bool, graph_prefill_max: int) -> None:
+        """Build the static decode (1 row) and verify (``verify_rows``) forwards, in the state mode ``rollback``
+        gives a verify, and a wider one for resumed prefills of up to ``graph_prefill_max`` tokens
+        (``ArchDefaults.graph_prefill_rows``; 0: none); capture them as CUDA graphs when ``graphs`` and the model
+        is on CUDA. Leaves the cache reset. Without ``graphs`` stages run eagerly."""
         self.static.clear()
+        self.graph_prefill_max = graph_prefill_max
         self.choose_weight_kernels(model)   # before any capture: graphs record the chosen products
         if cache.states is not None:
             cache.states.graph_commits = graphs and model.device.type == "cuda"
         if graphs:
-            checkpoint = rollback == "checkpoint" and cache.has_state
-            defer = rollback == "deferred" and cache.has_state
-            self.static[1] = StaticForward(model, cache, 1, taps, False, capture=True)
+            mode = rollback.verify_mode(cache)
+            self.static[1] = StaticForward(model, cache, 1, taps, StateMode.ADVANCE, capture=True)
             if verify_rows > 1:
-                self.static[verify_rows] = StaticForward(model, cache, verify_rows, taps, checkpoint, capture=True,
-                                                         defer=defer)
+                self.static[verify_rows] = StaticForward(model, cache, verify_rows, taps, mode, capture=True)
             wide = self.defaults.graph_prefill_rows
-            if self.defaults.graph_prefill_max and wide > verify_rows and (defer or not cache.has_state):
-                self.static[wide] = StaticForward(model, cache, wide, taps, False, capture=True, defer=defer)
+            if graph_prefill_max and wide > verify_rows and rollback.wide_prefill(cache):
+                self.static[wide] = StaticForward(model, cache, wide, taps, mode, capture=True)
         cache.reset()
 
     # -- weights ------------------------------------------------------------------------------------------------
@@ -145,9 +140,9 @@ class ArchHooks:
         """
         n = prompt.shape[0]
         static = self.static[max(self.static)] if self.static else None
-        if static is None or static.rows < 2 or n > self.defaults.graph_prefill_max or cache.length == 0:
+        if static is None or static.rows < 2 or n > self.graph_prefill_max or cache.length == 0:
             return None
-        if cache.has_state and not (static.checkpoint or static.defer):
+        if cache.has_state and static.mode is StateMode.ADVANCE:
             return None
         if cache.length + -(-n // static.rows) * static.rows > cache.max_len:
             return None     # the padded last chunk would not fit a cache nearly full
@@ -165,22 +160,24 @@ class ArchHooks:
                 taps.append(out.taps[:m].clone())
         return ForwardOutput(out.logits[m - 1:m].clone(), torch.cat(hidden), torch.cat(taps) if taps else None)
 
-    def verify(self, model: TargetModel, cache: ModelCache, rows: torch.Tensor, taps: Sequence[int]) -> ForwardOutput:
-        """One target forward over ``rows = [current, drafts...]``; saves what the rollback strategy needs.
+    def verify(self, model: TargetModel, cache: ModelCache, rows: torch.Tensor, taps: Sequence[int],
+               rollback: RollbackStrategy) -> ForwardOutput:
+        """One target forward over ``rows = [current, drafts...]``; saves what ``rollback`` needs to take rows back.
 
         With a static verify forward of R rows, shorter drafts are padded to R (a batch-1 forward costs the same
         for any row count up to ~16: it reads the weights once); the returned output is cut to the real rows.
         Padding rows sit after the real ones, so causality keeps them out of the real rows' results, and the
         rollback drops them with the rejected drafts.
         """
-        rollback = self.rollback_mode
-        if rollback == "replay":
-            cache.snapshot()
+        rollback.before_verify(cache)
         n = rows.shape[0]
+        mode = rollback.verify_mode(cache)
         static = self._static_verify(n)
         if static is None:
-            return model.forward(rows, cache, taps=taps, checkpoint=rollback == "checkpoint" and cache.has_state,
-                                 defer=rollback == "deferred", chunked=False)
+            return model.forward(rows, cache, taps=taps, mode=mode, chunked=False)
+        if static.mode is not mode:
+            raise ValueError(f"verify with rollback {rollback.name!r} through a forward prepared for "
+                             f"{static.mode.value} state")
         if n < static.rows:
             rows = torch.cat([rows, rows[-1:].expand(static.rows - n)])
         out = static.run(rows, cache)
@@ -192,19 +189,6 @@ class ArchHooks:
     def _static_verify(self, n: int) -> StaticForward | None:
         candidates = [r for r in self.static if r >= n and r > 1]
         return self.static[min(candidates)] if candidates else None
-
-    def rollback(self, model: TargetModel, cache: ModelCache, start: int, rows: torch.Tensor, keep: int,
-                 taps: Sequence[int]) -> ForwardOutput | None:
-        """Keep the first ``keep`` of the verify rows written at ``start``. Returns a replay forward's output when
-        one ran (its taps then cover exactly the kept rows)."""
-        if self.rollback_mode == "replay" and cache.has_state:
-            if start + keep == cache.length:
-                return None
-            cache.restore_snapshot()
-            return model.forward(rows[:keep], cache, taps=taps, chunked=False, logits="none")
-        # Also when every row is kept: a deferred verify's rows are committed here.
-        cache.rollback(start + keep)
-        return None
 
     def decode(self, model: TargetModel, cache: ModelCache, token: torch.Tensor, taps: Sequence[int]) -> ForwardOutput:
         """A plain single-token step (no draft this cycle)."""

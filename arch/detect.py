@@ -17,15 +17,18 @@ def detect_arch(device: torch.device) -> str:
     return "rtx"
 
 
-def select_hooks(name: str, device: torch.device) -> ArchHooks:
-    """Instantiate the hook set ``name`` (``auto`` detects it)."""
+def hooks_class(name: str) -> type[ArchHooks]:
+    """The hook set class ``name`` names (``base``, ``rtx``, ``thor``)."""
     from edgespec.arch.rtx import RtxHooks
     from edgespec.arch.thor import ThorHooks
 
-    if name == "auto":
-        name = detect_arch(device)
     classes = {"base": ArchHooks, "rtx": RtxHooks, "thor": ThorHooks}
     if name not in classes:
         from edgespec.errors import ConfigError
         raise ConfigError(f"arch {name!r} is not one of {', '.join(classes)}")
-    return classes[name]()
+    return classes[name]
+
+
+def select_hooks(name: str, device: torch.device) -> ArchHooks:
+    """Instantiate the hook set ``name`` (``auto`` detects it)."""
+    return hooks_class(detect_arch(device) if name == "auto" else name)()

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from edgespec.cache.model_cache import ModelCache
+from edgespec.cache.state import StateMode
 from edgespec.kernels.argmax import greedy_verdict
 from edgespec.models.decoder import ForwardOutput, TargetModel
 
@@ -41,10 +42,10 @@ def capture_graph(body: Callable[[], Any], warmups: int = 2) -> tuple[torch.cuda
 class StaticForward:
     """A forward of exactly ``rows`` tokens at a device-held position, optionally captured as a CUDA graph."""
 
-    def __init__(self, model: TargetModel, cache: ModelCache, rows: int, taps: Sequence[int], checkpoint: bool,
-                 capture: bool, defer: bool = False) -> None:
+    def __init__(self, model: TargetModel, cache: ModelCache, rows: int, taps: Sequence[int], mode: StateMode,
+                 capture: bool) -> None:
         self.model, self.cache, self.rows = model, cache, rows
-        self.taps, self.checkpoint, self.defer = tuple(taps), checkpoint, defer
+        self.taps, self.mode = tuple(taps), mode
         device = model.device
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
@@ -54,8 +55,8 @@ class StaticForward:
             self._capture()
 
     def _forward(self) -> ForwardOutput:
-        out = self.model.forward(self.tokens, self.cache, taps=self.taps, checkpoint=self.checkpoint,
-                                 defer=self.defer, chunked=False, pos_t=self.pos)
+        out = self.model.forward(self.tokens, self.cache, taps=self.taps, mode=self.mode, chunked=False,
+                                 pos_t=self.pos)
         out.greedy = greedy_verdict(out.logits, self.tokens)
         return out
 
@@ -71,9 +72,9 @@ class StaticForward:
         cache.check_room(start, self.rows)
         self.tokens.copy_(tokens, non_blocking=True)
         self.pos.fill_(start)
-        if self.checkpoint:
+        if self.mode is StateMode.CHECKPOINT:
             cache.mark_checkpointed_forward(start, self.rows)
-        elif self.defer:
+        elif self.mode is StateMode.DEFER:
             cache.begin_deferred_forward(start, self.rows)
         if self.graph is not None:
             self.graph.replay()

@@ -102,6 +102,18 @@ class Settings:
     cpu_blas: bool = _knob(True, "CPU fp32: linears through numpy's OpenBLAS GEMV, torch intra-op threads set to 1")
     stage_timing: Literal["host", "device"] = _knob(
         "host", "telemetry stage times: host (no extra syncs) or device (sync per stage; for profiling)")
+    # --- kernel options (edgespec.kernels.options.KernelOptions: fixed once per process; A/B and tuning) -------
+    no_triton: bool = _knob(False, "torch reference kernels even on CUDA (debugging; slow)")
+    gluon: bool = _knob(True, "Gluon FP8 decode attention from 8192 cached keys on; false = the Triton program")
+    pdl: bool = _knob(True, "programmatic dependent launch of the Triton kernels on SM90+")
+    skinny: Literal["all", "wide"] = _knob(
+        "all", "2-16-row products on the skinny GEMM: all, or wide matrices only (narrow ones on cuBLAS)")
+    gdn_block_v: int | None = _knob(None, "GDN recurrence value tile, a power of two; None = tuned choice", min=4)
+    gdn_warps: int | None = _knob(None, "GDN recurrence warps per program (1, 2, 4, 8); None = tuned choice", min=1,
+                                  max=8)
+    gguf_native: bool = _knob(True, "compiled GGUF CPU products (built on first use); false = torch reference")
+    gguf_threads: int | None = _knob(None, "threads of one GGUF CPU product; None = every core this process may use",
+                                     min=1)
     # --- generation defaults -----------------------------------------------------------------------------------
     max_tokens: int = _knob(256, "default completion length", min=1, section="sampling")
     temperature: float = _knob(0.0, "default temperature; 0 = greedy", min=0.0, max=5.0)
@@ -231,9 +243,15 @@ def read_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     return _coerce_mapping(picked, source="environment EDGESPEC_*")
 
 
-# Variables with the prefix that are not settings (paths the CLI or tests use directly).
-_ENV_IGNORED = frozenset({"EDGESPEC_CACHE_DIR", "EDGESPEC_CONFIG", "EDGESPEC_REQUIRE_DEMO", "EDGESPEC_NO_TRITON",
-                          "EDGESPEC_GGUF_THREADS", "EDGESPEC_GGUF_NATIVE"})
+# Variables with the prefix that are not settings, with what they do (docs/configuration.md lists them).
+ENV_NOT_SETTINGS: dict[str, str] = {
+    "EDGESPEC_CONFIG": "the YAML settings file (as --config)",
+    "EDGESPEC_CACHE_DIR": "where the demo model and converted GGUF folders are kept (default: "
+                          "$XDG_CACHE_HOME/edgespec, else ~/.cache/edgespec)",
+    "EDGESPEC_REQUIRE_DEMO": "tests: fail instead of skip when the demo model cannot be fetched",
+    "EDGESPEC_PEER_DIR": "tools/peer_llamacpp_cpu.sh: where the llama.cpp build is cached",
+}
+_ENV_IGNORED = frozenset(ENV_NOT_SETTINGS)
 
 
 def _metavar(name: str) -> str:

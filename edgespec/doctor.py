@@ -53,13 +53,13 @@ def model_budget(model_dir: str, max_seq_len: int, device_name: str = "auto", dt
     not fit: the lines say so."""
     from pathlib import Path
 
-    from edgespec.engine import resolve_device
     from edgespec.loading.checkpoint import build_empty, normalise_key, resolve_dtype
     from edgespec.loading.hf_config import load_config
     from edgespec.loading.quant_config import detect_quantization
     from edgespec.loading.safetensors_io import read_headers
     from edgespec.loading.weights import weight_files
     from edgespec.memory import GiB, checkpoint_bytes, module_bytes, peak_bytes, plan_budget
+    from edgespec.plan import resolve_device
     from edgespec.weights.base import PackedWeight
 
     folder = Path(model_dir).expanduser()

@@ -15,16 +15,18 @@ from typing import Any
 
 import torch
 
-from edgespec.arch.detect import select_hooks
 from edgespec.cache.prefix import PrefixCache
 from edgespec.config import Settings
 from edgespec.drafters.factory import build_proposer
 from edgespec.errors import ConfigError, RequestError
+from edgespec.kernels import options as kernel_options
 from edgespec.kernels.linear import configure_cpu
-from edgespec.loading.checkpoint import load_target, resolve_dtype
+from edgespec.loading.checkpoint import load_target
 from edgespec.loading.resumable_encoder import ResumableEncoder
 from edgespec.loading.tokenizer import ChatTokenizer
+from edgespec.plan import RuntimePlan
 from edgespec.speculative.acceptance import AcceptancePolicy, RejectionSampling, RelaxedThinking, StrictGreedy
+from edgespec.speculative.plan import draft_tokens
 from edgespec.speculative.sampling import SamplingParams
 from edgespec.speculative.session import SpecSession, TokenConstraint
 from edgespec.speculative.telemetry import CumulativeTelemetry, RequestTelemetry
@@ -65,37 +67,20 @@ class Completion:
         return len(self.token_ids)
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"device {name!r} is not a torch device (cpu, cuda, cuda:N)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {name!r} asked for but CUDA is not available")
-    return device
-
-
 class Engine:
-    """A ready-to-serve model. Build with :meth:`from_settings`."""
+    """A ready-to-serve model. Build with :meth:`from_settings` (or :meth:`around` a model already loaded)."""
 
-    def __init__(self, settings: Settings, model, tokenizer: ChatTokenizer, model_dir: Path) -> None:
-        self.settings = settings
+    def __init__(self, plan: RuntimePlan, model, tokenizer: ChatTokenizer, model_dir: Path) -> None:
+        settings = plan.settings
+        self.plan, self.settings = plan, settings
         self.model = model
         self.tokenizer = tokenizer
         self.model_dir = model_dir
         self.device = model.device
-        self.hooks = select_hooks(settings.arch, self.device)
-        if settings.graph_prefill_max is not None:
-            self.hooks.defaults.graph_prefill_max = settings.graph_prefill_max
-        self.proposer = build_proposer(settings, model)
-        kv = settings.kv_dtype
-        self.session = SpecSession(
-            model, self.hooks, self.proposer, k=settings.num_draft_tokens,
-            kv_fp8=None if kv == "auto" else kv == "fp8", rollback=settings.rollback,
-            prefill_chunk=settings.prefill_chunk, max_len=settings.max_seq_len, cuda_graphs=settings.cuda_graphs,
-            stage_timing=settings.stage_timing, adaptive_k=settings.adaptive_k, draft_tree=settings.draft_tree)
+        self.hooks = plan.new_hooks()      # the engine's one hook set: it picks the drafter's kernels too
+        self.proposer = build_proposer(plan.drafter, model, self.hooks.choose_weight_kernels)
+        self.session = SpecSession(model, self.hooks, self.proposer,
+                                   draft_tokens(plan.drafter.num_draft_tokens, self.proposer), plan.session)
         # Prefix reuse: what the session's cache holds between requests (see edgespec.cache.prefix).
         turn = [t for t in (tokenizer.token_id("<|im_start|>"),) if t is not None]
         self.prefix = PrefixCache(self.session.cache, turn_ids=turn) if settings.prefix_reuse else None
@@ -114,9 +99,18 @@ class Engine:
                                           settings.request_log_keep)
 
     @classmethod
+    def around(cls, settings: Settings, model, tokenizer: ChatTokenizer, model_dir: Path) -> Engine:
+        """An engine of ``settings`` over a model already loaded (benchmarks that try several settings on one)."""
+        plan = RuntimePlan.for_device(settings, model.device)
+        kernel_options.fix(plan.kernels)
+        return cls(plan, model, tokenizer, model_dir)
+
+    @classmethod
     def from_settings(cls, settings: Settings) -> Engine:
-        device = resolve_device(settings.device)
-        dtype = resolve_dtype(settings.dtype, device)
+        """Resolve ``settings`` into a :class:`RuntimePlan`, load the model and tokenizer it names, and build."""
+        plan = RuntimePlan.from_settings(settings)
+        kernel_options.fix(plan.kernels)      # before any kernel runs (loading packs weights with some)
+        device, dtype = plan.device, plan.dtype
         gguf = None
         if settings.model == "demo":
             from edgespec.loading.gguf_demo import demo_gguf_path, ensure_demo_model
@@ -132,9 +126,8 @@ class Engine:
             model_dir = Path(settings.model).expanduser()
         from edgespec.memory import checkpoint_bytes
         drafter_bytes = 0
-        if settings.drafter == "dflash":
-            from edgespec.drafters.dflash_loader import dflash_folder
-            drafter_bytes = checkpoint_bytes(dflash_folder(settings))
+        if plan.drafter.name == "dflash":
+            drafter_bytes = checkpoint_bytes(plan.drafter.dflash_path)
         if gguf is not None:
             # The file's Q4/Q8 blocks served as they are (edgespec.loading.gguf_model).
             from edgespec.loading.gguf_model import load_gguf_target
@@ -154,7 +147,7 @@ class Engine:
         if tokenizer.vocab_size > model.config.vocab_size:
             raise ConfigError(f"tokenizer of {model_dir} has {tokenizer.vocab_size} tokens but the model's "
                               f"vocab_size is {model.config.vocab_size}")
-        return cls(settings, model, tokenizer, model_dir)
+        return cls(plan, model, tokenizer, model_dir)
 
     # -- requests -----------------------------------------------------------------------------------------------
     def prompt_ids(self, req: Request) -> list[int]:

@@ -71,8 +71,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         write_dflash_drafter(tmp, config_dict(**SHAPES[args.shape]), num_layers=5, dtype=torch.bfloat16)
         proposer = dflash.load_dflash_checkpoint(tmp, model, window_size=128, cuda_graphs=True)
-    session = SpecSession(model, select_hooks("auto", device), proposer, k=15, max_len=2048, cuda_graphs=True,
-                          stage_timing="device")
+    session = SpecSession.with_defaults(model, select_hooks("auto", device), proposer, k=15, max_len=2048,
+                                        cuda_graphs=True, stage_timing="device")
     prompt = torch.randint(0, 1000, (256,)).tolist()
     session.generate(prompt, max_tokens=16, policy=StrictGreedy())            # warm-up, captures every graph
 

@@ -72,6 +72,15 @@ def _cpu_matmul_isolated():
 
 
 @pytest.fixture(autouse=True)
+def _kernel_options_isolated(monkeypatch):
+    """Kernel options are fixed once per process (``edgespec.kernels.options``); each test is a fresh "process"
+    for them, so one test's settings or environment never decide another's kernels."""
+    from edgespec.kernels import options
+
+    monkeypatch.setattr(options, "_fixed", None)
+
+
+@pytest.fixture(autouse=True)
 def _seed_torch():
     """Every test draws the same random inputs on every run: a tolerance check must not pass or fail by luck."""
     import torch

@@ -106,8 +106,10 @@ def main() -> int:
                       f"{out[f'{name}_draft_bytes'] / 1e9:.2f} GB read per draft", flush=True)
             k = min(args.k, proposer.max_k)
             torch.cuda.reset_peak_memory_stats()
-            session = SpecSession(model, select_hooks("auto", device), proposer, k=k, max_len=args.max_len,
-                                  cuda_graphs=True, stage_timing="device", rollback=args.rollback, kv_fp8=kv_fp8)
+            session = SpecSession.with_defaults(model, select_hooks("auto", device), proposer, k=k,
+                                                max_len=args.max_len,
+                                                cuda_graphs=True, stage_timing="device", rollback=args.rollback,
+                                                kv_fp8=kv_fp8)
             out["rollback"] = session.rollback_strategy
             session.generate(prompt, max_tokens=16, policy=StrictGreedy())          # warm-up
             res = session.generate(prompt, max_tokens=args.tokens, policy=StrictGreedy())

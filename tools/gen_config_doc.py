@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import fields
 from pathlib import Path
 
-from edgespec.config import Settings
+from edgespec.config import ENV_NOT_SETTINGS, Settings
 
 HEADER = """# Configuration
 
@@ -21,9 +21,20 @@ This table is generated from `edgespec/config.py` by `python tools/gen_config_do
 """
 
 
+ENV_HEADER = """
+## Environment variables that are not settings
+
+Every other `EDGESPEC_*` variable is a setting above (`EDGESPEC_<NAME>`); an unknown one is rejected by name.
+
+| variable | meaning |
+|---|---|
+"""
+
+
 def render() -> str:
     rows = [f"| `{f.name}` | `{f.default}` | {f.metadata['help']} |" for f in fields(Settings)]
-    return HEADER + "\n".join(rows) + "\n"
+    env = [f"| `{name}` | {meaning} |" for name, meaning in ENV_NOT_SETTINGS.items()]
+    return HEADER + "\n".join(rows) + "\n" + ENV_HEADER + "\n".join(env) + "\n"
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ def profile_rows(session: SpecSession, model, rows: int, steps: int = 20) -> dic
             hooks.decode(model, cache, toks, ())
             cache.length = start
         else:
-            hooks.verify(model, cache, toks, ())
+            hooks.verify(model, cache, toks, (), session.rollback)
             cache.rollback(start)
 
     return {"rows": rows, **profile_step(step, steps)}
@@ -127,7 +127,8 @@ def profile_drafter(shape: str, bw: float, sequence: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         write_dflash_drafter(tmp, config_dict(**SHAPES[shape]), num_layers=5, dtype=torch.bfloat16)
         proposer = load_dflash_checkpoint(tmp, model, window_size=128, cuda_graphs=True)
-    session = SpecSession(model, select_hooks("auto", device), proposer, k=15, max_len=2048, cuda_graphs=True)
+    session = SpecSession.with_defaults(model, select_hooks("auto", device), proposer, k=15, max_len=2048,
+                                        cuda_graphs=True)
     session.generate(torch.randint(0, 1000, (256,)).tolist(), max_tokens=16, policy=StrictGreedy())
     graph = proposer._graph                      # captured by the generate above
     nbytes = sum(p.numel() * p.element_size() for p in proposer.drafter.layers.parameters())
@@ -208,8 +209,9 @@ def main() -> int:
         for rows in row_counts:
             # A proposer only sizes the verify graph (rows - 1 drafts); the profile feeds the rows itself.
             proposer = NGramProposer() if rows > 1 else None
-            session = SpecSession(model, select_hooks("auto", device), proposer, k=rows - 1 if rows > 1 else None,
-                                  max_len=args.context + 64, cuda_graphs=True, rollback=args.rollback)
+            session = SpecSession.with_defaults(model, select_hooks("auto", device), proposer,
+                                                k=rows - 1 if rows > 1 else None,
+                                                max_len=args.context + 64, cuda_graphs=True, rollback=args.rollback)
             prompt = torch.randint(0, model.config.vocab_size, (args.context,), device=device)
             session.hooks.prefill(model, session.cache, prompt, session.prefill_chunk, ())
             res = profile_rows(session, model, rows)

@@ -78,8 +78,8 @@ def decode_step(model: TargetModel, kv_fp8: bool, context: int, *, arch: str = "
     hooks = select_hooks(arch, device)
     left_out = attention_left_out if leave_out_attention else contextlib.nullcontext
     with left_out():
-        session = SpecSession(model, hooks, None, kv_fp8=kv_fp8, max_len=context + 64,
-                              cuda_graphs=device.type == "cuda")
+        session = SpecSession.with_defaults(model, hooks, None, kv_fp8=kv_fp8, max_len=context + 64,
+                                            cuda_graphs=device.type == "cuda")
     fill_kv(session, context)
     tok = torch.tensor([1], device=device)
     cache = session.cache

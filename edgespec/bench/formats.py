@@ -24,6 +24,7 @@ import torch
 
 from edgespec.arch.base import ArchHooks
 from edgespec.arch.detect import select_hooks
+from edgespec.arch.rollback import rollback_strategy
 from edgespec.bench.gpu import THOR_BW, fill_random_, time_cuda, weight_bytes_per_token
 from edgespec.cache.model_cache import ModelCache
 from edgespec.errors import ConfigError
@@ -134,9 +135,10 @@ def served_model(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype
     forward with the arch's rollback strategy) captured as graphs."""
     model = format_model(cfg_dict, fmt, device, dtype, max_len, group)
     hooks = select_hooks("auto", device)
-    rollback = hooks.defaults.rollback
+    rollback = rollback_strategy(hooks.defaults.rollback)
     cache = hooks.new_cache(model, max_len, kv_fp8=False, rollback=rollback, max_rows=verify_rows)
-    hooks.prepare(model, cache, verify_rows, (), rollback, graphs=device.type == "cuda")
+    hooks.prepare(model, cache, verify_rows, (), rollback, graphs=device.type == "cuda",
+                  graph_prefill_max=hooks.defaults.graph_prefill_max)
     return model, cache, hooks
 
 
@@ -173,12 +175,13 @@ def bench_format(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype
         cache.length -= 1
 
     ms = time_cuda(step, iters=iters, warmup=2, repeats=3)
+    rollback = rollback_strategy(hooks.defaults.rollback)       # the one served_model prepared the hooks with
     rows = torch.randint(0, model.config.vocab_size, (verify_rows,), device=device)
 
     def verify() -> None:
         start = cache.length
-        hooks.verify(model, cache, rows, ())
-        hooks.rollback(model, cache, start, rows, 1, ())
+        hooks.verify(model, cache, rows, (), rollback)
+        rollback.rollback(model, cache, start, rows, 1, ())
         cache.length = start
 
     verify_ms = time_cuda(verify, iters=iters, warmup=2, repeats=3) if verify_rows > 1 else ms

@@ -139,7 +139,7 @@ def bench_shape(shape: str, *, device: torch.device, dtype: torch.dtype = torch.
     model = random_model(shape, device, dtype, max_len)
     load_peak = peak_bytes(device)
     hooks = select_hooks(arch, device)
-    session = SpecSession(model, hooks, None, kv_fp8=kv_fp8, max_len=max_len, cuda_graphs=graphs)
+    session = SpecSession.with_defaults(model, hooks, None, kv_fp8=kv_fp8, max_len=max_len, cuda_graphs=graphs)
     wbytes = weight_bytes_per_token(model)
     out: dict[str, Any] = {"shape": shape, "device": torch.cuda.get_device_name(device) if device.type == "cuda"
                            else "cpu", "dtype": str(dtype).replace("torch.", ""), "arch": hooks.name,
@@ -170,8 +170,8 @@ def bench_shape(shape: str, *, device: torch.device, dtype: torch.dtype = torch.
     # Verify of R rows (each its own session so the graph has exactly R rows), with the rollback as served.
     verify = {}
     for rows in verify_rows:
-        vs = SpecSession(model, select_hooks(arch, device), _FixedDraft(rows - 1), k=rows - 1, kv_fp8=kv_fp8,
-                         rollback=rollback, max_len=max_len, cuda_graphs=graphs)
+        vs = SpecSession.with_defaults(model, select_hooks(arch, device), _FixedDraft(rows - 1), k=rows - 1,
+                                       kv_fp8=kv_fp8, rollback=rollback, max_len=max_len, cuda_graphs=graphs)
         out["rollback"] = vs.rollback_strategy
         vs.cache.reset()
         vs.hooks.prefill(model, vs.cache, prompt, vs.prefill_chunk, ())
@@ -179,14 +179,14 @@ def bench_shape(shape: str, *, device: torch.device, dtype: torch.dtype = torch.
 
         def verify_step(vs=vs, toks=toks) -> None:
             start = vs.cache.length
-            vs.hooks.verify(model, vs.cache, toks, ())
+            vs.hooks.verify(model, vs.cache, toks, (), vs.rollback)
             vs.cache.rollback(start)
 
         v_ms = time_cuda(verify_step)
         # Rollback alone, at its dearest: a checkpoint restore costs the same for any kept row (one slot copy); a
         # deferred commit advances the state by the kept rows, so it is timed keeping all of them.
         start = vs.cache.length
-        vs.hooks.verify(model, vs.cache, toks, ())
+        vs.hooks.verify(model, vs.cache, toks, (), vs.rollback)
         deferred = vs.cache.deferred_pending
         keep = rows if deferred else 1
 

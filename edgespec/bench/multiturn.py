@@ -63,7 +63,7 @@ def run_multi_turn(engine: Engine, args: argparse.Namespace) -> dict[str, Any]:
     """Run the scenario, print one row per turn, return every figure."""
     if engine.prefix is None:
         raise ConfigError("--multi-turn compares with and without prefix reuse: leave prefix_reuse on")
-    fresh = Engine(engine.settings.with_overrides(prefix_reuse=False), engine.model, engine.tokenizer,
+    fresh = Engine.around(engine.settings.with_overrides(prefix_reuse=False), engine.model, engine.tokenizer,
                    engine.model_dir)
     # Warm-up, untimed: a short conversation of two turns on both engines, so kernel compilation and CUDA-graph
     # capture of the fresh and the resumed prefill paths fall outside the timed turns (a first resumed prefill on

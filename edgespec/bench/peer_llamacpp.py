@@ -85,13 +85,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from edgespec.config import Settings
     from edgespec.engine import Engine
-    from edgespec.weights import gguf_native
     from edgespec.weights.base import is_packed
 
-    os.environ["EDGESPEC_GGUF_THREADS"] = str(args.threads)
-    gguf_native._threads = None   # re-read: both sides run the same thread count
-
-    engine = Engine.from_settings(Settings(model=str(args.gguf), drafter="ngram", max_seq_len=1024))
+    # Both sides run the same thread count: edgespec's GGUF products take it as their kernel option.
+    engine = Engine.from_settings(Settings(model=str(args.gguf), drafter="ngram", max_seq_len=1024,
+                                           gguf_threads=args.threads))
     step_bytes = sum(m.nbytes for m in engine.model.modules() if is_packed(m))
     step_bytes += sum(p.numel() * p.element_size() for p in engine.model.parameters())
     edgespec_run(engine, args.prompt, 16)   # warm-up (first products, page cache)

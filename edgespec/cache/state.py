@@ -4,12 +4,12 @@ A GDN layer carries no per-position cache: its whole past is folded into ``recur
 reference keeps it) and ``conv [conv_dim, kernel-1]`` (the last pre-conv inputs). Such state cannot be truncated,
 so speculative decoding needs one of two rollback strategies (see ``arch``):
 
-* checkpoint: a multi-row forward called with ``checkpoint=True`` saves the state before row 0 in slot 0 and the
+* checkpoint: a multi-row forward in ``StateMode.CHECKPOINT`` saves the state before row 0 in slot 0 and the
   state after row i in slot i+1; rolling back to "n rows accepted" copies slot n into the live state. Constant
   time, costs ``(K+2)`` state copies of memory.
 * replay: the caller snapshots the live state (slot 0) before the forward, restores it, and re-runs the accepted
   rows. Needs one slot only.
-* deferred: a multi-row forward called with ``defer=True`` leaves the live state as it was and keeps each row's
+* deferred: a multi-row forward in ``StateMode.DEFER`` leaves the live state as it was and keeps each row's
   inputs (the pre-conv row as the window stores it, the conv output, the decay and write strength: a few KB per
   row); the accept stage then advances every layer by the accepted rows (:meth:`GDNStateBank.advance`: one
   launch for all layers, the same recurrence kernel decode runs, so the state ends exactly as plain decoding
@@ -19,9 +19,20 @@ so speculative decoding needs one of two rollback strategies (see ``arch``):
 
 from __future__ import annotations
 
+from enum import Enum
+
 import torch
 
 from edgespec.kernels.gdn import gdn_advance
+
+
+class StateMode(Enum):
+    """What one forward does with the GDN states: the single mode argument of ``TargetModel.forward`` (a rollback
+    strategy of ``edgespec.arch.rollback`` picks it for its verify). Attention-only caches ignore it."""
+
+    ADVANCE = "advance"          # update the live state row by row (prefill, decode, a replay verify)
+    CHECKPOINT = "checkpoint"    # update it and save the state after every row in its slot
+    DEFER = "defer"              # leave it as it was and keep each row's inputs for the commit
 
 
 class GDNState:

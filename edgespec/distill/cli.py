@@ -184,9 +184,9 @@ def run_distill(args: argparse.Namespace) -> int:
     from edgespec.distill.data import generate_data, load_data, make_recipe
     from edgespec.distill.objective import BlockObjective
     from edgespec.distill.train import TrainOptions, init_distributed, is_held_out, train
-    from edgespec.engine import resolve_device
     from edgespec.loading.checkpoint import load_target
     from edgespec.loading.tokenizer import ChatTokenizer
+    from edgespec.plan import resolve_device
 
     if args.pack < 1:
         raise ConfigError(f"--pack {args.pack}: sequences per forward must be 1 or more")

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
 from edgespec.config import Settings
 from edgespec.drafters.dflash_net import DFlashConfig, DFlashDraftModel, parse_dflash_config
 from edgespec.drafters.dflash_proposer import DFlashProposer
+from edgespec.drafters.plan import DrafterPlan
 from edgespec.drafters.quantize import DRAFTER_WEIGHTS, quantize_linears
 from edgespec.errors import CheckpointError, ConfigError
 from edgespec.loading.hf_config import read_json
@@ -87,11 +90,13 @@ def _drafter_dtype(target: TargetModel) -> torch.dtype:
 
 
 def load_dflash_checkpoint(folder: str | Path, target: TargetModel, *, window_size: int = 128,
-                           window_seed: bool = True, cuda_graphs: bool = False,
-                           weights: str = "model") -> DFlashProposer:
+                           window_seed: bool = True, cuda_graphs: bool = False, weights: str = "model",
+                           choose_kernels: Callable[[nn.Module], int] | None = None) -> DFlashProposer:
     """Load a DFlash drafter folder (``config.json`` + safetensors) for ``target``, checking that they fit.
     ``weights``: ``model`` serves the checkpoint's dtype; ``fp8`` / ``int4`` / ``nvfp4`` quantize the drafter's
-    linear layers after loading (:mod:`edgespec.drafters.quantize`) and give them the device's fast product.
+    linear layers after loading (:mod:`edgespec.drafters.quantize`) and give them the device's fast product:
+    ``choose_kernels`` (the engine's ``ArchHooks.choose_weight_kernels``; None: the portable choice every arch
+    shares, for callers without an engine).
 
     Raises :class:`CheckpointError` for missing / unreadable files, missing or unexpected keys and shape
     mismatches, and :class:`ConfigError` when the drafter was made for another target (hidden size,
@@ -122,10 +127,12 @@ def load_dflash_checkpoint(folder: str | Path, target: TargetModel, *, window_si
     if weights != "model":
         # Merge q/k/v and gate/up first so each merged matrix is quantized whole, then pick each packed layer's
         # product (before the proposer captures any graph).
-        from edgespec.arch.detect import select_hooks
         merge_all_projections(drafter)
         quantize_linears(drafter, weights, dtype)
-        select_hooks("auto", device).choose_weight_kernels(drafter)
+        if choose_kernels is None:
+            from edgespec.arch.base import ArchHooks
+            choose_kernels = ArchHooks().choose_weight_kernels
+        choose_kernels(drafter)
     # Loaded under the checkpoint's names; the proposer merges q/k/v and gate/up (+ fused SiLU), as in the target.
     return DFlashProposer(drafter, target, window_size=window_size, window_seed=window_seed, cuda_graphs=cuda_graphs)
 
@@ -148,32 +155,24 @@ def dflash_folder(settings: Settings) -> str | None:
     return str(demo_drafter_path()) if is_packaged_drafter(settings) else settings.drafter_path
 
 
-def load_dflash(settings: Settings, model: TargetModel) -> DFlashProposer:
-    """Build the DFlash proposer named by ``settings`` (``drafter_path``, ``window_size``, ``window_seed``,
-    ``cuda_graphs``; None takes the arch default of ``settings.arch`` on the model's device). The demo model
-    without a ``drafter_path`` gets the packaged demo drafter."""
-    path = dflash_folder(settings)
-    packaged = is_packaged_drafter(settings)
-    if not path:
+def load_dflash(plan: DrafterPlan, model: TargetModel,
+                choose_kernels: Callable[[nn.Module], int] | None = None) -> DFlashProposer:
+    """Build the DFlash proposer ``plan`` describes (its folder, window, seeding, graphs and weight format, arch
+    defaults already applied). The packaged demo drafter, when it does not fit, says which setting picks another."""
+    if not plan.dflash_path:
         raise ConfigError("drafter dflash needs drafter_path (--drafter-path / EDGESPEC_DRAFTER_PATH): the "
                           "DFlash checkpoint folder")
-    from edgespec.arch.detect import select_hooks
-
-    defaults = select_hooks(settings.arch, model.device).defaults
-    seed = defaults.window_seed if settings.window_seed is None else settings.window_seed
-    graphs = defaults.cuda_graphs if settings.cuda_graphs is None else settings.cuda_graphs
-    # None: the arch default, like window_seed and cuda_graphs.
-    size = defaults.window_size if settings.window_size is None else settings.window_size
     try:
-        proposer = load_dflash_checkpoint(path, model, window_size=size, window_seed=seed, cuda_graphs=graphs,
-                                          weights=settings.drafter_weights)
+        proposer = load_dflash_checkpoint(plan.dflash_path, model, window_size=plan.window_size,
+                                          window_seed=plan.window_seed, cuda_graphs=plan.cuda_graphs,
+                                          weights=plan.weights, choose_kernels=choose_kernels)
     except ConfigError as e:
-        if not packaged:
+        if not plan.dflash_packaged:
             raise
         # The packaged drafter serves the embedded demo model only: name the setting that picks another.
         raise ConfigError(f"the packaged demo DFlash drafter does not fit this target ({e}); set drafter_path "
                           f"(--drafter-path / EDGESPEC_DRAFTER_PATH) to a drafter trained for it") from None
-    k = settings.num_draft_tokens
+    k = plan.num_draft_tokens
     if k is not None and k > proposer.max_k:
         raise ConfigError(f"num_draft_tokens {k} exceeds what the DFlash drafter can draft in one block "
                           f"(block_size {proposer.block_size} -> at most {proposer.max_k})")

@@ -1,40 +1,45 @@
-"""Build the proposer named by the settings, checked against the target before any device work."""
+"""Build the proposer a drafter plan names, checked against the target before any device work."""
 
 from __future__ import annotations
 
-from edgespec.config import Settings
+from collections.abc import Callable
+
+from torch import nn
+
 from edgespec.drafters.base import Proposer
 from edgespec.drafters.ngram import NGramProposer
+from edgespec.drafters.plan import DrafterPlan
 from edgespec.errors import ConfigError
 from edgespec.models.decoder import TargetModel
 
 
-def build_proposer(settings: Settings, model: TargetModel) -> Proposer | None:
-    """``none`` -> None; ``ngram`` -> prompt lookup; ``dflash`` / ``mtp`` -> model-based drafters."""
-    name = settings.drafter
+def build_proposer(plan: DrafterPlan, model: TargetModel,
+                   choose_kernels: Callable[[nn.Module], int] | None = None) -> Proposer | None:
+    """``none`` -> None; ``ngram`` -> prompt lookup; ``dflash`` / ``mtp`` -> model-based drafters.
+    ``choose_kernels``: the engine's hooks pick a quantized drafter's products (``ArchHooks.choose_weight_kernels``)."""
+    name = plan.name
     if name == "none":
         return None
     if name == "ngram":
-        if settings.ngram_min_match > settings.ngram_max_match:
-            raise ConfigError(f"ngram_min_match {settings.ngram_min_match} exceeds ngram_max_match "
-                              f"{settings.ngram_max_match}")
-        return NGramProposer(max_match=settings.ngram_max_match, min_match=settings.ngram_min_match,
-                             lookback=settings.ngram_lookback, gate=settings.ngram_gate,
-                             max_len=settings.max_seq_len + 64)
+        ng = plan.ngram
+        if ng.min_match > ng.max_match:
+            raise ConfigError(f"ngram_min_match {ng.min_match} exceeds ngram_max_match {ng.max_match}")
+        return NGramProposer(max_match=ng.max_match, min_match=ng.min_match, lookback=ng.lookback, gate=ng.gate,
+                             max_len=plan.max_seq_len + 64)
     if name == "dflash":
         from edgespec.drafters.dflash import load_dflash
-        return _with_lookup(load_dflash(settings, model), settings)
+        return _with_lookup(load_dflash(plan, model, choose_kernels), plan)
     if name == "mtp":
         from edgespec.drafters.mtp import MTPProposer
-        return _with_lookup(MTPProposer.from_target(model, max_seq_len=settings.max_seq_len), settings)
+        return _with_lookup(MTPProposer.from_target(model, max_seq_len=plan.max_seq_len), plan)
     raise ConfigError(f"drafter {name!r} is not one of none, ngram, dflash, mtp")
 
 
-def _with_lookup(proposer: Proposer, settings: Settings) -> Proposer:
+def _with_lookup(proposer: Proposer, plan: DrafterPlan) -> Proposer:
     """The model drafter, behind an n-gram lookup when ``lookup_min_match`` is above 0 (edgespec.drafters.lookup;
     the default 3 sped up every bench prompt of the demo on a CPU and on an H200 but the JSON plan, which it left
     even: docs/benchmarks.md)."""
-    if settings.lookup_min_match <= 0:
+    if plan.lookup_min_match <= 0:
         return proposer
     from edgespec.drafters.lookup import LookupFirstProposer
-    return LookupFirstProposer(proposer, min_match=settings.lookup_min_match, max_len=settings.max_seq_len + 64)
+    return LookupFirstProposer(proposer, min_match=plan.lookup_min_match, max_len=plan.max_seq_len + 64)

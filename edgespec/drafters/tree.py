@@ -35,12 +35,9 @@ from edgespec.errors import ConfigError
 # Largest node budget: a tree forward takes at most 64 rows (the root + 63 nodes), the width of the ancestor bit
 # masks the Triton attention reads (edgespec.kernels.tree.MAX_TREE_ROWS).
 MAX_TREE_BUDGET = 63
-# ``draft_tree: auto``: the node budget, and the least joint probability a node needs on a CPU. A GPU verify is
-# bound by weight bytes, so up to its byte-bound row count extra nodes cost little (DDTree's gain peaks at a middle
-# budget); on a CPU each verify row costs about a quarter of a decode step (the demo on two cores:
-# docs/benchmarks.md), so a node is only worth verifying when the drafter gives its path a fair chance.
+# ``draft_tree: auto``: the node budget (the least joint probability a node needs is the arch's
+# ``ArchDefaults.tree_min_joint``).
 AUTO_TREE_BUDGET = 32
-AUTO_TREE_MIN_JOINT_CPU = 0.1
 
 
 @dataclass(frozen=True)
@@ -186,13 +183,12 @@ def chain_tree(tokens: torch.Tensor | Sequence[int], probs: torch.Tensor | None 
     return DraftTree(toks, torch.arange(-1, n - 1), torch.arange(1, n + 1), p)
 
 
-def tree_setting(setting: int | str | None, device: torch.device) -> tuple[int | None, float]:
-    """``(budget, least joint probability)`` of a ``draft_tree`` setting on ``device``: ``off`` -> (None, 0: chains);
-    a whole number -> that budget, every node kept; ``auto`` -> :data:`AUTO_TREE_BUDGET`, with
-    :data:`AUTO_TREE_MIN_JOINT_CPU` off CUDA."""
+def tree_setting(setting: int | str | None, auto_min_joint: float) -> tuple[int | None, float]:
+    """``(budget, least joint probability)`` of a ``draft_tree`` setting: ``off`` -> (None, 0: chains); a whole
+    number -> that budget, every node kept; ``auto`` -> :data:`AUTO_TREE_BUDGET` and ``auto_min_joint`` (the arch's)."""
     budget = tree_budget(setting)
     auto = isinstance(setting, str) and setting.strip().lower() == "auto"
-    return budget, AUTO_TREE_MIN_JOINT_CPU if auto and device.type != "cuda" else 0.0
+    return budget, auto_min_joint if auto else 0.0
 
 
 def tree_budget(setting: int | str | None) -> int | None:

@@ -8,7 +8,6 @@ reference otherwise. Tests compare the two on fresh random inputs. See ``docs/ar
 from __future__ import annotations
 
 import functools
-import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -17,8 +16,9 @@ if TYPE_CHECKING:
 
 @functools.cache
 def triton_available() -> bool:
-    """True when Triton imports and a CUDA device is present (and EDGESPEC_NO_TRITON is not set)."""
-    if os.environ.get("EDGESPEC_NO_TRITON"):
+    """True when Triton imports and a CUDA device is present (and the ``no_triton`` kernel option is off)."""
+    from edgespec.kernels.options import active
+    if active().no_triton:
         return False
     try:
         import torch
@@ -59,8 +59,9 @@ def _cuda_sm_count(index: int) -> int:
 
 def pdl_enabled(device: torch.device) -> bool:
     """Programmatic dependent launch for our Triton kernels (``edgespec.kernels.triton_pdl``): on CUDA devices of
-    compute capability 9.0 or newer, unless ``EDGESPEC_PDL=0``."""
-    if device.type != "cuda" or os.environ.get("EDGESPEC_PDL", "1") == "0":
+    compute capability 9.0 or newer, unless the ``pdl`` kernel option is off (``EDGESPEC_PDL=0``)."""
+    from edgespec.kernels.options import active
+    if device.type != "cuda" or not active().pdl:
         return False
     import torch
     return _cuda_capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)

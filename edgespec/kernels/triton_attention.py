@@ -52,6 +52,7 @@ import triton.language as tl
 
 from edgespec.cache.kv import KVCache
 from edgespec.kernels import sm_count, split_count
+from edgespec.kernels.options import KernelOptions, active
 from edgespec.kernels.triton_pdl import pdl_enter, pdl_launch, pdl_release, pdl_wait
 
 try:  # Gluon (Triton's explicit-layout dialect; Triton 3.6 has it): without it, the Triton program only.
@@ -377,15 +378,16 @@ GLUON_MIN_KEYS = 8192
 TRITON_ONLY_KEYS = frozenset({"BLOCK_M", "BLOCK_N", "OPAQUE_CVT", "V_SCALE", "FP16_DOT", "maxnreg"})
 
 
-def use_gluon_decode(config: dict, supported: bool, key_len_hint: int) -> bool:
+def use_gluon_decode(config: dict, supported: bool, key_len_hint: int, options: KernelOptions | None = None) -> bool:
     """Whether a call runs the Gluon decode program: ``config["GLUON"]`` when given (1 where it is not
     ``supported`` is the caller's error), else where it is supported, the grid is sized for at least
-    ``GLUON_MIN_KEYS`` keys, the config tunes nothing of the Triton program's and ``EDGESPEC_GLUON`` is not 0 (the
-    switch back to the Triton program everywhere, e.g. for a Triton build whose Gluon misbehaves)."""
+    ``GLUON_MIN_KEYS`` keys, the config tunes nothing of the Triton program's and the ``gluon`` kernel option is on
+    (``EDGESPEC_GLUON=0``: the switch back to the Triton program everywhere, e.g. for a Triton build whose Gluon
+    misbehaves; ``options``: those in force unless given)."""
     if "GLUON" in config:
         return bool(config["GLUON"])
     return (supported and key_len_hint >= GLUON_MIN_KEYS and not (TRITON_ONLY_KEYS & set(config))
-            and os.environ.get("EDGESPEC_GLUON", "1") != "0")
+            and (options or active()).gluon)
 
 
 def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: float,

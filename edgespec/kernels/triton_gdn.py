@@ -21,13 +21,12 @@ approximation of it.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from edgespec.kernels.gdn import gdn_chunked_ref, prepare_qk
+from edgespec.kernels.options import KernelOptions, active
 from edgespec.kernels.triton_pdl import pdl_launch, pdl_release, pdl_wait
 
 
@@ -219,7 +218,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b
 GDNTile = tuple[int, int]
 
 
-def gdn_tile(dv: int) -> GDNTile:
+def gdn_tile(dv: int, options: KernelOptions | None = None) -> GDNTile:
     """dv tile and warps of the recurrent kernel. Every call for one model must use the same launch -- the
     reductions' order depends on it, and decode, verify and the deferred commit have to round alike -- so it
     depends on the value-head width only.
@@ -229,21 +228,12 @@ def gdn_tile(dv: int) -> GDNTile:
     heads 256 / 384 programs. Timed on an H200 (``tools/kernel_bench.py --gdn-sweep``, cold L2, us per launch,
     T=1 / T=16): 4B 3.68 / 13.23 against 3.98 / 16.71 for the former 32-wide, 4-warp tiles; 27B 4.14 / 13.34
     against 4.58 / 20.13. Narrower tiles (4, 8) or more warps lost at T=1 or at both.
-    ``EDGESPEC_GDN_BLOCK_V`` / ``EDGESPEC_GDN_WARPS`` override it for tuning runs (``--gdn-sweep`` passes its
-    tiles directly)."""
-    block_v = min(16, dv)
-    warps = 1
-    forced = os.environ.get("EDGESPEC_GDN_BLOCK_V")
-    if forced:
-        tile = int(forced) if forced.isdigit() else 0
-        if tile < 4 or tile & (tile - 1):
-            raise ValueError(f"EDGESPEC_GDN_BLOCK_V={forced!r}: give a power of two >= 4 (or unset it)")
-        block_v = min(tile, dv)
-    forced = os.environ.get("EDGESPEC_GDN_WARPS")
-    if forced:
-        if forced not in ("1", "2", "4", "8"):
-            raise ValueError(f"EDGESPEC_GDN_WARPS={forced!r}: give 1, 2, 4 or 8 (or unset it)")
-        warps = int(forced)
+    The ``gdn_block_v`` / ``gdn_warps`` kernel options (``EDGESPEC_GDN_BLOCK_V`` / ``EDGESPEC_GDN_WARPS``;
+    checked by :class:`~edgespec.kernels.options.KernelOptions`) override it for tuning runs (``--gdn-sweep``
+    passes its tiles directly); ``options``: those in force unless given."""
+    opts = options or active()
+    block_v = min(16, dv) if opts.gdn_block_v is None else min(opts.gdn_block_v, dv)
+    warps = 1 if opts.gdn_warps is None else opts.gdn_warps
     return block_v, warps
 
 

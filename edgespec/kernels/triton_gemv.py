@@ -15,13 +15,12 @@ Contract: :func:`edgespec.kernels.linear.linear_ref` (fp32 accumulation, output 
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from edgespec.kernels import sm_count
+from edgespec.kernels.options import KernelOptions, active
 from edgespec.kernels.triton_pdl import pdl_enter, pdl_launch, pdl_release, pdl_wait
 
 
@@ -97,9 +96,10 @@ def _launch_config(default: dict[str, int], config: dict[str, int] | None) -> di
 SKINNY_MAX_ROWS = 16
 
 
-def skinny_pays(N: int, sm_count: int) -> bool:
+def skinny_pays(N: int, sm_count: int, options: KernelOptions | None = None) -> bool:
     """Whether :func:`edgespec.kernels.linear.linear` sends 2-16 rows on a matrix of output width ``N`` to the
-    skinny GEMM rather than cuBLAS: always, unless ``EDGESPEC_SKINNY=wide`` (a tuning override for A/B runs) keeps
+    skinny GEMM rather than cuBLAS: always, unless the ``skinny`` kernel option is ``wide`` (``EDGESPEC_SKINNY=wide``,
+    a tuning override for A/B runs; ``options``: those in force unless given) keeps
     the narrow matrices (fewer 64-row blocks than SMs) on cuBLAS, as before 2026-11-22.
 
     Why always: taken one at a time, cuBLAS and the skinny GEMM are within ~10% of each other on narrow matrices
@@ -108,10 +108,7 @@ def skinny_pays(N: int, sm_count: int) -> bool:
     one stops the overlap of a kernel's start with its predecessor's tail that every Triton kernel of a step has
     (tools/step_profile.py: the 16-row SmolLM2 verify spent 125 us between kernels against -93 us for a decode
     step, when its 120 products ran on cuBLAS)."""
-    mode = os.environ.get("EDGESPEC_SKINNY", "all")
-    if mode not in ("all", "wide"):
-        raise ValueError(f"EDGESPEC_SKINNY={mode!r}: give 'all' or 'wide' (or unset it)")
-    return mode == "all" or triton.cdiv(N, 64) >= sm_count
+    return (options or active()).skinny == "all" or triton.cdiv(N, 64) >= sm_count
 
 
 @triton.jit

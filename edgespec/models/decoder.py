@@ -17,7 +17,7 @@ from torch import nn
 
 from edgespec.cache.kv import KVCache
 from edgespec.cache.model_cache import ModelCache
-from edgespec.cache.state import GDNState, GDNStateBank
+from edgespec.cache.state import GDNState, GDNStateBank, StateMode
 from edgespec.kernels.linear import linear
 from edgespec.kernels.tree import TreeMask
 from edgespec.models.config import ModelConfig
@@ -60,8 +60,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norms)
 
     def forward(self, h: torch.Tensor, delta: torch.Tensor | None, cache: KVCache | GDNState, start: int,
-                rope: RotaryEmbedding, chunked: bool, checkpoint: bool, pos_t: torch.Tensor | None = None,
-                cs: tuple[torch.Tensor, torch.Tensor] | None = None, defer: bool = False,
+                rope: RotaryEmbedding, chunked: bool, mode: StateMode, pos_t: torch.Tensor | None = None,
+                cs: tuple[torch.Tensor, torch.Tensor] | None = None,
                 tree: TreeMask | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns ``(h, delta)``: this layer's output is ``h + delta`` (see the class doc). ``cs``: the
         forward's rotary angles, shared by its attention layers."""
@@ -72,7 +72,7 @@ class DecoderLayer(nn.Module):
         if self.kind == "full_attention":
             x = self.self_attn(x, cache, start, rope, pos_t, cs, tree=tree)
         else:
-            x = self.linear_attn(x, cache, chunked=chunked, checkpoint=checkpoint, defer=defer, tree=tree)
+            x = self.linear_attn(x, cache, chunked=chunked, mode=mode, tree=tree)
         h, y = self.post_attention_layernorm.add_forward(x, h)
         return h, self.mlp(y)
 
@@ -173,15 +173,16 @@ class TargetModel(nn.Module):
     # -- forwards -----------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: ModelCache, *, taps: Sequence[int] = (),
-                checkpoint: bool = False, defer: bool = False, chunked: bool | None = None,
+                mode: StateMode = StateMode.ADVANCE, chunked: bool | None = None,
                 logits: Literal["all", "last", "none"] = "all",
                 pos_t: torch.Tensor | None = None, tree: TreeMask | None = None) -> ForwardOutput:
         """Run ``tokens [T]`` at positions ``cache.length ..``; returns logits, final hidden and taps.
 
         ``taps``: layer ids whose OUTPUT is captured (id L = HF ``hidden_states[L+1]``).
-        ``checkpoint``: save GDN state after every row so :meth:`ModelCache.rollback` is constant time.
-        ``defer``: leave GDN states untouched and keep each row's inputs; :meth:`ModelCache.rollback` (which must
-        follow before the next forward) then advances them by the kept rows.
+        ``mode`` (what the GDN states do; the rollback strategies of ``edgespec.arch.rollback`` pick it):
+        CHECKPOINT saves the state after every row so :meth:`ModelCache.rollback` is constant time; DEFER leaves
+        the states untouched and keeps each row's inputs, and :meth:`ModelCache.rollback` (which must follow
+        before the next forward) then advances them by the kept rows; ADVANCE just updates them.
         ``pos_t``: graph mode -- the start position as a one-element device tensor. Nothing then depends on
         host values, so the forward can be captured once per T and replayed at any position; the caller (see
         ``edgespec.arch.graphs``) does the host bookkeeping (``cache.length``, checkpoint marks).
@@ -195,13 +196,15 @@ class TargetModel(nn.Module):
             cache.check_room(start, T)
         if chunked is None:
             chunked = T >= self.CHUNKED_MIN_ROWS
+        if not isinstance(mode, StateMode):
+            raise ValueError(f"forward mode {mode!r} is not a StateMode ({', '.join(m.name for m in StateMode)})")
         if tree is not None:
-            if checkpoint or pos_t is not None or tree.rows != T:
+            if mode is StateMode.CHECKPOINT or pos_t is not None or tree.rows != T:
                 raise ValueError(f"a tree forward of {tree.rows} rows takes {T} tokens, no checkpoints, no pos_t")
-            defer = True
-        if checkpoint and defer:
-            raise ValueError("a forward either checkpoints or defers its GDN states, not both")
-        defer = defer and cache.has_state
+            mode = StateMode.DEFER          # GDN layers keep each row's inputs; commit_path advances the path
+        if not cache.has_state:
+            mode = StateMode.ADVANCE        # attention-only: nothing to checkpoint or defer
+        checkpoint, defer = mode is StateMode.CHECKPOINT, mode is StateMode.DEFER
         if checkpoint:
             if pos_t is None:
                 cache.begin_checkpointed_forward(start, T)
@@ -220,8 +223,7 @@ class TargetModel(nn.Module):
         else:
             cs = self.rope.angles_at(start + tree.depths, h.dtype) if cache.kv_layers else None
         for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers, strict=True)):
-            h, delta = layer(h, delta, layer_cache, start, self.rope, chunked, checkpoint, pos_t, cs, defer=defer,
-                             tree=tree)
+            h, delta = layer(h, delta, layer_cache, start, self.rope, chunked, mode, pos_t, cs, tree=tree)
             if tap_out is not None and i in tap_index:
                 tap_out[:, tap_index[i]] = h + delta
         if pos_t is None:

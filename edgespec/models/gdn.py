@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from edgespec.cache.state import GDNState
+from edgespec.cache.state import GDNState, StateMode
 from edgespec.kernels.activation import gdn_gates
 from edgespec.kernels.conv import causal_conv1d_gates
 from edgespec.kernels.gdn import gdn_chunked, gdn_recurrent
@@ -48,13 +48,13 @@ class GatedDeltaNet(nn.Module):
         if self.in_proj is None:            # None after a merge: the parts stay separate
             self.in_proj = merge_linears(self, ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"])
 
-    def forward(self, x: torch.Tensor, state: GDNState, *, chunked: bool, checkpoint: bool,
-                defer: bool = False, tree: TreeMask | None = None) -> torch.Tensor:
-        """Mix ``x [T, hidden]``. ``chunked``: prefill form. ``checkpoint``: save state after each row (slot i+1).
-        ``defer``: leave the state as it was and keep the rows' inputs in ``state.pending`` for the commit.
+    def forward(self, x: torch.Tensor, state: GDNState, *, chunked: bool,
+                mode: StateMode = StateMode.ADVANCE, tree: TreeMask | None = None) -> torch.Tensor:
+        """Mix ``x [T, hidden]``. ``chunked``: prefill form. ``mode`` CHECKPOINT: save state after each row (slot
+        i+1); DEFER: leave the state as it was and keep the rows' inputs in ``state.pending`` for the commit.
         ``tree``: a tree verify (deferred, each row mixed along its own branch: :mod:`edgespec.kernels.tree`)."""
         T = x.shape[0]
-        defer = defer or tree is not None
+        checkpoint, defer = mode is StateMode.CHECKPOINT, mode is StateMode.DEFER or tree is not None
         pending = state.pending if defer else None
         if defer and (pending is None or T > pending.x.shape[0]):
             raise ValueError(f"deferred GDN forward of {T} rows without room to keep them")

@@ -86,7 +86,7 @@ class Bench:
     def open(self, candidate: dict[str, Any]) -> Engine:
         """An engine for ``candidate``; raises ConfigError (or ImportError) when it cannot be built here."""
         settings = self.base.with_overrides(**candidate)
-        return Engine(settings, self.model, self.tokenizer, self.model_dir)
+        return Engine.around(settings, self.model, self.tokenizer, self.model_dir)
 
     def release(self) -> None:
         """Return a dropped engine's cache to the allocator before the next one is built."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import TYPE_CHECKING, Any
 
-from edgespec.arch.base import ROLLBACK_STRATEGIES
+from edgespec.arch.rollback import ROLLBACK_STRATEGIES
 from edgespec.config import Settings
 from edgespec.errors import ConfigError
 

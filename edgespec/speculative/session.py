@@ -14,14 +14,16 @@ from typing import Protocol
 
 import torch
 
-from edgespec.arch.base import ROLLBACK_STRATEGIES, ArchHooks
+from edgespec.arch.base import ArchHooks
+from edgespec.arch.rollback import TreeVerify
 from edgespec.cache.prefix import PrefixCache
 from edgespec.drafters.base import Draft, Proposer
-from edgespec.drafters.tree import DraftTree, tree_setting
-from edgespec.errors import ConfigError, PromptTooLongError, RequestError
+from edgespec.drafters.tree import DraftTree
+from edgespec.errors import PromptTooLongError, RequestError
 from edgespec.kernels.tree import TreeMask
 from edgespec.models.decoder import ForwardOutput, TargetModel
 from edgespec.speculative.acceptance import AcceptancePolicy, Verdict
+from edgespec.speculative.plan import SessionPlan, draft_tokens
 from edgespec.speculative.telemetry import RequestTelemetry
 from edgespec.speculative.tree_accept import accept_tree
 
@@ -108,37 +110,48 @@ class Emitter:
 class SpecSession:
     """Batch-1 generation loop over one target model, one proposer (or none) and one arch hook set."""
 
-    def __init__(self, model: TargetModel, hooks: ArchHooks, proposer: Proposer | None = None, *,
-                 k: int | None = None, kv_fp8: bool | None = None, rollback: str | None = None,
-                 prefill_chunk: int | None = None, max_len: int = 4096, cuda_graphs: bool | None = None,
-                 stage_timing: str = "host", adaptive_k: bool | None = None, draft_tree: int | str | None = None
-                 ) -> None:
-        d = hooks.defaults
-        self.model, self.hooks, self.proposer = model, hooks, proposer
-        self.k = 0 if proposer is None else (k or proposer.default_k)
-        if proposer is not None and not (1 <= self.k <= proposer.max_k):
-            raise ConfigError(f"num_draft_tokens {self.k} out of range 1..{proposer.max_k} for {proposer.name}")
-        self.kv_fp8 = d.kv_fp8 if kv_fp8 is None else kv_fp8
-        self.rollback_strategy = d.rollback if rollback in (None, "auto") else rollback
-        if self.rollback_strategy not in ROLLBACK_STRATEGIES:
-            raise ConfigError(f"rollback {self.rollback_strategy!r} is not one of {', '.join(ROLLBACK_STRATEGIES)}")
-        # Tree verification: a budget of draft nodes per cycle (None: chains). Its GDN layers defer, so a tree
-        # session runs the deferred strategy for its chain verifies too (one set of kept rows serves both).
-        self.tree_budget, self.tree_min_joint = tree_setting(draft_tree, model.device)
-        if proposer is None:
-            self.tree_budget = None
-        if self.tree_budget is not None:
-            if rollback not in (None, "auto", "deferred"):
-                raise ConfigError(f"draft_tree needs rollback 'deferred' (tree GDN layers defer), not {rollback!r}")
-            self.rollback_strategy = "deferred"
-        self.prefill_chunk = prefill_chunk or d.prefill_chunk
+    def __init__(self, model: TargetModel, hooks: ArchHooks, proposer: Proposer | None, k: int,
+                 plan: SessionPlan) -> None:
+        """``k``: drafts per cycle (0 without a proposer; :func:`draft_tokens` resolves and checks it); ``plan``:
+        the resolved knobs. Allocates the cache and builds (captures) the static forwards."""
+        self.model, self.hooks, self.proposer, self.plan = model, hooks, proposer, plan
+        self.k = k
+        self.rollback = plan.rollback
         self.taps: tuple[int, ...] = tuple(proposer.taps) if proposer is not None else ()
-        self.cache = hooks.new_cache(model, max_len, self.kv_fp8, self.rollback_strategy,
-                                     max_rows=max(self.k, self.tree_budget or 0) + 1)
-        self.cuda_graphs = d.cuda_graphs if cuda_graphs is None else cuda_graphs
-        self.stage_timing = stage_timing
-        self.adaptive_k = d.adaptive_k if adaptive_k is None else adaptive_k
-        hooks.prepare(model, self.cache, self.k + 1, self.taps, self.rollback_strategy, self.cuda_graphs)
+        self.cache = hooks.new_cache(model, plan.max_len, plan.kv_fp8, plan.rollback, max_rows=k + 1)
+        # Tree verification (draft_tree): the node budget per cycle, None for chains. A bench may switch it off
+        # between requests (the cache keeps the tree's room).
+        self.tree_budget = plan.rollback.budget if proposer is not None and isinstance(plan.rollback, TreeVerify) \
+            else None
+        hooks.prepare(model, self.cache, k + 1, self.taps, plan.rollback, plan.cuda_graphs, plan.graph_prefill_max)
+
+    @classmethod
+    def with_defaults(cls, model: TargetModel, hooks: ArchHooks, proposer: Proposer | None = None, *,
+                      k: int | None = None, **knobs) -> SpecSession:
+        """A session whose knobs not given (see :meth:`SessionPlan.resolve`) take the arch defaults of ``hooks``:
+        for tests and tools that build a session without an engine."""
+        return cls(model, hooks, proposer, draft_tokens(k, proposer), SessionPlan.resolve(hooks.defaults, **knobs))
+
+    # The resolved knobs, read by benchmarks and tools.
+    @property
+    def kv_fp8(self) -> bool:
+        return self.plan.kv_fp8
+
+    @property
+    def prefill_chunk(self) -> int:
+        return self.plan.prefill_chunk
+
+    @property
+    def cuda_graphs(self) -> bool:
+        return self.plan.cuda_graphs
+
+    @property
+    def adaptive_k(self) -> bool:
+        return self.plan.adaptive_k
+
+    @property
+    def rollback_strategy(self) -> str:
+        return self.plan.rollback.name
 
     @property
     def resume_rows(self) -> int | None:
@@ -178,7 +191,7 @@ class SpecSession:
         k = self.k if k is None else k
         model, hooks, cache, proposer = self.model, self.hooks, self.cache, self.proposer
         device = model.device
-        sync = torch.cuda.synchronize if self.stage_timing == "device" and device.type == "cuda" else None
+        sync = torch.cuda.synchronize if self.plan.stage_timing == "device" and device.type == "cuda" else None
         tel = RequestTelemetry(drafter=self.drafter_name, prompt_tokens=len(prompt_ids), sync=sync)
         out = Emitter(max_tokens, stop_ids, policy, on_tokens, constraint)
         start = 0
@@ -279,7 +292,7 @@ class SpecSession:
         if tree is None:
             return None
         fit = min(tree.size, self.cache.max_len - self.cache.length - 1)
-        return tree.pruned(room, fit, self.tree_min_joint)
+        return tree.pruned(room, fit, self.rollback.min_joint)
 
     def _verify_tree(self, last: int, tree: DraftTree, policy: AcceptancePolicy, tel: RequestTelemetry) -> Cycle:
         """Verify ``last`` + every tree node in one forward, accept a path, keep only that path's rows and states.
@@ -287,11 +300,11 @@ class SpecSession:
         model, cache, device = self.model, self.cache, self.model.device
         rows = torch.cat([torch.tensor([last]), tree.tokens]).to(device)
         with tel.stage("verify"):
-            step = model.forward(rows, cache, taps=self.taps, chunked=False,
-                                 tree=TreeMask.from_parents(tree.row_parents(), device))
+            step = self.rollback.verify_tree(model, cache, rows, TreeMask.from_parents(tree.row_parents(), device),
+                                             self.taps)
         with tel.stage("accept"):
             verdict = accept_tree(policy, step.logits, tree)
-            cache.commit_path(verdict.rows)
+            self.rollback.commit(cache, verdict.rows)
             path = torch.tensor(verdict.rows, device=device)
             kept = ForwardOutput(step.logits[path], step.hidden[path],
                                  None if step.taps is None else step.taps[path])
@@ -319,7 +332,7 @@ class SpecSession:
         rows = torch.cat([torch.tensor([last], device=device), draft.tokens])     # [drafted + 1]
         start = cache.length
         with tel.stage("verify"):
-            step = self.hooks.verify(model, cache, rows, self.taps)
+            step = self.hooks.verify(model, cache, rows, self.taps, self.rollback)
         with tel.stage("accept"):
             logits, greedy = step.logits, step.greedy          # [drafted + 1, vocab], [drafted + 2] or None
             if constraint is not None:
@@ -327,7 +340,7 @@ class SpecSession:
                 logits = _masked(logits, constraint.row_masks(draft.tokens.tolist(), logits.shape[-1], device))
                 greedy = None
             verdict = policy.accept(logits, draft.tokens, draft.probs, greedy)
-            replayed = self.hooks.rollback(model, cache, start, rows, verdict.accepted + 1, self.taps)
+            replayed = self.rollback.rollback(model, cache, start, rows, verdict.accepted + 1, self.taps)
         return Cycle(verdict, replayed if replayed is not None else step, drafted)
 
 

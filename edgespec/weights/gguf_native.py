@@ -9,6 +9,7 @@ returns None and the GGUF formats fall back to their torch reference product (co
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -75,7 +76,8 @@ def library() -> ctypes.CDLL | None:
     if _tried:
         return _lib
     _tried = True
-    if os.environ.get("EDGESPEC_GGUF_NATIVE", "1") == "0":
+    from edgespec.kernels.options import active
+    if not active().gguf_native:
         return None
     path = build()
     if path is None:
@@ -95,16 +97,17 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
-_threads: int | None = None
-
-
 def threads() -> int:
-    """Threads of one product: ``EDGESPEC_GGUF_THREADS``, else every core this process may use (read once)."""
-    global _threads
-    if _threads is None:
-        explicit = os.environ.get("EDGESPEC_GGUF_THREADS")
-        _threads = max(1, int(explicit)) if explicit else max(1, len(os.sched_getaffinity(0)))
-    return _threads
+    """Threads of one product: the ``gguf_threads`` kernel option (``EDGESPEC_GGUF_THREADS``), else every core
+    this process may use."""
+    from edgespec.kernels.options import active
+    explicit = active().gguf_threads
+    return explicit if explicit is not None else _cores()
+
+
+@functools.cache
+def _cores() -> int:
+    return max(1, len(os.sched_getaffinity(0)))
 
 
 def matmul(kind: int, blocks: torch.Tensor, n: int, k: int, x: torch.Tensor, out: torch.Tensor,

@@ -96,7 +96,8 @@ def test_fp8_greedy_side_by_side(demo_model_dir, capsys):
         ids = tok.encode_chat([{"role": "user", "content": text}])
         outs = []
         for fp8 in (False, True):
-            s = SpecSession(model, select_hooks("base", torch.device("cpu")), None, kv_fp8=fp8, max_len=512)
+            s = SpecSession.with_defaults(model, select_hooks("base", torch.device("cpu")), None, kv_fp8=fp8,
+                                          max_len=512)
             outs.append(s.generate(ids, max_tokens=24, policy=StrictGreedy(), stop_ids=tok.stop_token_ids).token_ids)
         with capsys.disabled():
             print(f"\n[{text}]\n  fp32 KV: {tok.decode(outs[0])!r}\n  fp8 KV : {tok.decode(outs[1])!r}")

@@ -32,9 +32,8 @@ def _model(tmp_path, fam: str, seed: int, device: str, dtype: torch.dtype | None
 
 
 def _session(model, rollback: str, graph_max: int) -> SpecSession:
-    hooks = ArchHooks()
-    hooks.defaults.graph_prefill_max = graph_max
-    return SpecSession(model, hooks, NGramProposer(), k=4, rollback=rollback, max_len=512, cuda_graphs=True)
+    return SpecSession.with_defaults(model, ArchHooks(), NGramProposer(), k=4, rollback=rollback, max_len=512,
+                                     cuda_graphs=True, graph_prefill_max=graph_max)
 
 
 # Attention-only and deferred rollback prefill through the wide (32-row) forward, checkpoint rollback on a hybrid
@@ -119,7 +118,8 @@ def test_graph_prefill_stays_eager_where_it_cannot_run(tmp_path):
     turn = torch.randint(0, 320, (8,), generator=torch.Generator().manual_seed(2))
     for rollback, history, max_len in (("checkpoint", 500, 509), ("replay", 30, 512), ("checkpoint", 0, 512)):
         hooks = ArchHooks()
-        s = SpecSession(model, hooks, NGramProposer(), k=4, rollback=rollback, max_len=max_len, cuda_graphs=True)
+        s = SpecSession.with_defaults(model, hooks, NGramProposer(), k=4, rollback=rollback, max_len=max_len,
+                                      cuda_graphs=True)
         s.cache.reset()
         if history:
             s.hooks.prefill(model, s.cache, torch.randint(0, 320, (history,)), 512, ())
@@ -141,8 +141,8 @@ def test_setting_turns_the_graph_prefill_on(tiny_checkpoints, tmp_path):
     folder = shutil.copytree(tiny_checkpoints["llama"], tmp_path / "llama")
     write_chat_tokenizer(folder)
     base = load_settings(cli=None).with_overrides(model=str(folder), cpu_blas=False, device="cpu")
-    assert Engine.from_settings(base).hooks.defaults.graph_prefill_max == 0
-    assert Engine.from_settings(base.with_overrides(graph_prefill_max=64)).hooks.defaults.graph_prefill_max == 64
+    assert Engine.from_settings(base).hooks.graph_prefill_max == 0
+    assert Engine.from_settings(base.with_overrides(graph_prefill_max=64)).hooks.graph_prefill_max == 64
     from edgespec.arch.detect import select_hooks
     for arch in ("rtx", "thor"):
         assert select_hooks(arch, torch.device("cpu")).defaults.graph_prefill_max == 128

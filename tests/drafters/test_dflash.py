@@ -21,22 +21,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _devices import DEVICES
+from _plans import dflash_from, proposer_from
 from _tools import load_tool
 from safetensors.torch import load_file, save_file
 
-from edgespec.arch.base import ROLLBACK_STRATEGIES
 from edgespec.arch.detect import select_hooks
+from edgespec.arch.rollback import ROLLBACK_STRATEGIES
 from edgespec.config import Settings
 from edgespec.drafters.base import Draft, Proposer
 from edgespec.drafters.dflash import (
     DFlashDraftModel,
     DFlashProposer,
     default_target_layer_ids,
-    load_dflash,
     load_dflash_checkpoint,
     parse_dflash_config,
 )
-from edgespec.drafters.factory import build_proposer
 from edgespec.drafters.window import FeatureWindow
 from edgespec.errors import CheckpointError, ConfigError
 from edgespec.kernels.block_attention import block_attention, block_attention_ref
@@ -90,7 +89,7 @@ class MixedProposer(Proposer):
 
 
 def plain_greedy(model, prompt, n, kv_fp8=False):
-    s = SpecSession(model, select_hooks("base", CPU), None, kv_fp8=kv_fp8, max_len=256)
+    s = SpecSession.with_defaults(model, select_hooks("base", CPU), None, kv_fp8=kv_fp8, max_len=256)
     return s.generate(prompt, max_tokens=n, policy=StrictGreedy()).token_ids
 
 
@@ -279,14 +278,14 @@ def test_missing_files(tiny_models, drafters, tmp_path):
 def test_settings_and_factory(tiny_models, drafters):
     target = tiny_models["qwen3_5"]
     with pytest.raises(ConfigError, match="drafter_path"):
-        build_proposer(Settings(drafter="dflash"), target)
+        proposer_from(Settings(drafter="dflash"), target)
     with pytest.raises(ConfigError, match="num_draft_tokens 9"):
-        load_dflash(Settings(drafter="dflash", drafter_path=str(drafters["qwen3_5"]), num_draft_tokens=9), target)
-    prop = build_proposer(Settings(drafter="dflash", drafter_path=str(drafters["qwen3_5"]), window_size=7,
+        dflash_from(Settings(drafter="dflash", drafter_path=str(drafters["qwen3_5"]), num_draft_tokens=9), target)
+    prop = proposer_from(Settings(drafter="dflash", drafter_path=str(drafters["qwen3_5"]), window_size=7,
                                    window_seed=False, cuda_graphs=True, lookup_min_match=0), target)
     assert isinstance(prop, DFlashProposer) and prop.window_size == 7 and not prop.window_seed and prop.cuda_graphs
     for arch in ("base", "thor"):
-        prop = build_proposer(Settings(drafter="dflash", drafter_path=str(drafters["qwen3_5"]), arch=arch,
+        prop = proposer_from(Settings(drafter="dflash", drafter_path=str(drafters["qwen3_5"]), arch=arch,
                                        lookup_min_match=0), target)
         defaults = select_hooks(arch, CPU).defaults
         assert (prop.window_seed, prop.cuda_graphs, prop.window_size) == (defaults.window_seed,
@@ -422,7 +421,7 @@ def test_window_and_block_parity(tiny_models, drafters, family, drafter, window,
     prop = load_dflash_checkpoint(drafters[drafter], model, window_size=window, window_seed=seed, cuda_graphs=graphs)
     check, stats = window_checker(min(window, len(prompt)) if seed else 1, checkpoint_drafter(prop, drafters[drafter]))
     mixed = MixedProposer(prop, plain, vocab, seed=11, check=check)
-    session = SpecSession(model, select_hooks("base", CPU), mixed, k=k, max_len=128)
+    session = SpecSession.with_defaults(model, select_hooks("base", CPU), mixed, k=k, max_len=128)
     out = session.generate(prompt, max_tokens=24, policy=StrictGreedy())
     assert out.token_ids == plain
     tel = out.telemetry
@@ -552,8 +551,8 @@ def test_fused_drafter_matches_checkpoint_layout(tiny_models, drafters, family, 
         return draft
 
     prop.propose = propose
-    session = SpecSession(model, select_hooks("base", CPU), MixedProposer(prop, plain, vocab, seed=7),
-                          k=prop.max_k, max_len=128)
+    session = SpecSession.with_defaults(model, select_hooks("base", CPU), MixedProposer(prop, plain, vocab, seed=7),
+                                        k=prop.max_k, max_len=128)
     out = session.generate(prompt, max_tokens=20, policy=StrictGreedy())
     assert out.token_ids == plain and len(checked) >= 4
     assert 0 < out.telemetry.accepted_tokens < out.telemetry.draft_tokens
@@ -572,7 +571,8 @@ def test_greedy_dflash_equals_plain(tiny_models, drafters, family, kv_fp8):
         graphs = select_hooks(arch, CPU).defaults.cuda_graphs           # rtx/thor: device-position path
         prop = load_dflash_checkpoint(drafters[family], model, window_size=8, cuda_graphs=graphs)
         mixed = MixedProposer(prop, plain, vocab, seed=len(arch) + len(rollback))
-        session = SpecSession(model, select_hooks(arch, CPU), mixed, kv_fp8=kv_fp8, rollback=rollback, max_len=128)
+        session = SpecSession.with_defaults(model, select_hooks(arch, CPU), mixed, kv_fp8=kv_fp8, rollback=rollback,
+                                            max_len=128)
         out = session.generate(prompt, max_tokens=n, policy=StrictGreedy())
         assert out.token_ids == plain, (arch, rollback)
         assert 0 < out.telemetry.accepted_tokens < out.telemetry.draft_tokens
@@ -580,7 +580,7 @@ def test_greedy_dflash_equals_plain(tiny_models, drafters, family, kv_fp8):
     # The drafter's own drafts (almost all rejected by a random target), once per arch default.
     for arch in ("base", "thor"):
         prop = load_dflash_checkpoint(drafters[family], model, window_size=8)
-        session = SpecSession(model, select_hooks(arch, CPU), prop, kv_fp8=kv_fp8, max_len=128)
+        session = SpecSession.with_defaults(model, select_hooks(arch, CPU), prop, kv_fp8=kv_fp8, max_len=128)
         assert session.generate(prompt, max_tokens=n, policy=StrictGreedy()).token_ids == plain
 
 
@@ -608,14 +608,14 @@ def test_quantized_drafter_stays_lossless(tiny_models, drafters, fmt):
     assert kv.shape == (3, 2 * attn.n_kv * attn.hd)
     assert torch.allclose(kv, attn.qkv_proj(x)[:, attn.n_heads * attn.hd:])
     for arch in ("base", "thor"):
-        session = SpecSession(model, select_hooks(arch, CPU), prop, max_len=128)
+        session = SpecSession.with_defaults(model, select_hooks(arch, CPU), prop, max_len=128)
         assert session.generate(prompt, max_tokens=18, policy=StrictGreedy()).token_ids == plain, arch
         prop = load_dflash_checkpoint(drafters["qwen3_5"], model, window_size=8, weights=fmt)
 
 
 def test_quantized_drafter_own_head_stays_dense_and_setting_checked(tiny_models, drafters):
     from edgespec.weights.base import PackedLinear
-    prop = load_dflash(Settings(drafter="dflash", drafter_path=str(drafters["own"]), drafter_weights="int4"),
+    prop = dflash_from(Settings(drafter="dflash", drafter_path=str(drafters["own"]), drafter_weights="int4"),
                        tiny_models["qwen3"])
     assert isinstance(prop.drafter.fc, PackedLinear) and not isinstance(prop.drafter.lm_head, PackedLinear)
     from edgespec.config import load_settings

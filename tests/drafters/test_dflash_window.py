@@ -6,10 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from _plans import proposer_from
 
 from edgespec.config import Settings
 from edgespec.drafters.dflash import WindowTooSmallError, load_dflash_checkpoint
-from edgespec.drafters.factory import build_proposer
 from edgespec.errors import ConfigError
 from edgespec.loading.checkpoint import load_target
 
@@ -33,7 +33,7 @@ def test_window_below_block_size_is_refused_at_load(tiny_checkpoints, drafter_b6
 def test_window_refusal_through_settings_is_a_config_error(tiny_checkpoints, drafter_b6) -> None:
     target = load_target(tiny_checkpoints["qwen3"], max_positions=128)
     with pytest.raises(ConfigError, match="--window-size 6 or more"):
-        build_proposer(Settings(drafter="dflash", drafter_path=str(drafter_b6), window_size=4), target)
-    prop = build_proposer(Settings(drafter="dflash", drafter_path=str(drafter_b6), window_size=6, lookup_min_match=0),
+        proposer_from(Settings(drafter="dflash", drafter_path=str(drafter_b6), window_size=4), target)
+    prop = proposer_from(Settings(drafter="dflash", drafter_path=str(drafter_b6), window_size=6, lookup_min_match=0),
                           target)
     assert prop.window_size == 6          # equal to the block size is enough

@@ -7,13 +7,13 @@ import itertools
 
 import pytest
 import torch
+from _plans import proposer_from
 from _tools import load_tool
 
-from edgespec.arch.base import ROLLBACK_STRATEGIES
 from edgespec.arch.detect import select_hooks
+from edgespec.arch.rollback import ROLLBACK_STRATEGIES
 from edgespec.config import Settings
 from edgespec.drafters.dflash import DFlashProposer, load_dflash_checkpoint
-from edgespec.drafters.factory import build_proposer
 from edgespec.drafters.lookup import LookupFirstProposer
 from edgespec.speculative.acceptance import StrictGreedy
 from edgespec.speculative.session import SpecSession
@@ -30,7 +30,7 @@ def drafter(tiny_checkpoints, tmp_path_factory):
 
 def _plain(model, prompt, n, arch="base"):
     """Plain greedy decoding with the same hooks (thor defaults to an FP8 KV cache, which rounds differently)."""
-    session = SpecSession(model, select_hooks(arch, CPU), None, max_len=256)
+    session = SpecSession.with_defaults(model, select_hooks(arch, CPU), None, max_len=256)
     return session.generate(prompt, max_tokens=n, policy=StrictGreedy(), k=0).token_ids
 
 
@@ -64,7 +64,7 @@ def test_greedy_equals_plain(tiny_models, drafter, arch, rollback):
     graphs = select_hooks(arch, CPU).defaults.cuda_graphs
     prop = LookupFirstProposer(load_dflash_checkpoint(drafter, model, window_size=8, cuda_graphs=graphs),
                                min_match=1)
-    session = SpecSession(model, select_hooks(arch, CPU), prop, rollback=rollback, max_len=256)
+    session = SpecSession.with_defaults(model, select_hooks(arch, CPU), prop, rollback=rollback, max_len=256)
     out = session.generate(prompt, max_tokens=18, policy=StrictGreedy())
     assert out.token_ids == _plain(model, prompt, 18, arch)
     assert prop.lookup_cycles > 0 and prop.model_cycles > 0 and prop.model.window.end == session.cache.length
@@ -73,12 +73,12 @@ def test_greedy_equals_plain(tiny_models, drafter, arch, rollback):
 def test_setting_wraps_the_model_drafter(tiny_models, drafter):
     """0 turns the lookup off, N sets it; the default is 3."""
     model = tiny_models["qwen3"]
-    plain = build_proposer(Settings(drafter="dflash", drafter_path=str(drafter), lookup_min_match=0), model)
+    plain = proposer_from(Settings(drafter="dflash", drafter_path=str(drafter), lookup_min_match=0), model)
     assert isinstance(plain, DFlashProposer)
-    wrapped = build_proposer(Settings(drafter="dflash", drafter_path=str(drafter), lookup_min_match=2), model)
+    wrapped = proposer_from(Settings(drafter="dflash", drafter_path=str(drafter), lookup_min_match=2), model)
     assert isinstance(wrapped, LookupFirstProposer) and wrapped.name == "dflash+lookup"
     assert wrapped.lookup.min_match == 2 and wrapped.taps == plain.taps and wrapped.max_k == plain.max_k
-    default = build_proposer(Settings(drafter="dflash", drafter_path=str(drafter)), model)
+    default = proposer_from(Settings(drafter="dflash", drafter_path=str(drafter)), model)
     assert isinstance(default, LookupFirstProposer) and default.lookup.min_match == 3
 
 
@@ -90,7 +90,7 @@ def test_mtp_behind_the_lookup_catches_up_and_equals_plain(tiny_models):
     prompt = torch.randperm(model.config.vocab_size, generator=torch.Generator().manual_seed(4))[:110].tolist()
     for arch in ("base", "thor"):
         prop = LookupFirstProposer(MTPProposer(model, max_len=256), min_match=1)
-        session = SpecSession(model, select_hooks(arch, CPU), prop, k=3, max_len=256)
+        session = SpecSession.with_defaults(model, select_hooks(arch, CPU), prop, k=3, max_len=256)
         out = session.generate(prompt, max_tokens=18, policy=StrictGreedy())
         assert out.token_ids == _plain(model, prompt, 18, arch), arch
         assert prop.lookup_cycles > 0 and prop.model_cycles > 0

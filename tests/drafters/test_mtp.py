@@ -8,13 +8,13 @@ import itertools
 
 import pytest
 import torch
+from _plans import proposer_from
 from test_dflash import MixedProposer, make_drafter, plain_greedy, prompt_ids
 
-from edgespec.arch.base import ROLLBACK_STRATEGIES
 from edgespec.arch.detect import select_hooks
+from edgespec.arch.rollback import ROLLBACK_STRATEGIES
 from edgespec.cache.kv import KVCache
 from edgespec.config import Settings
-from edgespec.drafters.factory import build_proposer
 from edgespec.drafters.mtp import MTPProposer
 from edgespec.errors import ConfigError
 from edgespec.loading.checkpoint import load_target
@@ -56,8 +56,8 @@ def test_from_target_errors(tiny_models, tiny_checkpoints, tmp_path):
     no_mtp = load_target(write_random_checkpoint(tmp_path / "nomtp", tiny_config("qwen3_5"), seed=7))
     assert no_mtp.mtp is None
     with pytest.raises(ConfigError, match="no mtp.\\* weights"):
-        build_proposer(Settings(drafter="mtp"), no_mtp)
-    prop = build_proposer(Settings(drafter="mtp", max_seq_len=64, lookup_min_match=0), tiny_models["qwen3_5"])
+        proposer_from(Settings(drafter="mtp"), no_mtp)
+    prop = proposer_from(Settings(drafter="mtp", max_seq_len=64, lookup_min_match=0), tiny_models["qwen3_5"])
     assert isinstance(prop, MTPProposer) and prop.caches[0].max_len >= 64
 
 
@@ -69,7 +69,8 @@ def test_add_mtp_weights_tool(tmp_path):
     assert model.mtp is not None and len(model.mtp.layers) == 1
     prompt = prompt_ids(320, n=9)
     plain = plain_greedy(model, prompt, 8)
-    session = SpecSession(model, select_hooks("base", CPU), MTPProposer(model, max_len=64), k=2, max_len=64)
+    session = SpecSession.with_defaults(model, select_hooks("base", CPU), MTPProposer(model, max_len=64), k=2,
+                                        max_len=64)
     assert session.generate(prompt, max_tokens=8, policy=StrictGreedy()).token_ids == plain
 
 
@@ -92,7 +93,7 @@ def test_cached_chain_equals_full_recompute(tiny_models, rollback):
 
     mtp = MTPProposer(model, max_len=24)          # too small on purpose: the cache must grow
     mixed = MixedProposer(mtp, plain, 320, seed=4, check=check)
-    session = SpecSession(model, select_hooks("base", CPU), mixed, k=4, rollback=rollback, max_len=128)
+    session = SpecSession.with_defaults(model, select_hooks("base", CPU), mixed, k=4, rollback=rollback, max_len=128)
     out = session.generate(prompt, max_tokens=26, policy=StrictGreedy())
     assert out.token_ids == plain
     assert 0 < out.telemetry.accepted_tokens < out.telemetry.draft_tokens and seen["proposes"] >= 5
@@ -108,12 +109,12 @@ def test_greedy_mtp_equals_plain(tiny_models, kv_fp8):
     for arch, rollback in itertools.product(("base", "rtx", "thor"), ROLLBACK_STRATEGIES):
         mtp = MTPProposer(model, max_len=128)
         mixed = MixedProposer(mtp, plain, 320, seed=len(arch) * 3 + len(rollback))
-        session = SpecSession(model, select_hooks(arch, CPU), mixed, k=3, kv_fp8=kv_fp8, rollback=rollback,
-                              max_len=128)
+        session = SpecSession.with_defaults(model, select_hooks(arch, CPU), mixed, k=3, kv_fp8=kv_fp8,
+                                            rollback=rollback, max_len=128)
         out = session.generate(prompt, max_tokens=n, policy=StrictGreedy())
         assert out.token_ids == plain, (arch, rollback)
         assert 0 < out.telemetry.accepted_tokens < out.telemetry.draft_tokens
     for arch in ("base", "thor"):      # the head's own drafts
-        session = SpecSession(model, select_hooks(arch, CPU), MTPProposer(model, max_len=128), kv_fp8=kv_fp8,
-                              max_len=128)
+        session = SpecSession.with_defaults(model, select_hooks(arch, CPU), MTPProposer(model, max_len=128),
+                                            kv_fp8=kv_fp8, max_len=128)
         assert session.generate(prompt, max_tokens=n, policy=StrictGreedy()).token_ids == plain

@@ -214,44 +214,42 @@ def test_rms_norm_refs_match_formula() -> None:
     assert rel_err(gated_rms_norm_ref(x, gate, w, 1e-6), xn * w * gate * torch.sigmoid(gate)) < 1e-6
 
 
-def test_gdn_tile_overrides_are_checked(monkeypatch) -> None:
+def test_gdn_tile_overrides_are_checked() -> None:
     """EDGESPEC_GDN_BLOCK_V (a power of two >= 4) and EDGESPEC_GDN_WARPS (1, 2, 4, 8) are tuning overrides of the
     recurrent GDN launch; anything else is refused by name, and unset they leave the default."""
     pytest.importorskip("triton")
+    from edgespec.kernels.options import KernelOptions
     from edgespec.kernels.triton_gdn import gdn_tile
-    monkeypatch.delenv("EDGESPEC_GDN_BLOCK_V", raising=False)
-    monkeypatch.delenv("EDGESPEC_GDN_WARPS", raising=False)
-    default = gdn_tile(128)
-    monkeypatch.setenv("EDGESPEC_GDN_BLOCK_V", "64")
-    assert gdn_tile(128)[0] == 64 and gdn_tile(32)[0] == 32
+
+    def env(**values: str) -> KernelOptions:
+        return KernelOptions.from_environ({f"EDGESPEC_{k.upper()}": v for k, v in values.items()})
+
+    default = gdn_tile(128, env())
+    assert gdn_tile(128, env(gdn_block_v="64"))[0] == 64 and gdn_tile(32, env(gdn_block_v="64"))[0] == 32
     for bad in ("48", "2", "abc", "-16"):
-        monkeypatch.setenv("EDGESPEC_GDN_BLOCK_V", bad)
-        with pytest.raises(ValueError, match="EDGESPEC_GDN_BLOCK_V"):
-            gdn_tile(128)
-    monkeypatch.delenv("EDGESPEC_GDN_BLOCK_V")
-    monkeypatch.setenv("EDGESPEC_GDN_WARPS", "2")
-    assert gdn_tile(128)[1] == 2
+        with pytest.raises(ValueError, match="gdn_block_v"):
+            gdn_tile(128, env(gdn_block_v=bad))
+    assert gdn_tile(128, env(gdn_warps="2"))[1] == 2
     for bad in ("3", "16", "x"):
-        monkeypatch.setenv("EDGESPEC_GDN_WARPS", bad)
-        with pytest.raises(ValueError, match="EDGESPEC_GDN_WARPS"):
-            gdn_tile(128)
-    monkeypatch.delenv("EDGESPEC_GDN_WARPS")
-    assert gdn_tile(128) == default
+        with pytest.raises(ValueError, match="gdn_warps"):
+            gdn_tile(128, env(gdn_warps=bad))
+    assert gdn_tile(128, env()) == default == gdn_tile(128)
 
 
-def test_skinny_routing_override_is_checked(monkeypatch) -> None:
+def test_skinny_routing_override_is_checked() -> None:
     """EDGESPEC_SKINNY (an A/B override of which 2-16-row products skip cuBLAS): ``all`` (the default) sends every
     matrix to the skinny GEMM, ``wide`` only those with at least one 64-row block per SM; anything else is refused
     by name rather than silently taken as the default."""
     pytest.importorskip("triton")
+    from edgespec.kernels.options import KernelOptions
     from edgespec.kernels.triton_gemv import skinny_pays
-    monkeypatch.delenv("EDGESPEC_SKINNY", raising=False)
-    assert skinny_pays(2560, 132) and skinny_pays(248320, 132)
-    monkeypatch.setenv("EDGESPEC_SKINNY", "all")
-    assert skinny_pays(2560, 132)
-    monkeypatch.setenv("EDGESPEC_SKINNY", "wide")
-    assert not skinny_pays(2560, 132) and skinny_pays(248320, 132)
+
+    def env(mode: str | None) -> KernelOptions:
+        return KernelOptions.from_environ({} if mode is None else {"EDGESPEC_SKINNY": mode})
+
+    assert skinny_pays(2560, 132, env(None)) and skinny_pays(248320, 132, env(None))
+    assert skinny_pays(2560, 132, env("all"))
+    assert not skinny_pays(2560, 132, env("wide")) and skinny_pays(248320, 132, env("wide"))
     for bad in ("narrow", "", "WIDE"):
-        monkeypatch.setenv("EDGESPEC_SKINNY", bad)
-        with pytest.raises(ValueError, match="EDGESPEC_SKINNY"):
-            skinny_pays(2560, 132)
+        with pytest.raises(ValueError, match="skinny"):
+            skinny_pays(2560, 132, env(bad))

@@ -13,6 +13,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from edgespec.cache.state import StateMode  # noqa: E402
 from edgespec.loading.checkpoint import load_target  # noqa: E402
 from edgespec.loading.synthetic import TINY_SHAPES, tiny_config, write_random_checkpoint  # noqa: E402
 
@@ -75,7 +76,7 @@ def test_multi_token_forward_over_cache_matches_full_forward(tiny_models):
         full = model.forward(ids, model.new_cache(64), chunked=False).logits
         cache = model.new_cache(64, checkpoint_rows=8)
         model.forward(ids[:35], cache, chunked=False)
-        part = model.forward(ids[35:], cache, checkpoint=True, chunked=False).logits
+        part = model.forward(ids[35:], cache, mode=StateMode.CHECKPOINT, chunked=False).logits
         assert (part - full[35:]).abs().max().item() < TOL
 
 

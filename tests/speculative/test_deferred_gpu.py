@@ -121,6 +121,7 @@ def test_graph_deferred_commit_equals_checkpoint(tmp_path, arch) -> None:
     for bit, and the verify logits are identical -- with the commit run eagerly (first use of a row count) and
     replayed from its CUDA graph (second pass)."""
     from edgespec.arch.detect import select_hooks
+    from edgespec.arch.rollback import Checkpoint, Deferred
     from edgespec.loading.checkpoint import load_target
     from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 
@@ -132,10 +133,11 @@ def test_graph_deferred_commit_equals_checkpoint(tmp_path, arch) -> None:
     rows = torch.randint(0, 320, (8,), device=DEV)
     hooks = {}
     caches = {}
-    for rollback in ("checkpoint", "deferred"):
+    strategies = {"checkpoint": Checkpoint(), "deferred": Deferred()}
+    for rollback, strategy in strategies.items():
         h = select_hooks(arch, dev)
-        cache = h.new_cache(model, 128, False, rollback, max_rows=8)
-        h.prepare(model, cache, 8, (), rollback, graphs=True)
+        cache = h.new_cache(model, 128, False, strategy, max_rows=8)
+        h.prepare(model, cache, 8, (), strategy, graphs=True, graph_prefill_max=h.defaults.graph_prefill_max)
         hooks[rollback], caches[rollback] = h, cache
     assert hooks["deferred"] is not None and caches["deferred"].states.graph_commits
     for keep in list(range(0, 9)) * 2:          # the second pass replays the commit graphs captured by the first
@@ -144,8 +146,8 @@ def test_graph_deferred_commit_equals_checkpoint(tmp_path, arch) -> None:
             cache = caches[rollback]
             cache.reset()
             h.prefill(model, cache, prompt, 64, ())
-            logits[rollback] = h.verify(model, cache, rows, ()).logits.clone()
-            h.rollback(model, cache, 20, rows, keep, ())
+            logits[rollback] = h.verify(model, cache, rows, (), strategies[rollback]).logits.clone()
+            strategies[rollback].rollback(model, cache, 20, rows, keep, ())
         assert torch.equal(logits["checkpoint"], logits["deferred"]), keep
         a, b = caches["checkpoint"], caches["deferred"]
         assert a.length == b.length == 20 + keep

@@ -55,6 +55,8 @@ def test_session_takes_the_setting_over_the_arch_default(tiny_models):
     from edgespec.speculative.session import SpecSession
 
     model = tiny_models["llama"]
-    assert SpecSession(model, ArchHooks(), NGramProposer(), k=4, max_len=64).adaptive_k is True
-    assert SpecSession(model, ArchHooks(), NGramProposer(), k=4, max_len=64, adaptive_k=False).adaptive_k is False
-    assert SpecSession(model, RtxHooks(), NGramProposer(), k=4, max_len=64, adaptive_k=True).adaptive_k is True
+    assert SpecSession.with_defaults(model, ArchHooks(), NGramProposer(), k=4, max_len=64).adaptive_k is True
+    assert SpecSession.with_defaults(model, ArchHooks(), NGramProposer(), k=4, max_len=64,
+                                     adaptive_k=False).adaptive_k is False
+    assert SpecSession.with_defaults(model, RtxHooks(), NGramProposer(), k=4, max_len=64,
+                                     adaptive_k=True).adaptive_k is True

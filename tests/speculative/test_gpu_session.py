@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edgespec.arch.base import ROLLBACK_STRATEGIES
+from edgespec.arch.rollback import ROLLBACK_STRATEGIES
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -28,12 +28,12 @@ def test_graph_spec_equals_plain_on_cuda(tmp_path, family, dtype):
     motif = torch.randint(0, 320, (10,)).tolist()
     prompt = motif * 5
     for kv_fp8 in (False, True):
-        plain = SpecSession(model, select_hooks("rtx", dev), None, kv_fp8=kv_fp8, max_len=256,
-                            cuda_graphs=False).generate(prompt, max_tokens=40, policy=StrictGreedy())
+        plain = SpecSession.with_defaults(model, select_hooks("rtx", dev), None, kv_fp8=kv_fp8, max_len=256,
+                                          cuda_graphs=False).generate(prompt, max_tokens=40, policy=StrictGreedy())
         for arch in ("rtx", "thor"):
             for rollback in ROLLBACK_STRATEGIES:
-                graphed = SpecSession(model, select_hooks(arch, dev), NGramProposer(), k=7, kv_fp8=kv_fp8,
-                                      rollback=rollback, max_len=256, cuda_graphs=True)
+                graphed = SpecSession.with_defaults(model, select_hooks(arch, dev), NGramProposer(), k=7, kv_fp8=kv_fp8,
+                                                    rollback=rollback, max_len=256, cuda_graphs=True)
                 assert graphed.hooks.static[8].graph is not None
                 out = graphed.generate(prompt, max_tokens=40, policy=StrictGreedy())
                 # fp32: exact; bf16: equal, or a tie flip at the first divergence (edgespec.speculative.parity).
@@ -62,10 +62,10 @@ def test_fp8_decode_over_a_long_cache_runs_the_gluon_program_losslessly(tmp_path
     calls = []
     real = triton_attention._gluon_decode
     monkeypatch.setattr(triton_attention, "_gluon_decode", lambda *a, **k: calls.append(1) or real(*a, **k))
-    eager = SpecSession(model, select_hooks("rtx", dev), None, kv_fp8=True, max_len=512,
-                        cuda_graphs=False).generate(prompt, max_tokens=40, policy=StrictGreedy())
+    eager = SpecSession.with_defaults(model, select_hooks("rtx", dev), None, kv_fp8=True, max_len=512,
+                                      cuda_graphs=False).generate(prompt, max_tokens=40, policy=StrictGreedy())
     assert not calls
-    graphed = SpecSession(model, select_hooks("rtx", dev), None, kv_fp8=True, max_len=8192,
-                          cuda_graphs=True).generate(prompt, max_tokens=40, policy=StrictGreedy())
+    graphed = SpecSession.with_defaults(model, select_hooks("rtx", dev), None, kv_fp8=True, max_len=8192,
+                                        cuda_graphs=True).generate(prompt, max_tokens=40, policy=StrictGreedy())
     assert calls                                       # captured (and warmed up) through the Gluon program
     assert lossless(model, prompt, eager.token_ids, graphed.token_ids, True)

@@ -14,9 +14,10 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from edgespec.arch.base import ROLLBACK_STRATEGIES
 from edgespec.arch.detect import select_hooks
+from edgespec.arch.rollback import ROLLBACK_STRATEGIES
 from edgespec.cache.model_cache import state_equal
+from edgespec.cache.state import StateMode
 from edgespec.drafters.base import Draft, Proposer
 from edgespec.drafters.ngram import NGramProposer
 from edgespec.speculative.acceptance import StrictGreedy
@@ -54,7 +55,7 @@ class OracleProposer(Proposer):
 
 
 def _plain(model, prompt, n, kv_fp8, arch="base"):
-    s = SpecSession(model, select_hooks(arch, CPU), None, kv_fp8=kv_fp8, max_len=256)
+    s = SpecSession.with_defaults(model, select_hooks(arch, CPU), None, kv_fp8=kv_fp8, max_len=256)
     return s.generate(prompt, max_tokens=n, policy=StrictGreedy()).token_ids
 
 
@@ -76,8 +77,8 @@ def test_greedy_spec_equals_plain(tiny_models, family, kv_fp8):
         for arch, rollback, kind in itertools.product(("base", "rtx", "thor"), ROLLBACK_STRATEGIES,
                                                       ("ngram", "oracle")):
             proposer = NGramProposer() if kind == "ngram" else OracleProposer(plain, vocab, seed=n)
-            session = SpecSession(model, select_hooks(arch, CPU), proposer, k=5, kv_fp8=kv_fp8,
-                                  rollback=rollback, max_len=256)
+            session = SpecSession.with_defaults(model, select_hooks(arch, CPU), proposer, k=5, kv_fp8=kv_fp8,
+                                                rollback=rollback, max_len=256)
             out = session.generate(prompt, max_tokens=n, policy=StrictGreedy())
             assert out.token_ids == plain, (arch, rollback, kind)
             if kind == "oracle":
@@ -93,8 +94,8 @@ def test_rollback_state_equals_plain_replay(tiny_models):
     plain_tokens = _plain(model, prompt, 30, False)
     caches = {}
     for rollback in ROLLBACK_STRATEGIES:
-        session = SpecSession(model, select_hooks("base", CPU), OracleProposer(plain_tokens, 320, seed=3), k=6,
-                              rollback=rollback, max_len=256)
+        session = SpecSession.with_defaults(model, select_hooks("base", CPU), OracleProposer(plain_tokens, 320,
+                                            seed=3), k=6, rollback=rollback, max_len=256)
         out = session.generate(prompt, max_tokens=30, policy=StrictGreedy())
         assert out.token_ids == plain_tokens
         caches[rollback] = session.cache
@@ -122,7 +123,7 @@ def test_rollback_to_any_row_restores_that_state(tiny_models):
     for keep in range(0, 7):
         ckpt = model.new_cache(64, checkpoint_rows=6)
         model.prefill(ids, ckpt)
-        out_ckpt = model.forward(rows, ckpt, checkpoint=True, chunked=False)
+        out_ckpt = model.forward(rows, ckpt, mode=StateMode.CHECKPOINT, chunked=False)
         ckpt.rollback(20 + keep)
         ref = model.new_cache(64)
         model.prefill(torch.cat([ids, rows[:keep]]), ref)
@@ -130,7 +131,7 @@ def test_rollback_to_any_row_restores_that_state(tiny_models):
         deferred = model.new_cache(64, defer_rows=6)
         model.prefill(ids, deferred)
         before = [s.recurrent.clone() for s in deferred.state_layers]
-        out_def = model.forward(rows, deferred, defer=True, chunked=False)
+        out_def = model.forward(rows, deferred, mode=StateMode.DEFER, chunked=False)
         assert all(torch.equal(b, s.recurrent) for b, s in zip(before, deferred.state_layers, strict=True))
         assert torch.equal(out_def.logits, out_ckpt.logits)
         with pytest.raises(ValueError, match="not committed"):
@@ -141,14 +142,14 @@ def test_rollback_to_any_row_restores_that_state(tiny_models):
 
 
 def test_deferred_forward_bad_input(tiny_models):
-    """More rows than the cache keeps, or a deferred forward that also checkpoints, is refused by name."""
+    """More rows than the cache keeps, or a mode that is not a StateMode, is refused by name."""
     model = tiny_models["qwen3_5"]
     cache = model.new_cache(64, defer_rows=3)
     model.prefill(torch.randint(0, 320, (8,)), cache)
     with pytest.raises(ValueError, match="exceeds the 3 rows kept"):
-        model.forward(torch.randint(0, 320, (4,)), cache, defer=True, chunked=False)
-    with pytest.raises(ValueError, match="not both"):
-        model.forward(torch.randint(0, 320, (2,)), cache, defer=True, checkpoint=True, chunked=False)
+        model.forward(torch.randint(0, 320, (4,)), cache, mode=StateMode.DEFER, chunked=False)
+    with pytest.raises(ValueError, match="mode 'defer' is not a StateMode"):
+        model.forward(torch.randint(0, 320, (2,)), cache, mode="defer", chunked=False)
     with pytest.raises(ValueError, match="advance by 5"):
         cache.states.advance(5)
 
@@ -164,11 +165,12 @@ def test_demo_model_greedy_spec_equals_plain(demo_model_dir):
     prompt = tok.encode_chat(msgs)
     stop = tok.stop_token_ids
     for kv_fp8 in (False, True):
-        plain = SpecSession(model, select_hooks("base", CPU), None, kv_fp8=kv_fp8, max_len=512).generate(
+        plain = SpecSession.with_defaults(model, select_hooks("base", CPU), None, kv_fp8=kv_fp8, max_len=512).generate(
             prompt, max_tokens=48, policy=StrictGreedy(), stop_ids=stop)
         for arch in ("base", "thor"):
-            spec = SpecSession(model, select_hooks(arch, CPU), NGramProposer(), k=6, kv_fp8=kv_fp8,
-                               max_len=512).generate(prompt, max_tokens=48, policy=StrictGreedy(), stop_ids=stop)
+            spec = SpecSession.with_defaults(model, select_hooks(arch, CPU), NGramProposer(), k=6, kv_fp8=kv_fp8,
+                                             max_len=512).generate(prompt, max_tokens=48, policy=StrictGreedy(),
+                                             stop_ids=stop)
             assert spec.token_ids == plain.token_ids
             assert spec.telemetry.acceptance_length > 1.5     # repeated text: the n-gram drafter pays
 
@@ -180,7 +182,7 @@ def test_eos_stops_early(tiny_models):
     plain = _plain(model, prompt, 30, False)
     stop = plain[10]
     first = plain.index(stop)
-    session = SpecSession(model, select_hooks("base", CPU), OracleProposer(plain, 320), k=5, max_len=256)
+    session = SpecSession.with_defaults(model, select_hooks("base", CPU), OracleProposer(plain, 320), k=5, max_len=256)
     out = session.generate(prompt, max_tokens=30, policy=StrictGreedy(), stop_ids=[stop])
     assert out.finish_reason == "stop" and out.token_ids == plain[:first]
 
@@ -190,10 +192,10 @@ def test_bad_k_and_requests_rejected_before_work(tiny_models):
 
     model = tiny_models["llama"]
     with pytest.raises(ConfigError, match="num_draft_tokens 40"):
-        SpecSession(model, select_hooks("base", CPU), NGramProposer(), k=40)
+        SpecSession.with_defaults(model, select_hooks("base", CPU), NGramProposer(), k=40)
     with pytest.raises(ConfigError, match="rollback"):
-        SpecSession(model, select_hooks("base", CPU), NGramProposer(), rollback="undo")
-    s = SpecSession(model, select_hooks("base", CPU), NGramProposer(), k=4, max_len=32)
+        SpecSession.with_defaults(model, select_hooks("base", CPU), NGramProposer(), rollback="undo")
+    s = SpecSession.with_defaults(model, select_hooks("base", CPU), NGramProposer(), k=4, max_len=32)
     with pytest.raises(PromptTooLongError):
         s.generate(list(range(40)), max_tokens=4, policy=StrictGreedy())
     with pytest.raises(RequestError, match="num_draft_tokens 9"):

@@ -18,7 +18,7 @@ def test_tie_flip_and_real_error_told_apart(tmp_path) -> None:
     model = load_target(write_random_checkpoint(tmp_path / "m", tiny_config("llama"), seed=5), dtype=torch.bfloat16,
                         device="cpu", max_positions=256)
     prompt = torch.randint(0, 320, (12,), generator=torch.Generator().manual_seed(0)).tolist()
-    plain = SpecSession(model, ArchHooks(), None, max_len=256).generate(prompt, max_tokens=8,
+    plain = SpecSession.with_defaults(model, ArchHooks(), None, max_len=256).generate(prompt, max_tokens=8,
                                                                       policy=StrictGreedy()).token_ids
     cache = model.new_cache(64)
     logits = model.prefill(torch.tensor(prompt + plain[:3]), cache).logits[-1].float()

@@ -76,15 +76,15 @@ def test_greedy_tree_equals_plain_ngram(tiny_models, family, kv_fp8):
         plain = _plain(model, prompt, n, kv_fp8)
         for arch in ("base", "thor"):
             oracle = OracleTree(NGramProposer(), plain, vocab, seed=n)
-            session = SpecSession(model, select_hooks(arch, CPU), oracle, k=6, kv_fp8=kv_fp8, max_len=256,
-                                  draft_tree=8)
+            session = SpecSession.with_defaults(model, select_hooks(arch, CPU), oracle, k=6, kv_fp8=kv_fp8,
+                                                max_len=256, draft_tree=8)
             out = session.generate(prompt, max_tokens=n, policy=StrictGreedy())
             assert out.token_ids == plain, arch
             tel = out.telemetry
             assert tel.tree_cycles > 0 and tel.tree_sibling_accepts > 0 and 0 < tel.accepted_tokens
             # The real n-gram trees alone (nearly all rejected on a random target).
-            session = SpecSession(model, select_hooks(arch, CPU), NGramProposer(), k=6, kv_fp8=kv_fp8, max_len=256,
-                                  draft_tree=8)
+            session = SpecSession.with_defaults(model, select_hooks(arch, CPU), NGramProposer(), k=6, kv_fp8=kv_fp8,
+                                                max_len=256, draft_tree=8)
             assert session.generate(prompt, max_tokens=n, policy=StrictGreedy()).token_ids == plain, arch
 
 
@@ -100,13 +100,15 @@ def test_greedy_tree_equals_plain_dflash(tiny_models, drafters, family, kv_fp8):
         graphs = select_hooks(arch, CPU).defaults.cuda_graphs
         prop = load_dflash_checkpoint(drafters[family], model, window_size=8, cuda_graphs=graphs)
         oracle = OracleTree(prop, plain, vocab, seed=len(arch))
-        session = SpecSession(model, select_hooks(arch, CPU), oracle, kv_fp8=kv_fp8, max_len=128, draft_tree=12)
+        session = SpecSession.with_defaults(model, select_hooks(arch, CPU), oracle, kv_fp8=kv_fp8, max_len=128,
+                                            draft_tree=12)
         out = session.generate(prompt, max_tokens=n, policy=StrictGreedy())
         assert out.token_ids == plain, arch
         assert out.telemetry.tree_sibling_accepts > 0 and oracle.trees > 0
         assert prop.window.end == session.cache.length           # the window was fed the accepted paths
         prop = load_dflash_checkpoint(drafters[family], model, window_size=8, cuda_graphs=graphs)
-        session = SpecSession(model, select_hooks(arch, CPU), prop, kv_fp8=kv_fp8, max_len=128, draft_tree=12)
+        session = SpecSession.with_defaults(model, select_hooks(arch, CPU), prop, kv_fp8=kv_fp8, max_len=128,
+                                            draft_tree=12)
         out = session.generate(prompt, max_tokens=n, policy=StrictGreedy())
         assert out.token_ids == plain, arch
         assert out.telemetry.tree_nodes > out.telemetry.tree_cycles      # real trees, wider than one node
@@ -119,10 +121,11 @@ def test_greedy_tree_equals_plain_dflash(tiny_models, drafters, family, kv_fp8):
 ])
 def test_bad_draft_tree_refused_by_name(tiny_models, setting, match):
     with pytest.raises(ConfigError, match=match):
-        SpecSession(tiny_models["qwen3"], select_hooks("base", CPU), NGramProposer(), max_len=64, draft_tree=setting)
+        SpecSession.with_defaults(tiny_models["qwen3"], select_hooks("base", CPU), NGramProposer(), max_len=64,
+                                  draft_tree=setting)
 
 
 def test_tree_needs_the_deferred_rollback(tiny_models):
     with pytest.raises(ConfigError, match="draft_tree needs rollback 'deferred'"):
-        SpecSession(tiny_models["qwen3_5"], select_hooks("base", CPU), NGramProposer(), max_len=64,
+        SpecSession.with_defaults(tiny_models["qwen3_5"], select_hooks("base", CPU), NGramProposer(), max_len=64,
                     rollback="checkpoint", draft_tree=8)

@@ -63,14 +63,14 @@ def test_hooks_choose_kernels_and_speculation_stays_lossless(folders, family, fm
     n = 24
     for arch in ("rtx", "thor"):
         # Plain decoding with the same hooks: thor serves an FP8 KV cache, so its plain output is its own.
-        plain_session = SpecSession(model, select_hooks(arch, CUDA), None, max_len=256)
+        plain_session = SpecSession.with_defaults(model, select_hooks(arch, CUDA), None, max_len=256)
         # Every layer whose shape the kernels take runs on one (e.g. NVFP4 needs in % 128: the tiny GDN out_proj
         # does not qualify and keeps the reference), and most layers do.
         assert all((p.kernel is not None) == (choose_quant_kernel(p) is not None) for p in packed), arch
         assert sum(p.kernel is not None for p in packed) * 2 > len(packed), arch
         plain = plain_session.generate(prompt, max_tokens=n, policy=StrictGreedy()).token_ids
         for prop in (NGramProposer(), OracleProposer(plain, vocab, seed=5)):
-            s = SpecSession(model, select_hooks(arch, CUDA), prop, k=7, max_len=256)
+            s = SpecSession.with_defaults(model, select_hooks(arch, CUDA), prop, k=7, max_len=256)
             out = s.generate(prompt, max_tokens=n, policy=StrictGreedy())
             # bf16: equal, or a tie flip at the first divergence (speculative.parity, as for dense bf16 weights)
             assert lossless(model, prompt, plain, out.token_ids, kv_fp8=s.kv_fp8), (family, fmt, arch,
@@ -112,9 +112,9 @@ def test_quantized_dflash_drafter_on_a_quantized_target(folders, tmp_path, draft
     packed = _packed(prop.drafter)
     assert packed and all(p.kernel is not None for p in packed)
     prompt = prompt_ids(model.config.vocab_size, n=21, seed=7)
-    plain = SpecSession(model, select_hooks("rtx", CUDA), None, max_len=256).generate(
+    plain = SpecSession.with_defaults(model, select_hooks("rtx", CUDA), None, max_len=256).generate(
         prompt, max_tokens=24, policy=StrictGreedy()).token_ids
-    s = SpecSession(model, select_hooks("rtx", CUDA), prop, max_len=256, cuda_graphs=True)
+    s = SpecSession.with_defaults(model, select_hooks("rtx", CUDA), prop, max_len=256, cuda_graphs=True)
     out = s.generate(prompt, max_tokens=24, policy=StrictGreedy())
     assert out.telemetry.draft_tokens > 0
     assert lossless(model, prompt, plain, out.token_ids, kv_fp8=s.kv_fp8)
@@ -127,11 +127,11 @@ def test_quantized_lm_head_on_gpu_stays_lossless(folders):
     model = load_target(folders["qwen3_5", "awq"][0], dtype=torch.bfloat16, device=CUDA, max_positions=512)
     assert quantize_lm_head(model, "int4")
     prompt = prompt_ids(model.config.vocab_size, n=21, seed=7)
-    plain = SpecSession(model, select_hooks("rtx", CUDA), None, max_len=256).generate(
+    plain = SpecSession.with_defaults(model, select_hooks("rtx", CUDA), None, max_len=256).generate(
         prompt, max_tokens=24, policy=StrictGreedy()).token_ids
     assert model.lm_head.weight.kernel is not None
-    s = SpecSession(model, select_hooks("rtx", CUDA), OracleProposer(plain, model.config.vocab_size, seed=5), k=7,
-                    max_len=256)
+    s = SpecSession.with_defaults(model, select_hooks("rtx", CUDA), OracleProposer(plain, model.config.vocab_size,
+                                  seed=5), k=7, max_len=256)
     out = s.generate(prompt, max_tokens=24, policy=StrictGreedy())
     assert lossless(model, prompt, plain, out.token_ids, kv_fp8=s.kv_fp8)
 
@@ -147,10 +147,10 @@ def test_quantized_tied_head_on_gpu_stays_lossless(tmp_path, fmt):
     model = load_target(folder, dtype=torch.bfloat16, device=CUDA, max_positions=512)
     assert model.lm_head is None and quantize_lm_head(model, fmt)
     prompt = prompt_ids(model.config.vocab_size, n=21, seed=7)
-    plain = SpecSession(model, select_hooks("rtx", CUDA), None, max_len=256).generate(
+    plain = SpecSession.with_defaults(model, select_hooks("rtx", CUDA), None, max_len=256).generate(
         prompt, max_tokens=24, policy=StrictGreedy()).token_ids
     assert model.lm_head_weight.kernel is not None
-    s = SpecSession(model, select_hooks("rtx", CUDA), OracleProposer(plain, model.config.vocab_size, seed=5), k=7,
-                    max_len=256)
+    s = SpecSession.with_defaults(model, select_hooks("rtx", CUDA), OracleProposer(plain, model.config.vocab_size,
+                                  seed=5), k=7, max_len=256)
     assert lossless(model, prompt, plain, s.generate(prompt, max_tokens=24, policy=StrictGreedy()).token_ids,
                     kv_fp8=s.kv_fp8)

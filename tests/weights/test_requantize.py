@@ -46,10 +46,10 @@ def test_quantized_head_logits_and_lossless(untied, fmt):
     prompt = prompt_ids(model.config.vocab_size, n=19, seed=4)
     for arch in ("base", "thor"):
         # plain decoding with the same hooks: thor serves an FP8 KV cache, so its plain output is its own
-        plain = SpecSession(model, select_hooks(arch, CPU), None, max_len=128).generate(
+        plain = SpecSession.with_defaults(model, select_hooks(arch, CPU), None, max_len=128).generate(
             prompt, max_tokens=16, policy=StrictGreedy()).token_ids
-        s = SpecSession(model, select_hooks(arch, CPU), OracleProposer(plain, model.config.vocab_size, seed=2),
-                        k=5, max_len=128)
+        s = SpecSession.with_defaults(model, select_hooks(arch, CPU), OracleProposer(plain, model.config.vocab_size,
+                                      seed=2), k=5, max_len=128)
         assert s.generate(prompt, max_tokens=16, policy=StrictGreedy()).token_ids == plain, arch
 
 
@@ -73,10 +73,10 @@ def test_tied_head_packs_the_table(tmp_path, fmt):
     for i, t in enumerate(ids.reshape(-1).tolist()):
         assert torch.equal(rows.reshape(-1, rows.shape[-1])[i], table.weight.dequantize_rows(t, t + 1, rows.dtype)[0])
     prompt = prompt_ids(model.config.vocab_size, n=19, seed=4)
-    plain = SpecSession(model, select_hooks("base", CPU), None, max_len=128).generate(
+    plain = SpecSession.with_defaults(model, select_hooks("base", CPU), None, max_len=128).generate(
         prompt, max_tokens=12, policy=StrictGreedy()).token_ids
-    s = SpecSession(model, select_hooks("base", CPU), OracleProposer(plain, model.config.vocab_size, seed=2), k=5,
-                    max_len=128)
+    s = SpecSession.with_defaults(model, select_hooks("base", CPU), OracleProposer(plain, model.config.vocab_size,
+                                  seed=2), k=5, max_len=128)
     assert s.generate(prompt, max_tokens=12, policy=StrictGreedy()).token_ids == plain
 
 

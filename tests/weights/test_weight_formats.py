@@ -143,18 +143,18 @@ def test_greedy_speculative_equals_plain(quantized, dense_dirs, fmt, tmp_path):
         plain = plain_greedy(model, prompt, n)
         for arch in ("base", "thor"):
             for prop in (NGramProposer(), OracleProposer(plain, vocab, seed=len(arch))):
-                s = SpecSession(model, select_hooks(arch, CPU), prop, k=4, kv_fp8=False, max_len=128)
+                s = SpecSession.with_defaults(model, select_hooks(arch, CPU), prop, k=4, kv_fp8=False, max_len=128)
                 assert s.generate(prompt, max_tokens=n, policy=StrictGreedy()).token_ids == plain, (family, arch)
         if family != "qwen3_5":
             continue
         mtp = MixedProposer(MTPProposer(model, max_len=128), plain, vocab, seed=2)
-        s = SpecSession(model, select_hooks("base", CPU), mtp, k=3, max_len=128)
+        s = SpecSession.with_defaults(model, select_hooks("base", CPU), mtp, k=3, max_len=128)
         out = s.generate(prompt, max_tokens=n, policy=StrictGreedy())
         assert out.token_ids == plain and 0 < out.telemetry.accepted_tokens < out.telemetry.draft_tokens
         drafter = make_drafter.write_dflash_drafter(tmp_path / "dflash", dense_dirs[family], seed=1, num_layers=1,
                                                     block_size=5, target_layer_ids=[1, 3])
         prop = MixedProposer(load_dflash_checkpoint(drafter, model, window_size=8), plain, vocab, seed=3)
-        s = SpecSession(model, select_hooks("base", CPU), prop, max_len=128)
+        s = SpecSession.with_defaults(model, select_hooks("base", CPU), prop, max_len=128)
         assert s.generate(prompt, max_tokens=n, policy=StrictGreedy()).token_ids == plain
 
 

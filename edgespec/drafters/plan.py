@@ -1,0 +1,33 @@
+"""Which proposer to build and with what, resolved from the settings and the arch defaults (``edgespec.plan``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class NGramKnobs:
+    """The n-gram proposer's matching knobs (``ngram_*`` settings)."""
+
+    max_match: int = 4
+    min_match: int = 1
+    lookback: int = 4096
+    gate: float = 0.1
+
+
+@dataclass(frozen=True)
+class DrafterPlan:
+    """The drafter ``edgespec.drafters.factory.build_proposer`` builds: its name and every knob it takes, with the
+    arch defaults already applied (window size and seeding, CUDA graphs)."""
+
+    name: str                          # none | ngram | dflash | mtp
+    max_seq_len: int                   # the target's cache length: sizes the drafters' histories
+    num_draft_tokens: int | None       # drafts per cycle asked for; None: the drafter's own default
+    dflash_path: str | None = None     # DFlash checkpoint folder (drafter_path, or the packaged demo drafter)
+    dflash_packaged: bool = False      # the packaged demo drafter, served because the model is the demo
+    weights: str = "model"             # the DFlash drafter's weight format (drafter_weights)
+    window_size: int = 128
+    window_seed: bool = True
+    cuda_graphs: bool = False
+    ngram: NGramKnobs = NGramKnobs()
+    lookup_min_match: int = 3          # dflash/mtp behind an n-gram lookup from this match length (0: none)
