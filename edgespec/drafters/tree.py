@@ -221,14 +221,19 @@ def check_budget(budget: int) -> int:
     return budget
 
 
-def tree_from_logits(logits: torch.Tensor, budget: int, max_children: int = 8) -> DraftTree:
+def tree_from_logits(logits: torch.Tensor, budget: int, max_children: int = 8, spine_only: bool = False
+                     ) -> DraftTree:
     """Best-first tree from per-depth draft logits ``[D, V]`` (row ``d`` scores the token at depth ``d + 1``).
 
     A node's score is the joint probability of its path, the product of the per-depth softmax probabilities of its
     tokens. Expansion is the DDTree frontier: starting from the root's best child, each popped node offers two
     candidates, its own best child (next depth, rank 0) and its next sibling (same depth, next rank), so the
     ``budget`` nodes taken are exactly the ``budget`` most probable paths-prefixes that form a tree. ``max_children``
-    caps the ranks tried per depth (the top-k read from each row)."""
+    caps the ranks tried per depth (the top-k read from each row).
+
+    ``spine_only``: only the chain of first choices has children, every other node is a leaf -- for an
+    autoregressive drafter (MTP), whose row ``d`` was computed after the first-choice tokens only, so its top-k are
+    the right alternatives there and nowhere else."""
     check_budget(budget)
     if logits.dim() != 2 or logits.shape[0] == 0:
         raise ValueError(f"tree_from_logits needs logits [depth, vocab], got {tuple(logits.shape)}")
@@ -241,15 +246,18 @@ def tree_from_logits(logits: torch.Tensor, budget: int, max_children: int = 8) -
     nodes: list[tuple[int, int, float]] = []
     # Heap entries: (-joint log prob, tie order, parent node, depth index, rank, parent's joint log prob).
     heap = [(-logp[0][0], 0, -1, 0, 0, 0.0)]
+    spine = {-1}                                                   # the first-choice chain (and the root)
     tie = 1
     while heap and len(nodes) < budget:
         neg, _, parent, d, rank, base = heapq.heappop(heap)
         nodes.append((parent, ids[d][rank], probs[d][rank]))
         me = len(nodes) - 1
+        if rank == 0 and parent in spine:
+            spine.add(me)
         if rank + 1 < width:                                       # next sibling: same parent, next rank
             heapq.heappush(heap, (-(base + logp[d][rank + 1]), tie, parent, d, rank + 1, base))
             tie += 1
-        if d + 1 < D:                                              # best child: next depth, rank 0
+        if d + 1 < D and (me in spine or not spine_only):          # best child: next depth, rank 0
             heapq.heappush(heap, (neg - logp[d + 1][0], tie, me, d + 1, 0, -neg))
             tie += 1
     return _from_nodes(nodes)

@@ -47,6 +47,21 @@ def test_tree_from_logits_takes_the_most_probable_prefixes():
     assert math.isclose(float(tree.probs[0]), float(torch.softmax(logits[0], -1).max()), rel_tol=1e-6)
 
 
+def test_spine_only_tree_hangs_alternatives_off_the_first_choice_chain():
+    torch.manual_seed(1)
+    logits = torch.randn(4, 7)
+    tree = tree_from_logits(logits, 12, spine_only=True)
+    assert tree.first_chain().tolist() == logits.argmax(-1).tolist()
+    kids = tree.children()
+    row, chain_rows = 0, {0}
+    while kids[row]:
+        row = kids[row][0]
+        chain_rows.add(row)
+    assert all(row in chain_rows for row, children in enumerate(kids) if children)   # the rest are leaves
+    assert tree.size == 12 and not tree.is_chain
+    assert tree.size == 12
+
+
 def test_tree_from_logits_peaked_rows_give_a_chain():
     logits = torch.full((5, 50), -20.0)
     logits[torch.arange(5), torch.tensor([3, 1, 4, 1, 5])] = 20.0

@@ -20,6 +20,7 @@ from test_spec_lossless import _plain, _prompts
 from edgespec.arch.detect import select_hooks
 from edgespec.drafters.base import Draft, Proposer
 from edgespec.drafters.dflash import load_dflash_checkpoint
+from edgespec.drafters.mtp import MTPProposer
 from edgespec.drafters.ngram import NGramProposer
 from edgespec.drafters.tree import Branch, DraftTree, tree_from_branches
 from edgespec.errors import ConfigError
@@ -82,10 +83,11 @@ def test_greedy_tree_equals_plain_ngram(tiny_models, family, kv_fp8):
             assert out.token_ids == plain, arch
             tel = out.telemetry
             assert tel.tree_cycles > 0 and tel.tree_sibling_accepts > 0 and 0 < tel.accepted_tokens
-            # The real n-gram trees alone (nearly all rejected on a random target).
-            session = SpecSession.with_defaults(model, select_hooks(arch, CPU), NGramProposer(), k=6, kv_fp8=kv_fp8,
-                                                max_len=256, draft_tree=8)
-            assert session.generate(prompt, max_tokens=n, policy=StrictGreedy()).token_ids == plain, arch
+        # The real n-gram trees alone (nearly all rejected on a random target), once per prompt.
+        session = SpecSession.with_defaults(model, select_hooks("base", CPU), NGramProposer(), k=6, kv_fp8=kv_fp8,
+                                            max_len=256, draft_tree=8)
+        out = session.generate(prompt, max_tokens=n, policy=StrictGreedy())
+        assert out.token_ids == plain
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3"])
@@ -112,6 +114,20 @@ def test_greedy_tree_equals_plain_dflash(tiny_models, drafters, family, kv_fp8):
         out = session.generate(prompt, max_tokens=n, policy=StrictGreedy())
         assert out.token_ids == plain, arch
         assert out.telemetry.tree_nodes > out.telemetry.tree_cycles      # real trees, wider than one node
+
+
+@pytest.mark.parametrize("kv_fp8", [False, True], ids=["kv-model", "kv-fp8"])
+def test_greedy_tree_equals_plain_mtp(tiny_models, kv_fp8):
+    """The hybrid's own MTP head: its chain with next-best leaves beside it, and the oracle's trees over it."""
+    model = tiny_models["qwen3_5"]
+    prompt = _prompts(320)[1]
+    plain = _plain(model, prompt, 24, kv_fp8)
+    for proposer in (MTPProposer(model, max_len=256), OracleTree(MTPProposer(model, max_len=256), plain, 320)):
+        session = SpecSession.with_defaults(model, select_hooks("base", CPU), proposer, k=4, kv_fp8=kv_fp8,
+                                            max_len=256, draft_tree=10)
+        out = session.generate(prompt, max_tokens=24, policy=StrictGreedy())
+        assert out.token_ids == plain
+        assert out.telemetry.tree_nodes > out.telemetry.tree_cycles
 
 
 @pytest.mark.parametrize("setting, match", [
