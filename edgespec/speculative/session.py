@@ -18,7 +18,7 @@ from edgespec.arch.base import ArchHooks
 from edgespec.arch.rollback import TreeVerify
 from edgespec.cache.prefix import PrefixCache
 from edgespec.drafters.base import Draft, Proposer
-from edgespec.drafters.tree import DraftTree
+from edgespec.drafters.tree import DraftTree, JointCalibration
 from edgespec.errors import PromptTooLongError, RequestError
 from edgespec.kernels.tree import TreeMask
 from edgespec.models.decoder import ForwardOutput, TargetModel
@@ -123,6 +123,7 @@ class SpecSession:
         # between requests (the cache keeps the tree's room).
         self.tree_budget = plan.rollback.budget if proposer is not None and isinstance(plan.rollback, TreeVerify) \
             else None
+        self.tree_calibration = JointCalibration()     # per request: how far the drafter's probabilities hold
         hooks.prepare(model, self.cache, k + 1, self.taps, plan.rollback, plan.cuda_graphs, plan.graph_prefill_max)
 
     @classmethod
@@ -201,6 +202,7 @@ class SpecSession:
             # A drafter that cannot resume (resume_rows None) gets a full prefill; DFlash needs its window's rows.
             start = prefix.begin(prompt_ids, self.resume_rows)
         policy.begin(prompt_ids)
+        self.tree_calibration.reset()
 
         with tel.stage("prefill"):
             prompt = torch.tensor(list(prompt_ids)[start:], dtype=torch.long, device=device)
@@ -292,7 +294,9 @@ class SpecSession:
         if tree is None:
             return None
         fit = min(tree.size, self.cache.max_len - self.cache.length - 1)
-        return tree.pruned(room, fit, self.rollback.min_joint)
+        # The node floor (auto on a CPU) tightens where this request's drafts have been accepted less often than
+        # their probabilities promised.
+        return tree.pruned(room, fit, self.rollback.min_joint / self.tree_calibration.factor)
 
     def _verify_tree(self, last: int, tree: DraftTree, policy: AcceptancePolicy, tel: RequestTelemetry) -> Cycle:
         """Verify ``last`` + every tree node in one forward, accept a path, keep only that path's rows and states.
@@ -309,6 +313,7 @@ class SpecSession:
             kept = ForwardOutput(step.logits[path], step.hidden[path],
                                  None if step.taps is None else step.taps[path])
         tel.record_tree(tree.size, verdict.sibling)
+        self.tree_calibration.record(tree, verdict.accepted)
         return Cycle(Verdict(verdict.accepted, verdict.tokens), kept, tree.size)
 
     def _decode(self, last: int, policy: AcceptancePolicy, constraint: TokenConstraint | None,
