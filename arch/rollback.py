@@ -28,6 +28,7 @@ import torch
 from edgespec.cache.model_cache import ModelCache
 from edgespec.cache.state import StateMode
 from edgespec.errors import ConfigError
+from edgespec.kernels.tree import TreeMask
 from edgespec.models.decoder import ForwardOutput, TargetModel
 
 
@@ -121,6 +122,42 @@ class Deferred(RollbackStrategy):
 
     def wide_prefill(self, cache: ModelCache) -> bool:
         return True
+
+
+class TreeVerify(Deferred):
+    """Tree verification (``draft_tree``): a verify of a whole draft tree in one forward, whose GDN layers defer
+    (each row computed from the committed state along its own branch, the state untouched), then a commit of the
+    accepted path only: its K/V rows move to the positions of their depths and the GDN states advance along it
+    (:meth:`ModelCache.commit_path`). Chains in the same session (a grammar-constrained request) are deferred.
+
+    ``budget``: draft nodes per tree (the forward has ``budget + 1`` rows); ``min_joint``: nodes whose path the
+    drafter gives a lower joint probability are not verified (0: the budget alone decides)."""
+
+    name = "tree"
+
+    def __init__(self, budget: int, min_joint: float = 0.0) -> None:
+        self.budget, self.min_joint = budget, min_joint
+
+    def cache_rows(self, verify_rows: int, wide_rows: int) -> CacheRows:
+        return CacheRows(defer_rows=max(verify_rows, wide_rows, self.budget + 1))
+
+    def verify_tree(self, model: TargetModel, cache: ModelCache, rows: torch.Tensor, tree: TreeMask,
+                    taps: Sequence[int]) -> ForwardOutput:
+        """One eager forward over the tree's rows (root first, nodes in pre-order; the mask's structure)."""
+        return model.forward(rows, cache, taps=taps, chunked=False, tree=tree)
+
+    def commit(self, cache: ModelCache, path: list[int]) -> None:
+        """Keep the accepted ``path`` of the last tree forward's rows (root first)."""
+        cache.commit_path(path)
+
+    def __repr__(self) -> str:
+        return f"TreeVerify(budget={self.budget}, min_joint={self.min_joint})"
+
+    def __eq__(self, other: object) -> bool:
+        return (type(other) is type(self) and (self.budget, self.min_joint) == (other.budget, other.min_joint))
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.budget, self.min_joint))
 
 
 # The strategies every arch offers, by setting name (see the module doc).

@@ -86,6 +86,10 @@ class Settings:
                                   "of at least this many tokens recurs, the model drafter otherwise; 0 = off", min=0,
                                   max=64)
     ngram_gate: float = _knob(0.1, "n-gram proposer: stop drafting below this accepted/drafted ratio", min=0.0, max=1.0)
+    draft_tree: str = _knob("off", "verify a tree of drafts per cycle instead of a chain: off, a node budget 1..63, "
+                            "or auto (32 nodes; on CPU only nodes whose path has joint draft probability >= 0.1); "
+                            "dflash: best-first over the block's top tokens, ngram: several earlier continuations; "
+                            "needs rollback deferred or auto")
     adaptive_k: bool | None = _knob(None, "adapt drafts per cycle to acceptance (+2 after a full accept, "
                                     "accepted+1 after a rejection, within 1..K); None = arch default (on for CPU)")
     # --- runtime -----------------------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ class RuntimePlan:
             defaults, kv_fp8=None if kv == "auto" else kv == "fp8", rollback=settings.rollback,
             prefill_chunk=settings.prefill_chunk, max_len=settings.max_seq_len, cuda_graphs=settings.cuda_graphs,
             adaptive_k=settings.adaptive_k, graph_prefill_max=settings.graph_prefill_max,
-            stage_timing=settings.stage_timing)
+            stage_timing=settings.stage_timing, draft_tree=settings.draft_tree)
         return cls(settings=settings, device=device, dtype=resolve_dtype(settings.dtype, device), arch=arch,
                    defaults=defaults, session=session, drafter=drafter_plan(settings, defaults),
                    kernels=KernelOptions.from_settings(settings))

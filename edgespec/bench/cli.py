@@ -52,6 +52,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    "and without prefix reuse")
     p.add_argument("--turns", type=int, default=4, help="with --multi-turn: conversation turns")
     p.add_argument("--history-tokens", type=int, default=3000, help="with --multi-turn: tokens of history in turn 0")
+    p.add_argument("--tree", metavar="BUDGET", help="also run the drafter with tree verification of this node budget "
+                   "(or auto), beside its chain, per prompt")
     p.add_argument("--random-model", metavar="SHAPE", help="bench random weights of this SHAPES name instead of "
                    "--model, written on first use into the cache (edgespec.bench.random_model)")
     p.add_argument("--bench-tokenizer", default="demo", help="with --random-model: demo (the demo's BPE "
@@ -63,11 +65,15 @@ def _median(xs: list[float]) -> float:
     return xs[len(xs) // 2]
 
 
-def _run_edgespec(engine, ids: list[int], tokens: int, k: int | None) -> dict[str, Any]:
+def _run_edgespec(engine, ids: list[int], tokens: int, k: int | None, tree: int | None = None) -> dict[str, Any]:
     from edgespec.speculative.acceptance import StrictGreedy
 
-    res = engine.session.generate(ids, max_tokens=tokens, policy=StrictGreedy(),
-                                  stop_ids=engine.tokenizer.stop_token_ids, k=k)
+    budget, engine.session.tree_budget = engine.session.tree_budget, tree      # chain (None) or tree, this run
+    try:
+        res = engine.session.generate(ids, max_tokens=tokens, policy=StrictGreedy(),
+                                      stop_ids=engine.tokenizer.stop_token_ids, k=k)
+    finally:
+        engine.session.tree_budget = budget
     t = res.telemetry
     return {"tokens": res.token_ids, "tok_s": t.decode_tok_s, "al": t.acceptance_length,
             "telemetry": t.to_dict()}
@@ -126,7 +132,10 @@ def run_bench(args: argparse.Namespace) -> int:
         settings = settings.with_overrides(model=str(bench_model(args.random_model, args.bench_tokenizer)))
     if settings.drafter == "none":
         settings = settings.with_overrides(drafter="ngram")
+    if args.tree:
+        settings = settings.with_overrides(draft_tree=args.tree)
     engine = Engine.from_settings(settings)
+    tree = engine.session.tree_budget
     if args.multi_turn:
         from edgespec.bench.multiturn import run_multi_turn
 
@@ -151,6 +160,9 @@ def run_bench(args: argparse.Namespace) -> int:
             "edgespec plain": lambda ids=ids: _run_edgespec(engine, ids, args.tokens, 0),
             f"edgespec {settings.drafter}": lambda ids=ids: _run_edgespec(engine, ids, args.tokens, None),
         }
+        if tree:
+            runners[f"edgespec {settings.drafter} tree{tree}"] = lambda ids=ids: _run_edgespec(
+                engine, ids, args.tokens, None, tree)
         if hf is not None:
             runners["hf plain"] = lambda ids=ids: _run_hf(hf, ids, args.tokens, eos, None, hf_threads)
             runners["hf prompt-lookup"] = lambda ids=ids: _run_hf(hf, ids, args.tokens, eos, args.hf_lookup_tokens,

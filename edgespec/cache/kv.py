@@ -126,6 +126,22 @@ class KVCache:
         # index_put_ has no float8 kernel either; a scatter into the permuted view, no host sync (graph-safe).
         self._v_by_row().view(torch.uint8)[rows // self.v_block, rows % self.v_block] = qv.view(torch.uint8)
 
+    def move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy the stored rows ``src`` to ``dst`` (device index tensors of one length), bytes and scales as they
+        are: a tree verify's accepted rows move to the positions of their depths, exactly as written (an FP8 row is
+        not quantised again). All rows are read before any is written, so the two sets may overlap."""
+        k = self.k.view(torch.uint8) if self.fp8 else self.k
+        k.index_copy_(0, dst, k.index_select(0, src))
+        if self.v_block:
+            by_row = self._v_by_row().view(torch.uint8)
+            by_row[dst // self.v_block, dst % self.v_block] = by_row[src // self.v_block, src % self.v_block]
+        else:
+            v = self.v.view(torch.uint8) if self.fp8 else self.v
+            v.index_copy_(0, dst, v.index_select(0, src))
+        if self.fp8:
+            self.k_scale.index_copy_(0, dst, self.k_scale.index_select(0, src))
+            self.v_scale.index_copy_(0, dst, self.v_scale.index_select(0, src))
+
     def v_rows(self, end: int) -> torch.Tensor:
         """V of positions ``0 .. end-1`` as stored (e4m3 for FP8), ``[end, n_kv_heads, head_dim]``; a copy when V is
         blocked."""

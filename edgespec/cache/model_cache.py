@@ -35,6 +35,7 @@ class ModelCache:
         # Start position and row count of a deferred forward whose rows are not committed yet (None: none).
         self._defer_start: int | None = None
         self._defer_rows = 0
+        self._tree_start: int | None = None     # start of a tree forward not settled by commit_path yet
 
     # -- queries ------------------------------------------------------------------------------------------------
     @property
@@ -68,6 +69,8 @@ class ModelCache:
         return sum(c.nbytes() for c in self.layers)
 
     def check_room(self, start: int, rows: int) -> None:
+        if self._tree_start is not None:
+            raise ValueError(f"the tree forward at {self._tree_start} is not committed: call commit_path first")
         if self._defer_start is not None:
             # A forward now would read GDN states that are missing the deferred rows.
             raise ValueError(f"a deferred forward at {self._defer_start} is not committed: call rollback first")
@@ -81,6 +84,7 @@ class ModelCache:
         self.resets += 1
         self._ckpt_start = None
         self._defer_start = None
+        self._tree_start = None
         if self.states is not None:
             self.states.reset()
 
@@ -130,6 +134,36 @@ class ModelCache:
                                  f"start {start}, rows {self._ckpt_rows})")
             self.states.restore(length - start)
         self.length = length
+
+    def commit_path(self, rows: list[int]) -> None:
+        """Settle a tree forward (``TargetModel.forward(tree=...)``): keep its rows ``rows`` -- the accepted path,
+        root first, each row's parent before it -- as positions ``start .. start+len(rows)-1``. Attention layers move
+        those K/V rows to the positions of their depths; GDN states advance along the path only."""
+        start = self._tree_start
+        if start is None:
+            raise ValueError("commit_path without a tree forward to settle")
+        if not rows or rows[0] != 0 or any(b <= a for a, b in zip(rows, rows[1:], strict=False)):
+            raise ValueError(f"a tree path starts at row 0 and goes down the rows in order, got {rows}")
+        n = len(rows)
+        if rows != list(range(n)):
+            device = self._kv_layers[0].k.device if self._kv_layers else self.states.conv.device
+            src = torch.tensor(rows, device=device)
+            if self._kv_layers:
+                dst = torch.arange(start, start + n, device=device)
+                for kv in self._kv_layers:
+                    kv.move_rows(src + start, dst)
+            if self._defer_start is not None:
+                self.states.take_rows(src)
+        self.length = start + n         # attention rows past it are garbage the next write overwrites
+        self.rollback(start + n)        # commits the deferred GDN rows (now the path's) into the states
+        self._tree_start = None
+
+    def begin_tree_forward(self, start: int, rows: int) -> None:
+        """Host bookkeeping of a tree forward: its GDN layers defer (state untouched, inputs kept per row) and
+        :meth:`commit_path` must settle it before the next forward."""
+        if self.has_state:
+            self.begin_deferred_forward(start, rows)
+        self._tree_start = start
 
     def snapshot(self) -> None:
         """Save the live GDN state in slot 0 (replay strategy); the attention rows need no copy."""

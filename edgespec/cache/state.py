@@ -140,6 +140,13 @@ class GDNStateBank:
             self._commit_pool = graph.pool()        # every row count's graph shares one memory pool
             self._commit_graphs[n] = graph
 
+    def take_rows(self, rows: torch.Tensor) -> None:
+        """Put the kept inputs of the deferred rows ``rows`` (a device index tensor, a tree's accepted path) first,
+        in that order, so :meth:`advance` by ``len(rows)`` commits exactly that path."""
+        n = rows.shape[0]
+        for t in (self.pending_x, self.pending_qkv, self.pending_g, self.pending_beta):
+            t[:, :n] = t.index_select(1, rows)
+
     def _advance(self, n: int) -> None:
         # The window holds the last K-1 inputs: drop the n oldest, append the n accepted rows.
         seq = torch.cat([self.conv, self.pending_x[:, :n].transpose(1, 2)], dim=2)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from edgespec.config import MAX_DRAFT_TOKENS
+from edgespec.drafters.tree import DraftTree, chain_tree
 from edgespec.models.decoder import ForwardOutput
 
 
@@ -51,6 +52,14 @@ class Proposer(ABC):
         """The target emitted ``tokens`` (``accepted`` of ``drafted`` drafts, then the next token). ``verify``
         is the forward whose rows ``0 .. accepted`` are now in the cache (None after prefill). It may hold views
         of static CUDA-graph output buffers that the next forward overwrites: copy what must outlive this call."""
+
+    def propose_tree(self, last_token: int, k: int, budget: int) -> DraftTree | None:
+        """A draft tree of at most ``budget`` nodes and depth ``k`` after ``last_token`` (tree verification); None
+        when drafting is not worth it now. Default: :meth:`propose`'s chain as the one-branch tree. The commit that
+        follows is the same as after a chain: ``tokens`` = the accepted path + the next token, and ``verify`` holds
+        the rows of that path (root first) in order."""
+        draft = self.propose(last_token, min(k, budget))
+        return None if draft is None else chain_tree(draft.tokens[:min(k, budget)])
 
     def reset(self) -> None:
         """Drop per-request state."""

@@ -39,6 +39,7 @@ import torch
 from edgespec.arch.graphs import capture_graph
 from edgespec.drafters.base import Draft, Proposer
 from edgespec.drafters.dflash_net import DFlashDraftModel
+from edgespec.drafters.tree import DraftTree, tree_from_logits
 from edgespec.drafters.window import FeatureWindow
 from edgespec.kernels.argmax import row_argmax
 from edgespec.kernels.linear import linear
@@ -172,6 +173,12 @@ class DFlashProposer(Proposer):
             tokens = scores.argmax(-1)
         self._last_scores = scores
         return Draft(tokens)
+
+    def propose_tree(self, last_token: int, k: int, budget: int) -> DraftTree | None:
+        """The block's per-position logits expanded best-first under ``budget`` (DDTree): one block forward, as
+        for a chain; the first-child path is the chain :meth:`propose` returns."""
+        self.propose(last_token, k)
+        return tree_from_logits(self.last_logits, budget)
 
     # -- drafter forward ------------------------------------------------------------------------------------------
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

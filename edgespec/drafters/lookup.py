@@ -15,6 +15,7 @@ import torch
 
 from edgespec.drafters.base import Draft, Proposer
 from edgespec.drafters.ngram import NGramProposer
+from edgespec.drafters.tree import DraftTree, tree_from_branches
 from edgespec.models.decoder import ForwardOutput
 
 
@@ -50,6 +51,16 @@ class LookupFirstProposer(Proposer):
             return Draft(torch.tensor(tokens, dtype=torch.long))
         self.model_cycles += 1
         return self.model.propose(last_token, k)
+
+    def propose_tree(self, last_token: int, k: int, budget: int) -> DraftTree | None:
+        """The lookup's branches as a tree when its latest continuation is long enough (as :meth:`propose`
+        decides), else the model drafter's tree."""
+        branches = self.lookup.find_branches(k)
+        if branches and len(branches[0].tokens) >= min(self.min_draft, k):
+            self.lookup_cycles += 1
+            return tree_from_branches(branches, budget)
+        self.model_cycles += 1
+        return self.model.propose_tree(last_token, k, budget)
 
     def commit(self, tokens: Sequence[int], accepted: int, verify: ForwardOutput | None,
                drafted: int = 0) -> None:

@@ -27,6 +27,7 @@ import torch
 
 from edgespec.cache.kv import KVCache
 from edgespec.drafters.base import Draft, Proposer
+from edgespec.drafters.tree import DraftTree, tree_from_logits
 from edgespec.errors import ConfigError
 from edgespec.models.decoder import ForwardOutput, MTPHead, TargetModel
 
@@ -111,6 +112,13 @@ class MTPProposer(Proposer):
             drafts.append(draft)
         self.last_logits = torch.stack(logits)
         return Draft(torch.cat(drafts))
+
+    def propose_tree(self, last_token: int, k: int, budget: int) -> DraftTree | None:
+        """The chain :meth:`propose` drafts, with each depth's next-best tokens as leaves beside it (best-first by
+        joint probability): MTP's row ``d`` follows the first-choice tokens only, so its alternatives are right
+        there and nowhere else."""
+        self.propose(last_token, k)
+        return tree_from_logits(self.last_logits, budget, spine_only=True)
 
     # -- one MTP pass -------------------------------------------------------------------------------------------
     def step(self, tokens: torch.Tensor, hidden: torch.Tensor, start: int) -> torch.Tensor:

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from edgespec.drafters.base import Draft, Proposer
+from edgespec.drafters.tree import Branch, DraftTree, tree_from_branches
 from edgespec.models.decoder import ForwardOutput
 
 
@@ -27,6 +28,16 @@ def ngram_match(history: np.ndarray, k: int, max_match: int, min_match: int = 1)
     - ``max_match = 3``: the suffix ``[1, 2, 3]`` occurred at 0, followed by ``[9, 9]`` -> ``[9, 9]``;
     - ``max_match = 1``: the suffix ``[3]`` occurred at 2 and 5; the latest (5) is followed by ``[7, 5]``.
     """
+    n, hits = suffix_hits(history, max_match, min_match)
+    if not hits.size:
+        return history[:0]
+    start = int(hits[-1]) + n
+    return history[start:start + k]
+
+
+def suffix_hits(history: np.ndarray, max_match: int, min_match: int = 1) -> tuple[int, np.ndarray]:
+    """The longest suffix length ``n`` (``max_match`` down to ``min_match``) that occurred earlier in ``history``
+    and the starts of those earlier occurrences, oldest first (an empty array when none recurs)."""
     L = history.shape[0]
     for n in range(min(max_match, L - 1), min_match - 1, -1):
         suffix = history[L - n:]                                   # [n]
@@ -35,9 +46,18 @@ def ngram_match(history: np.ndarray, k: int, max_match: int, min_match: int = 1)
         hits = np.flatnonzero((windows == suffix).all(axis=1))
         hits = hits[hits + n < L]
         if hits.size:
-            start = int(hits[-1]) + n
-            return history[start:start + k]
-    return history[:0]
+            return n, hits
+    return 0, np.zeros(0, dtype=np.int64)
+
+
+def ngram_branches(history: np.ndarray, k: int, max_match: int, min_match: int = 1, max_branches: int = 8
+                   ) -> list[Branch]:
+    """Every continuation (up to ``k`` tokens) of the up to ``max_branches`` latest earlier occurrences of the
+    longest recurring suffix (the suffix :func:`ngram_match` picks), latest first, one :class:`Branch` of weight 1
+    each: :func:`~edgespec.drafters.tree.tree_from_branches` merges the shared prefixes, so a continuation seen
+    more often weighs more. Empty when no suffix recurs."""
+    n, hits = suffix_hits(history, max_match, min_match)
+    return [Branch(tuple(history[h + n:h + n + k].tolist())) for h in hits[::-1][:max_branches]]
 
 
 class NGramProposer(Proposer):
@@ -76,6 +96,20 @@ class NGramProposer(Proposer):
         """:func:`ngram_match` over the last ``lookback`` tokens (the pending token included)."""
         hist = self.history[max(0, self.length - self.lookback):self.length]
         return ngram_match(hist, k, self.max_match, self.min_match).tolist()
+
+    def propose_tree(self, last_token: int, k: int, budget: int) -> DraftTree | None:
+        """The continuations of several earlier occurrences of the current suffix as one tree (see
+        :func:`ngram_branches`); the gate pauses it as it pauses chains."""
+        if self.paused_cycles > 0:
+            self.paused_cycles -= 1
+            return None
+        branches = self.find_branches(k)
+        return tree_from_branches(branches, budget) if branches else None
+
+    def find_branches(self, k: int) -> list[Branch]:
+        """:func:`ngram_branches` over the last ``lookback`` tokens."""
+        hist = self.history[max(0, self.length - self.lookback):self.length]
+        return ngram_branches(hist, k, self.max_match, self.min_match)
 
     def propose(self, last_token: int, k: int) -> Draft | None:
         if self.paused_cycles > 0:

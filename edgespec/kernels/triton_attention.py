@@ -88,7 +88,7 @@ def _opaque(x):
 # (nothing in the kernel gains from knowing it).
 @triton.jit(do_not_specialize=["start", "n_splits"])
 def _attn_split_kernel(
-    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, o_part_ptr, lse_part_ptr,
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, o_part_ptr, lse_part_ptr, tree_ptr,
     start, T, n_splits, qk_scale,
     stride_qt, stride_qh,
     stride_kn, stride_kh, stride_vn, stride_vh, stride_vb,
@@ -98,6 +98,7 @@ def _attn_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_FP8: tl.constexpr, START_FROM_PTR: tl.constexpr, DOT_IEEE: tl.constexpr, V_SCALE: tl.constexpr,
     FP16_DOT: tl.constexpr, OPAQUE_CVT: tl.constexpr, PDL: tl.constexpr, V_BLOCK: tl.constexpr,
+    TREE: tl.constexpr = False,
 ):
     pdl_wait(PDL)
     pid_m = tl.program_id(0)
@@ -116,6 +117,9 @@ def _attn_split_kernel(
     head = kvh * GROUP + rows % GROUP
     row_ok = rows < T * GROUP
     last_key = start + t                                  # causal: row t sees keys 0 .. start + t
+    if TREE:
+        # Tree verify (edgespec.kernels.tree): row t sees the prefix and the new rows whose bit is set in its mask.
+        anc = tl.load(tree_ptr + t, mask=row_ok, other=0)
     d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None], other=0.0)
@@ -171,7 +175,12 @@ def _attn_split_kernel(
             s = s * (ks * qk_scale)[None, :]
         else:
             s = s * qk_scale
-        visible = n_ok[None, :] & (n[None, :] <= last_key[:, None])
+        if TREE:
+            rel = tl.minimum(tl.maximum(n - start, 0), 63).to(tl.int64)
+            in_tree = ((anc[:, None] >> rel[None, :]) & 1) != 0
+            visible = n_ok[None, :] & ((n[None, :] < start) | (in_tree & (n[None, :] < start + T)))
+        else:
+            visible = n_ok[None, :] & (n[None, :] <= last_key[:, None])
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
@@ -377,7 +386,8 @@ def use_gluon_decode(config: dict, supported: bool, key_len_hint: int, options: 
 
 def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: float,
                             start_t: torch.Tensor | None = None,
-                            config: dict[str, int | str] | None = None) -> torch.Tensor:
+                            config: dict[str, int | str] | None = None,
+                            tree_bits: torch.Tensor | None = None) -> torch.Tensor:
     """Causal GQA attention of ``q [T, Hq, hd]`` (positions ``start .. start+T-1``) over cache rows
     ``0 .. start+T-1``. Returns ``[T, Hq, hd]`` in q's dtype.
 
@@ -389,6 +399,8 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
     the Gluon decode program (:mod:`edgespec.kernels.gluon_attention_fp8`) for one query row over an FP8 cache, whose
     own keys are ``GLUON_KEYS`` (``num_warps``, ``BLOCK_W``, ``num_stages``, ``BALANCE``, ``waves``, ``n_splits``;
     default: see :func:`use_gluon_decode`).
+    ``tree_bits``: ``[T]`` int64 ancestor masks of a tree verify (:class:`edgespec.kernels.tree.TreeMask`): row t
+    then sees the prefix ``0 .. start-1`` and the new rows whose bit is set, instead of the causal rows.
     """
     T, n_q, hd = q.shape
     n_kv = cache.k.shape[1]
@@ -403,7 +415,7 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
     config = config or {}
     gluon_ok = (gluon_attention_fp8 is not None and q.is_cuda and not _interpreting()
                 and gluon_attention_fp8.gluon_decode_supported(T, n_q, n_kv, hd, cache.fp8, cache.v_block, q.dtype))
-    if use_gluon_decode(config, gluon_ok, hint):
+    if tree_bits is None and use_gluon_decode(config, gluon_ok, hint):
         if not gluon_ok:
             raise ValueError("GLUON decode needs Triton's Gluon and one CUDA query row of 16 bits over an FP8 cache "
                              "with 32-key V blocks and at most 8 query heads per KV head")
@@ -439,6 +451,7 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
     pdl = pdl_launch(q.device)
     _attn_split_kernel[(cfg["m_blocks"], n_splits, n_kv)](
         q, k, v, ks, vs, start_t if start_t is not None else q, o_part, lse_part,
+        tree_bits if tree_bits is not None else q,
         int(start), T, n_splits, float(scale) * _LOG2E,
         q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), *cache.v_strides(),
@@ -448,6 +461,7 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
         GROUP=group, HEAD_DIM=hd, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         IS_FP8=cache.fp8, START_FROM_PTR=start_t is not None, DOT_IEEE=q.dtype == torch.float32,
         V_SCALE=v_scale, FP16_DOT=fp16_dot, OPAQUE_CVT=opaque, PDL=bool(pdl), V_BLOCK=cache.v_block,
+        TREE=tree_bits is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl,
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
     )

@@ -19,6 +19,7 @@ from edgespec.cache.kv import KVCache
 from edgespec.cache.model_cache import ModelCache
 from edgespec.cache.state import GDNState, GDNStateBank, StateMode
 from edgespec.kernels.linear import linear
+from edgespec.kernels.tree import TreeMask
 from edgespec.models.config import ModelConfig
 from edgespec.models.gdn import GatedDeltaNet
 from edgespec.models.layers import MLP, Attention, Linear, RMSNorm, RotaryEmbedding, gather_rows, merge_all_projections
@@ -60,7 +61,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, delta: torch.Tensor | None, cache: KVCache | GDNState, start: int,
                 rope: RotaryEmbedding, chunked: bool, mode: StateMode, pos_t: torch.Tensor | None = None,
-                cs: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                cs: tuple[torch.Tensor, torch.Tensor] | None = None,
+                tree: TreeMask | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns ``(h, delta)``: this layer's output is ``h + delta`` (see the class doc). ``cs``: the
         forward's rotary angles, shared by its attention layers."""
         if delta is None:
@@ -68,9 +70,9 @@ class DecoderLayer(nn.Module):
         else:
             h, x = self.input_layernorm.add_forward(delta, h)
         if self.kind == "full_attention":
-            x = self.self_attn(x, cache, start, rope, pos_t, cs)
+            x = self.self_attn(x, cache, start, rope, pos_t, cs, tree=tree)
         else:
-            x = self.linear_attn(x, cache, chunked=chunked, mode=mode)
+            x = self.linear_attn(x, cache, chunked=chunked, mode=mode, tree=tree)
         h, y = self.post_attention_layernorm.add_forward(x, h)
         return h, self.mlp(y)
 
@@ -173,7 +175,7 @@ class TargetModel(nn.Module):
     def forward(self, tokens: torch.Tensor, cache: ModelCache, *, taps: Sequence[int] = (),
                 mode: StateMode = StateMode.ADVANCE, chunked: bool | None = None,
                 logits: Literal["all", "last", "none"] = "all",
-                pos_t: torch.Tensor | None = None) -> ForwardOutput:
+                pos_t: torch.Tensor | None = None, tree: TreeMask | None = None) -> ForwardOutput:
         """Run ``tokens [T]`` at positions ``cache.length ..``; returns logits, final hidden and taps.
 
         ``taps``: layer ids whose OUTPUT is captured (id L = HF ``hidden_states[L+1]``).
@@ -184,6 +186,9 @@ class TargetModel(nn.Module):
         ``pos_t``: graph mode -- the start position as a one-element device tensor. Nothing then depends on
         host values, so the forward can be captured once per T and replayed at any position; the caller (see
         ``edgespec.arch.graphs``) does the host bookkeeping (``cache.length``, checkpoint marks).
+        ``tree``: verify a draft tree (:mod:`edgespec.kernels.tree`): row t at position ``start + depth``, seeing
+        the prefix and its ancestors; GDN layers defer. Rows are written at ``start ..`` in row order, and
+        :meth:`ModelCache.commit_path` (which must follow) keeps one root-to-node path.
         """
         T = tokens.shape[0]
         start = cache.length
@@ -193,6 +198,10 @@ class TargetModel(nn.Module):
             chunked = T >= self.CHUNKED_MIN_ROWS
         if not isinstance(mode, StateMode):
             raise ValueError(f"forward mode {mode!r} is not a StateMode ({', '.join(m.name for m in StateMode)})")
+        if tree is not None:
+            if mode is StateMode.CHECKPOINT or pos_t is not None or tree.rows != T:
+                raise ValueError(f"a tree forward of {tree.rows} rows takes {T} tokens, no checkpoints, no pos_t")
+            mode = StateMode.DEFER          # GDN layers keep each row's inputs; commit_path advances the path
         if not cache.has_state:
             mode = StateMode.ADVANCE        # attention-only: nothing to checkpoint or defer
         checkpoint, defer = mode is StateMode.CHECKPOINT, mode is StateMode.DEFER
@@ -201,15 +210,20 @@ class TargetModel(nn.Module):
                 cache.begin_checkpointed_forward(start, T)
             else:
                 cache.save_states()
+        elif tree is not None:
+            cache.begin_tree_forward(start, T)
         elif defer and pos_t is None:
             cache.begin_deferred_forward(start, T)
         h = self.embed(tokens)
         tap_out = torch.empty(T, len(taps), h.shape[-1], dtype=h.dtype, device=h.device) if taps else None
         tap_index = {layer: i for i, layer in enumerate(taps)}
         delta = None
-        cs = self.rope.angles(start, T, pos_t, h.dtype) if cache.kv_layers else None
+        if tree is None:
+            cs = self.rope.angles(start, T, pos_t, h.dtype) if cache.kv_layers else None
+        else:
+            cs = self.rope.angles_at(start + tree.depths, h.dtype) if cache.kv_layers else None
         for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers, strict=True)):
-            h, delta = layer(h, delta, layer_cache, start, self.rope, chunked, mode, pos_t, cs)
+            h, delta = layer(h, delta, layer_cache, start, self.rope, chunked, mode, pos_t, cs, tree=tree)
             if tap_out is not None and i in tap_index:
                 tap_out[:, tap_index[i]] = h + delta
         if pos_t is None:

@@ -10,9 +10,11 @@ import torch
 from torch import nn
 
 from edgespec.cache.state import GDNState, StateMode
+from edgespec.kernels.activation import gdn_gates
 from edgespec.kernels.conv import causal_conv1d_gates
 from edgespec.kernels.gdn import gdn_chunked, gdn_recurrent
 from edgespec.kernels.norm import gated_rms_norm
+from edgespec.kernels.tree import TreeMask, gdn_tree_ref, tree_conv_ref
 from edgespec.models.config import ModelConfig
 from edgespec.models.layers import Linear, merge_linears
 
@@ -47,11 +49,12 @@ class GatedDeltaNet(nn.Module):
             self.in_proj = merge_linears(self, ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"])
 
     def forward(self, x: torch.Tensor, state: GDNState, *, chunked: bool,
-                mode: StateMode = StateMode.ADVANCE) -> torch.Tensor:
+                mode: StateMode = StateMode.ADVANCE, tree: TreeMask | None = None) -> torch.Tensor:
         """Mix ``x [T, hidden]``. ``chunked``: prefill form. ``mode`` CHECKPOINT: save state after each row (slot
-        i+1); DEFER: leave the state as it was and keep the rows' inputs in ``state.pending`` for the commit."""
+        i+1); DEFER: leave the state as it was and keep the rows' inputs in ``state.pending`` for the commit.
+        ``tree``: a tree verify (deferred, each row mixed along its own branch: :mod:`edgespec.kernels.tree`)."""
         T = x.shape[0]
-        checkpoint, defer = mode is StateMode.CHECKPOINT, mode is StateMode.DEFER
+        checkpoint, defer = mode is StateMode.CHECKPOINT, mode is StateMode.DEFER or tree is not None
         pending = state.pending if defer else None
         if defer and (pending is None or T > pending.x.shape[0]):
             raise ValueError(f"deferred GDN forward of {T} rows without room to keep them")
@@ -62,7 +65,13 @@ class GatedDeltaNet(nn.Module):
         else:
             mixed, z, b, a = self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
         weight = self.conv1d.weight[:, 0, :]
-        if pending is None:
+        if tree is not None:
+            # Conv over each row's ancestors; the kept inputs are what the commit replays along the accepted path.
+            qkv = pending.qkv[:T]
+            qkv.copy_(tree_conv_ref(mixed, state.conv, weight, tree))
+            pending.x[:T].copy_(mixed)
+            g, beta = gdn_gates(a, b, self.A_log, self.dt_bias, out=(pending.g[:T], pending.beta[:T]))
+        elif pending is None:
             qkv, g, beta = causal_conv1d_gates(mixed, state.conv, weight, a, b, self.A_log, self.dt_bias, conv_slots)
         else:
             qkv, g, beta = causal_conv1d_gates(mixed, state.conv, weight, a, b, self.A_log, self.dt_bias,
@@ -72,7 +81,9 @@ class GatedDeltaNet(nn.Module):
         q = q.reshape(T, self.hk, self.dk)
         k = k.reshape(T, self.hk, self.dk)
         v = v.reshape(T, self.hv, self.dv)
-        if chunked and not (checkpoint or defer):
+        if tree is not None:
+            o = gdn_tree_ref(q, k, v, g, beta, state.recurrent, tree.ancestors).to(x.dtype)
+        elif chunked and not (checkpoint or defer):
             o = gdn_chunked(q, k, v, g, beta, state.recurrent).to(x.dtype)
         else:
             o = gdn_recurrent(q, k, v, g, beta, state.recurrent, rec_slots, out_dtype=x.dtype,

@@ -17,6 +17,7 @@ from edgespec.kernels.attention import cached_attention
 from edgespec.kernels.linear import linear
 from edgespec.kernels.norm import add_rms_norm, rms_norm
 from edgespec.kernels.rope import qk_norm_rope_write, rope_ref
+from edgespec.kernels.tree import TreeMask, tree_attention
 from edgespec.models.config import ModelConfig
 from edgespec.weights.base import PackedLinear, is_packed
 
@@ -148,6 +149,11 @@ class RotaryEmbedding(nn.Module):
             sin = gather_rows(self.sin, idx)[:, None, :]
         return cos.to(dtype), sin.to(dtype)
 
+    def angles_at(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin) [T, 1, rotary_dim]`` of arbitrary positions (a tree verify: start + each row's depth)."""
+        return (gather_rows(self.cos, positions)[:, None, :].to(dtype),
+                gather_rows(self.sin, positions)[:, None, :].to(dtype))
+
     def forward(self, x: torch.Tensor, cs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Rotate ``x [T, H, hd]`` by the angles ``cs`` of its rows' positions (from :meth:`angles`): the torch
         rotate-half of :func:`edgespec.kernels.rope.rope_ref`, which the fused attention prologue's reference
@@ -268,10 +274,12 @@ class Attention(nn.Module):
             self.qkv_proj = merge_linears(self, ["q_proj", "k_proj", "v_proj"])
 
     def forward(self, x: torch.Tensor, cache: KVCache, start: int, rope: RotaryEmbedding,
-                pos_t: torch.Tensor | None = None, cs: tuple[torch.Tensor, torch.Tensor] | None = None
-                ) -> torch.Tensor:
+                pos_t: torch.Tensor | None = None, cs: tuple[torch.Tensor, torch.Tensor] | None = None,
+                tree: TreeMask | None = None) -> torch.Tensor:
         """``pos_t``: the start position as a device tensor (CUDA-graph replay at any position); else ``start``.
-        ``cs``: the forward's rotary angles (:meth:`RotaryEmbedding.angles`), computed here when not given."""
+        ``cs``: the forward's rotary angles (:meth:`RotaryEmbedding.angles`), computed here when not given.
+        ``tree``: a tree verify (rows at ``start + depth``, attending to the prefix and their ancestors; ``cs``
+        must then be the rows' own angles)."""
         T = x.shape[0]
         if self.qkv_proj is not None:
             qkv = self.qkv_proj(x)
@@ -280,7 +288,7 @@ class Attention(nn.Module):
             qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         if cs is None:
             cs = rope.angles(start, T, pos_t, qkv.dtype)
-        if self.q_norm is None and not self.gated and pos_t is None and qkv.device.type == "cpu":
+        if self.q_norm is None and not self.gated and pos_t is None and tree is None and qkv.device.type == "cpu":
             # Llama on CPU: RoPE, cache write and attention in one compiled call (edgespec.kernels.cpu_step).
             from edgespec.kernels.cpu_step import llama_attention_cpu
             out = llama_attention_cpu(qkv, cache, start, cs, self.n_heads, self.n_kv, self.hd, self.scale)
@@ -293,7 +301,11 @@ class Attention(nn.Module):
             qkv, cache, start, cs, self.n_heads, self.n_kv, self.hd, self.gated,
             q_norm=self.q_norm.weight if norms else None, k_norm=self.k_norm.weight if norms else None,
             eps=self.q_norm.eps if norms else 1e-6, zero_centred=norms and self.q_norm.zero_centred, pos_t=pos_t)
-        out = cached_attention(q, cache, start, self.scale, pos_t).reshape(T, self.n_heads * self.hd)
+        if tree is None:
+            out = cached_attention(q, cache, start, self.scale, pos_t)
+        else:
+            out = tree_attention(q, cache, start, self.scale, tree)
+        out = out.reshape(T, self.n_heads * self.hd)
         if gate is not None:
             out = out * torch.sigmoid(gate).reshape(T, self.n_heads * self.hd)
         return self.o_proj(out)

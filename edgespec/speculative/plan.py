@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from edgespec.arch.base import ArchDefaults
-from edgespec.arch.rollback import RollbackStrategy, rollback_strategy
+from edgespec.arch.rollback import RollbackStrategy, TreeVerify, rollback_strategy
 from edgespec.drafters.base import Proposer
+from edgespec.drafters.tree import tree_setting
 from edgespec.errors import ConfigError
 
 StageTiming = Literal["host", "device"]
@@ -35,13 +36,21 @@ class SessionPlan:
     def resolve(cls, defaults: ArchDefaults, *, kv_fp8: bool | None = None, rollback: str = "auto",
                 prefill_chunk: int | None = None, max_len: int = 4096, cuda_graphs: bool | None = None,
                 adaptive_k: bool | None = None, graph_prefill_max: int | None = None,
-                stage_timing: StageTiming = "host") -> SessionPlan:
-        """Each knob given, or (None / ``auto``) the arch default."""
+                stage_timing: StageTiming = "host", draft_tree: int | str | None = "off") -> SessionPlan:
+        """Each knob given, or (None / ``auto``) the arch default. ``draft_tree`` other than off makes the rollback
+        the tree strategy (:class:`~edgespec.arch.rollback.TreeVerify`, deferred), which an explicit other
+        rollback refuses."""
         def pick(value, default):
             return default if value is None else value
 
+        strategy = rollback_strategy(defaults.rollback if rollback == "auto" else rollback)
+        budget, min_joint = tree_setting(draft_tree, defaults.tree_min_joint)
+        if budget is not None:
+            if rollback not in ("auto", "deferred"):
+                raise ConfigError(f"draft_tree needs rollback 'deferred' (tree GDN layers defer), not {rollback!r}")
+            strategy = TreeVerify(budget, min_joint)
         return cls(kv_fp8=pick(kv_fp8, defaults.kv_fp8),
-                   rollback=rollback_strategy(defaults.rollback if rollback == "auto" else rollback),
+                   rollback=strategy,
                    prefill_chunk=pick(prefill_chunk, defaults.prefill_chunk), max_len=max_len,
                    cuda_graphs=pick(cuda_graphs, defaults.cuda_graphs),
                    adaptive_k=pick(adaptive_k, defaults.adaptive_k),

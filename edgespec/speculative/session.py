@@ -15,13 +15,17 @@ from typing import Protocol
 import torch
 
 from edgespec.arch.base import ArchHooks
+from edgespec.arch.rollback import TreeVerify
 from edgespec.cache.prefix import PrefixCache
 from edgespec.drafters.base import Draft, Proposer
+from edgespec.drafters.tree import DraftTree, JointCalibration
 from edgespec.errors import PromptTooLongError, RequestError
+from edgespec.kernels.tree import TreeMask
 from edgespec.models.decoder import ForwardOutput, TargetModel
 from edgespec.speculative.acceptance import AcceptancePolicy, Verdict
 from edgespec.speculative.plan import SessionPlan, draft_tokens
 from edgespec.speculative.telemetry import RequestTelemetry
+from edgespec.speculative.tree_accept import accept_tree
 
 
 class TokenConstraint(Protocol):
@@ -115,6 +119,11 @@ class SpecSession:
         self.rollback = plan.rollback
         self.taps: tuple[int, ...] = tuple(proposer.taps) if proposer is not None else ()
         self.cache = hooks.new_cache(model, plan.max_len, plan.kv_fp8, plan.rollback, max_rows=k + 1)
+        # Tree verification (draft_tree): the node budget per cycle, None for chains. A bench may switch it off
+        # between requests (the cache keeps the tree's room).
+        self.tree_budget = plan.rollback.budget if proposer is not None and isinstance(plan.rollback, TreeVerify) \
+            else None
+        self.tree_calibration = JointCalibration()     # per request: how far the drafter's probabilities hold
         hooks.prepare(model, self.cache, k + 1, self.taps, plan.rollback, plan.cuda_graphs, plan.graph_prefill_max)
 
     @classmethod
@@ -192,6 +201,8 @@ class SpecSession:
             # A drafter that cannot resume (resume_rows None) gets a full prefill; DFlash needs its window's rows.
             start = prefix.begin(prompt_ids, self.resume_rows)
         policy.begin(prompt_ids)
+        self.tree_calibration.reset()
+
         with tel.stage("prefill"):
             prefill = self._prefill(prompt_ids, start, prefix)
             logits = prefill.logits[-1]
@@ -247,17 +258,27 @@ class SpecSession:
                 finish = "length"
                 break
             last = out.tokens[-1]
-            draft = None
+            draft = tree = None
+            # Trees go without a grammar (its masks judge one chain of drafts). Their depth follows the draft
+            # length as a chain's would (adaptive on CPU, where each drafted depth costs a drafter head row).
+            use_tree = self.tree_budget is not None and constraint is None
             if proposer is not None and (room > 0 or pending is not None):
                 with tel.stage("draft"):
                     if pending is not None:
                         pending.commit_to(proposer)
                         pending = None
-                    draft = self._propose(last, room, constraint) if room > 0 else None
-            cycle = self._decode(last, policy, constraint, tel) if draft is None else \
-                self._verify(last, draft, policy, constraint, tel)
+                    if room > 0 and use_tree:
+                        tree = self._propose_tree(last, room)
+                    elif room > 0:
+                        draft = self._propose(last, room, constraint)
+            if tree is not None:
+                cycle = self._verify_tree(last, tree, policy, tel)
+            elif draft is None:
+                cycle = self._decode(last, policy, constraint, tel)
+            else:
+                cycle = self._verify(last, draft, policy, constraint, tel)
             tel.record_cycle(cycle.drafted, cycle.verdict.accepted)
-            draft_len.update(cycle.drafted, cycle.verdict.accepted)
+            draft_len.update(cycle.drafted if tree is None else tree.max_depth, cycle.verdict.accepted)
             if proposer is not None:
                 pending = cycle
             with tel.stage("other"):
@@ -277,6 +298,35 @@ class SpecSession:
         if constraint is not None:
             tokens = tokens[:constraint.valid_prefix(tokens.tolist())]
         return None if tokens.numel() == 0 else type(draft)(tokens.to(self.model.device), draft.probs)
+
+    def _propose_tree(self, last: int, room: int) -> DraftTree | None:
+        """The proposer's tree cut to depth ``room`` and to the rows the cache has left (pre-order: a cut keeps
+        every parent); None when nothing is left."""
+        tree = self.proposer.propose_tree(last, room, self.tree_budget)
+        if tree is None:
+            return None
+        fit = min(tree.size, self.cache.max_len - self.cache.length - 1)
+        # The node floor (auto on a CPU) tightens where this request's drafts have been accepted less often than
+        # their probabilities promised.
+        return tree.pruned(room, fit, self.rollback.min_joint / self.tree_calibration.factor)
+
+    def _verify_tree(self, last: int, tree: DraftTree, policy: AcceptancePolicy, tel: RequestTelemetry) -> Cycle:
+        """Verify ``last`` + every tree node in one forward, accept a path, keep only that path's rows and states.
+        The proposer's commit sees the path's rows in order, as it would after a chain."""
+        model, cache, device = self.model, self.cache, self.model.device
+        rows = torch.cat([torch.tensor([last]), tree.tokens]).to(device)
+        with tel.stage("verify"):
+            step = self.rollback.verify_tree(model, cache, rows, TreeMask.from_parents(tree.row_parents(), device),
+                                             self.taps)
+        with tel.stage("accept"):
+            verdict = accept_tree(policy, step.logits, tree)
+            self.rollback.commit(cache, verdict.rows)
+            path = torch.tensor(verdict.rows, device=device)
+            kept = ForwardOutput(step.logits[path], step.hidden[path],
+                                 None if step.taps is None else step.taps[path])
+        tel.record_tree(tree.size, verdict.sibling)
+        self.tree_calibration.record(tree, verdict.accepted)
+        return Cycle(Verdict(verdict.accepted, verdict.tokens), kept, tree.size)
 
     def _decode(self, last: int, policy: AcceptancePolicy, constraint: TokenConstraint | None,
                 tel: RequestTelemetry) -> Cycle:

@@ -89,6 +89,11 @@ class RequestTelemetry(AcceptanceCounts):
     cycles: int = 0                  # target forwards after prefill (verify cycles + plain decode steps)
     stage_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     decode_ms: float = 0.0           # wall time from the first token to the last
+    # Tree verification (draft_tree): verifies of a tree, its nodes, and cycles whose accepted path took a child that
+    # was not its parent's first choice (a chain of first choices would have lost it). Their draft_tokens are nodes.
+    tree_cycles: int = 0
+    tree_nodes: int = 0
+    tree_sibling_accepts: int = 0
     sync: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -100,6 +105,12 @@ class RequestTelemetry(AcceptanceCounts):
         """Count one target forward after prefill (``n_drafted == 0``: a plain decode step)."""
         self.cycles += 1
         self.record(n_drafted, n_accepted)
+
+    def record_tree(self, nodes: int, sibling: bool) -> None:
+        """Count one tree verify of ``nodes`` nodes (besides :meth:`record_cycle` with its accepted depth)."""
+        self.tree_cycles += 1
+        self.tree_nodes += nodes
+        self.tree_sibling_accepts += int(sibling)
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -140,7 +151,9 @@ class CumulativeTelemetry(AcceptanceCounts):
 
 def telemetry_dict(t: RequestTelemetry) -> dict[str, Any]:
     """One request's counts and derived rates as plain JSON values (rates rounded)."""
-    return {
+    tree = {} if not t.tree_cycles else {
+        "tree_cycles": t.tree_cycles, "tree_nodes": t.tree_nodes, "tree_sibling_accepts": t.tree_sibling_accepts}
+    return tree | {
         "drafter": t.drafter, "prompt_tokens": t.prompt_tokens, "generated_tokens": t.generated_tokens,
         "cycles": t.cycles, "drafts": t.drafts, "draft_tokens": t.draft_tokens,
         "accepted_tokens": t.accepted_tokens, "accepted_per_pos": list(t.accepted_per_pos),
@@ -153,7 +166,9 @@ def telemetry_dict(t: RequestTelemetry) -> dict[str, Any]:
 def log_summary(t: RequestTelemetry) -> str:
     """One request as one log line."""
     s = t.stage_ms
-    return (f"drafter={t.drafter} tokens={t.generated_tokens} cycles={t.cycles} "
+    tree = (f"tree_nodes/cycle={t.tree_nodes / t.tree_cycles:.1f} sibling_accepts={t.tree_sibling_accepts} "
+            if t.tree_cycles else "")
+    return tree + (f"drafter={t.drafter} tokens={t.generated_tokens} cycles={t.cycles} "
             f"AL={t.acceptance_length:.2f} accept={t.acceptance_rate:.0%} "
             f"decode={t.decode_tok_s:.1f} tok/s prefill={s['prefill']:.0f}ms draft={s['draft']:.0f}ms "
             f"verify={s['verify']:.0f}ms accept={s['accept']:.0f}ms other={s['other']:.0f}ms")

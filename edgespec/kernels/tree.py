@@ -1,0 +1,159 @@
+"""Tree verification kernels: attention, short convolution and Gated DeltaNet over a draft tree in one forward.
+
+The verify rows of a tree (row 0 = the root, the token the verify starts from; then the draft nodes in depth-first
+pre-order, see :mod:`edgespec.drafters.tree`) are written to cache rows ``start .. start+T-1`` in row order, but
+each row sits at position ``start + depth`` and must see only the committed prefix and its own ancestors:
+
+* attention: key ``n`` is visible to row ``t`` when ``n < start`` (the prefix) or ``n - start`` is an ancestor of
+  ``t`` (itself included) -- the causal mask with the tree's ancestor mask in its diagonal block;
+* short convolution: row ``t``'s window is its own ``K-1`` nearest ancestors, continued into the committed conv
+  state where the branch is shallower than the window;
+* Gated DeltaNet: the chunked delta rule of :func:`edgespec.kernels.gdn.gdn_chunked_ref` with ``tril`` replaced by
+  the ancestor mask and the cumulative decay summed along each row's own path. Parents precede children, so the
+  system stays unit lower triangular. The committed state is read, never written: the commit advances it along the
+  accepted path only (:meth:`edgespec.cache.model_cache.ModelCache.commit_path`).
+
+Every op equals running each root-to-leaf branch as its own chain (tests/kernels/test_tree_kernels.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from edgespec.cache.kv import KVCache
+from edgespec.kernels import use_triton
+from edgespec.kernels.gdn import prepare_qk
+
+# Rows a tree forward may have: the Triton attention reads each row's ancestors as one 64-bit mask.
+MAX_TREE_ROWS = 64
+
+
+@dataclass
+class TreeMask:
+    """The per-row structure of one tree forward, on the model's device. Built once per verify by
+    :meth:`from_parents`; every layer reads it."""
+
+    parents: torch.Tensor            # [T] int64 parent row (-1: the root)
+    depths: torch.Tensor             # [T] int64 depth (root 0): row t is at position start + depth
+    ancestors: torch.Tensor          # [T, T] bool, [t, s] = s is an ancestor of t or t itself
+    bits: torch.Tensor               # [T] int64, bit s set when ancestors[t, s] (Triton attention)
+    _conv_index: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def from_parents(cls, parents: torch.Tensor, device: torch.device | str) -> TreeMask:
+        """From the parent row of every row (row 0 has -1; every parent row precedes its child)."""
+        par = [int(p) for p in parents.tolist()]
+        T = len(par)
+        if T > MAX_TREE_ROWS:
+            raise ValueError(f"a tree forward takes at most {MAX_TREE_ROWS} rows, got {T}")
+        if not par or par[0] != -1 or any(not 0 <= p < t for t, p in enumerate(par) if t > 0):
+            raise ValueError(f"tree rows need row 0 as the only root and every parent before its child: {par}")
+        anc = torch.zeros(T, T, dtype=torch.bool)
+        depth = [0] * T
+        bits = [0] * T
+        for t, p in enumerate(par):
+            if p >= 0:
+                anc[t] = anc[p]
+                depth[t] = depth[p] + 1
+                bits[t] = bits[p]
+            anc[t, t] = True
+            bits[t] |= 1 << t
+        # bit 63 is the sign bit of an int64: store the same 64 bits as a signed value.
+        bits = [b - (1 << 64) if b >= 1 << 63 else b for b in bits]
+        return cls(torch.tensor(par, device=device), torch.tensor(depth, device=device), anc.to(device),
+                   torch.tensor(bits, dtype=torch.int64, device=device))
+
+    @property
+    def rows(self) -> int:
+        return self.parents.shape[0]
+
+    def conv_index(self, kernel: int) -> torch.Tensor:
+        """``[T, kernel]`` column of ``cat(state [C, K-1], x^T [C, T])`` that each tap of each row's window reads:
+        tap ``j`` (``K-1`` = the row itself) is the ancestor ``K-1-j`` steps up, or the committed state's column
+        ``K-1-(steps - depth)`` once the branch ends at the root."""
+        idx = self._conv_index.get(kernel)
+        if idx is None:
+            par = self.parents.tolist()
+            depth = self.depths.tolist()
+            table = []
+            for t in range(len(par)):
+                chain = [t]
+                while len(chain) < kernel and par[chain[-1]] >= 0:
+                    chain.append(par[chain[-1]])
+                row = []
+                for j in range(kernel):
+                    up = kernel - 1 - j
+                    row.append(kernel - 1 + chain[up] if up <= depth[t] else kernel - 1 - (up - depth[t]))
+                table.append(row)
+            idx = self._conv_index[kernel] = torch.tensor(table, device=self.parents.device)
+        return idx
+
+
+# -- attention --------------------------------------------------------------------------------------------------
+def tree_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float,
+                       ancestors: torch.Tensor) -> torch.Tensor:
+    """Reference: ``q [T, Hq, hd]``, ``k, v [>= start+T, Hkv, hd]`` dequantised. Returns ``[T, Hq, hd]``."""
+    T, Hq, hd = q.shape
+    k, v = k[:start + T], v[:start + T]
+    Hkv = k.shape[1]
+    rep = Hq // Hkv
+    qg = q.reshape(T, Hkv, rep, hd).permute(1, 2, 0, 3).reshape(Hkv, rep * T, hd)
+    scores = torch.bmm(qg, k.permute(1, 2, 0).to(q.dtype)) * scale                  # [Hkv, rep*T, L]
+    visible = torch.cat([torch.ones(T, start, dtype=torch.bool, device=q.device), ancestors], dim=1)
+    scores = scores.view(Hkv, rep, T, -1).masked_fill(~visible, float("-inf")).view(Hkv, rep * T, -1)
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    out = torch.bmm(probs, v.transpose(0, 1).to(q.dtype))
+    return out.view(Hkv, rep, T, hd).permute(2, 0, 1, 3).reshape(T, Hq, hd)
+
+
+def tree_attention(q: torch.Tensor, cache: KVCache, start: int, scale: float, tree: TreeMask) -> torch.Tensor:
+    """Attention of the tree rows ``q`` over the cache rows ``0 .. start+T-1`` (tree rows written at ``start``):
+    the Triton split-K kernel with the ancestor bits on CUDA for up to 32 rows, else the reference."""
+    T = q.shape[0]
+    if T <= 32 and use_triton(q):
+        from edgespec.kernels.triton_attention import cached_attention_triton
+        return cached_attention_triton(q, cache, start, scale, tree_bits=tree.bits)
+    k, v = cache.read(start + T)
+    return tree_attention_ref(q, k, v, start, scale, tree.ancestors)
+
+
+# -- short convolution ---------------------------------------------------------------------------------------------
+def tree_conv_ref(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, tree: TreeMask) -> torch.Tensor:
+    """``silu`` of the depthwise causal conv of every tree row over its own ancestors: ``x [T, C]`` new inputs,
+    ``state [C, K-1]`` the committed window (untouched), ``weight [C, K]``. Returns ``[T, C]`` in x's dtype."""
+    K = weight.shape[1]
+    seq = torch.cat([state, x.t().to(state.dtype)], dim=1).to(weight.dtype)     # [C, K-1+T]
+    windows = seq[:, tree.conv_index(K)]                                         # [C, T, K]
+    conv = (windows * weight[:, None, :]).sum(-1)                                # [C, T]
+    return F.silu(conv).t().to(x.dtype).contiguous()
+
+
+# -- Gated DeltaNet -----------------------------------------------------------------------------------------------
+def gdn_tree_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                 state: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
+    """Every tree row's output from the committed ``state`` along its own branch; ``state`` is not modified.
+
+    Shapes as :func:`edgespec.kernels.gdn.gdn_chunked_ref` (one chunk of T rows). With ``M[t, s]`` the ancestor
+    mask and ``G_t = sum_{s: M[t, s]} g_s`` (the decay summed along t's path), the writes U solve
+      (I + A) U = beta * (V - exp(G) * (K S0)),  A[t, s] = beta_t exp(G_t - G_s) (k_t . k_s) for s a strict ancestor,
+    and O = exp(G) * (Q S0) + (M * exp(G_t - G_s) * (Q K^T)) U. Exactly the chain recurrence along each branch: a
+    row's state is S0 decayed along its path plus the writes of its ancestors, each decayed from where it was made.
+    """
+    q, k = prepare_qk(q, k, v.shape[1])
+    v, g, beta = v.float(), g.float(), beta.float()
+    M = ancestors
+    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)        # [H, T, d]
+    gh, bh = g.transpose(0, 1), beta.transpose(0, 1)                             # [H, T]
+    G = gh @ M.float().t()                                                       # [H, T]: G[h, t] = sum_s M[t,s] g[h,s]
+    diff = (G[:, :, None] - G[:, None, :]).masked_fill(~M, float("-inf"))
+    decay = diff.exp()                                                           # exp(G_t - G_s) on ancestors
+    strict = decay.masked_fill(torch.eye(M.shape[0], dtype=torch.bool, device=M.device), 0.0)
+    A = bh[:, :, None] * strict * (kh @ kh.transpose(-1, -2))
+    eye = torch.eye(M.shape[0], dtype=torch.float32, device=v.device).expand_as(A)
+    rhs = bh[:, :, None] * (vh - G.exp()[:, :, None] * (kh @ state))
+    u = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
+    o = G.exp()[:, :, None] * (qh @ state) + (decay * (qh @ kh.transpose(-1, -2))) @ u
+    return o.transpose(0, 1).contiguous()
