@@ -18,6 +18,7 @@ from edgespec.arch.base import ROLLBACK_STRATEGIES, ArchHooks
 from edgespec.cache.prefix import PrefixCache
 from edgespec.drafters.base import Draft, Proposer
 from edgespec.errors import ConfigError, PromptTooLongError, RequestError
+from edgespec.kernels import device_sync
 from edgespec.models.decoder import ForwardOutput, TargetModel
 from edgespec.speculative.acceptance import AcceptancePolicy, Verdict
 from edgespec.speculative.telemetry import RequestTelemetry
@@ -164,7 +165,7 @@ class SpecSession:
         k = self.k if k is None else k
         model, hooks, cache, proposer = self.model, self.hooks, self.cache, self.proposer
         device = model.device
-        sync = torch.cuda.synchronize if self.stage_timing == "device" and device.type == "cuda" else None
+        sync = device_sync if self.stage_timing == "device" and device.type == "cuda" else None
         tel = RequestTelemetry(drafter=self.drafter_name, prompt_tokens=len(prompt_ids), sync=sync)
         out = Emitter(max_tokens, stop_ids, policy, on_tokens, constraint)
         start = 0
