@@ -79,7 +79,10 @@ def main() -> int:
     device = torch.device("cuda")
     limit = None
     if args.sm_limit:
-        limit = limit_sms(args.sm_limit, device)        # before anything else runs on the GPU
+        try:
+            limit = limit_sms(args.sm_limit, device)    # before anything else runs on the GPU
+        except (ValueError, RuntimeError) as e:
+            ap.error(str(e))
         print(limit.describe(), flush=True)
     if args.format == "dense":
         model = random_model(args.shape, device, torch.bfloat16, max_len=args.max_len)

@@ -426,7 +426,10 @@ def main() -> int:
     limit = None
     if args.sm_limit:
         from edgespec.bench.sm_limit import limit_sms
-        limit = limit_sms(args.sm_limit)          # before anything else runs on the GPU
+        try:
+            limit = limit_sms(args.sm_limit)      # before anything else runs on the GPU
+        except (ValueError, RuntimeError) as e:
+            ap.error(str(e))
         print(limit.describe(), flush=True)
     rows_list = tuple(int(r) for r in args.rows.split(",") if r)
     if 1 not in rows_list or 16 not in rows_list:

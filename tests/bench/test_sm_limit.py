@@ -78,3 +78,13 @@ def test_green_context_grants_and_confines() -> None:
     assert 16 <= r["granted"] < r["full"], r
     assert r["sm_count"] == r["granted"]
     assert r["err"] < 1e-2
+
+
+def test_cycle_bench_refuses_a_bad_limit_by_name(monkeypatch, capsys) -> None:
+    from _tools import load_tool
+    cycle_bench = load_tool("cycle_bench")
+    monkeypatch.setattr(sys, "argv", ["cycle_bench", "--sm-limit", "-2"])
+    with pytest.raises(SystemExit) as e:
+        cycle_bench.main()
+    assert e.value.code == 2
+    assert "--sm-limit: the SM count must be a positive integer, got -2" in capsys.readouterr().err
