@@ -419,8 +419,9 @@ def _nvfp4_pair_dot_kernel(x_ptr, q_ptr, s_ptr, scale2_ptr, part_ptr, b_ptr, y_p
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_BF16: tl.constexpr,
                            DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
                            X_PAIRED: tl.constexpr = False):
-    """1..16 rows: one 16-row tensor-core tile per 128 inputs over the pair-ordered, block-scaled weight tile
-    (see ``_NVFP4_PAIRS_BF16_ASM``); the tile products accumulate in the mma, scaled once at the end."""
+    """1..64 rows (a 16-, 32- or 64-row tile): one tensor-core tile per 128 inputs over the pair-ordered,
+    block-scaled weight tile (see ``_NVFP4_PAIRS_BF16_ASM``); the tile products accumulate in the mma, scaled once
+    at the end."""
     TILE: tl.constexpr = 128
     WORDS: tl.constexpr = TILE // 8
     NB: tl.constexpr = TILE // 16
@@ -470,10 +471,11 @@ def _int4_pair_dot_kernel(x_ptr, q_ptr, s_ptr, z_ptr, part_ptr, b_ptr, y_ptr, M,
                           GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_BF16: tl.constexpr,
                           DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
                           X_PAIRED: tl.constexpr = False):
-    """1..16 rows: one 16-row tensor-core tile per quantization group over the pair-ordered ``q - z`` tile
-    (``_int4_pair_tile``), the group's scale applied to the tile's fp32 product. ``PREFETCH`` > 0: before waiting
-    for the previous kernel (PDL), ask L2 for the first ``PREFETCH`` 128-byte lines of each of the program's rows:
-    weights are never written during a step, so they may be read early, and the first tiles then come from L2."""
+    """1..64 rows (a 16-, 32- or 64-row tile): one tensor-core tile per quantization group over the pair-ordered
+    ``q - z`` tile (``_int4_pair_tile``), the group's scale applied to the tile's fp32 product. ``PREFETCH`` > 0:
+    before waiting for the previous kernel (PDL), ask L2 for the first ``PREFETCH`` 128-byte lines of each of the
+    program's rows: weights are never written during a step, so they may be read early, and the first tiles then
+    come from L2."""
     WORDS: tl.constexpr = GROUP // 8
     pid_k, n, n_ok, m, lo_t = _pair_program(N, tiles_per_split, BLOCK_M, BLOCK_N)
     if PREFETCH > 0:
