@@ -20,6 +20,7 @@ from edgespec.cache.prefix import PrefixCache
 from edgespec.drafters.base import Draft, Proposer
 from edgespec.drafters.tree import DraftTree, JointCalibration
 from edgespec.errors import PromptTooLongError, RequestError
+from edgespec.kernels import device_sync
 from edgespec.kernels.tree import TreeMask
 from edgespec.models.decoder import ForwardOutput, TargetModel
 from edgespec.speculative.acceptance import AcceptancePolicy, Verdict
@@ -191,7 +192,7 @@ class SpecSession:
         self.check_request(len(prompt_ids), max_tokens, k)
         k = self.k if k is None else k
         device, proposer = self.model.device, self.proposer
-        sync = torch.cuda.synchronize if self.plan.stage_timing == "device" and device.type == "cuda" else None
+        sync = device_sync if self.plan.stage_timing == "device" and device.type == "cuda" else None
         tel = RequestTelemetry(drafter=self.drafter_name, prompt_tokens=len(prompt_ids), sync=sync)
         out = Emitter(max_tokens, stop_ids, policy, on_tokens, constraint)
         start = 0
