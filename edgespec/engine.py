@@ -46,6 +46,7 @@ class Request:
     constraint: TokenConstraint | None = None
     on_text: Callable[[str], None] | None = None  # streaming: called with each new piece of text
     cancelled: Callable[[], bool] | None = None
+    client_key: str | None = None                # partitions the suffix drafter's cache of earlier outputs
 
 
 @dataclass
@@ -90,6 +91,8 @@ class Engine:
         if settings.graph_prefill_max is not None:
             self.hooks.defaults.graph_prefill_max = settings.graph_prefill_max
         self.proposer = build_proposer(settings, model)
+        # The suffix drafter's (or suffix lookup's) cache of earlier outputs: fed every completion, per client.
+        self.suffix_cache = getattr(self.proposer, "suffix_cache", None)
         kv = settings.kv_dtype
         self.session = SpecSession(
             model, self.hooks, self.proposer, k=settings.num_draft_tokens,
@@ -202,6 +205,8 @@ class Engine:
             return detok.stop_hit is not None
 
         t0 = time.perf_counter()
+        if self.suffix_cache is not None:
+            self.suffix_cache.select(req.client_key)
         result = self.session.generate(
             ids, max_tokens=req.max_tokens, policy=self.policy_for(req.sampling),
             stop_ids=self.tokenizer.stop_token_ids, on_tokens=on_tokens, cancelled=req.cancelled,
@@ -213,6 +218,8 @@ class Engine:
                 req.on_text(tail)
         tel = result.telemetry
         tel.stage_ms["total"] = (time.perf_counter() - t0) * 1000.0
+        if self.suffix_cache is not None:
+            self.suffix_cache.add(result.token_ids)
         self.totals.add(tel)
         done = Completion("".join(pieces), result.token_ids, result.finish_reason, len(ids), tel,
                           reasoning_tokens=self._reasoning_tokens(ids, result.token_ids),
