@@ -204,13 +204,19 @@ def greedy_draft(trie: SuffixTrie, node: int, max_len: int, min_prob: float = 0.
     out: list[int] = []
     score = 0.0
     v = node
+    children, counts = trie.children, trie.counts
     while len(out) < max_len and total > 0:
-        ranked = _ranked(trie, v)
-        if not ranked or ranked[0][0] / total < min_prob:
+        kids = children[v]
+        if not kids:
             break
-        count, token, v = ranked[0]
+        # the most frequent child, ties to the lower token id (as _ranked orders them), without sorting them all
+        token, c = max(kids.items(), key=lambda tc: (counts[tc[1]], -tc[0]))
+        count = counts[c]
+        if count / total < min_prob:
+            break
         out.append(token)
         score += count / total
+        v = c
     return out, score
 
 
