@@ -219,7 +219,7 @@ class Engine:
         tel = result.telemetry
         tel.stage_ms["total"] = (time.perf_counter() - t0) * 1000.0
         if self.suffix_cache is not None:
-            self.suffix_cache.add(result.token_ids)
+            self.suffix_cache.add_completion(ids, result.token_ids)
         self.totals.add(tel)
         done = Completion("".join(pieces), result.token_ids, result.finish_reason, len(ids), tel,
                           reasoning_tokens=self._reasoning_tokens(ids, result.token_ids),

@@ -106,3 +106,16 @@ def test_bad_settings_are_named(kw, match):
 def test_a_folder_in_place_of_the_file_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="not a file"):
         SuffixCache(1 << 20, 8, VOCAB, tmp_path)
+
+
+def test_a_completion_is_kept_with_the_prompt_tail_before_it():
+    from edgespec.drafters.suffix_cache import PROMPT_TAIL
+
+    cache = SuffixCache(1 << 20, 16, VOCAB)
+    prompt = list(range(20, 20 + PROMPT_TAIL + 5))
+    cache.add_completion(prompt, [90, 91, 92])
+    trie = cache.trie()
+    assert trie.walk(prompt[-PROMPT_TAIL:] + [90, 91, 92]) is not None      # the header predicts the answer start
+    assert trie.walk(prompt[-PROMPT_TAIL - 1:-PROMPT_TAIL]) is None           # older prompt tokens are not kept
+    cache.add_completion(prompt, [])
+    assert len(cache) == 1
