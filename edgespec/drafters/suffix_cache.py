@@ -106,15 +106,31 @@ class SuffixCache:
         self._next_id += 1
         self._token_bytes += sys.getsizeof(ids)
         while self._lru and self.nbytes() > self.max_bytes:
-            self._evict_oldest()
+            evicted = self._evict_oldest()
+            trie = self.tries.get(evicted)
+            if trie is not None and trie.free_slots and self.nbytes() > self.max_bytes:
+                self._rebuild(evicted)      # the freed slots' capacity may be all that is over the budget
 
-    def _evict_oldest(self) -> None:
+    def _evict_oldest(self) -> str:
+        """Remove the oldest output; returns its partition."""
         _, (partition, ids) = self._lru.popitem(last=False)
         trie = self.tries[partition]
         trie.remove(ids.tolist())
         self._token_bytes -= sys.getsizeof(ids)
         if trie.counts[0] == 0:
             del self.tries[partition]
+        elif trie.free_slots > trie.nodes:
+            self._rebuild(partition)
+        return partition
+
+    def _rebuild(self, partition: str) -> None:
+        """A partition's trie anew from its kept outputs: freed node slots keep their list capacity, which only a
+        rebuild gives back (cost: one add of each output, amortised over the evictions that freed the slots)."""
+        fresh = SuffixTrie(self.max_depth)
+        for part, kept in self._lru.values():
+            if part == partition:
+                fresh.add(kept.tolist())
+        self.tries[partition] = fresh
 
     # -- persistence --------------------------------------------------------------------------------------------
     def _load(self) -> None:

@@ -19,44 +19,66 @@ import sys
 from array import array
 from collections.abc import Iterable, Sequence
 
-# Bytes of the int objects a dict entry holds beyond its table slot (token id key + child id value); token and
-# node ids past 256 are separate objects in CPython. Measured, not assumed.
-_INT_BYTES = sys.getsizeof(1 << 20)
+# Bytes of one int object past the small-int cache (a token id, a node id, a packed edge); measured, not assumed.
+_INT_BYTES = sys.getsizeof(1 << 40)
+_SHIFT = 32                        # a packed edge: token << 32 | child (node ids stay below 2**32)
+_MASK = (1 << _SHIFT) - 1
 
 
 class SuffixTrie:
     """Counts of every substring of at most ``max_depth`` tokens of the sequences added, removable again.
 
-    Node 0 is the root (count = tokens stored). ``children[v]`` maps a token to a child node (None for a leaf, to
-    save a dict per leaf); ``counts[v]`` is the path's occurrence count. Freed node ids are reused.
+    Node 0 is the root (count = tokens stored); ``counts[v]`` is the path's occurrence count. ``children[v]`` is
+    None for a leaf, one packed int ``token << 32 | child`` for a node with one child, a dict token -> child for
+    more: most nodes of a suffix trie sit on single-child chains, and a dict each would cost about five times the
+    memory. Read it through :meth:`child` and :meth:`items`. Freed node ids are reused.
     """
 
     def __init__(self, max_depth: int) -> None:
         if max_depth < 2:
             raise ValueError(f"suffix trie max_depth {max_depth} must be >= 2 (a match and one continuation token)")
         self.max_depth = max_depth
-        self.children: list[dict[int, int] | None] = [None]
+        self.children: list[dict[int, int] | int | None] = [None]
         self.counts = array("q", [0])
         self._free: list[int] = []
-        self._dict_bytes = 0        # sum of sys.getsizeof over the children dicts, kept as they grow
+        self._edge_bytes = 0        # every children dict (sys.getsizeof, kept as they grow) and edge int object
         self.edges = 0
 
     @property
     def nodes(self) -> int:
         return len(self.children) - len(self._free)
 
+    @property
+    def free_slots(self) -> int:
+        """Node slots freed by :meth:`remove` and not yet reused."""
+        return len(self._free)
+
     def nbytes(self) -> int:
-        """Memory held: the two node arrays, every children dict, and the int objects of their entries."""
+        """Memory held: the two node arrays, the free list, every children dict and edge int object."""
         return (sys.getsizeof(self.children) + self.counts.buffer_info()[1] * self.counts.itemsize
-                + self._dict_bytes + self.edges * 2 * _INT_BYTES + len(self._free) * 8)
+                + self._edge_bytes + sys.getsizeof(self._free))
+
+    def child(self, v: int, token: int) -> int | None:
+        """The child of ``v`` on ``token`` (None when ``v`` never continued with it)."""
+        kids = self.children[v]
+        if kids is None:
+            return None
+        if type(kids) is int:
+            return kids & _MASK if kids >> _SHIFT == token else None
+        return kids.get(token)
+
+    def items(self, v: int) -> list[tuple[int, int]]:
+        """``(token, child)`` of every child of ``v``."""
+        kids = self.children[v]
+        if kids is None:
+            return []
+        if type(kids) is int:
+            return [(kids >> _SHIFT, kids & _MASK)]
+        return list(kids.items())
 
     # -- building -----------------------------------------------------------------------------------------------
     def _new_child(self, v: int, token: int) -> int:
         """Create the child of ``v`` on ``token`` (count 0)."""
-        kids = self.children[v]
-        if kids is None:
-            kids = self.children[v] = {}
-            self._dict_bytes += sys.getsizeof(kids)
         if self._free:
             c = self._free.pop()
             self.children[c] = None
@@ -65,9 +87,17 @@ class SuffixTrie:
             c = len(self.children)
             self.children.append(None)
             self.counts.append(0)
-        before = sys.getsizeof(kids)
-        kids[token] = c
-        self._dict_bytes += sys.getsizeof(kids) - before
+        kids = self.children[v]
+        if kids is None:
+            self.children[v] = token << _SHIFT | c
+            self._edge_bytes += _INT_BYTES
+        else:
+            if type(kids) is int:        # a second child: the packed edge becomes a dict
+                kids = self.children[v] = {kids >> _SHIFT: kids & _MASK}
+                self._edge_bytes += sys.getsizeof(kids) + _INT_BYTES   # the packed int gave way to key + value
+            before = sys.getsizeof(kids)
+            kids[token] = c
+            self._edge_bytes += sys.getsizeof(kids) - before + 2 * _INT_BYTES
         self.edges += 1
         return c
 
@@ -78,10 +108,15 @@ class SuffixTrie:
         children, counts = self.children, self.counts
         counts[0] += 1
         out = []
-        # The hot loop of the drafter's bookkeeping: an existing child is one dict lookup.
+        # The hot loop of the drafter's bookkeeping: an existing child is one lookup (packed edge or dict).
         for v in [0] + active[:self.max_depth - 1]:
             kids = children[v]
-            c = None if kids is None else kids.get(token)
+            if kids is None:
+                c = None
+            elif type(kids) is int:
+                c = kids & _MASK if kids >> _SHIFT == token else None
+            else:
+                c = kids.get(token)
             if c is None:
                 c = self._new_child(v, token)
             counts[c] += 1
@@ -101,27 +136,40 @@ class SuffixTrie:
         for i in range(n):
             v = 0
             for t in tokens[i:i + self.max_depth]:
-                kids = self.children[v]
-                c = kids[int(t)]
+                t = int(t)
+                c = self.child(v, t)
                 self.counts[c] -= 1
                 if self.counts[c] == 0:
                     # Every count below c is at most c's (each occurrence counts all its prefixes): all free.
-                    before = sys.getsizeof(kids)
-                    del kids[int(t)]
-                    self._dict_bytes += sys.getsizeof(kids) - before
-                    self.edges -= 1
+                    self._detach(v, t)
                     self._release(c)
                     break
                 v = c
+
+    def _detach(self, v: int, token: int) -> None:
+        """Drop the edge ``v -token->`` (its subtree is released by the caller)."""
+        kids = self.children[v]
+        if type(kids) is int:
+            self.children[v] = None
+            self._edge_bytes -= _INT_BYTES
+        else:
+            before = sys.getsizeof(kids)
+            del kids[token]
+            self._edge_bytes += sys.getsizeof(kids) - before - 2 * _INT_BYTES
+        self.edges -= 1
 
     def _release(self, v: int) -> None:
         stack = [v]
         while stack:
             u = stack.pop()
             kids = self.children[u]
-            if kids is not None:
+            if type(kids) is int:
+                stack.append(kids & _MASK)
+                self._edge_bytes -= _INT_BYTES
+                self.edges -= 1
+            elif kids is not None:
                 stack.extend(kids.values())
-                self._dict_bytes -= sys.getsizeof(kids)
+                self._edge_bytes -= sys.getsizeof(kids) + 2 * _INT_BYTES * len(kids)
                 self.edges -= len(kids)
             self.children[u] = None
             self.counts[u] = 0
@@ -130,15 +178,11 @@ class SuffixTrie:
     # -- reading ------------------------------------------------------------------------------------------------
     def walk(self, path: Sequence[int]) -> int | None:
         """The node of ``path`` (None when it never occurred)."""
-        v = 0
+        v: int | None = 0
         for t in path:
-            kids = self.children[v]
-            if kids is None:
+            v = self.child(v, int(t))
+            if v is None:
                 return None
-            nxt = kids.get(int(t))
-            if nxt is None:
-                return None
-            v = nxt
         return v
 
 
@@ -156,7 +200,7 @@ def match_suffix(trie: SuffixTrie, context: Sequence[int], max_match: int, min_m
     L = len(context)
     for n in range(min(max_match, L, trie.max_depth - 1), min_match - 1, -1):
         v = trie.walk(context[L - n:])
-        if v is not None and trie.children[v]:
+        if v is not None and trie.children[v] is not None:
             return v, n
     return 0, 0
 
@@ -175,15 +219,13 @@ def draft_budget(match_len: int, k: int, factor: float, offset: int = 0) -> int:
 
 def _ranked(trie: SuffixTrie, v: int) -> list[tuple[int, int, int]]:
     """``(count, token, child)`` of ``v``'s children, most frequent first (ties: the lower token id)."""
-    kids = trie.children[v] or {}
-    return sorted(((trie.counts[c], t, c) for t, c in kids.items()), key=lambda x: (-x[0], x[1]))
+    return sorted(((trie.counts[c], t, c) for t, c in trie.items(v)), key=lambda x: (-x[0], x[1]))
 
 
 def _followed(trie: SuffixTrie, v: int) -> int:
     """How many occurrences of ``v``'s path were followed by a token: the base of every share. (An occurrence at
     a sequence's end, like the current context itself in the request's trie, says nothing about what comes next.)"""
-    kids = trie.children[v]
-    return 0 if not kids else sum(trie.counts[c] for c in kids.values())
+    return sum(trie.counts[c] for _, c in trie.items(v))
 
 
 def greedy_draft(trie: SuffixTrie, node: int, max_len: int, min_prob: float = 0.0) -> tuple[list[int], float]:
@@ -204,13 +246,13 @@ def greedy_draft(trie: SuffixTrie, node: int, max_len: int, min_prob: float = 0.
     out: list[int] = []
     score = 0.0
     v = node
-    children, counts = trie.children, trie.counts
+    counts = trie.counts
     while len(out) < max_len and total > 0:
-        kids = children[v]
+        kids = trie.items(v)
         if not kids:
             break
         # the most frequent child, ties to the lower token id (as _ranked orders them), without sorting them all
-        token, c = max(kids.items(), key=lambda tc: (counts[tc[1]], -tc[0]))
+        token, c = max(kids, key=lambda tc: (counts[tc[1]], -tc[0]))
         count = counts[c]
         if count / total < min_prob:
             break

@@ -119,3 +119,16 @@ def test_a_completion_is_kept_with_the_prompt_tail_before_it():
     assert trie.walk(prompt[-PROMPT_TAIL - 1:-PROMPT_TAIL]) is None           # older prompt tokens are not kept
     cache.add_completion(prompt, [])
     assert len(cache) == 1
+
+
+def test_eviction_churn_does_not_leave_the_cache_bloated():
+    outs = _outputs(300, length=40)
+    cache = SuffixCache(60_000, 12, VOCAB)
+    for o in outs:
+        cache.add(o)
+    kept = [ids.tolist() for _, ids in cache._lru.values()]
+    fresh = SuffixCache(1 << 30, 12, VOCAB)
+    for o in kept:
+        fresh.add(o)
+    assert len(kept) >= 2 and cache.nbytes() <= 60_000
+    assert cache.nbytes() < 1.5 * fresh.nbytes()     # freed slots were given back by a rebuild

@@ -25,7 +25,7 @@ def _paths(trie: SuffixTrie) -> dict[tuple[int, ...], int]:
     out, stack = {}, [((), 0)]
     while stack:
         path, v = stack.pop()
-        for t, c in (trie.children[v] or {}).items():
+        for t, c in trie.items(v):
             out[path + (t,)] = trie.counts[c]
             stack.append((path + (t,), c))
     return out
