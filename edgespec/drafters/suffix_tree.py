@@ -156,6 +156,9 @@ class SuffixTrie:
             before = sys.getsizeof(kids)
             del kids[token]
             self._edge_bytes += sys.getsizeof(kids) - before - 2 * _INT_BYTES
+            if not kids:                 # a leaf again: None, as every leaf (readers test for it)
+                self._edge_bytes -= sys.getsizeof(kids)
+                self.children[v] = None
         self.edges -= 1
 
     def _release(self, v: int) -> None:

@@ -89,6 +89,19 @@ def test_match_prefers_the_longest_suffix_with_a_continuation():
     assert n == 2 and trie.counts[node] == 2
     assert match_suffix(trie, [7, 1, 2, 3], max_match=4, min_match=4) == (0, 0)
     assert match_suffix(trie, [6], max_match=4) == (0, 0)
+    # after a removal empties a node's children, it matches as a leaf again (the shorter suffix wins)
+    other = SuffixTrie(6)
+    other.add([4, 2, 3, 8])
+    other.add([2, 3, 9])
+    other.remove([4, 2, 3, 8])
+    node, n = match_suffix(other, [4, 2, 3], max_match=3)
+    assert n == 2 and greedy_draft(other, node, 2)[0] == [9]
+    for seq in ([1, 5], [1, 5, 7], [1, 5, 6], [5, 2]):
+        other.add(seq)
+    other.remove([1, 5, 7])
+    other.remove([1, 5, 6])            # [1, 5] still occurs, its two children are gone
+    assert other.children[other.walk([1, 5])] is None
+    assert match_suffix(other, [1, 5], max_match=2) == (other.walk([5]), 1)
     # a suffix that occurred only at a sequence end predicts nothing
     assert match_suffix(trie, [3, 5], max_match=2) == (0, 0)
 
