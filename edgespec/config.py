@@ -61,7 +61,8 @@ class Settings:
         "auto", "hardware hook set; auto: CC 11.x -> thor, other CUDA -> rtx, no CUDA -> base")
     enable_thinking: bool = _knob(False, "default thinking switch of the chat template (per request overridable)")
     # --- speculation -------------------------------------------------------------------------------------------
-    drafter: Literal["none", "ngram", "dflash", "mtp"] = _knob("none", "draft proposer", section="speculation")
+    drafter: Literal["none", "ngram", "suffix", "dflash", "mtp"] = _knob("none", "draft proposer",
+                                                                         section="speculation")
     drafter_path: str | None = _knob(None, "DFlash drafter checkpoint folder")
     drafter_weights: Literal["model", "fp8", "int4", "nvfp4"] = _knob(
         "model", "DFlash drafter linear layers: model = as the checkpoint; fp8, int4 or nvfp4 = quantized at load "
@@ -92,6 +93,21 @@ class Settings:
                             "needs rollback deferred or auto")
     adaptive_k: bool | None = _knob(None, "adapt drafts per cycle to acceptance (+2 after a full accept, "
                                     "accepted+1 after a rejection, within 1..K); None = arch default (on for CPU)")
+    # suffix drafter (edgespec.drafters.suffix): this request + earlier outputs of this deployment, per client
+    lookup_drafter: Literal["ngram", "suffix"] = _knob(
+        "ngram", "dflash/mtp: the lookup in front of the model drafter: ngram (this request's tokens) or suffix "
+        "(also earlier outputs, suffix_cache_mb)")
+    suffix_cache_mb: float = _knob(16.0, "suffix drafter: memory for earlier outputs (LRU over all clients, each "
+                                   "client's own partition); 0 = this request only", min=0.0, max=65536.0)
+    suffix_max_depth: int = _knob(24, "suffix drafter: longest substring counted (match + continuation)", min=3,
+                                  max=256)
+    suffix_max_match: int = _knob(12, "suffix drafter: longest context suffix matched", min=1, max=255)
+    suffix_factor: float = _knob(1.0, "suffix drafter: draft tokens per matched token (capped by K)", min=0.01,
+                                 max=64.0)
+    suffix_min_prob: float = _knob(0.1, "suffix drafter: a draft token's minimum share of the match's occurrences",
+                                   min=0.0, max=1.0)
+    suffix_persist: bool = _knob(False, "keep the suffix cache across restarts in <request_log>.suffix.jsonl "
+                                 "(needs request_log)")
     # --- runtime -----------------------------------------------------------------------------------------------
     cuda_graphs: bool | None = _knob(None, "capture decode/verify/drafter as CUDA graphs; None = arch default",
                                      section="runtime")

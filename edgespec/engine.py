@@ -48,6 +48,7 @@ class Request:
     constraint: TokenConstraint | None = None
     on_text: Callable[[str], None] | None = None  # streaming: called with each new piece of text
     cancelled: Callable[[], bool] | None = None
+    client_key: str | None = None                # partitions the suffix drafter's cache of earlier outputs
 
 
 @dataclass
@@ -81,6 +82,8 @@ class Engine:
         self.proposer = build_proposer(plan.drafter, model, self.hooks.choose_weight_kernels)
         self.session = SpecSession(model, self.hooks, self.proposer,
                                    draft_tokens(plan.drafter.num_draft_tokens, self.proposer), plan.session)
+        # The suffix drafter's (or suffix lookup's) cache of earlier outputs: fed every completion, per client.
+        self.suffix_cache = getattr(self.proposer, "suffix_cache", None)
         # Prefix reuse: what the session's cache holds between requests (see edgespec.cache.prefix).
         turn = [t for t in (tokenizer.token_id("<|im_start|>"),) if t is not None]
         self.prefix = PrefixCache(self.session.cache, turn_ids=turn) if settings.prefix_reuse else None
@@ -195,6 +198,8 @@ class Engine:
             return detok.stop_hit is not None
 
         t0 = time.perf_counter()
+        if self.suffix_cache is not None:
+            self.suffix_cache.select(req.client_key)
         result = self.session.generate(
             ids, max_tokens=req.max_tokens, policy=self.policy_for(req.sampling),
             stop_ids=self.tokenizer.stop_token_ids, on_tokens=on_tokens, cancelled=req.cancelled,
@@ -206,6 +211,8 @@ class Engine:
                 req.on_text(tail)
         tel = result.telemetry
         tel.stage_ms["total"] = (time.perf_counter() - t0) * 1000.0
+        if self.suffix_cache is not None:
+            self.suffix_cache.add_completion(ids, result.token_ids)
         self.totals.add(tel)
         done = Completion("".join(pieces), result.token_ids, result.finish_reason, len(ids), tel,
                           reasoning_tokens=self._reasoning_tokens(ids, result.token_ids),

@@ -9,6 +9,7 @@ named here is instantiated once per engine (:meth:`RuntimePlan.new_hooks`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -16,7 +17,7 @@ from edgespec.arch.base import ArchDefaults, ArchHooks
 from edgespec.arch.detect import detect_arch, hooks_class
 from edgespec.config import Settings
 from edgespec.drafters.dflash_loader import dflash_folder, is_packaged_drafter
-from edgespec.drafters.plan import DrafterPlan, NGramKnobs
+from edgespec.drafters.plan import DrafterPlan, NGramKnobs, SuffixKnobs
 from edgespec.errors import ConfigError
 from edgespec.kernels.options import KernelOptions
 from edgespec.loading.checkpoint import resolve_dtype
@@ -74,7 +75,21 @@ def drafter_plan(settings: Settings, defaults: ArchDefaults) -> DrafterPlan:
         cuda_graphs=pick(settings.cuda_graphs, defaults.cuda_graphs),
         ngram=NGramKnobs(max_match=settings.ngram_max_match, min_match=settings.ngram_min_match,
                          lookback=settings.ngram_lookback, gate=settings.ngram_gate),
-        lookup_min_match=settings.lookup_min_match)
+        lookup_min_match=settings.lookup_min_match, lookup_drafter=settings.lookup_drafter,
+        suffix=suffix_knobs(settings))
+
+
+def suffix_knobs(settings: Settings) -> SuffixKnobs:
+    """The suffix drafter's knobs; its cache persists next to the request log with ``suffix_persist``."""
+    if settings.suffix_persist and not settings.request_log:
+        raise ConfigError("suffix_persist keeps the suffix cache next to the request log: set request_log too")
+    path = None
+    if settings.suffix_persist:
+        log = Path(settings.request_log).expanduser()
+        path = log.with_name(log.name + ".suffix.jsonl")
+    return SuffixKnobs(cache_mb=settings.suffix_cache_mb, max_depth=settings.suffix_max_depth,
+                       max_match=settings.suffix_max_match, factor=settings.suffix_factor,
+                       min_prob=settings.suffix_min_prob, persist_path=path)
 
 
 def resolve_device(name: str) -> torch.device:

@@ -22,7 +22,7 @@ def _help(capsys, *verb: str) -> str:
 @pytest.mark.parametrize("verb", ["generate", "bench", "profile"])
 def test_run_verbs_hide_the_server_flags(capsys, verb):
     text = _help(capsys, verb)
-    assert "--drafter {none,ngram,dflash,mtp}" in text and "--max-tokens" in text
+    assert "--drafter {none,ngram,suffix,dflash,mtp}" in text and "--max-tokens" in text
     for flag in SERVER_FLAGS:
         assert flag not in text, f"{verb} --help lists {flag}"
 

@@ -95,6 +95,8 @@ ALLOWED_UPWARD: dict[tuple[str, str], str] = {
         "options (gguf_native, gguf_threads) like any kernel",
     ("edgespec.engine", "edgespec.distill.request_log"):
         "the engine writes the request log; the log's format lives with distill, its reader",
+    ("edgespec.bench.session", "edgespec.distill.request_log"):
+        "the session bench replays a request log; the log's format lives with distill, its reader",
 }
 
 

@@ -60,6 +60,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    "(Thor has 20; Hopper grants multiples of 8), the granted count read back and printed")
     p.add_argument("--bench-tokenizer", default="demo", help="with --random-model: demo (the demo's BPE "
                    "tokenizer), byte, or a folder with tokenizer.json (tools/make_bench_model.py --tokenizer-only)")
+    from edgespec.bench.session import add_session_arguments
+    add_session_arguments(p)
 
 
 def _median(xs: list[float]) -> float:
@@ -139,6 +141,10 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.random_model:
         from edgespec.bench.random_model import bench_model
         settings = settings.with_overrides(model=str(bench_model(args.random_model, args.bench_tokenizer)))
+    if args.session:
+        from edgespec.bench.session import run_session
+        run_session(args, settings)
+        return 0
     if settings.drafter == "none":
         settings = settings.with_overrides(drafter="ngram")
     if args.tree:

@@ -12,6 +12,7 @@ import argparse
 import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,7 @@ from edgespec.errors import ConfigError
 
 if TYPE_CHECKING:       # the heavy modules load only when a run needs them
     from edgespec.distill.data import Sequence_
+    from edgespec.distill.holdout import HoldoutReport
     from edgespec.loading.tokenizer import ChatTokenizer
     from edgespec.models.decoder import TargetModel
 
@@ -45,7 +47,14 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--temperature", type=float, default=0.7, help="temperature of the sampled continuations")
     g.add_argument("--max-new-tokens", type=int, default=160)
     g.add_argument("--gen-batch", type=int, default=32, help="sequences generated at once (attention-only targets)")
-    g.add_argument("--holdout-every", type=int, default=10, help="hold out about 1 prompt in N for the AL estimate")
+    g.add_argument("--holdout-every", type=int, default=10, help="hold out about 1 prompt (or group) in N for the "
+                   "AL estimate")
+    g.add_argument("--holdout-by", choices=("prompt", "template", "source"), default="prompt",
+                   help="hold out single prompts, or whole templates / sources (an entry's template:/source: "
+                   "label; a template defaults to the prompt's first words, a --from-log source to its file), so "
+                   "the held-out AL measures prompts unlike the training ones (edgespec.distill.holdout)")
+    g.add_argument("--held-out", metavar="FILE", help="your own held-out set instead: a prompt file the target "
+                   "answers, or a request log; never trained on")
     g.add_argument("--data-only", action="store_true", help="generate the data cache, then stop")
     g = p.add_argument_group("drafter shape (ignored with --init)")
     g.add_argument("--init", help="start from this drafter folder (fine-tune) instead of random weights")
@@ -92,6 +101,77 @@ def _prompts(spec: str) -> list[str]:
             raise ConfigError(f"--prompts {spec!r}: expected robot:N with an integer N") from None
         return robot_prompts(n)
     return load_prompt_file(spec)
+
+
+def _labelled(spec: str) -> list[tuple[str, dict[str, str]]]:
+    """The prompts of ``--prompts`` with their labels (robot:N prompts: source "robot", template by words)."""
+    from edgespec.distill.workload import load_labelled_prompts
+
+    if spec.startswith("robot:"):
+        return [(text, {"source": "robot"}) for text in _prompts(spec)]
+    return load_labelled_prompts(spec)
+
+
+def _groups(args: argparse.Namespace, tokenizer) -> dict[bytes, str]:
+    """Prompt tokens (as data.py renders them) -> template or source, for ``--holdout-by template|source``."""
+    import numpy as np
+
+    from edgespec.distill.holdout import template_of
+
+    if args.from_log:
+        if args.holdout_by == "template":
+            raise ConfigError("--holdout-by template needs prompt texts; a request log holds token ids: use "
+                              "--holdout-by source (one log file per source) or --held-out FILE")
+        from edgespec.distill.request_log import read_log
+        return {np.asarray(prompt, dtype=np.int64).tobytes(): Path(path).name
+                for path in args.from_log for prompt, _ in read_log(path)}
+    out = {}
+    for text, labels in _labelled(args.prompts):
+        ids = tokenizer.encode_chat([{"role": "user", "content": text}], enable_thinking=False)
+        if args.holdout_by == "template":
+            group = template_of(text, labels.get("template"))
+        else:
+            group = labels.get("source", args.prompts)
+        out[np.asarray(ids, dtype=np.int64).tobytes()] = group
+    return out
+
+
+def _is_request_log(path: Path) -> bool:
+    """A JSONL file whose first record carries prompt_ids (what the server's request log writes)."""
+    if path.suffix != ".jsonl" or not path.is_file():
+        return False
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                try:
+                    return isinstance(json.loads(line), dict) and "prompt_ids" in json.loads(line)
+                except json.JSONDecodeError:
+                    return False
+    return False
+
+
+def _held_out_data(args: argparse.Namespace, out: Path, target, tokenizer, model_dir: Path, taps, rank: int,
+                   world: int) -> list:
+    """``--held-out FILE`` as sequences: a request log as logged, a prompt file answered greedily by the
+    target; cached in OUT/held_out_data like the training data."""
+    from edgespec.distill.data import generate_data, load_data, make_recipe
+    from edgespec.distill.workload import load_prompt_file
+
+    path = Path(args.held_out).expanduser()
+    folder = out / "held_out_data"
+    if _is_request_log(path):
+        from edgespec.distill.request_log import log_data
+        if rank == 0:
+            log_data(path, folder, target, model_dir, taps)
+        if world > 1:
+            torch.distributed.barrier()
+    else:
+        prompts = load_prompt_file(path)
+        recipe = make_recipe(model_dir, taps, prompts, max_new_tokens=args.max_new_tokens, samples_per_prompt=0,
+                             temperature=0.0, seed=args.seed, batch=args.gen_batch)
+        generate_data(folder, target, tokenizer, prompts, recipe, rank=rank, world=world)
+    _, seqs = load_data(folder)
+    return [s for s in seqs if s.tokens.shape[0] - s.prompt_len >= 2]
 
 
 def _new_drafter(args: argparse.Namespace, target_cfg, seed: int):
@@ -212,20 +292,34 @@ def _write_data(args: argparse.Namespace, data_dir: Path, target: TargetModel, t
                                                     f"{time.time() - t0:.0f}s")))
 
 
-def _split(seqs: list[Sequence_], holdout_every: int, max_held_out: int) -> tuple[list[Sequence_], list[Sequence_]]:
-    """Training and held-out sequences."""
-    from edgespec.distill.train import is_held_out
+def _held_out_inputs(args: argparse.Namespace, out: Path, target: TargetModel, tokenizer: ChatTokenizer,
+                     model_dir: Path, taps: Sequence[int], rank: int,
+                     world: int) -> tuple[dict[bytes, str] | None, list[Sequence_] | None]:
+    """What ``_split`` holds out by: prompt groups (``--holdout-by template|source``) or the sequences of the
+    user's own ``--held-out`` FILE; (None, None) for the plain 1-in-N prompt split."""
+    if args.held_out is not None:
+        return None, _held_out_data(args, out, target, tokenizer, model_dir, taps, rank, world)
+    if args.holdout_by != "prompt":
+        return _groups(args, tokenizer), None
+    return None, None
 
-    held = [s for s in seqs if is_held_out(s, holdout_every)]
-    trainset = [s for s in seqs if not is_held_out(s, holdout_every)] or seqs
+
+def _split(seqs: list[Sequence_], args: argparse.Namespace, group_of: dict[bytes, str] | None,
+           held_file: list[Sequence_] | None) -> tuple[list[Sequence_], list[Sequence_], HoldoutReport]:
+    """Training and held-out sequences (``--holdout-by`` groups or ``--held-out`` FILE, edgespec.distill.holdout),
+    and the report of how they were split."""
+    from edgespec.distill.holdout import split
+
+    trainset, held, report = split(seqs, args.holdout_by, args.holdout_every, group_of, held_file)
     # The held-out estimate runs on the greedy continuations (the path greedy verification follows); a sampled
     # continuation is told apart by not being the target's argmax path, which the data does not record, so the
     # estimate takes the first continuation of each held-out prompt (generation writes greedy ones first).
     firsts: dict[bytes, Sequence_] = {}
     for s in held:
         firsts.setdefault(s.tokens[:s.prompt_len].numpy().tobytes(), s)
-    held = list(firsts.values())[:max_held_out]
-    return trainset, held
+    held = list(firsts.values())[:args.max_held_out]
+    report.held_out_sequences = len(held)
+    return trainset, held, report
 
 
 def run_distill(args: argparse.Namespace) -> int:
@@ -270,6 +364,7 @@ def run_distill(args: argparse.Namespace) -> int:
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
     t0 = time.time()
     _write_data(args, data_dir, target, tokenizer, model_dir, taps, rank, world, say, t0)
+    group_of, held_file = _held_out_inputs(args, out, target, tokenizer, model_dir, taps, rank, world)
     t_data = time.time() - t0
     if args.data_only:
         say(f"data ready in {data_dir} ({t_data:.0f}s)")
@@ -278,7 +373,7 @@ def run_distill(args: argparse.Namespace) -> int:
     if list(meta["taps"]) != list(taps):
         raise ConfigError(f"data {data_dir} was captured at target layers {meta['taps']}, the drafter taps {taps}")
     seqs = [s for s in seqs if s.tokens.shape[0] - s.prompt_len >= 2]
-    trainset, held = _split(seqs, args.holdout_every, args.max_held_out)
+    trainset, held, report = _split(seqs, args, group_of, held_file)
     say(f"train: {len(trainset)} sequences ({sum(s.tokens.shape[0] - s.prompt_len for s in trainset)} tokens), "
         f"held out: {len(held)}; drafter {drafter.cfg.num_hidden_layers} layer(s), taps {taps}, "
         f"{sum(p.numel() for p in drafter.parameters()) / 1e6:.1f}M parameters; world {world} on {device}")
@@ -298,6 +393,11 @@ def run_distill(args: argparse.Namespace) -> int:
     t1 = time.time()
     res = train(objective, trainset, held, opts, out, target_cfg, device, info)
     res["train_seconds"] = round(time.time() - t1, 1)
+    report.held_out_al, report.held_out_al_start = res["held_out_al"], res["held_out_al_start"]
+    if rank == 0:
+        report.write(out)
+    say(report.line())
+    res["held_out"] = asdict(report)
     say(json.dumps(res))
     if world > 1:
         torch.distributed.destroy_process_group()

@@ -134,6 +134,12 @@ def site_prompts(n: int, seed: int = 0) -> list[str]:
 def load_prompt_file(path: str | Path) -> list[str]:
     """User prompts from a file: ``.yaml``/``.yml`` (a list of strings or of ``{user: ...}``), ``.jsonl``
     (``{"user": ...}`` or ``{"prompt": ...}`` per line) or plain text (one prompt per non-empty line)."""
+    return [text for text, _ in load_labelled_prompts(path)]
+
+
+def load_labelled_prompts(path: str | Path) -> list[tuple[str, dict[str, str]]]:
+    """:func:`load_prompt_file` with each prompt's labels: the ``template`` and ``source`` keys of a mapping
+    entry (``edgespec distill --holdout-by`` holds out whole templates or sources); {} for plain entries."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"prompt file not found: {p}")
@@ -159,11 +165,13 @@ def load_prompt_file(path: str | Path) -> list[str]:
         items = [line.strip() for line in text.splitlines() if line.strip()]
     out = []
     for i, item in enumerate(items):
+        labels: dict[str, str] = {}
         if isinstance(item, dict):
+            labels = {k: str(item[k]) for k in ("template", "source") if item.get(k) is not None}
             item = item.get("user", item.get("prompt"))
         if not isinstance(item, str) or not item.strip():
             raise ConfigError(f"prompt file {p}: entry {i} is not a prompt string (or a mapping with 'user')")
-        out.append(item)
+        out.append((item, labels))
     if not out:
         raise ConfigError(f"prompt file {p} holds no prompts")
     return out

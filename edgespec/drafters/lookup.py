@@ -21,15 +21,18 @@ from edgespec.models.decoder import ForwardOutput
 
 class LookupFirstProposer(Proposer):
     """``model`` drafts unless the n-gram ``lookup`` finds a recurring suffix of at least ``min_match`` tokens
-    followed by at least ``min_draft`` tokens; :attr:`lookup_cycles` / :attr:`model_cycles` count the choices."""
+    followed by at least ``min_draft`` tokens; :attr:`lookup_cycles` / :attr:`model_cycles` count the choices.
+    ``lookup`` replaces the n-gram lookup by another token-id drafter with a ``find(k)`` (the suffix drafter,
+    built with the same ``min_match``: it also matches earlier outputs)."""
 
     def __init__(self, model: Proposer, min_match: int = 3, min_draft: int = 2, max_match: int = 8,
-                 max_len: int = 1 << 16) -> None:
+                 max_len: int = 1 << 16, lookup: Proposer | None = None) -> None:
         self.model = model
-        self.lookup = NGramProposer(max_match=max(max_match, min_match), min_match=min_match, gate=0.0,
-                                    max_len=max_len)
+        self.lookup = lookup if lookup is not None else NGramProposer(
+            max_match=max(max_match, min_match), min_match=min_match, gate=0.0, max_len=max_len)
+        self.suffix_cache = getattr(self.lookup, "suffix_cache", None)   # the engine feeds it each output
         self.min_draft = min_draft
-        self.name = f"{model.name}+lookup"
+        self.name = f"{model.name}+lookup" if lookup is None else f"{model.name}+{lookup.name}"
         self.taps, self.default_k, self.max_k = model.taps, model.default_k, model.max_k
         self.resume_rows = model.resume_rows
         self.lookup_cycles = self.model_cycles = 0

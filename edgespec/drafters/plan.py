@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -16,11 +17,23 @@ class NGramKnobs:
 
 
 @dataclass(frozen=True)
+class SuffixKnobs:
+    """The suffix drafter's knobs (``suffix_*`` settings) and the file its cache persists in (None: memory only)."""
+
+    cache_mb: float = 16.0
+    max_depth: int = 24
+    max_match: int = 12
+    factor: float = 1.0
+    min_prob: float = 0.1
+    persist_path: Path | None = None
+
+
+@dataclass(frozen=True)
 class DrafterPlan:
     """The drafter ``edgespec.drafters.factory.build_proposer`` builds: its name and every knob it takes, with the
     arch defaults already applied (window size and seeding, CUDA graphs)."""
 
-    name: str                          # none | ngram | dflash | mtp
+    name: str                          # none | ngram | suffix | dflash | mtp
     max_seq_len: int                   # the target's cache length: sizes the drafters' histories
     num_draft_tokens: int | None       # drafts per cycle asked for; None: the drafter's own default
     dflash_path: str | None = None     # DFlash checkpoint folder (drafter_path, or the packaged demo drafter)
@@ -30,4 +43,6 @@ class DrafterPlan:
     window_seed: bool = True
     cuda_graphs: bool = False
     ngram: NGramKnobs = NGramKnobs()
-    lookup_min_match: int = 3          # dflash/mtp behind an n-gram lookup from this match length (0: none)
+    lookup_min_match: int = 3          # dflash/mtp behind a lookup from this match length (0: none)
+    lookup_drafter: str = "ngram"      # that lookup: ngram (this request) or suffix (also earlier outputs)
+    suffix: SuffixKnobs = SuffixKnobs()

@@ -431,23 +431,7 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
     if cache.fp8:
         assert cache.k_scale.stride() == cache.v_scale.stride()
     s_strides = (ks.stride(0), ks.stride(1)) if cache.fp8 else (0, 0)
-    # bf16 queries over an FP8 cache: fp16 products, faster than bf16 ones (docs/benchmarks.md, "Kernel launch
-    # choices").
-    fp16_dot = cache.fp8 and q.dtype == torch.bfloat16 and config.get("FP16_DOT", 1) == 1
-    v_scale = V_SCALE_NONE.value
-    opaque = False
-    if cache.fp8:
-        # fp16 products have too little exponent range for p * v_scale (both small): fold the scales in
-        # relative to each tile's largest ("tile"), or scale every V element ("rows", the older, slower form).
-        fp16_products = fp16_dot or q.dtype == torch.float16
-        mode = config.get("V_SCALE", "tile" if fp16_products else "p")
-        if mode not in _V_SCALE_MODES or (mode == "p" and fp16_products):
-            raise ValueError(f"V_SCALE {mode!r} not valid with {'fp16' if fp16_products else q.dtype} products")
-        v_scale = _V_SCALE_MODES[mode]
-        # 16-bit products only (the identity moves packed pairs); the interpreter runs no inline PTX, and the
-        # identity changes no value, so it is simply left out there.
-        opaque = (q.element_size() == 2 and bool(config.get("OPAQUE_CVT", cfg.get("OPAQUE_CVT", 1)))
-                  and not _interpreting())
+    fp16_dot, v_scale, opaque = _fp8_products(q, cache, config, cfg)
     pdl = pdl_launch(q.device)
     _attn_split_kernel[(cfg["m_blocks"], n_splits, n_kv)](
         q, k, v, ks, vs, start_t if start_t is not None else q, o_part, lse_part,
@@ -467,6 +451,28 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
     )
     merge_splits(o_part, lse_part, out, pdl)
     return out
+
+
+def _fp8_products(q: torch.Tensor, cache: KVCache, config: dict[str, int | str],
+                  cfg: dict[str, int | str]) -> tuple[bool, int, bool]:
+    """How the attention program multiplies over the cache: (``FP16_DOT``, ``V_SCALE`` mode value, ``OPAQUE_CVT``).
+    Model-dtype caches: (False, none, False)."""
+    # bf16 queries over an FP8 cache: fp16 products, faster than bf16 ones (docs/benchmarks.md, "Kernel launch
+    # choices").
+    fp16_dot = cache.fp8 and q.dtype == torch.bfloat16 and config.get("FP16_DOT", 1) == 1
+    if not cache.fp8:
+        return fp16_dot, V_SCALE_NONE.value, False
+    # fp16 products have too little exponent range for p * v_scale (both small): fold the scales in relative to
+    # each tile's largest ("tile"), or scale every V element ("rows", the older, slower form).
+    fp16_products = fp16_dot or q.dtype == torch.float16
+    mode = config.get("V_SCALE", "tile" if fp16_products else "p")
+    if mode not in _V_SCALE_MODES or (mode == "p" and fp16_products):
+        raise ValueError(f"V_SCALE {mode!r} not valid with {'fp16' if fp16_products else q.dtype} products")
+    # 16-bit products only (the identity moves packed pairs); the interpreter runs no inline PTX, and the identity
+    # changes no value, so it is simply left out there.
+    opaque = (q.element_size() == 2 and bool(config.get("OPAQUE_CVT", cfg.get("OPAQUE_CVT", 1)))
+              and not _interpreting())
+    return fp16_dot, _V_SCALE_MODES[mode], opaque
 
 
 def _split_buffers(q: torch.Tensor, n_splits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
