@@ -88,6 +88,8 @@ class ArchHooks:
         model is on CUDA. Leaves the cache reset. Without ``graphs`` stages run eagerly."""
         self.rollback_mode = rollback
         self.static.clear()
+        # MoE layers group rows by expert on the host (edgespec.kernels.moe): not capturable, so they run eagerly.
+        graphs = graphs and not model.config.is_moe
         self.choose_weight_kernels(model)   # before any capture: graphs record the chosen products
         if cache.states is not None:
             cache.states.graph_commits = graphs and model.device.type == "cuda"

@@ -1,0 +1,111 @@
+"""The sparse mixture-of-experts MLP of Qwen3.5/3.6 MoE (``qwen3_5_moe``, e.g. 35B-A3B), and its routing log.
+
+Per layer: a router ``gate`` [experts, hidden] (softmax over all experts, top-k, renormalised over the k chosen),
+``experts.{e}`` SwiGLU MLPs of width ``moe_intermediate_size``, and a ``shared_expert`` SwiGLU MLP whose output is
+scaled by ``sigmoid(shared_expert_gate(x))`` and added to the routed sum. Parameter names are the checkpoint keys
+(per-expert layout; fused ``experts.gate_up_proj``/``experts.down_proj`` files are split into them at load, see
+``edgespec.loading.experts``). Each expert is the dense :class:`~edgespec.models.layers.MLP`, so every weight format
+(bf16, block-FP8, NVFP4, AWQ/GPTQ int4) and the gate/up merge work unchanged; the router and the shared gate stay
+in float (:class:`RouterLinear`): tiny, and expert choice is sensitive to their rounding.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from edgespec.kernels.linear import linear
+from edgespec.kernels.moe import group_by_expert, grouped_expert_product, route
+from edgespec.models.config import ModelConfig
+from edgespec.models.layers import MLP
+
+
+class RouterLinear(nn.Module):
+    """``y = x W^T`` kept in the checkpoint's float dtype: never packed by the loader nor by ``edgespec quantize``
+    (both quantize :class:`~edgespec.models.layers.Linear` s only)."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight)
+
+
+@dataclass
+class RoutingLog:
+    """Expert unions the MoE layers touched, per forward row count (one entry per layer call).
+
+    The union of a forward is what it reads of the experts: a plain decode step reads k experts per layer, a
+    T-row verify reads between k and min(T*k, experts). :meth:`mean_union` per row count is what the bench and
+    the telemetry report, and :func:`bytes_per_forward` turns it into weight bytes read.
+    """
+
+    unions: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))   # rows -> union per call
+
+    def record(self, rows: int, union: int) -> None:
+        self.unions[rows].append(union)
+
+    def mean_union(self, rows: int) -> float:
+        """Mean distinct experts per layer of the forwards of ``rows`` rows (0.0 when none was seen)."""
+        seen = self.unions.get(rows)
+        return sum(seen) / len(seen) if seen else 0.0
+
+    def summary(self) -> dict[int, float]:
+        """``{rows: mean union per layer}`` over every row count seen."""
+        return {rows: self.mean_union(rows) for rows in sorted(self.unions)}
+
+    def clear(self) -> None:
+        self.unions.clear()
+
+
+class SparseMoE(nn.Module):
+    """Routed experts plus the gated shared expert; ``forward`` groups rows by expert (one read per touched expert)."""
+
+    # Set by :func:`attach_routing_log`; None: nothing recorded (no cost).
+    routing_log: RoutingLog | None = None
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        H = cfg.hidden_size
+        self.top_k = cfg.num_experts_per_tok
+        self.normalise = cfg.norm_topk_prob
+        self.gate = RouterLinear(H, cfg.num_experts)
+        self.experts = nn.ModuleList([MLP(H, cfg.moe_intermediate_size) for _ in range(cfg.num_experts)])
+        self.shared_expert = MLP(H, cfg.shared_expert_intermediate_size)
+        self.shared_expert_gate = RouterLinear(H, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, experts = route(self.gate(x), self.top_k, self.normalise)     # [T, k] each
+        groups = group_by_expert(experts)
+        if self.routing_log is not None:
+            self.routing_log.record(x.shape[0], groups.union)
+        routed = grouped_expert_product(x, weights, experts, self.experts, groups)
+        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return routed + shared
+
+
+def feed_forward(cfg: ModelConfig) -> nn.Module:
+    """The MLP of one decoder layer: :class:`SparseMoE` for MoE configs, else the dense SwiGLU MLP."""
+    if cfg.is_moe:
+        return SparseMoE(cfg)
+    return MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+
+
+def moe_blocks(model: nn.Module) -> list[SparseMoE]:
+    return [m for m in model.modules() if isinstance(m, SparseMoE)]
+
+
+def attach_routing_log(model: nn.Module, log: RoutingLog | None = None) -> RoutingLog | None:
+    """Record every MoE layer's expert union into ``log`` (a new one when None); None for a dense model. Attach
+    to the target only (its MTP head's layers are counted with the drafter)."""
+    blocks = [m for name, m in model.named_modules() if isinstance(m, SparseMoE) and not name.startswith("mtp.")]
+    if not blocks:
+        return None
+    log = log if log is not None else RoutingLog()
+    for block in blocks:
+        block.routing_log = log
+    return log
