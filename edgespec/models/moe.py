@@ -100,12 +100,14 @@ def moe_blocks(model: nn.Module) -> list[SparseMoE]:
 
 
 def attach_routing_log(model: nn.Module, log: RoutingLog | None = None) -> RoutingLog | None:
-    """Record every MoE layer's expert union into ``log`` (a new one when None); None for a dense model. Attach
+    """Record every MoE layer's expert union into ``log`` (when None: the one attached already, else a new one);
+    None for a dense model. Attach
     to the target only (its MTP head's layers are counted with the drafter)."""
     blocks = [m for name, m in model.named_modules() if isinstance(m, SparseMoE) and not name.startswith("mtp.")]
     if not blocks:
         return None
-    log = log if log is not None else RoutingLog()
+    # Sessions sharing one model share its log (each request clears it first).
+    log = log if log is not None else (blocks[0].routing_log or RoutingLog())
     for block in blocks:
         block.routing_log = log
     return log

@@ -125,6 +125,8 @@ class SpecSession:
         self.stage_timing = stage_timing
         self.adaptive_k = d.adaptive_k if adaptive_k is None else adaptive_k
         hooks.prepare(model, self.cache, self.k + 1, self.taps, self.rollback_strategy, self.cuda_graphs)
+        from edgespec.models.moe import attach_routing_log
+        self.routing = attach_routing_log(model)      # MoE targets: expert unions per forward (telemetry)
 
     @property
     def resume_rows(self) -> int | None:
@@ -166,6 +168,8 @@ class SpecSession:
         device = model.device
         sync = torch.cuda.synchronize if self.stage_timing == "device" and device.type == "cuda" else None
         tel = RequestTelemetry(drafter=self.drafter_name, prompt_tokens=len(prompt_ids), sync=sync)
+        if self.routing is not None:
+            self.routing.clear()
         out = Emitter(max_tokens, stop_ids, policy, on_tokens, constraint)
         start = 0
         if prefix is None:
@@ -234,6 +238,8 @@ class SpecSession:
                 pending.commit_to(proposer)
         tel.decode_ms = (time.perf_counter() - t_first) * 1000.0
         tel.generated_tokens = len(out.tokens)
+        if self.routing is not None:      # decode steps and verifies only, not the prefill
+            tel.expert_union = {r: round(u, 2) for r, u in self.routing.summary().items() if r <= self.k + 1}
         if prefix is not None:
             prefix.finished(list(prompt_ids) + out.tokens)
         return GenerationResult(out.tokens, finish, tel)

@@ -238,6 +238,7 @@ def test_routing_log_and_bytes_per_forward(tiny_models):
 
     model = tiny_models[FAMILY]
     log = attach_routing_log(model)
+    log.clear()
     try:
         cache = model.new_cache(64)
         model.prefill(torch.randint(0, 320, (10,)), cache)
@@ -254,3 +255,18 @@ def test_routing_log_and_bytes_per_forward(tiny_models):
     assert sizes.per_expert == per_expert and sizes.layers == 6 and sizes.top_k == 2
     assert sizes.decode == sizes.per_forward(2.0) < sizes.per_forward(log.mean_union(6))
     assert attach_routing_log(tiny_models["qwen3_5"]) is None
+
+
+def test_session_telemetry_reports_expert_union(tiny_models):
+    model = tiny_models[FAMILY]
+    prompt = prompt_ids(320, n=21, seed=6)
+    plain = plain_greedy(model, prompt, 12)
+    s = SpecSession(model, select_hooks("base", CPU), OracleProposer(plain, 320, seed=1), k=4, kv_fp8=False,
+                    max_len=128)
+    tel = s.generate(prompt, max_tokens=12, policy=StrictGreedy()).telemetry
+    assert tel.expert_union and max(tel.expert_union) <= 5 and 5 in tel.expert_union
+    assert all(2 <= u <= 8 for u in tel.expert_union.values())
+    assert tel.to_dict()["expert_union"] == {str(r): u for r, u in tel.expert_union.items()}
+    assert "experts@5=" in tel.summary()
+    dense = SpecSession(tiny_models["qwen3_5"], select_hooks("base", CPU), NGramProposer(), k=4, max_len=128)
+    assert "expert_union" not in dense.generate(prompt, max_tokens=4, policy=StrictGreedy()).telemetry.to_dict()
