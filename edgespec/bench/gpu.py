@@ -141,6 +141,12 @@ def bench_shape(shape: str, *, device: torch.device, dtype: torch.dtype = torch.
     hooks = select_hooks(arch, device)
     session = SpecSession(model, hooks, None, kv_fp8=kv_fp8, max_len=max_len, cuda_graphs=graphs)
     wbytes = weight_bytes_per_token(model)
+    from edgespec.bench.moe import expert_bytes
+    from edgespec.models.moe import attach_routing_log
+    moe = expert_bytes(model)           # an MoE forward reads its touched experts only (edgespec.bench.moe)
+    routing = attach_routing_log(model) if moe is not None else None
+    if moe is not None:
+        wbytes = moe.decode
     out: dict[str, Any] = {"shape": shape, "device": torch.cuda.get_device_name(device) if device.type == "cuda"
                            else "cpu", "dtype": str(dtype).replace("torch.", ""), "arch": hooks.name,
                            "kv": "fp8" if session.kv_fp8 else "model", "bandwidth_GBps": bw / 1e9,
@@ -198,8 +204,16 @@ def bench_shape(shape: str, *, device: torch.device, dtype: torch.dtype = torch.
 
         r_ms = time_cuda(rollback_step)
         verify[rows] = {"ms": v_ms, "x_decode": v_ms / decode_ms, "rollback_ms": r_ms}
+        if routing is not None:
+            # Random weights route almost uniformly: this union overstates what a trained router touches.
+            union = routing.mean_union(rows)
+            v_limit = (moe.per_forward(union) + kv_bytes_read(vs, context)) / bw * 1e3
+            verify[rows].update(expert_union=union, limit_ms=v_limit, x_limit=v_ms / v_limit)
         del vs
     out["verify"] = verify
+    if moe is not None:
+        out["moe"] = {"all_weights_GB": weight_bytes_per_token(model) / 1e9, "dense_GB": moe.dense / 1e9,
+                      "per_expert_MB": moe.per_expert / 1e6, "layers": moe.layers, "top_k": moe.top_k}
 
     prefill = {}
     for n in prefill_lengths:

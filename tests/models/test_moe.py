@@ -270,3 +270,22 @@ def test_session_telemetry_reports_expert_union(tiny_models):
     assert "experts@5=" in tel.summary()
     dense = SpecSession(tiny_models["qwen3_5"], select_hooks("base", CPU), NGramProposer(), k=4, max_len=128)
     assert "expert_union" not in dense.generate(prompt, max_tokens=4, policy=StrictGreedy()).telemetry.to_dict()
+
+
+def test_bench_shape_reports_moe_bytes_from_routing(monkeypatch):
+    """The shape bench of an MoE model: decode limit from k experts per layer, each verify's limit from the union
+    its routing touched (CPU, a small MoE shape; the figures are checked for consistency, not speed)."""
+    from edgespec.bench import gpu
+    from edgespec.loading.synthetic import SHAPES, TINY_SHAPES
+
+    monkeypatch.setitem(SHAPES, "tiny-moe", dict(TINY_SHAPES[FAMILY], mtp_num_hidden_layers=0))
+    from edgespec.bench.timing import time_cuda
+    monkeypatch.setattr(gpu, "time_cuda", lambda fn, **kw: time_cuda(fn, iters=2, warmup=1, repeats=1))
+    r = gpu.bench_shape("tiny-moe", device=CPU, dtype=torch.float32, arch="base", context=24, verify_rows=(4,),
+                        prefill_lengths=(), graphs=False, bandwidth=1e10)
+    moe = r["moe"]
+    assert moe["layers"] == 6 and moe["top_k"] == 2
+    assert r["weight_GB"] == pytest.approx(moe["dense_GB"] + 6 * 2 * moe["per_expert_MB"] / 1e3)
+    assert r["weight_GB"] < moe["all_weights_GB"]
+    v = r["verify"][4]
+    assert 2 <= v["expert_union"] <= 8 and v["limit_ms"] > r["decode_limit_ms"] * 0.99
