@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edgespec.bench.gpu import weight_bytes_per_token
 from edgespec.memory import module_bytes
 from edgespec.models.decoder import TargetModel
 from edgespec.models.moe import SparseMoE
@@ -36,12 +35,13 @@ class ExpertBytes:
         return self.dense + self.layers * self.top_k * self.per_expert
 
 
-def expert_bytes(model: TargetModel) -> ExpertBytes | None:
-    """The :class:`ExpertBytes` of a target (MTP head excluded, as in :func:`weight_bytes_per_token`); None for a
-    dense model."""
+def expert_bytes(model: TargetModel, all_weights: int) -> ExpertBytes | None:
+    """The :class:`ExpertBytes` of a target whose forward would read ``all_weights`` bytes if every expert were
+    touched (``edgespec.bench.gpu.weight_bytes_per_token``: MTP head excluded, one embedding row); None for a dense
+    model."""
     blocks = [m for n, m in model.named_modules() if isinstance(m, SparseMoE) and not n.startswith("mtp.")]
     if not blocks:
         return None
     routed = sum(module_bytes(b.experts) for b in blocks)
-    return ExpertBytes(weight_bytes_per_token(model) - routed, module_bytes(blocks[0].experts[0]), len(blocks),
+    return ExpertBytes(all_weights - routed, module_bytes(blocks[0].experts[0]), len(blocks),
                        blocks[0].top_k)

@@ -9,7 +9,8 @@ outputs back. The expert is any callable ``[rows, H] -> [rows, H]`` (a dense or 
 format the dense layers load works here too.
 
 The grouping needs the routing on the host (which experts, how many rows each): one small device-to-host copy per
-layer, so this path is not CUDA-graph capturable (the arch hooks run MoE models eagerly).
+layer. Experts stacked per layer (dense weights) take :func:`stacked_expert_product` instead, whose Triton kernel
+(``edgespec.kernels.triton_moe``) keeps the ids on the device; :func:`stacked_expert_product_ref` is its contract.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+
+from edgespec.kernels import use_triton
+from edgespec.kernels.activation import silu_mul_ref
 
 
 def route(logits: torch.Tensor, k: int, normalise: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,3 +102,26 @@ def moe_ref(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
         for j in range(experts.shape[1]):
             out[t] += weights[t, j] * expert_fns[int(experts[t, j])](x[t:t + 1])[0]
     return out
+
+
+def stacked_expert_product_ref(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, w13: torch.Tensor,
+                               w2: torch.Tensor) -> torch.Tensor:
+    """The routed sum over experts stacked per layer, ``w13 [E, 2I, H]`` (gate rows then up rows) and
+    ``w2 [E, H, I]``: each (row, slot) pair's expert gathered and applied (torch reference of the Triton kernel;
+    it reads an expert once per pair), products in fp32, the k slots summed, result in x's dtype."""
+    T, k = experts.shape
+    flat = experts.reshape(-1)
+    xs = x.float().repeat_interleave(k, dim=0)                               # [T*k, H]
+    gate_up = torch.bmm(w13[flat].float(), xs[:, :, None])[..., 0]          # [T*k, 2I]
+    act = silu_mul_ref(gate_up).to(x.dtype).float()                         # rounded like the kernel's store
+    y = torch.bmm(w2[flat].float(), act[:, :, None])[..., 0] * weights.reshape(-1, 1).float()
+    return y.view(T, k, -1).sum(dim=1).to(x.dtype)
+
+
+def stacked_expert_product(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, w13: torch.Tensor,
+                           w2: torch.Tensor) -> torch.Tensor:
+    """:func:`stacked_expert_product_ref`'s result; the Triton kernel on CUDA."""
+    if use_triton(x):
+        from edgespec.kernels.triton_moe import stacked_expert_product_triton
+        return stacked_expert_product_triton(x, weights, experts, w13, w2)
+    return stacked_expert_product_ref(x, weights, experts, w13, w2)

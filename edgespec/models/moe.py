@@ -18,9 +18,10 @@ import torch
 from torch import nn
 
 from edgespec.kernels.linear import linear
-from edgespec.kernels.moe import group_by_expert, grouped_expert_product, route
+from edgespec.kernels.moe import group_by_expert, grouped_expert_product, route, stacked_expert_product
 from edgespec.models.config import ModelConfig
 from edgespec.models.layers import MLP
+from edgespec.weights.base import is_packed
 
 
 class RouterLinear(nn.Module):
@@ -44,15 +45,17 @@ class RoutingLog:
     the telemetry report, and :func:`bytes_per_forward` turns it into weight bytes read.
     """
 
-    unions: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))   # rows -> union per call
+    # rows -> union of each layer call
+    unions: dict[int, list[int | torch.Tensor]] = field(default_factory=lambda: defaultdict(list))
 
-    def record(self, rows: int, union: int) -> None:
+    def record(self, rows: int, union: int | torch.Tensor) -> None:
+        """``union``: an int, or a one-element device tensor read only when a figure is asked for (no sync)."""
         self.unions[rows].append(union)
 
     def mean_union(self, rows: int) -> float:
         """Mean distinct experts per layer of the forwards of ``rows`` rows (0.0 when none was seen)."""
         seen = self.unions.get(rows)
-        return sum(seen) / len(seen) if seen else 0.0
+        return sum(int(u) for u in seen) / len(seen) if seen else 0.0
 
     def summary(self) -> dict[int, float]:
         """``{rows: mean union per layer}`` over every row count seen."""
@@ -67,6 +70,10 @@ class SparseMoE(nn.Module):
 
     # Set by :func:`attach_routing_log`; None: nothing recorded (no cost).
     routing_log: RoutingLog | None = None
+    # The experts stacked per layer (dense weights, after loading): plain tensors whose views are the experts'
+    # parameters, so the memory is counted once, as the parameters.
+    w13: torch.Tensor | None = None
+    w2: torch.Tensor | None = None
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -78,12 +85,43 @@ class SparseMoE(nn.Module):
         self.shared_expert = MLP(H, cfg.shared_expert_intermediate_size)
         self.shared_expert_gate = RouterLinear(H, 1)
 
+    def merge_projections(self) -> None:
+        """Merge every expert's gate/up (as the dense MLP does), then stack the experts (:meth:`stack_experts`)."""
+        for expert in self.experts:
+            expert.merge_projections()
+        self.stack_experts()
+
+    def stack_experts(self) -> bool:
+        """Stack dense, merged expert weights into ``w13 [E, 2I, H]`` / ``w2 [E, H, I]`` for the stacked product
+        (edgespec.kernels.moe); each expert's parameters become views of the stacks, so memory is unchanged but for
+        one layer's copy while stacking. Packed experts, unmerged ones and meta tensors stay as they are (False)."""
+        if self.w13 is not None:
+            return True
+        mats = [(e.gate_up_proj, e.down_proj) for e in self.experts]
+        if any(up is None or is_packed(up.weight) or is_packed(down.weight) for up, down in mats) \
+                or mats[0][0].weight.device.type == "meta":
+            return False
+        with torch.no_grad():
+            self.w13 = torch.stack([up.weight.data for up, _ in mats])
+            self.w2 = torch.stack([down.weight.data for _, down in mats])
+            for i, (up, down) in enumerate(mats):
+                up.weight.data = self.w13[i]
+                down.weight.data = self.w2[i]
+        return True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, experts = route(self.gate(x), self.top_k, self.normalise)     # [T, k] each
-        groups = group_by_expert(experts)
-        if self.routing_log is not None:
-            self.routing_log.record(x.shape[0], groups.union)
-        routed = grouped_expert_product(x, weights, experts, self.experts, groups)
+        log = self.routing_log
+        if self.w13 is not None and x.is_cuda:
+            # Expert ids stay on the device: no host round trip (the union, when logged, is read later).
+            routed = stacked_expert_product(x, weights, experts, self.w13, self.w2)
+            if log is not None:
+                log.record(x.shape[0], (torch.bincount(experts.reshape(-1), minlength=len(self.experts)) > 0).sum())
+        else:
+            groups = group_by_expert(experts)
+            if log is not None:
+                log.record(x.shape[0], groups.union)
+            routed = grouped_expert_product(x, weights, experts, self.experts, groups)
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return routed + shared
 

@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from _devices import DEVICES
 from quant_layouts import write_quantized
 from safetensors.torch import load_file, save_file
 from test_dflash import MixedProposer, make_drafter, plain_greedy, prompt_ids
@@ -21,7 +22,14 @@ from edgespec.drafters.dflash import load_dflash_checkpoint
 from edgespec.drafters.mtp import MTPProposer
 from edgespec.drafters.ngram import NGramProposer
 from edgespec.errors import CheckpointError, UnsupportedModelError
-from edgespec.kernels.moe import group_by_expert, grouped_expert_product, moe_ref, route
+from edgespec.kernels.moe import (
+    group_by_expert,
+    grouped_expert_product,
+    moe_ref,
+    route,
+    stacked_expert_product,
+    stacked_expert_product_ref,
+)
 from edgespec.loading.checkpoint import load_target
 from edgespec.loading.hf_config import parse_config
 from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
@@ -70,6 +78,63 @@ def test_grouped_product_equals_row_by_row(rows):
     assert calls == touched                              # once each, ascending
     assert group_by_expert(e).union == len(touched)
     torch.testing.assert_close(got, moe_ref(x, w, e, fns), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_stacked_product_equals_grouped(device, dtype):
+    """Experts stacked per layer (w13 = [gate; up], w2): the stacked product (Triton on CUDA) equals the grouped
+    product over the same experts as MLPs, for 1 to 64 rows, including shapes that are not multiples of a tile."""
+    from edgespec.kernels.activation import silu_mul_ref
+
+    E, H, I, k = 8, 96, 40, 3
+    gen = torch.Generator().manual_seed(2)
+    w13 = (torch.randn(E, 2 * I, H, generator=gen) * H ** -0.5).to(device, dtype)
+    w2 = (torch.randn(E, H, I, generator=gen) * I ** -0.5).to(device, dtype)
+    fns = [lambda x, e=e: (silu_mul_ref((x.float() @ w13[e].float().T).to(dtype)).float() @ w2[e].float().T)
+           for e in range(E)]
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    for rows in (1, 2, 16, 64):
+        x = torch.randn(rows, H, generator=gen).to(device, dtype)
+        w, e = route(torch.randn(rows, E, generator=gen).to(device, dtype), k)
+        want = grouped_expert_product(x.float(), w.float(), e, fns)
+        torch.testing.assert_close(stacked_expert_product_ref(x, w, e, w13, w2).float(), want, rtol=tol, atol=tol)
+        torch.testing.assert_close(stacked_expert_product(x, w, e, w13, w2).float(), want, rtol=tol, atol=tol)
+    if device == "cuda":
+        from edgespec.kernels.triton_moe import stacked_expert_product_triton
+        with pytest.raises(ValueError, match="stacked experts"):
+            stacked_expert_product_triton(x, w, e, w13, w2[:, :, :-1])
+
+
+def test_loaded_experts_are_views_of_the_stacks(tiny_models):
+    moe = tiny_models[FAMILY].model.layers[1].mlp
+    assert moe.w13.shape == (8, 64, 64) and moe.w2.shape == (8, 64, 32)
+    assert moe.experts[3].gate_up_proj.weight.data_ptr() == moe.w13[3].data_ptr()
+    assert moe.experts[3].down_proj.weight.data_ptr() == moe.w2[3].data_ptr()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_model_stacked_path_spec_equals_plain(tiny_checkpoints):
+    """On CUDA the stacked Triton path serves the model: logits close to the CPU model's, and greedy speculative
+    output equal to plain (fp32, n-gram and oracle drafts, every rollback)."""
+    cuda = torch.device("cuda")
+    model = load_target(tiny_checkpoints[FAMILY], device=cuda, max_positions=256)
+    cpu_model = load_target(tiny_checkpoints[FAMILY], max_positions=256)
+    assert model.model.layers[0].mlp.w13.is_cuda
+    ids = torch.tensor(prompt_ids(320, n=20))
+    got = model.forward(ids.to(cuda), model.new_cache(64)).logits.cpu()
+    want = cpu_model.forward(ids, cpu_model.new_cache(64)).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-3)
+    prompt = prompt_ids(320, n=21, seed=6)
+    plain = SpecSession(model, select_hooks("base", cuda), None, kv_fp8=False, max_len=128).generate(
+        prompt, max_tokens=16, policy=StrictGreedy()).token_ids
+    for rollback, kind in itertools.product(ROLLBACK_STRATEGIES, ("ngram", "oracle")):
+        prop = NGramProposer() if kind == "ngram" else OracleProposer(plain, 320, seed=len(rollback))
+        s = SpecSession(model, select_hooks("rtx", cuda), prop, k=5, kv_fp8=False, rollback=rollback, max_len=128)
+        out = s.generate(prompt, max_tokens=16, policy=StrictGreedy())
+        assert out.token_ids == plain, (rollback, kind)
+        assert out.telemetry.expert_union
 
 
 # ---- config ---------------------------------------------------------------------------------------------------
@@ -234,6 +299,7 @@ def test_greedy_mtp_and_dflash_equal_plain(tiny_models, tiny_checkpoints, tmp_pa
 
 # ---- routing telemetry ----------------------------------------------------------------------------------------
 def test_routing_log_and_bytes_per_forward(tiny_models):
+    from edgespec.bench.gpu import weight_bytes_per_token
     from edgespec.bench.moe import expert_bytes
 
     model = tiny_models[FAMILY]
@@ -250,7 +316,7 @@ def test_routing_log_and_bytes_per_forward(tiny_models):
                 block.routing_log = None
     assert log.mean_union(1) == 2                          # one row reads exactly its k experts per layer
     assert len(log.unions[6]) == 6 and all(2 <= u <= 8 for u in log.unions[6])
-    sizes = expert_bytes(model)
+    sizes = expert_bytes(model, weight_bytes_per_token(model))
     per_expert = sum(p.numel() * 4 for p in model.model.layers[0].mlp.experts[0].parameters())
     assert sizes.per_expert == per_expert and sizes.layers == 6 and sizes.top_k == 2
     assert sizes.decode == sizes.per_forward(2.0) < sizes.per_forward(log.mean_union(6))
