@@ -24,6 +24,7 @@ import torch
 from edgespec.arch.graphs import StaticForward
 from edgespec.cache.model_cache import ModelCache
 from edgespec.models.decoder import ForwardOutput, TargetModel
+from edgespec.models.moe import moe_blocks
 from edgespec.weights.base import PackedWeight
 
 # The rollback strategies every arch offers (see the module doc).
@@ -88,8 +89,9 @@ class ArchHooks:
         model is on CUDA. Leaves the cache reset. Without ``graphs`` stages run eagerly."""
         self.rollback_mode = rollback
         self.static.clear()
-        # MoE layers group rows by expert on the host (edgespec.kernels.moe): not capturable, so they run eagerly.
-        graphs = graphs and not model.config.is_moe
+        # MoE layers run as graphs only with every expert stacked (device-side ids, edgespec.kernels.triton_moe);
+        # packed experts are grouped on the host (edgespec.kernels.moe) and run eagerly.
+        graphs = graphs and all(b.w13 is not None for b in moe_blocks(model))
         self.choose_weight_kernels(model)   # before any capture: graphs record the chosen products
         if cache.states is not None:
             cache.states.graph_commits = graphs and model.device.type == "cuda"

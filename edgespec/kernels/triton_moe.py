@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from edgespec.kernels import sm_count
+
 
 @triton.jit
 def _up_kernel(x_ptr, w_ptr, rows_ptr, ids_ptr, act_ptr, I, H, stride_we, stride_wn,
@@ -64,6 +66,16 @@ def _down_kernel(act_ptr, w_ptr, ids_ptr, scale_ptr, y_ptr, H, I, stride_we, str
     tl.store(y_ptr + p * H + n, y, mask=n_ok)
 
 
+def _block_n(pairs: int, n: int, sms: int) -> int:
+    """Output columns per program: 16, halved down to 2 until the launch has ~4 programs per SM (a one-row
+    decode has only k pairs: with 16 columns its 8 x 32 programs left the chip latency bound, 5% of the byte
+    limit on an H200)."""
+    bn = 16
+    while bn > 2 and pairs * triton.cdiv(n, bn) < 4 * sms:
+        bn //= 2
+    return bn
+
+
 def stacked_expert_product_triton(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
                                   w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     """``x [T, H]``, routing ``weights``/``experts [T, k]``, stacked ``w13 [E, 2I, H]`` and ``w2 [E, H, I]`` ->
@@ -83,11 +95,12 @@ def stacked_expert_product_triton(x: torch.Tensor, weights: torch.Tensor, expert
     scale = weights.reshape(-1)[order].contiguous()
     P = T * k
     act = torch.empty((P, I), dtype=x.dtype, device=x.device)
-    bn_up, bk_up = 16, min(256, triton.next_power_of_2(H))
+    sms = sm_count(x.device)
+    bn_up, bk_up = _block_n(P, I, sms), min(256, triton.next_power_of_2(H))
     _up_kernel[(P, triton.cdiv(I, bn_up))](x, w13, rows, ids, act, I, H, w13.stride(0), w13.stride(1),
-                                          BLOCK_N=bn_up, BLOCK_K=bk_up, num_warps=4, num_stages=2)
+                                          BLOCK_N=bn_up, BLOCK_K=bk_up, num_warps=4, num_stages=3)
     y = torch.empty((P, H), dtype=torch.float32, device=x.device)
-    bn_dn, bk_dn = 16, min(256, triton.next_power_of_2(I))
+    bn_dn, bk_dn = _block_n(P, H, sms), min(256, triton.next_power_of_2(I))
     _down_kernel[(P, triton.cdiv(H, bn_dn))](act, w2, ids, scale, y, H, I, w2.stride(0), w2.stride(1),
                                             BLOCK_N=bn_dn, BLOCK_K=bk_dn, num_warps=4, num_stages=2)
     # Back to (row, slot) order and a plain sum over the k slots: deterministic (no atomics), so a row rounds the

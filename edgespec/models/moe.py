@@ -11,9 +11,6 @@ in float (:class:`RouterLinear`): tiny, and expert choice is sensitive to their 
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass, field
-
 import torch
 from torch import nn
 
@@ -36,33 +33,44 @@ class RouterLinear(nn.Module):
         return linear(x, self.weight)
 
 
-@dataclass
 class RoutingLog:
-    """Expert unions the MoE layers touched, per forward row count (one entry per layer call).
+    """Expert unions the MoE layers touched, summed per forward row count (1 to :data:`MAX_ROWS`) on the device.
 
     The union of a forward is what it reads of the experts: a plain decode step reads k experts per layer, a
-    T-row verify reads between k and min(T*k, experts). :meth:`mean_union` per row count is what the bench and
-    the telemetry report, and :func:`bytes_per_forward` turns it into weight bytes read.
+    T-row verify reads between k and min(T*k, experts). The sums and call counts are device tensors updated in
+    place, so recording costs no host round trip and a captured CUDA graph keeps adding to them at every replay;
+    they are read only when :meth:`mean_union` or :meth:`summary` is asked (the telemetry, once per request).
+    Forwards of more rows (prefill) are not recorded.
     """
 
-    # rows -> union of each layer call
-    unions: dict[int, list[int | torch.Tensor]] = field(default_factory=lambda: defaultdict(list))
+    MAX_ROWS = 64
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.sums = torch.zeros(self.MAX_ROWS + 1, dtype=torch.float32, device=device)
+        self.calls = torch.zeros(self.MAX_ROWS + 1, dtype=torch.float32, device=device)
 
     def record(self, rows: int, union: int | torch.Tensor) -> None:
-        """``union``: an int, or a one-element device tensor read only when a figure is asked for (no sync)."""
-        self.unions[rows].append(union)
+        """Add one layer call of ``rows`` rows that touched ``union`` distinct experts (an int or a 0-d tensor)."""
+        if rows <= self.MAX_ROWS:
+            self.sums[rows] += union
+            self.calls[rows] += 1
+
+    def layer_calls(self, rows: int) -> int:
+        return int(self.calls[rows]) if rows <= self.MAX_ROWS else 0
 
     def mean_union(self, rows: int) -> float:
         """Mean distinct experts per layer of the forwards of ``rows`` rows (0.0 when none was seen)."""
-        seen = self.unions.get(rows)
-        return sum(int(u) for u in seen) / len(seen) if seen else 0.0
+        n = self.layer_calls(rows)
+        return float(self.sums[rows]) / n if n else 0.0
 
     def summary(self) -> dict[int, float]:
-        """``{rows: mean union per layer}`` over every row count seen."""
-        return {rows: self.mean_union(rows) for rows in sorted(self.unions)}
+        """``{rows: mean union per layer}`` over every row count seen (one device-to-host copy)."""
+        sums, calls = self.sums.tolist(), self.calls.tolist()
+        return {r: sums[r] / c for r, c in enumerate(calls) if c}
 
     def clear(self) -> None:
-        self.unions.clear()
+        self.sums.zero_()       # in place: a captured graph keeps the same buffers
+        self.calls.zero_()
 
 
 class SparseMoE(nn.Module):
@@ -115,8 +123,9 @@ class SparseMoE(nn.Module):
         if self.w13 is not None and x.is_cuda:
             # Expert ids stay on the device: no host round trip (the union, when logged, is read later).
             routed = stacked_expert_product(x, weights, experts, self.w13, self.w2)
-            if log is not None:
-                log.record(x.shape[0], (torch.bincount(experts.reshape(-1), minlength=len(self.experts)) > 0).sum())
+            if log is not None:     # distinct experts, without bincount's host sync (it sizes its output)
+                seen = torch.zeros(len(self.experts), dtype=torch.float32, device=x.device)
+                log.record(x.shape[0], seen.index_fill_(0, experts.reshape(-1), 1.0).sum())
         else:
             groups = group_by_expert(experts)
             if log is not None:
@@ -139,13 +148,14 @@ def moe_blocks(model: nn.Module) -> list[SparseMoE]:
 
 def attach_routing_log(model: nn.Module, log: RoutingLog | None = None) -> RoutingLog | None:
     """Record every MoE layer's expert union into ``log`` (when None: the one attached already, else a new one);
-    None for a dense model. Attach
-    to the target only (its MTP head's layers are counted with the drafter)."""
+    None for a dense model. Attach to the target only (its MTP head's layers are counted with the drafter), and
+    before any CUDA graph is captured (the graph records into the log's buffers)."""
     blocks = [m for name, m in model.named_modules() if isinstance(m, SparseMoE) and not name.startswith("mtp.")]
     if not blocks:
         return None
     # Sessions sharing one model share its log (each request clears it first).
-    log = log if log is not None else (blocks[0].routing_log or RoutingLog())
+    device = blocks[0].gate.weight.device
+    log = log if log is not None else (blocks[0].routing_log or RoutingLog(device))
     for block in blocks:
         block.routing_log = log
     return log

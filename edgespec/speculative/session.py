@@ -124,9 +124,9 @@ class SpecSession:
         self.cuda_graphs = d.cuda_graphs if cuda_graphs is None else cuda_graphs
         self.stage_timing = stage_timing
         self.adaptive_k = d.adaptive_k if adaptive_k is None else adaptive_k
-        hooks.prepare(model, self.cache, self.k + 1, self.taps, self.rollback_strategy, self.cuda_graphs)
         from edgespec.models.moe import attach_routing_log
         self.routing = attach_routing_log(model)      # MoE targets: expert unions per forward (telemetry)
+        hooks.prepare(model, self.cache, self.k + 1, self.taps, self.rollback_strategy, self.cuda_graphs)
 
     @property
     def resume_rows(self) -> int | None:
