@@ -143,6 +143,7 @@ def feed_forward(cfg: ModelConfig) -> nn.Module:
 
 
 def moe_blocks(model: nn.Module) -> list[SparseMoE]:
+    """Every :class:`SparseMoE` of ``model`` (its MTP head's included); empty for a dense model."""
     return [m for m in model.modules() if isinstance(m, SparseMoE)]
 
 
