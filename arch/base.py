@@ -17,6 +17,7 @@ from edgespec.arch.rollback import RollbackStrategy
 from edgespec.cache.model_cache import ModelCache
 from edgespec.cache.state import StateMode
 from edgespec.models.decoder import ForwardOutput, TargetModel
+from edgespec.models.moe import moe_blocks
 from edgespec.weights.base import PackedWeight
 
 
@@ -84,6 +85,9 @@ class ArchHooks:
         is on CUDA. Leaves the cache reset. Without ``graphs`` stages run eagerly."""
         self.static.clear()
         self.graph_prefill_max = graph_prefill_max
+        # MoE layers run as graphs only with every expert stacked (device-side ids, edgespec.kernels.triton_moe);
+        # packed experts are grouped on the host (edgespec.kernels.moe) and run eagerly.
+        graphs = graphs and all(b.w13 is not None for b in moe_blocks(model))
         self.choose_weight_kernels(model)   # before any capture: graphs record the chosen products
         if cache.states is not None:
             cache.states.graph_commits = graphs and model.device.type == "cuda"

@@ -28,6 +28,7 @@ from safetensors.torch import save_file
 
 from edgespec.errors import CheckpointError, ConfigError
 from edgespec.loading.checkpoint import normalise_key
+from edgespec.loading.experts import split_fused_experts
 from edgespec.loading.hf_config import parse_config, read_json
 from edgespec.loading.safetensors_io import TensorEntry, TensorReader, read_headers
 from edgespec.loading.weights import weight_files
@@ -213,7 +214,8 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, fmt: str, *, keep: lis
     raw_cfg = read_json(src / "config.json")
     if raw_cfg.get("quantization_config") or (src / "hf_quant_config.json").is_file():
         raise CheckpointError(f"{src} is already quantized; quantize a bf16/fp16/fp32 checkpoint")
-    entries = read_headers(weight_files(src))
+    # Fused MoE experts are quantized (and written) per expert, the layout the quantized releases use.
+    entries = split_fused_experts(read_headers(weight_files(src)), parse_config(raw_cfg))
     if dst.exists() and any(dst.iterdir()) and not force:
         raise ConfigError(f"{dst} is not empty (use --force to write into it)")
     dst.mkdir(parents=True, exist_ok=True)

@@ -44,7 +44,7 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     from edgespec.loading.synthetic import TINY_SHAPES, tiny_config, write_random_checkpoint
 
     root = tmp_path_factory.mktemp("tiny")
-    return {fam: write_random_checkpoint(root / fam, tiny_config(fam), seed=7, with_mtp=fam == "qwen3_5")
+    return {fam: write_random_checkpoint(root / fam, tiny_config(fam), seed=7, with_mtp=fam.startswith("qwen3_5"))
             for fam in TINY_SHAPES}
 
 

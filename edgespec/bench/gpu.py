@@ -22,6 +22,7 @@ import torch
 
 from edgespec.arch.detect import select_hooks
 from edgespec.bench.attn_in_place import compare_in_place, format_in_place
+from edgespec.bench.moe import expert_bytes
 from edgespec.bench.timing import time_cuda
 from edgespec.config import MAX_DRAFT_TOKENS
 from edgespec.errors import ConfigError
@@ -30,6 +31,7 @@ from edgespec.loading.hf_config import parse_config
 from edgespec.loading.synthetic import SHAPES, config_dict
 from edgespec.memory import peak_bytes, plan_budget
 from edgespec.models.decoder import TargetModel
+from edgespec.models.moe import attach_routing_log
 from edgespec.speculative.session import SpecSession
 
 
@@ -74,6 +76,7 @@ def random_model(shape: str, device: torch.device, dtype: torch.dtype, max_len: 
 
     model = build_empty(cfg, dtype, device, max_positions=max_len, merge=True, budget=budget)
     fill_random_(model, torch.Generator(device=device).manual_seed(0))
+    model.merge_projections()       # merges that need real tensors (MoE experts stacked per layer)
     return model.eval()     # the layout load_target serves on CUDA
 
 
@@ -141,6 +144,10 @@ def bench_shape(shape: str, *, device: torch.device, dtype: torch.dtype = torch.
     hooks = select_hooks(arch, device)
     session = SpecSession.with_defaults(model, hooks, None, kv_fp8=kv_fp8, max_len=max_len, cuda_graphs=graphs)
     wbytes = weight_bytes_per_token(model)
+    moe = expert_bytes(model, wbytes)           # an MoE forward reads its touched experts only (edgespec.bench.moe)
+    routing = attach_routing_log(model) if moe is not None else None
+    if moe is not None:
+        wbytes = moe.decode
     out: dict[str, Any] = {"shape": shape, "device": torch.cuda.get_device_name(device) if device.type == "cuda"
                            else "cpu", "dtype": str(dtype).replace("torch.", ""), "arch": hooks.name,
                            "kv": "fp8" if session.kv_fp8 else "model", "bandwidth_GBps": bw / 1e9,
@@ -198,8 +205,16 @@ def bench_shape(shape: str, *, device: torch.device, dtype: torch.dtype = torch.
 
         r_ms = time_cuda(rollback_step)
         verify[rows] = {"ms": v_ms, "x_decode": v_ms / decode_ms, "rollback_ms": r_ms}
+        if routing is not None:
+            # Random weights route almost uniformly: this union overstates what a trained router touches.
+            union = routing.mean_union(rows)
+            v_limit = (moe.per_forward(union) + kv_bytes_read(vs, context)) / bw * 1e3
+            verify[rows].update(expert_union=union, limit_ms=v_limit, x_limit=v_ms / v_limit)
         del vs
     out["verify"] = verify
+    if moe is not None:
+        out["moe"] = {"all_weights_GB": weight_bytes_per_token(model) / 1e9, "dense_GB": moe.dense / 1e9,
+                      "per_expert_MB": moe.per_expert / 1e6, "layers": moe.layers, "top_k": moe.top_k}
 
     prefill = {}
     for n in prefill_lengths:

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from edgespec.errors import CheckpointError
+from edgespec.loading.experts import split_fused_experts
 from edgespec.loading.hf_config import load_config
 from edgespec.loading.quant_config import QuantSpec, detect_quantization
 from edgespec.loading.quantized import ignored, pack_linears, packed_slots, part_view
@@ -59,7 +60,7 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
     cfg = load_config(folder)
     spec = detect_quantization(folder)
     files = weight_files(folder)
-    raw = read_headers(files)
+    raw = split_fused_experts(read_headers(files), cfg)     # fused MoE experts -> per-expert entries
     has_mtp = any(k.startswith("mtp.") for k in raw)
     device = torch.device(device)
 

@@ -17,8 +17,13 @@ _FAMILIES = {
     "qwen3": "qwen3",
     "qwen3_5": "qwen3_5",
     "qwen3_5_text": "qwen3_5",
+    "qwen3_5_moe": "qwen3_5",
+    "qwen3_5_moe_text": "qwen3_5",
 }
-_MOE_TYPES = {"qwen3_moe", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next", "mixtral", "deepseek_v3"}
+# Mixture-of-experts model types edgespec runs (edgespec.models.moe); other MoE types are refused by name.
+_MOE_SUPPORTED = {"qwen3_5_moe", "qwen3_5_moe_text"}
+_MOE_TYPES = {"qwen3_moe", "qwen3_next", "mixtral", "deepseek_v3"}
+_MOE_REQUIRED = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 
 
@@ -48,15 +53,19 @@ def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfi
     model_type = raw.get("model_type")
     if model_type is None:
         raise CheckpointError(f"{source}: missing required field 'model_type'")
-    if model_type in _MOE_TYPES or raw.get("num_experts") or raw.get("text_config", {}).get("num_experts"):
+    has_experts = raw.get("num_experts") or (raw.get("text_config") or {}).get("num_experts")
+    if model_type in _MOE_TYPES or (has_experts and model_type not in _MOE_SUPPORTED):
         raise UnsupportedModelError(
-            f"{source}: model_type {model_type!r} is a mixture-of-experts model; edgespec runs dense and "
-            f"hybrid models only for now")
+            f"{source}: model_type {model_type!r} is a mixture-of-experts model; of those edgespec runs "
+            f"{', '.join(sorted(_MOE_SUPPORTED))} only")
     if model_type not in _FAMILIES:
         raise UnsupportedModelError(
             f"{source}: unknown model_type {model_type!r}; supported: {', '.join(sorted(_FAMILIES))}")
     text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
-    missing = [k for k in _REQUIRED if k not in text]
+    moe = model_type in _MOE_SUPPORTED
+    # An MoE config has no dense intermediate_size: the shared expert's width stands for it (workspace sizing).
+    required = [k for k in _REQUIRED if k != "intermediate_size"] + list(_MOE_REQUIRED) if moe else _REQUIRED
+    missing = [k for k in required if k not in text]
     if missing:
         raise CheckpointError(f"{source}: missing required field(s) {', '.join(missing)}")
     family = _FAMILIES[model_type]
@@ -65,18 +74,7 @@ def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfi
     n_layers = int(text["num_hidden_layers"])
     rope = text.get("rope_parameters") or {}
     rope_scaling = text.get("rope_scaling") or (rope if rope.get("rope_type") not in (None, "default") else None)
-    layer_types = text.get("layer_types")
-    if family == "qwen3_5" and not layer_types:
-        interval = int(text.get("full_attention_interval", 4))
-        layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n_layers)]
-    if layer_types is not None:
-        if len(layer_types) != n_layers:
-            raise CheckpointError(f"{source}: layer_types has {len(layer_types)} entries for {n_layers} layers")
-        bad = sorted({t for t in layer_types if t not in ("full_attention", "linear_attention")})
-        if bad:
-            raise UnsupportedModelError(f"{source}: unsupported layer type(s) {', '.join(bad)}")
-        if family != "qwen3_5" and "linear_attention" in layer_types:
-            raise UnsupportedModelError(f"{source}: linear_attention layers need model_type qwen3_5")
+    layer_types = _layer_types(text, family, n_layers, source)
     # The VLM wrapper of Qwen3.5 keeps tie_word_embeddings at the top level; text-only configs keep it inside.
     tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
     cfg = ModelConfig(
@@ -84,7 +82,7 @@ def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfi
         model_type=model_type,
         vocab_size=int(text["vocab_size"]),
         hidden_size=hidden,
-        intermediate_size=int(text["intermediate_size"]),
+        intermediate_size=int(text["shared_expert_intermediate_size" if moe else "intermediate_size"]),
         num_hidden_layers=n_layers,
         num_attention_heads=heads,
         num_key_value_heads=int(text.get("num_key_value_heads") or heads),
@@ -104,6 +102,12 @@ def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfi
         linear_value_head_dim=int(text.get("linear_value_head_dim", 0)),
         linear_conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 4)),
         mtp_num_hidden_layers=int(text.get("mtp_num_hidden_layers", 0)),
+        num_experts=int(text["num_experts"]) if moe else 0,
+        num_experts_per_tok=int(text["num_experts_per_tok"]) if moe else 0,
+        moe_intermediate_size=int(text["moe_intermediate_size"]) if moe else 0,
+        shared_expert_intermediate_size=int(text["shared_expert_intermediate_size"]) if moe else 0,
+        # Qwen3.5 MoE always renormalises the top-k weights (transformers has no flag for it); honour one if set.
+        norm_topk_prob=bool(text.get("norm_topk_prob", True)),
         bos_token_id=text.get("bos_token_id", raw.get("bos_token_id")),
         eos_token_ids=_as_id_list(text.get("eos_token_id", raw.get("eos_token_id"))),
         torch_dtype=text.get("dtype") or text.get("torch_dtype") or raw.get("torch_dtype"),
@@ -112,13 +116,46 @@ def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfi
         raise CheckpointError(f"{source}: num_attention_heads {heads} is not a multiple of "
                               f"num_key_value_heads {cfg.num_key_value_heads}")
     if family == "qwen3_5":
-        for key in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-                    "linear_value_head_dim"):
-            if getattr(cfg, key) <= 0:
-                raise CheckpointError(f"{source}: missing required field {key!r} for a qwen3_5 model")
-        if cfg.linear_num_value_heads % cfg.linear_num_key_heads:
-            raise CheckpointError(f"{source}: linear_num_value_heads must be a multiple of linear_num_key_heads")
+        _check_hybrid(cfg, source)
+    if moe:
+        _check_moe(cfg, source)
     return cfg
+
+
+def _layer_types(text: dict[str, Any], family: str, n_layers: int, source: str) -> list[str] | None:
+    """The config's ``layer_types`` (a hybrid without them: every ``full_attention_interval``-th layer attends),
+    checked against the layer count and the family."""
+    layer_types = text.get("layer_types")
+    if family == "qwen3_5" and not layer_types:
+        interval = int(text.get("full_attention_interval", 4))
+        layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n_layers)]
+    if layer_types is not None:
+        if len(layer_types) != n_layers:
+            raise CheckpointError(f"{source}: layer_types has {len(layer_types)} entries for {n_layers} layers")
+        bad = sorted({t for t in layer_types if t not in ("full_attention", "linear_attention")})
+        if bad:
+            raise UnsupportedModelError(f"{source}: unsupported layer type(s) {', '.join(bad)}")
+        if family != "qwen3_5" and "linear_attention" in layer_types:
+            raise UnsupportedModelError(f"{source}: linear_attention layers need model_type qwen3_5")
+    return layer_types
+
+
+def _check_hybrid(cfg: ModelConfig, source: str) -> None:
+    """A Gated DeltaNet hybrid names its linear-attention head counts and sizes."""
+    for key in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"):
+        if getattr(cfg, key) <= 0:
+            raise CheckpointError(f"{source}: missing required field {key!r} for a qwen3_5 model")
+    if cfg.linear_num_value_heads % cfg.linear_num_key_heads:
+        raise CheckpointError(f"{source}: linear_num_value_heads must be a multiple of linear_num_key_heads")
+
+
+def _check_moe(cfg: ModelConfig, source: str) -> None:
+    for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"):
+        if getattr(cfg, key) <= 0:
+            raise CheckpointError(f"{source}: {key} must be positive, got {getattr(cfg, key)}")
+    if cfg.num_experts_per_tok > cfg.num_experts:
+        raise CheckpointError(f"{source}: num_experts_per_tok {cfg.num_experts_per_tok} exceeds num_experts "
+                              f"{cfg.num_experts}")
 
 
 def load_config(folder: Path) -> ModelConfig:

@@ -30,6 +30,12 @@ SHAPES: dict[str, dict[str, Any]] = {
     "qwen3.5-27b": dict(model_type="qwen3_5_text", hidden_size=5120, num_hidden_layers=64, num_attention_heads=24,
                         num_key_value_heads=4, intermediate_size=17408, linear_num_key_heads=16,
                         linear_num_value_heads=48, tie_word_embeddings=False),
+    # The MoE hybrid (Qwen3.5/3.6-35B-A3B): 256 experts, 8 routed + 1 shared, expert width 512.
+    "qwen3.5-35b-a3b": dict(model_type="qwen3_5_moe_text", hidden_size=2048, num_hidden_layers=40,
+                            num_attention_heads=16, num_key_value_heads=2, linear_num_key_heads=16,
+                            linear_num_value_heads=32, num_experts=256, num_experts_per_tok=8,
+                            moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                            tie_word_embeddings=False),
     "qwen3-4b": dict(model_type="qwen3", hidden_size=2560, num_hidden_layers=36, num_attention_heads=32,
                      num_key_value_heads=8, head_dim=128, intermediate_size=9728, vocab_size=151936,
                      tie_word_embeddings=True, rope_theta=1e6),
@@ -59,6 +65,13 @@ TINY_SHAPES: dict[str, dict[str, Any]] = {
                     num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                     linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
                     linear_value_head_dim=16, max_position_embeddings=1024, mtp_num_hidden_layers=1),
+    # The qwen3_5 hybrid with a sparse MoE in every layer: 8 experts, 2 routed + 1 gated shared (widths differ so
+    # a routed/shared mix-up fails on shapes).
+    "qwen3_5_moe": dict(model_type="qwen3_5_moe_text", vocab_size=320, hidden_size=64, num_hidden_layers=6,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
+                        linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                        max_position_embeddings=1024, mtp_num_hidden_layers=1, num_experts=8, num_experts_per_tok=2,
+                        moe_intermediate_size=32, shared_expert_intermediate_size=48),
 }
 
 _QWEN35_DEFAULTS = dict(vocab_size=248320, head_dim=256, linear_key_head_dim=128, linear_value_head_dim=128,
@@ -87,7 +100,8 @@ def tiny_config(family: str, **overrides: Any) -> dict[str, Any]:
 
 
 _ARCH = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM",
-         "qwen3_5": "Qwen3_5ForConditionalGeneration"}
+         "qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+         "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration"}
 
 
 def randomise_(model: TargetModel, seed: int, norm_spread: float = 0.5) -> None:

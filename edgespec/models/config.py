@@ -13,7 +13,8 @@ class ModelConfig:
     """Shape and math switches of a target model. ``family`` selects the implementation.
 
     family: ``llama`` (Llama, SmolLM2; no q/k norm), ``qwen3`` (Llama + per-head q/k RMSNorm),
-    ``qwen3_5`` (hybrid Gated DeltaNet + gated full attention, zero-centred norms).
+    ``qwen3_5`` (hybrid Gated DeltaNet + gated full attention, zero-centred norms). ``num_experts`` > 0 makes
+    every layer's MLP a routed mixture of experts with a gated shared expert (``qwen3_5_moe``; edgespec.models.moe).
     """
 
     family: Literal["llama", "qwen3", "qwen3_5"]
@@ -41,6 +42,13 @@ class ModelConfig:
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 4
     mtp_num_hidden_layers: int = 0
+    # Mixture of experts (qwen3_5_moe): router over num_experts, num_experts_per_tok routed experts of width
+    # moe_intermediate_size per token, plus a shared expert of width shared_expert_intermediate_size.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = True
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     torch_dtype: str | None = None
@@ -53,6 +61,11 @@ class ModelConfig:
     def rotary_dim(self) -> int:
         dim = int(self.head_dim * self.partial_rotary_factor)
         return dim - dim % 2
+
+    @property
+    def is_moe(self) -> bool:
+        """Every layer's MLP is a mixture of experts (edgespec.models.moe)."""
+        return self.num_experts > 0
 
     @property
     def zero_centred_norms(self) -> bool:

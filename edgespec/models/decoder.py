@@ -22,7 +22,8 @@ from edgespec.kernels.linear import linear
 from edgespec.kernels.tree import TreeMask
 from edgespec.models.config import ModelConfig
 from edgespec.models.gdn import GatedDeltaNet
-from edgespec.models.layers import MLP, Attention, Linear, RMSNorm, RotaryEmbedding, gather_rows, merge_all_projections
+from edgespec.models.layers import Attention, Linear, RMSNorm, RotaryEmbedding, gather_rows, merge_all_projections
+from edgespec.models.moe import feed_forward
 
 
 @dataclass
@@ -55,7 +56,7 @@ class DecoderLayer(nn.Module):
             self.self_attn = Attention(cfg)
         else:
             self.linear_attn = GatedDeltaNet(cfg)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        self.mlp = feed_forward(cfg)     # SwiGLU MLP, or the sparse MoE of qwen3_5_moe (edgespec.models.moe)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norms)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norms)
 

@@ -33,7 +33,7 @@ class SessionPlan:
     stage_timing: StageTiming = "host"
 
     @classmethod
-    def resolve(cls, defaults: ArchDefaults, *, kv_fp8: bool | None = None, rollback: str = "auto",
+    def resolve(cls, defaults: ArchDefaults, *, kv_fp8: bool | None = None, rollback: str | None = "auto",
                 prefill_chunk: int | None = None, max_len: int = 4096, cuda_graphs: bool | None = None,
                 adaptive_k: bool | None = None, graph_prefill_max: int | None = None,
                 stage_timing: StageTiming = "host", draft_tree: int | str | None = "off") -> SessionPlan:
@@ -43,6 +43,8 @@ class SessionPlan:
         def pick(value, default):
             return default if value is None else value
 
+        if rollback is None:
+            rollback = "auto"
         strategy = rollback_strategy(defaults.rollback if rollback == "auto" else rollback)
         budget, min_joint = tree_setting(draft_tree, defaults.tree_min_joint)
         if budget is not None:

@@ -125,6 +125,8 @@ class SpecSession:
         self.tree_budget = plan.rollback.budget if proposer is not None and isinstance(plan.rollback, TreeVerify) \
             else None
         self.tree_calibration = JointCalibration()     # per request: how far the drafter's probabilities hold
+        from edgespec.models.moe import attach_routing_log
+        self.routing = attach_routing_log(model)      # MoE targets: expert unions per forward (telemetry)
         hooks.prepare(model, self.cache, k + 1, self.taps, plan.rollback, plan.cuda_graphs, plan.graph_prefill_max)
 
     @classmethod
@@ -194,6 +196,8 @@ class SpecSession:
         device, proposer = self.model.device, self.proposer
         sync = device_sync if self.plan.stage_timing == "device" and device.type == "cuda" else None
         tel = RequestTelemetry(drafter=self.drafter_name, prompt_tokens=len(prompt_ids), sync=sync)
+        if self.routing is not None:
+            self.routing.clear()
         out = Emitter(max_tokens, stop_ids, policy, on_tokens, constraint)
         start = 0
         if prefix is None:
@@ -219,6 +223,8 @@ class SpecSession:
                               out.emit([first]))
         tel.decode_ms = (time.perf_counter() - t_first) * 1000.0
         tel.generated_tokens = len(out.tokens)
+        if self.routing is not None:      # decode steps and verifies only, not the prefill
+            tel.expert_union = {r: round(u, 2) for r, u in self.routing.summary().items() if r <= self.k + 1}
         if prefix is not None:
             prefix.finished(list(prompt_ids) + out.tokens)
         return GenerationResult(out.tokens, finish, tel)

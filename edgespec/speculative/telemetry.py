@@ -95,6 +95,8 @@ class RequestTelemetry(AcceptanceCounts):
     tree_nodes: int = 0
     tree_sibling_accepts: int = 0
     sync: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    # MoE targets: rows of a decode/verify forward -> mean distinct experts it read per layer (its weight bytes)
+    expert_union: dict[int, float] = field(default_factory=dict)
 
     @property
     def decode_tok_s(self) -> float:
@@ -160,6 +162,7 @@ def telemetry_dict(t: RequestTelemetry) -> dict[str, Any]:
         "stage_ms": {k: round(v, 3) for k, v in t.stage_ms.items()}, "decode_ms": t.decode_ms,
         "acceptance_length": round(t.acceptance_length, 4), "acceptance_rate": round(t.acceptance_rate, 4),
         "per_position_rate": [round(x, 4) for x in t.per_position_rate], "decode_tok_s": round(t.decode_tok_s, 2),
+        **({"expert_union": {str(r): u for r, u in t.expert_union.items()}} if t.expert_union else {}),
     }
 
 
@@ -171,4 +174,5 @@ def log_summary(t: RequestTelemetry) -> str:
     return tree + (f"drafter={t.drafter} tokens={t.generated_tokens} cycles={t.cycles} "
             f"AL={t.acceptance_length:.2f} accept={t.acceptance_rate:.0%} "
             f"decode={t.decode_tok_s:.1f} tok/s prefill={s['prefill']:.0f}ms draft={s['draft']:.0f}ms "
-            f"verify={s['verify']:.0f}ms accept={s['accept']:.0f}ms other={s['other']:.0f}ms")
+            f"verify={s['verify']:.0f}ms accept={s['accept']:.0f}ms other={s['other']:.0f}ms"
+            + "".join(f" experts@{r}={u:.1f}" for r, u in t.expert_union.items()))

@@ -84,10 +84,10 @@ def test_wide_verify_17_to_64_rows_stays_lossless(folders, fmt):
     model = load_target(folders["qwen3_5", fmt][0], dtype=torch.bfloat16, device=CUDA, max_positions=512)
     vocab = model.config.vocab_size
     prompt = prompt_ids(vocab, n=21, seed=9)
-    plain = SpecSession(model, select_hooks("rtx", CUDA), None, max_len=256).generate(
+    plain = SpecSession.with_defaults(model, select_hooks("rtx", CUDA), None, max_len=256).generate(
         prompt, max_tokens=90, policy=StrictGreedy()).token_ids
     for prop in (OracleProposer(plain, vocab, seed=5), NGramProposer()):
-        s = SpecSession(model, select_hooks("rtx", CUDA), prop, k=31, max_len=256)
+        s = SpecSession.with_defaults(model, select_hooks("rtx", CUDA), prop, k=31, max_len=256)
         out = s.generate(prompt, max_tokens=90, policy=StrictGreedy())
         assert lossless(model, prompt, plain, out.token_ids, kv_fp8=s.kv_fp8), (fmt, type(prop).__name__)
 

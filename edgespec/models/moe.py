@@ -1,0 +1,162 @@
+"""The sparse mixture-of-experts MLP of Qwen3.5/3.6 MoE (``qwen3_5_moe``, e.g. 35B-A3B), and its routing log.
+
+Per layer: a router ``gate`` [experts, hidden] (softmax over all experts, top-k, renormalised over the k chosen),
+``experts.{e}`` SwiGLU MLPs of width ``moe_intermediate_size``, and a ``shared_expert`` SwiGLU MLP whose output is
+scaled by ``sigmoid(shared_expert_gate(x))`` and added to the routed sum. Parameter names are the checkpoint keys
+(per-expert layout; fused ``experts.gate_up_proj``/``experts.down_proj`` files are split into them at load, see
+``edgespec.loading.experts``). Each expert is the dense :class:`~edgespec.models.layers.MLP`, so every weight format
+(bf16, block-FP8, NVFP4, AWQ/GPTQ int4) and the gate/up merge work unchanged; the router and the shared gate stay
+in float (:class:`RouterLinear`): tiny, and expert choice is sensitive to their rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from edgespec.kernels.linear import linear
+from edgespec.kernels.moe import group_by_expert, grouped_expert_product, route, stacked_expert_product
+from edgespec.models.config import ModelConfig
+from edgespec.models.layers import MLP
+from edgespec.weights.base import is_packed
+
+
+class RouterLinear(nn.Module):
+    """``y = x W^T`` kept in the checkpoint's float dtype: never packed by the loader nor by ``edgespec quantize``
+    (both quantize :class:`~edgespec.models.layers.Linear` s only)."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight)
+
+
+class RoutingLog:
+    """Expert unions the MoE layers touched, summed per forward row count (1 to :data:`MAX_ROWS`) on the device.
+
+    The union of a forward is what it reads of the experts: a plain decode step reads k experts per layer, a
+    T-row verify reads between k and min(T*k, experts). The sums and call counts are device tensors updated in
+    place, so recording costs no host round trip and a captured CUDA graph keeps adding to them at every replay;
+    they are read only when :meth:`mean_union` or :meth:`summary` is asked (the telemetry, once per request).
+    Forwards of more rows (prefill) are not recorded.
+    """
+
+    MAX_ROWS = 64
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.sums = torch.zeros(self.MAX_ROWS + 1, dtype=torch.float32, device=device)
+        self.calls = torch.zeros(self.MAX_ROWS + 1, dtype=torch.float32, device=device)
+
+    def record(self, rows: int, union: int | torch.Tensor) -> None:
+        """Add one layer call of ``rows`` rows that touched ``union`` distinct experts (an int or a 0-d tensor)."""
+        if rows <= self.MAX_ROWS:
+            self.sums[rows] += union
+            self.calls[rows] += 1
+
+    def layer_calls(self, rows: int) -> int:
+        return int(self.calls[rows]) if rows <= self.MAX_ROWS else 0
+
+    def mean_union(self, rows: int) -> float:
+        """Mean distinct experts per layer of the forwards of ``rows`` rows (0.0 when none was seen)."""
+        n = self.layer_calls(rows)
+        return float(self.sums[rows]) / n if n else 0.0
+
+    def summary(self) -> dict[int, float]:
+        """``{rows: mean union per layer}`` over every row count seen (one device-to-host copy)."""
+        sums, calls = self.sums.tolist(), self.calls.tolist()
+        return {r: sums[r] / c for r, c in enumerate(calls) if c}
+
+    def clear(self) -> None:
+        self.sums.zero_()       # in place: a captured graph keeps the same buffers
+        self.calls.zero_()
+
+
+class SparseMoE(nn.Module):
+    """Routed experts plus the gated shared expert; ``forward`` groups rows by expert (one read per touched expert)."""
+
+    # Set by :func:`attach_routing_log`; None: nothing recorded (no cost).
+    routing_log: RoutingLog | None = None
+    # The experts stacked per layer (dense weights, after loading): plain tensors whose views are the experts'
+    # parameters, so the memory is counted once, as the parameters.
+    w13: torch.Tensor | None = None
+    w2: torch.Tensor | None = None
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        H = cfg.hidden_size
+        self.top_k = cfg.num_experts_per_tok
+        self.normalise = cfg.norm_topk_prob
+        self.gate = RouterLinear(H, cfg.num_experts)
+        self.experts = nn.ModuleList([MLP(H, cfg.moe_intermediate_size) for _ in range(cfg.num_experts)])
+        self.shared_expert = MLP(H, cfg.shared_expert_intermediate_size)
+        self.shared_expert_gate = RouterLinear(H, 1)
+
+    def merge_projections(self) -> None:
+        """Merge every expert's gate/up (as the dense MLP does), then stack the experts (:meth:`stack_experts`)."""
+        for expert in self.experts:
+            expert.merge_projections()
+        self.stack_experts()
+
+    def stack_experts(self) -> bool:
+        """Stack dense, merged expert weights into ``w13 [E, 2I, H]`` / ``w2 [E, H, I]`` for the stacked product
+        (edgespec.kernels.moe); each expert's parameters become views of the stacks, so memory is unchanged but for
+        one layer's copy while stacking. Packed experts, unmerged ones and meta tensors stay as they are (False)."""
+        if self.w13 is not None:
+            return True
+        mats = [(e.gate_up_proj, e.down_proj) for e in self.experts]
+        if any(up is None or is_packed(up.weight) or is_packed(down.weight) for up, down in mats) \
+                or mats[0][0].weight.device.type == "meta":
+            return False
+        with torch.no_grad():
+            self.w13 = torch.stack([up.weight.data for up, _ in mats])
+            self.w2 = torch.stack([down.weight.data for _, down in mats])
+            for i, (up, down) in enumerate(mats):
+                up.weight.data = self.w13[i]
+                down.weight.data = self.w2[i]
+        return True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, experts = route(self.gate(x), self.top_k, self.normalise)     # [T, k] each
+        log = self.routing_log
+        if self.w13 is not None and x.is_cuda:
+            # Expert ids stay on the device: no host round trip (the union, when logged, is read later).
+            routed = stacked_expert_product(x, weights, experts, self.w13, self.w2)
+            if log is not None:     # distinct experts, without bincount's host sync (it sizes its output)
+                seen = torch.zeros(len(self.experts), dtype=torch.float32, device=x.device)
+                log.record(x.shape[0], seen.index_fill_(0, experts.reshape(-1), 1.0).sum())
+        else:
+            groups = group_by_expert(experts)
+            if log is not None:
+                log.record(x.shape[0], groups.union)
+            routed = grouped_expert_product(x, weights, experts, self.experts, groups)
+        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return routed + shared
+
+
+def feed_forward(cfg: ModelConfig) -> nn.Module:
+    """The MLP of one decoder layer: :class:`SparseMoE` for MoE configs, else the dense SwiGLU MLP."""
+    if cfg.is_moe:
+        return SparseMoE(cfg)
+    return MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+
+
+def moe_blocks(model: nn.Module) -> list[SparseMoE]:
+    """Every :class:`SparseMoE` of ``model`` (its MTP head's included); empty for a dense model."""
+    return [m for m in model.modules() if isinstance(m, SparseMoE)]
+
+
+def attach_routing_log(model: nn.Module, log: RoutingLog | None = None) -> RoutingLog | None:
+    """Record every MoE layer's expert union into ``log`` (when None: the one attached already, else a new one);
+    None for a dense model. Attach to the target only (its MTP head's layers are counted with the drafter), and
+    before any CUDA graph is captured (the graph records into the log's buffers)."""
+    blocks = [m for name, m in model.named_modules() if isinstance(m, SparseMoE) and not name.startswith("mtp.")]
+    if not blocks:
+        return None
+    # Sessions sharing one model share its log (each request clears it first).
+    device = blocks[0].gate.weight.device
+    log = log if log is not None else (blocks[0].routing_log or RoutingLog(device))
+    for block in blocks:
+        block.routing_log = log
+    return log
