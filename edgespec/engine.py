@@ -91,9 +91,14 @@ class Engine:
             self.hooks.defaults.graph_prefill_max = settings.graph_prefill_max
         self.proposer = build_proposer(settings, model)
         kv = settings.kv_dtype
+        # A checkpoint that asks for an FP8 KV cache (ModelOpt kv_cache_quant_algo, compressed-tensors
+        # kv_cache_scheme) gets one under "auto"; its scales are computed per token and head as rows are written.
+        if kv == "auto":
+            kv_fp8 = True if getattr(model, "checkpoint_kv_cache", None) == "fp8" else None
+        else:
+            kv_fp8 = kv == "fp8"
         self.session = SpecSession(
-            model, self.hooks, self.proposer, k=settings.num_draft_tokens,
-            kv_fp8=None if kv == "auto" else kv == "fp8", rollback=settings.rollback,
+            model, self.hooks, self.proposer, k=settings.num_draft_tokens, kv_fp8=kv_fp8, rollback=settings.rollback,
             prefill_chunk=settings.prefill_chunk, max_len=settings.max_seq_len, cuda_graphs=settings.cuda_graphs,
             stage_timing=settings.stage_timing, adaptive_k=settings.adaptive_k)
         # Prefix reuse: what the session's cache holds between requests (see edgespec.cache.prefix).

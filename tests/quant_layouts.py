@@ -110,6 +110,16 @@ def _quantizable(name: str, shape, fmt: str, group: int) -> bool:
     return True
 
 
+def save_beside(dense_dir: Path, folder: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Write ``tensors`` as ``folder/model.safetensors`` with ``dense_dir``'s other files (tokenizer ...) beside it;
+    the caller writes ``config.json``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    for extra in dense_dir.iterdir():
+        if extra.name not in ("model.safetensors", "config.json"):
+            shutil.copy2(extra, folder / extra.name)
+
+
 def write_quantized(dense_dir: Path, out_dir: Path, ref_dir: Path, fmt: str, group: int = 32, seed: int = 0,
                     quantize_mtp: bool = True) -> tuple[Path, Path]:
     """From a dense random checkpoint, write ``out_dir`` (public layout of ``fmt``) and ``ref_dir`` (the same model
@@ -137,11 +147,7 @@ def write_quantized(dense_dir: Path, out_dir: Path, ref_dir: Path, fmt: str, gro
         ref[key] = dense
     cfg = json.loads((dense_dir / "config.json").read_text())
     for folder, ts in ((out_dir, packed), (ref_dir, ref)):
-        folder.mkdir(parents=True, exist_ok=True)
-        save_file(ts, str(folder / "model.safetensors"), metadata={"format": "pt"})
-        for extra in dense_dir.iterdir():
-            if extra.name not in ("model.safetensors", "config.json"):
-                shutil.copy2(extra, folder / extra.name)
+        save_beside(dense_dir, folder, ts)
     qcfg = dict(cfg, quantization_config=quant_config(fmt, group, kept))
     (out_dir / "config.json").write_text(json.dumps(qcfg))
     (ref_dir / "config.json").write_text(json.dumps(cfg))
