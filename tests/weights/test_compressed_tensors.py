@@ -71,7 +71,7 @@ def test_logits_match_library_dequantized(checkpoints, family, scheme):
         assert {m.weight.format for m in attn.modules() if isinstance(m, PackedLinear)} == {"fp8_row"}
     if family == "qwen3_5":
         gdn = layers[0].linear_attn
-        assert not any(isinstance(m, PackedLinear) and m.out_features == 4 for m in gdn.modules())
+        assert any(isinstance(m, Linear) for m in gdn.modules())    # the ignored a/b gates stay in 16 bits
     toks = torch.tensor(prompt_ids(model.config.vocab_size, n=12))
     tol = 2e-4 if family == "qwen3_5" else 1e-4     # the GDN recurrence amplifies fp32 summation order
     with torch.inference_mode():
