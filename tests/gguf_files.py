@@ -18,10 +18,35 @@ def _vocab() -> list[str]:
     return byte_chars + words + CONTROL
 
 
+# Typical |d| of random K-quant super-blocks (gguf-py cannot quantize to them): weights of about 0.1-0.3.
+_K_SCALE = {"Q4_K": (4e-4, 1e-3), "Q5_K": (2e-4, 1e-3), "Q6_K": (1e-4, None), "Q2_K": (1e-3, 1e-3),
+            "Q3_K": (1e-3, None)}
+# Where the fp16 d (and dmin) of each K-quant block lie.
+_K_D_AT = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, None), "Q2_K": (80, 82), "Q3_K": (108, None)}
+
+
+def random_kquant(rows: int, cols: int, kind: str, rng: np.random.Generator) -> np.ndarray:
+    """Random K-quant super-blocks ``uint8 [rows, cols/256 * block_bytes]``: random codes and sub-scales, fp16
+    ``d`` (and ``dmin``) of a size that keeps the weights small. Every byte pattern is a valid block."""
+    from gguf import GGML_QUANT_SIZES
+    from gguf import GGMLQuantizationType as Q
+
+    _, nbytes = GGML_QUANT_SIZES[getattr(Q, kind)]
+    raw = rng.integers(0, 256, size=(rows, cols // 256, nbytes), dtype=np.uint8)
+    for at, base in zip(_K_D_AT[kind], _K_SCALE[kind], strict=True):
+        if at is not None:
+            d = (base * (0.5 + rng.random((rows, cols // 256)))).astype(np.float16)
+            raw[..., at:at + 2] = d.view(np.uint8).reshape(rows, cols // 256, 2)
+    return raw.reshape(rows, -1)
+
+
 def write_tiny_gguf(path: Path, qtype: str = "Q4_1", *, embed_qtype: str = "Q8_0", arch: str = "llama",
-                    tied: bool = True, seed: int = 0) -> Path:
+                    tied: bool = True, seed: int = 0, hidden: int = HIDDEN, ffn: int = FFN,
+                    mix: dict[str, str] | None = None) -> Path:
     """A 2-layer llama GGUF whose matrices are quantized to ``qtype`` (the embedding to ``embed_qtype``;
-    ``"F32"`` keeps a tensor dense). ``tied=False`` adds a separate ``output.weight`` (``qtype``)."""
+    ``"F32"`` keeps a tensor dense). ``tied=False`` adds a separate ``output.weight`` (``qtype``). ``mix``: the
+    type of some tensors by role (``attn_v``, ``ffn_down``, ``output`` ...), as llama.cpp's ``_M`` mixes do.
+    K-quants need ``hidden`` and ``ffn`` multiples of 256."""
     import gguf
     from gguf import GGMLQuantizationType as Q
     from gguf import quants
@@ -31,8 +56,8 @@ def write_tiny_gguf(path: Path, qtype: str = "Q4_1", *, embed_qtype: str = "Q8_0
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(LAYERS)
     w.add_context_length(CONTEXT)
-    w.add_embedding_length(HIDDEN)
-    w.add_feed_forward_length(FFN)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
     w.add_layer_norm_rms_eps(1e-5)
@@ -49,28 +74,32 @@ def write_tiny_gguf(path: Path, qtype: str = "Q4_1", *, embed_qtype: str = "Q8_0
                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
     def add(name: str, shape: tuple[int, ...], kind: str, scale: float = 0.2) -> None:
+        role = name.split(".")[-2]
+        kind = (mix or {}).get(role, kind) if len(shape) == 2 else kind
         data = (rng.standard_normal(shape) * scale).astype(np.float32)
-        if kind == "F32":
+        if kind in _K_SCALE:
+            w.add_tensor(name, random_kquant(*shape, kind, rng), raw_dtype=getattr(Q, kind))
+        elif kind == "F32":
             w.add_tensor(name, data)
         else:
             qt = getattr(Q, kind)
             w.add_tensor(name, quants.quantize(data, qt), raw_dtype=qt)
 
-    head_dim = HIDDEN // HEADS
-    add("token_embd.weight", (len(tokens), HIDDEN), embed_qtype, 1.0)
+    head_dim = hidden // HEADS
+    add("token_embd.weight", (len(tokens), hidden), embed_qtype, 1.0)
     for i in range(LAYERS):
-        add(f"blk.{i}.attn_norm.weight", (HIDDEN,), "F32", 0.1)
-        add(f"blk.{i}.ffn_norm.weight", (HIDDEN,), "F32", 0.1)
-        add(f"blk.{i}.attn_q.weight", (HEADS * head_dim, HIDDEN), qtype)
-        add(f"blk.{i}.attn_k.weight", (KV_HEADS * head_dim, HIDDEN), qtype)
-        add(f"blk.{i}.attn_v.weight", (KV_HEADS * head_dim, HIDDEN), qtype)
-        add(f"blk.{i}.attn_output.weight", (HIDDEN, HEADS * head_dim), qtype)
-        add(f"blk.{i}.ffn_gate.weight", (FFN, HIDDEN), qtype)
-        add(f"blk.{i}.ffn_up.weight", (FFN, HIDDEN), qtype)
-        add(f"blk.{i}.ffn_down.weight", (HIDDEN, FFN), qtype)
-    add("output_norm.weight", (HIDDEN,), "F32", 0.1)
+        add(f"blk.{i}.attn_norm.weight", (hidden,), "F32", 0.1)
+        add(f"blk.{i}.ffn_norm.weight", (hidden,), "F32", 0.1)
+        add(f"blk.{i}.attn_q.weight", (HEADS * head_dim, hidden), qtype)
+        add(f"blk.{i}.attn_k.weight", (KV_HEADS * head_dim, hidden), qtype)
+        add(f"blk.{i}.attn_v.weight", (KV_HEADS * head_dim, hidden), qtype)
+        add(f"blk.{i}.attn_output.weight", (hidden, HEADS * head_dim), qtype)
+        add(f"blk.{i}.ffn_gate.weight", (ffn, hidden), qtype)
+        add(f"blk.{i}.ffn_up.weight", (ffn, hidden), qtype)
+        add(f"blk.{i}.ffn_down.weight", (hidden, ffn), qtype)
+    add("output_norm.weight", (hidden,), "F32", 0.1)
     if not tied:
-        add("output.weight", (len(tokens), HIDDEN), qtype)
+        add("output.weight", (len(tokens), hidden), qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -30,6 +30,7 @@ from edgespec.models.decoder import TargetModel
 from edgespec.models.layers import RotaryEmbedding
 from edgespec.weights.base import PackedEmbedding, PackedLinear
 from edgespec.weights.gguf import GGML_FORMATS
+from edgespec.weights.gguf_kquants import K_FORMATS
 
 # ggml type ids of unquantized tensors and their numpy dtypes.
 _DENSE = {0: np.float32, 1: np.float16, 30: None}   # 30 = BF16 (gguf-py returns its raw uint8 bytes)
@@ -192,17 +193,18 @@ def load_gguf_target(path: str | Path, dtype: torch.dtype = torch.float32, devic
                 weight = torch.from_numpy(_unpermute_rows(weight.numpy(), n_heads if role == "attn_q" else n_kv))
             dense[name] = weight
             continue
-        fmt = GGML_FORMATS.get(kind)
+        fmt = GGML_FORMATS.get(kind) or K_FORMATS.get(kind)
         if fmt is None:
             raise UnsupportedModelError(
                 f"{path}: tensor {tensor.name} is {_type_name(kind)}; the native GGUF loader packs Q4_0, Q4_1, "
-                "Q8_0 and reads F32/F16/BF16 (convert other types to fp32 with `edgespec convert --gguf`)")
+                "Q8_0, Q4_K, Q5_K, Q6_K and reads F32/F16/BF16 (2- and 3-bit and I-quants are not served; convert "
+                "other types to fp32 with `edgespec convert --gguf`)")
         if len(shape) != 2 or not name.endswith(".weight"):
             raise CheckpointError(f"{path}: quantized tensor {tensor.name} has shape {list(shape)}, not a matrix")
         out_f, in_f = shape
         blocks = np.asarray(tensor.data)
-        want = (out_f, in_f // 32 * fmt.block_bytes)
-        if in_f % 32 or blocks.size != want[0] * want[1]:
+        want = (out_f, in_f // fmt.block * fmt.block_bytes)
+        if in_f % fmt.block or blocks.size != want[0] * want[1]:
             raise CheckpointError(f"{path}: tensor {tensor.name} ({_type_name(kind)}, shape {list(shape)}) holds "
                                   f"{blocks.size} bytes, expected {want[0] * want[1]} (truncated file?)")
         blocks = blocks.reshape(want)
