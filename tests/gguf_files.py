@@ -52,7 +52,8 @@ def write_tiny_gguf(path: Path, qtype: str = "Q4_1", *, embed_qtype: str = "Q8_0
     from gguf import quants
 
     rng = np.random.default_rng(seed)
-    tokens = _vocab()
+    qwen3 = arch == "qwen3"      # q/k norms, head_dim in the metadata, Qwen2's pre-tokenizer (single digits)
+    tokens = _vocab() + (["12"] if qwen3 else [])
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(LAYERS)
     w.add_context_length(CONTEXT)
@@ -64,10 +65,10 @@ def write_tiny_gguf(path: Path, qtype: str = "Q4_1", *, embed_qtype: str = "Q8_0
     w.add_rope_freq_base(10000.0)
     w.add_vocab_size(len(tokens))
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
+    w.add_tokenizer_pre("qwen2" if qwen3 else "default")
     w.add_token_list(tokens)
     w.add_token_types([3 if t in CONTROL else 1 for t in tokens])
-    w.add_token_merges(["Ġ t", "Ġt h", "Ġth e"])
+    w.add_token_merges(["Ġ t", "Ġt h", "Ġth e"] + (["1 2"] if qwen3 else []))
     w.add_bos_token_id(tokens.index("<|im_start|>"))
     w.add_eos_token_id(tokens.index("<|im_end|>"))
     w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -86,10 +87,16 @@ def write_tiny_gguf(path: Path, qtype: str = "Q4_1", *, embed_qtype: str = "Q8_0
             w.add_tensor(name, quants.quantize(data, qt), raw_dtype=qt)
 
     head_dim = hidden // HEADS
+    if qwen3:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     add("token_embd.weight", (len(tokens), hidden), embed_qtype, 1.0)
     for i in range(LAYERS):
         add(f"blk.{i}.attn_norm.weight", (hidden,), "F32", 0.1)
         add(f"blk.{i}.ffn_norm.weight", (hidden,), "F32", 0.1)
+        if qwen3:
+            add(f"blk.{i}.attn_q_norm.weight", (head_dim,), "F32", 0.1)
+            add(f"blk.{i}.attn_k_norm.weight", (head_dim,), "F32", 0.1)
         add(f"blk.{i}.attn_q.weight", (HEADS * head_dim, hidden), qtype)
         add(f"blk.{i}.attn_k.weight", (KV_HEADS * head_dim, hidden), qtype)
         add(f"blk.{i}.attn_v.weight", (KV_HEADS * head_dim, hidden), qtype)

@@ -1,4 +1,4 @@
-"""Load a llama-architecture GGUF natively: its Q4_0 / Q4_1 / Q8_0 tensors stay in their blocks.
+"""Load a llama- or qwen3-architecture GGUF natively: its Q4_0 / Q4_1 / Q8_0 tensors stay in their blocks.
 
 The config and tokenizer come from :func:`edgespec.loading.gguf_demo.gguf_metadata_folder` (the same metadata
 reading as the fp32 conversion, without the weights); the tensors are read from the memory-mapped file:
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from edgespec.errors import CheckpointError, UnsupportedModelError
-from edgespec.loading.gguf_demo import _hf_name, _unpermute_rows, gguf_metadata_folder
+from edgespec.loading.gguf_demo import ROPE_PERMUTED_ARCHS, _hf_name, _unpermute_rows, gguf_metadata_folder
 from edgespec.loading.hf_config import load_config
 from edgespec.models.decoder import TargetModel
 from edgespec.models.layers import RotaryEmbedding
@@ -181,6 +181,7 @@ def load_gguf_target(path: str | Path, dtype: torch.dtype = torch.float32, devic
     with torch.device("meta"):
         model = TargetModel(cfg, max_positions=1)
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    permuted = cfg.model_type in ROPE_PERMUTED_ARCHS     # llama.cpp reordered the q/k rows of these
     dense: dict[str, torch.Tensor] = {}
     problems: list[str] = []
     for tensor in tensors:
@@ -189,7 +190,7 @@ def load_gguf_target(path: str | Path, dtype: torch.dtype = torch.float32, devic
         shape = tuple(int(d) for d in reversed(tensor.shape))   # GGUF lists dims innermost first
         if kind in _DENSE:
             weight = _dense(tensor, shape)
-            if role in ("attn_q", "attn_k"):
+            if role in ("attn_q", "attn_k") and permuted:
                 weight = torch.from_numpy(_unpermute_rows(weight.numpy(), n_heads if role == "attn_q" else n_kv))
             dense[name] = weight
             continue
@@ -208,7 +209,7 @@ def load_gguf_target(path: str | Path, dtype: torch.dtype = torch.float32, devic
             raise CheckpointError(f"{path}: tensor {tensor.name} ({_type_name(kind)}, shape {list(shape)}) holds "
                                   f"{blocks.size} bytes, expected {want[0] * want[1]} (truncated file?)")
         blocks = blocks.reshape(want)
-        if role in ("attn_q", "attn_k"):
+        if role in ("attn_q", "attn_k") and permuted:
             blocks = _unpermute_rows(blocks, n_heads if role == "attn_q" else n_kv)
         packed = fmt(torch.from_numpy(np.array(blocks)).to(device), out_f, in_f, dtype)
         module_name = name[: -len(".weight")]

@@ -127,3 +127,28 @@ def test_q4_k_m_on_the_gpu_matches_the_cpu(tmp_path: Path) -> None:
     with torch.inference_mode():
         for a, b in zip(_logits_and_steps(gpu, ids.cuda()), _logits_and_steps(cpu, ids), strict=True):
             assert (a.cpu() - b).abs().max().item() <= 1e-4 * b.abs().max().item() + 1e-5
+
+
+def test_qwen3_gguf_matches_transformers_and_reads_its_tokenizer(tmp_path: Path) -> None:
+    """A qwen3 Q4_K_M GGUF: q/k norms and head_dim from the metadata, rows as the file has them (NeoX RoPE), the
+    logits of transformers' Qwen3ForCausalLM on the file's dequantized weights, and the tokenizer and chat
+    template of the file (Qwen2's pre-tokenizer splits digits one by one)."""
+    from transformers import AutoModelForCausalLM
+
+    from edgespec.loading.tokenizer import ChatTokenizer
+
+    path = write_tiny_gguf(tmp_path / "q3.gguf", "Q4_K", embed_qtype="Q6_K", arch="qwen3", tied=False, mix=Q4_K_M,
+                           **SHAPE)
+    packed, folder = load_gguf_target(path, max_positions=128, merge=False)
+    assert packed.config.model_type == "qwen3"
+    assert packed.model.layers[0].self_attn.q_proj.weight.format == "gguf_q4_k"
+    hf = AutoModelForCausalLM.from_pretrained(convert_gguf(path, tmp_path / "fp32"), dtype=torch.float32).eval()
+    ids = torch.tensor([1, 5, 200, 7, 99, 3, 42])
+    with torch.inference_mode():
+        got = packed.forward(ids, packed.new_cache(64)).logits
+        want = hf(ids[None]).logits[0]
+    assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()
+    tok = ChatTokenizer.from_folder(folder)
+    assert [tok.decode([i]) for i in tok.encode("12")] == ["1", "2"]     # llama3's split would merge "12"
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
