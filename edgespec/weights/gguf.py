@@ -39,7 +39,6 @@ class GGUFBlockWeight(PackedWeight):
     ggml_type: ClassVar[int] = -1
     block_bytes: ClassVar[int] = 0
     block: ClassVar[int] = BLOCK        # weights per block (the K-quants' super-blocks hold 256)
-    native: ClassVar[bool] = True       # gguf_cpu.c has a product for this type
 
     def __init__(self, blocks: torch.Tensor, out_features: int, in_features: int,
                  compute_dtype: torch.dtype = torch.float32) -> None:
@@ -91,7 +90,7 @@ class GGUFBlockWeight(PackedWeight):
     # -- product ------------------------------------------------------------------------------------------------
     def fast_product(self, x: torch.Tensor) -> bool:
         """True when :meth:`matmul` takes the compiled kernel for ``x``."""
-        return (self.native and x.device.type == "cpu" and x.dtype == torch.float32 and self.blocks.device.type == "cpu"
+        return (x.device.type == "cpu" and x.dtype == torch.float32 and self.blocks.device.type == "cpu"
                 and not torch.is_grad_enabled() and gguf_native.library() is not None)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -17,9 +17,11 @@ the file's super-blocks unchanged, row after row), with super-blocks of 256 weig
 The 6-bit scale packing of Q4_K/Q5_K: sub-blocks 0..3 take the low 6 bits of bytes 0..3 (scales) and 4..7
 (mins); sub-blocks 4..7 take the nibbles of bytes 8..11 and, as bits 4..5, the top 2 bits of bytes 0..7.
 
-Products use the torch reference (:meth:`PackedWeight.matmul_ref`: a tile of rows dequantized to the activation
-dtype, then a matmul) on CPU and GPU; ``gguf_cpu.c`` has no K-quant product yet. Checked against gguf-py's
-``quants.dequantize`` (tests/weights/test_gguf_kquants.py).
+On the CPU (fp32 activations) the product is the compiled one of ``gguf_cpu.c``: each super-block decoded to 256
+fp32 weights with the reference's operations, bit for bit, then summed against the activations; each output row
+is computed the same way whatever the number of rows (speculative == plain). Elsewhere (a GPU, bf16) the torch
+reference runs (:meth:`PackedWeight.matmul_ref`: a tile of rows dequantized, then a matmul). Decoding is checked
+against gguf-py's ``quants.dequantize`` (tests/weights/test_gguf_kquants.py).
 """
 
 from __future__ import annotations
@@ -49,7 +51,6 @@ def _nibble_subblocks(qs: torch.Tensor) -> torch.Tensor:
 
 class _KQuant(GGUFBlockWeight):
     block = 256
-    native = False
 
     def _dmin_form(self, blocks: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """``d * sc * q - dmin * m`` per sub-block of 32 (Q4_K, Q5_K), in ggml's order of fp32 operations."""

@@ -19,6 +19,7 @@ from edgespec.errors import UnsupportedModelError
 from edgespec.loading.checkpoint import load_target
 from edgespec.loading.gguf_demo import convert_gguf
 from edgespec.loading.gguf_model import PackedEmbedding, load_gguf_target
+from edgespec.weights import gguf_native
 from edgespec.weights.base import PackedLinear, weight_format
 from edgespec.weights.gguf_kquants import K_FORMATS, Q4_KWeight
 
@@ -53,15 +54,18 @@ def test_decoding_equals_gguf_py(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", KQUANTS)
-def test_product_is_row_count_independent(kind: str) -> None:
-    """A verify row rounds like the plain decode step of the same token (speculative == plain)."""
-    w, ref = _weight(kind, 70, 512, seed=1)
+def test_products_match_and_are_row_count_independent(kind: str) -> None:
+    """The compiled product (CPU, fp32) and the torch reference agree with gguf-py's weights; a verify row rounds
+    like the plain decode step of the same token (speculative == plain), in both."""
+    w, ref = _weight(kind, 70, 512, seed=1)          # 70 rows: a partial 16-row chunk of the compiled product
     x = torch.randn(6, 512, generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
-        batch = w.matmul(x)
-        for r in range(6):
-            assert torch.equal(w.matmul(x[r:r + 1])[0], batch[r])
-    torch.testing.assert_close(batch, x @ ref.t(), rtol=1e-5, atol=1e-5)
+        assert w.fast_product(x) == (gguf_native.library() is not None)
+        for product in (w.matmul, w.matmul_ref):
+            batch = product(x)
+            for r in range(6):
+                assert torch.equal(product(x[r:r + 1])[0], batch[r])
+            torch.testing.assert_close(batch, x @ ref.t(), rtol=1e-5, atol=1e-5)
 
 
 def _logits_and_steps(model, ids: torch.Tensor, steps: int = 3) -> list[torch.Tensor]:
