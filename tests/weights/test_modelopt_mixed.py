@@ -98,3 +98,15 @@ def test_quantized_layer_missing_from_quantized_layers_is_refused(mixed, tmp_pat
     _edit_quant(folder, lambda q: q["quantized_layers"].pop("model.layers.2.self_attn.o_proj"))
     with pytest.raises(CheckpointError, match="layer model.layers.2.self_attn.o_proj has quantized tensors"):
         load_target(folder)
+
+
+def test_engine_serves_the_fp8_kv_cache_the_checkpoint_asks_for(mixed, tmp_path):
+    """kv_dtype auto follows kv_cache_quant_algo FP8 (own per-token scales); an explicit kv_dtype wins."""
+    from edgespec.config import Settings
+    from edgespec.engine import Engine
+    from edgespec.loading.synthetic import write_chat_tokenizer
+
+    folder = write_chat_tokenizer(shutil.copytree(mixed["llama"][0], tmp_path / "m"))
+    for kv, want in (("auto", True), ("model", False)):
+        engine = Engine.from_settings(Settings(model=str(folder), drafter="ngram", kv_dtype=kv, max_seq_len=128))
+        assert engine.session.kv_fp8 is want, kv
