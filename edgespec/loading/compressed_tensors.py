@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from edgespec.errors import CheckpointError, UnsupportedModelError
-from edgespec.loading.quant_config import LayerScheme, QuantSpec
+from edgespec.loading.quant_spec import LayerScheme, QuantSpec
 from edgespec.loading.safetensors_io import Slot
 from edgespec.weights.base import PackedWeight
 from edgespec.weights.fp8_block import FP8BlockWeight

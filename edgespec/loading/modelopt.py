@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from edgespec.errors import UnsupportedModelError
-from edgespec.loading.quant_config import LayerScheme, QuantSpec
+from edgespec.loading.quant_spec import LayerScheme, QuantSpec
 from edgespec.loading.safetensors_io import Slot
 from edgespec.weights.fp8_row import FP8RowWeight
 

@@ -3,75 +3,23 @@
 Supported (see docs/weights.md): Qwen block-FP8 (``quant_method: fp8`` with ``weight_block_size``), NVIDIA ModelOpt
 NVFP4 (``hf_quant_config.json`` ``quant_algo: NVFP4`` and/or ``quant_method: modelopt``), AWQ in the GEMM layout and
 GPTQ without act-order, both 4-bit; llm-compressor's ``compressed-tensors`` (:mod:`compressed_tensors`) and ModelOpt
-``MIXED_PRECISION`` / FP8 (:mod:`modelopt`), whose format is chosen module by module (:class:`LayerScheme`).
+``MIXED_PRECISION`` / FP8 (:mod:`modelopt`), whose format is chosen module by module (:mod:`quant_spec`).
 Anything else is refused by name before a byte of weights is read: a key error or silent garbage later would
 tell the user nothing.
 """
 
 from __future__ import annotations
 
-import fnmatch
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from edgespec.errors import UnsupportedModelError
 from edgespec.loading.hf_config import read_json
+from edgespec.loading.quant_spec import QuantSpec
 
 SUPPORTED = ("fp8 (block-wise, weight_block_size)", "modelopt NVFP4 / FP8 / MIXED_PRECISION", "awq (4-bit, GEMM)",
              "gptq (4-bit, desc_act false)",
              "compressed-tensors (pack-quantized int4, float-quantized fp8, nvfp4-pack-quantized)")
-
-
-@dataclass(frozen=True)
-class LayerScheme:
-    """How one linear layer of a per-module checkpoint (compressed-tensors, ModelOpt mixed precision) is stored.
-
-    ``fmt``: the :mod:`edgespec.weights` format it loads into (``int4``, ``fp8_row``, ``fp8_block``, ``nvfp4``);
-    ``layout``: whose tensor names it has (``ct`` compressed-tensors, ``modelopt``); ``group_size``: int4 inputs
-    per scale (the whole row for per-channel); ``symmetric``: int4 without a stored zero point; ``block``: the
-    block of ``fp8_block``; ``strategy``: ``tensor`` or ``channel`` for ``fp8_row`` (the scale's shape);
-    ``label``: the config entry it came from, for messages.
-    """
-
-    fmt: str
-    layout: str
-    group_size: int = 0
-    symmetric: bool = True
-    block: tuple[int, int] = (128, 128)
-    strategy: str = ""
-    label: str = ""
-
-
-@dataclass
-class QuantSpec:
-    """A checkpoint's quantization as edgespec loads it.
-
-    ``method``: ``fp8_block``, ``nvfp4``, ``awq``, ``gptq``, ``compressed-tensors`` or ``modelopt``. ``excluded``:
-    module name patterns the config lists as left unquantized (fnmatch globs or plain prefixes; informational:
-    each module loads as its tensors are). ``schemes``: for per-module formats, the :class:`LayerScheme` of a
-    module name (None: the config leaves it unquantized). ``kv_cache``: the KV-cache format the config asks for
-    (``fp8``) or None. ``notes``: what is served differently from the checkpoint's declared scheme (activation
-    quantization dropped: edgespec is weight-only), said once at load.
-    """
-
-    method: str
-    source: str
-    block: tuple[int, int] = (128, 128)
-    group_size: int = 128
-    zeros_minus_one: bool = False
-    excluded: list[str] = field(default_factory=list)
-    schemes: Callable[[str], LayerScheme | None] | None = None
-    kv_cache: str | None = None
-    notes: list[str] = field(default_factory=list)
-
-    def scheme_for(self, module: str) -> LayerScheme | None:
-        """The :class:`LayerScheme` of ``module`` (per-module formats only; None: left unquantized)."""
-        return self.schemes(module) if self.schemes is not None else None
-
-    def is_excluded(self, module: str) -> bool:
-        return any(module == p or module.startswith(p + ".") or fnmatch.fnmatch(module, p) for p in self.excluded)
 
 
 def _unsupported(name: str, source: str, why: str = "") -> UnsupportedModelError:
