@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.weights.gguf_kquants import K_D_SCALE, random_kquant
+
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, CONTEXT = 64, 96, 2, 4, 2, 256
 CONTROL = ["<|im_start|>", "<|im_end|>"]
 
@@ -16,28 +18,6 @@ def _vocab() -> list[str]:
     byte_chars = sorted(pre_tokenizers.ByteLevel.alphabet())
     words = ["Ġt", "Ġth", "Ġthe", "Ġrobot", "Ġcube", "Ġred"]
     return byte_chars + words + CONTROL
-
-
-# Typical |d| of random K-quant super-blocks (gguf-py cannot quantize to them): weights of about 0.1-0.3.
-_K_SCALE = {"Q4_K": (4e-4, 1e-3), "Q5_K": (2e-4, 1e-3), "Q6_K": (1e-4, None), "Q2_K": (1e-3, 1e-3),
-            "Q3_K": (1e-3, None)}
-# Where the fp16 d (and dmin) of each K-quant block lie.
-_K_D_AT = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, None), "Q2_K": (80, 82), "Q3_K": (108, None)}
-
-
-def random_kquant(rows: int, cols: int, kind: str, rng: np.random.Generator) -> np.ndarray:
-    """Random K-quant super-blocks ``uint8 [rows, cols/256 * block_bytes]``: random codes and sub-scales, fp16
-    ``d`` (and ``dmin``) of a size that keeps the weights small. Every byte pattern is a valid block."""
-    from gguf import GGML_QUANT_SIZES
-    from gguf import GGMLQuantizationType as Q
-
-    _, nbytes = GGML_QUANT_SIZES[getattr(Q, kind)]
-    raw = rng.integers(0, 256, size=(rows, cols // 256, nbytes), dtype=np.uint8)
-    for at, base in zip(_K_D_AT[kind], _K_SCALE[kind], strict=True):
-        if at is not None:
-            d = (base * (0.5 + rng.random((rows, cols // 256)))).astype(np.float16)
-            raw[..., at:at + 2] = d.view(np.uint8).reshape(rows, cols // 256, 2)
-    return raw.reshape(rows, -1)
 
 
 def write_tiny_gguf(path: Path, qtype: str = "Q4_1", *, embed_qtype: str = "Q8_0", arch: str = "llama",
@@ -78,7 +58,7 @@ def write_tiny_gguf(path: Path, qtype: str = "Q4_1", *, embed_qtype: str = "Q8_0
         role = name.split(".")[-2]
         kind = (mix or {}).get(role, kind) if len(shape) == 2 else kind
         data = (rng.standard_normal(shape) * scale).astype(np.float32)
-        if kind in _K_SCALE:
+        if kind in K_D_SCALE:
             w.add_tensor(name, random_kquant(*shape, kind, rng), raw_dtype=getattr(Q, kind))
         elif kind == "F32":
             w.add_tensor(name, data)

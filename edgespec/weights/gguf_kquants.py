@@ -26,6 +26,7 @@ against gguf-py's ``quants.dequantize`` (tests/weights/test_gguf_kquants.py).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from edgespec.weights.base import register_format
@@ -109,3 +110,25 @@ class Q6_KWeight(_KQuant):
 
 # ggml type id -> format class (the loader merges this table with gguf.GGML_FORMATS).
 K_FORMATS: dict[int, type[GGUFBlockWeight]] = {c.ggml_type: c for c in (Q4_KWeight, Q5_KWeight, Q6_KWeight)}
+
+
+# Synthetic files (tests, benchmarks): gguf-py cannot quantize to K-quants, and every byte pattern is a valid
+# super-block, so random codes and sub-scales under an fp16 d (and dmin) of a chosen size make a real tensor.
+# Per type: where d and dmin lie, and typical sizes that keep the weights at about 0.1-0.3.
+_D_AT = {"Q2_K": (80, 82), "Q3_K": (108, None), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, None)}
+K_D_SCALE = {"Q2_K": (1e-3, 1e-3), "Q3_K": (1e-3, None), "Q4_K": (4e-4, 1e-3), "Q5_K": (2e-4, 1e-3),
+             "Q6_K": (1e-4, None)}
+
+
+def random_kquant(rows: int, cols: int, kind: str, rng: np.random.Generator) -> np.ndarray:
+    """Random ``kind`` (``Q2_K`` .. ``Q6_K``) super-blocks ``uint8 [rows, cols/256 * block_bytes]``."""
+    from gguf import GGML_QUANT_SIZES
+    from gguf import GGMLQuantizationType as Q
+
+    _, nbytes = GGML_QUANT_SIZES[getattr(Q, kind)]
+    raw = rng.integers(0, 256, size=(rows, cols // 256, nbytes), dtype=np.uint8)
+    for at, base in zip(_D_AT[kind], K_D_SCALE[kind], strict=True):
+        if at is not None:
+            d = (base * (0.5 + rng.random((rows, cols // 256)))).astype(np.float16)
+            raw[..., at:at + 2] = d.view(np.uint8).reshape(rows, cols // 256, 2)
+    return raw.reshape(rows, -1)

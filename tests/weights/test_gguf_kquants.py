@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf_files import random_kquant, write_tiny_gguf
+from gguf_files import write_tiny_gguf
 
 from edgespec.errors import UnsupportedModelError
 from edgespec.loading.checkpoint import load_target
@@ -21,7 +21,7 @@ from edgespec.loading.gguf_demo import convert_gguf
 from edgespec.loading.gguf_model import PackedEmbedding, load_gguf_target
 from edgespec.weights import gguf_native
 from edgespec.weights.base import PackedLinear, weight_format
-from edgespec.weights.gguf_kquants import K_FORMATS, Q4_KWeight
+from edgespec.weights.gguf_kquants import K_FORMATS, Q4_KWeight, random_kquant
 
 KQUANTS = ["Q4_K", "Q5_K", "Q6_K"]
 # llama.cpp's Q4_K_M keeps attn_v, ffn_down and the output head in Q6_K; Q5_K stands in for its other picks.
