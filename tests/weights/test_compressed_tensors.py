@@ -134,3 +134,22 @@ def test_config_parsing_notes_and_wrapped_names():
     assert spec.scheme_for("model.layers.0.self_attn.q_proj").fmt == "fp8_row"
     assert spec.scheme_for("model.layers.0.self_attn.o_proj") is None       # ignored under its VLM name
     assert spec.scheme_for("model.layers.0.mlp.up_proj") is None            # no group targets it
+
+
+def test_load_holds_the_packed_weights_not_a_dense_copy(tmp_path):
+    """Peak host memory of loading a ~240 MB (as fp32) int4 compressed-tensors model: the packed weights, the
+    staging buffer and one layer's repack, far below the dense model."""
+    from test_load_memory import MiB, _measure
+
+    from edgespec.loading.safetensors_io import STAGING_BYTES
+    from edgespec.loading.synthetic import config_dict, write_random_checkpoint
+
+    cfg = config_dict(model_type="llama", vocab_size=8192, hidden_size=1024, intermediate_size=2816,
+                      num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8, tie_word_embeddings=True)
+    dense = write_random_checkpoint(tmp_path / "dense", cfg, seed=0)
+    qdir, _ = write_ct(dense, tmp_path / "q", tmp_path / "ref", "int4-g128-sym")
+    r = _measure(qdir, "float32")
+    repack = 16 * 2816 * 1024        # the largest layer's codes unpacked to int64 on the host, twice
+    limit = r["weights"] + STAGING_BYTES + repack + 48 * MiB
+    dense_bytes = sum(p.stat().st_size for p in dense.glob("*.safetensors"))
+    assert limit < dense_bytes and r["growth"] <= limit, (r["growth"] / MiB, limit / MiB, dense_bytes / MiB)
