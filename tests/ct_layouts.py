@@ -37,6 +37,8 @@ SCHEMES: dict[str, tuple[str, dict[str, tuple[list[str], dict, dict | None]]]] =
     "fp8-channel-dynamic": ("float-quantized", {"group_0": (["Linear"], {**FP8_W, "strategy": "channel"},
                                                             FP8_TOKEN)}),
     "fp8-tensor": ("float-quantized", {"group_0": (["Linear"], {**FP8_W, "strategy": "tensor"}, None)}),
+    "fp8-block": ("float-quantized", {"group_0": (["Linear"], {**FP8_W, "strategy": "block",
+                                                              "block_structure": [128, 128]}, FP8_TOKEN)}),
     "nvfp4": ("nvfp4-pack-quantized", {"group_0": (["Linear"], NVFP4_W, NVFP4_A)}),
     # Per-group targets (MLP int4, attention FP8 per channel) and an ignore list with a regex and an exact name.
     "mixed": (None, {"group_0": (["re:.*mlp\\..*"], {**W4, "group_size": 32, "symmetric": False}, None),
@@ -54,6 +56,11 @@ def _minmax(w: torch.Tensor, args) -> tuple[torch.Tensor, torch.Tensor]:
         return g.amin(-1), g.amax(-1)
     if strategy == "channel":
         return w.amin(1, keepdim=True), w.amax(1, keepdim=True)
+    if strategy == "block":
+        bo, bi = args.block_structure
+        b = torch.nn.functional.pad(w, (0, -w.shape[1] % bi, 0, -w.shape[0] % bo))
+        b = b.reshape(b.shape[0] // bo, bo, b.shape[1] // bi, bi)
+        return b.amin(dim=(1, 3)), b.amax(dim=(1, 3))
     return w.amin().reshape(1), w.amax().reshape(1)
 
 

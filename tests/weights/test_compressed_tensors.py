@@ -31,6 +31,7 @@ CPU = torch.device("cpu")
 SHAPE = dict(hidden_size=128, intermediate_size=256)
 FORMAT = {"int4-g32-sym": {"int4"}, "int4-g64-asym": {"int4"}, "int4-g128-sym": {"int4"},
           "int4-channel-asym": {"int4"}, "fp8-channel-dynamic": {"fp8_row"}, "fp8-tensor": {"fp8_row"},
+          "fp8-block": {"fp8_block"},
           "nvfp4": {"nvfp4"}, "mixed": {"int4", "fp8_row"}}
 CASES = [("llama", s) for s in SCHEMES] + [("qwen3_5", "int4-g64-asym"), ("qwen3_5", "mixed")]
 
