@@ -42,7 +42,7 @@ class Settings:
     """Every runtime setting of edgespec, with its default. See ``docs/configuration.md``."""
 
     # --- model -------------------------------------------------------------------------------------------------
-    model: str = _knob("demo", "checkpoint folder (HF layout), a llama .gguf file, or 'demo' (embedded SmolLM2-135M)",
+    model: str = _knob("demo", "checkpoint folder (HF layout), a llama/qwen3 .gguf, or 'demo' (embedded SmolLM2-135M)",
                        section="model")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = _knob(
         "auto", "weight/activation dtype; auto = bfloat16 on CUDA, float32 on CPU")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +80,14 @@ class Engine:
         self.device = model.device
         self.hooks = plan.new_hooks()      # the engine's one hook set: it picks the drafter's kernels too
         self.proposer = build_proposer(plan.drafter, model, self.hooks.choose_weight_kernels)
+        session_plan = plan.session
+        # A checkpoint that asks for an FP8 KV cache (ModelOpt kv_cache_quant_algo, compressed-tensors
+        # kv_cache_scheme) gets one under kv_dtype auto; its scales are computed per token and head as rows are
+        # written. Known only once the model is loaded, after the plan was resolved.
+        if settings.kv_dtype == "auto" and getattr(model, "checkpoint_kv_cache", None) == "fp8":
+            session_plan = replace(session_plan, kv_fp8=True)
         self.session = SpecSession(model, self.hooks, self.proposer,
-                                   draft_tokens(plan.drafter.num_draft_tokens, self.proposer), plan.session)
+                                   draft_tokens(plan.drafter.num_draft_tokens, self.proposer), session_plan)
         # The suffix drafter's (or suffix lookup's) cache of earlier outputs: fed every completion, per client.
         self.suffix_cache = getattr(self.proposer, "suffix_cache", None)
         # Prefix reuse: what the session's cache holds between requests (see edgespec.cache.prefix).

@@ -110,6 +110,16 @@ def _quantizable(name: str, shape, fmt: str, group: int) -> bool:
     return True
 
 
+def save_beside(dense_dir: Path, folder: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Write ``tensors`` as ``folder/model.safetensors`` with ``dense_dir``'s other files (tokenizer ...) beside it;
+    the caller writes ``config.json``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    for extra in dense_dir.iterdir():
+        if extra.name not in ("model.safetensors", "config.json"):
+            shutil.copy2(extra, folder / extra.name)
+
+
 def write_quantized(dense_dir: Path, out_dir: Path, ref_dir: Path, fmt: str, group: int = 32, seed: int = 0,
                     quantize_mtp: bool = True) -> tuple[Path, Path]:
     """From a dense random checkpoint, write ``out_dir`` (public layout of ``fmt``) and ``ref_dir`` (the same model
@@ -137,11 +147,7 @@ def write_quantized(dense_dir: Path, out_dir: Path, ref_dir: Path, fmt: str, gro
         ref[key] = dense
     cfg = json.loads((dense_dir / "config.json").read_text())
     for folder, ts in ((out_dir, packed), (ref_dir, ref)):
-        folder.mkdir(parents=True, exist_ok=True)
-        save_file(ts, str(folder / "model.safetensors"), metadata={"format": "pt"})
-        for extra in dense_dir.iterdir():
-            if extra.name not in ("model.safetensors", "config.json"):
-                shutil.copy2(extra, folder / extra.name)
+        save_beside(dense_dir, folder, ts)
     qcfg = dict(cfg, quantization_config=quant_config(fmt, group, kept))
     (out_dir / "config.json").write_text(json.dumps(qcfg))
     (ref_dir / "config.json").write_text(json.dumps(cfg))
@@ -150,4 +156,48 @@ def write_quantized(dense_dir: Path, out_dir: Path, ref_dir: Path, fmt: str, gro
               "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
                                "exclude_modules": kept}}
         (out_dir / "hf_quant_config.json").write_text(json.dumps(hf))
+    return out_dir, ref_dir
+
+
+def fp8_tensor_layer(w_shape: tuple[int, int], gen: torch.Generator):
+    """ModelOpt FP8: e4m3 weight, one static float32 ``weight_scale`` (and an ``input_scale`` a weight-only
+    runtime leaves unused)."""
+    q = (torch.randn(w_shape, generator=gen) * 2).to(torch.float8_e4m3fn)
+    scale = (torch.rand((), generator=gen) + 0.5) * w_shape[1] ** -0.5 / 2
+    return {"weight": q, "weight_scale": scale, "input_scale": torch.tensor(0.02)}, q.float() * scale
+
+
+def write_modelopt_mixed(dense_dir: Path, out_dir: Path, ref_dir: Path, seed: int = 0) -> tuple[Path, Path]:
+    """The layout of ModelOpt's MIXED_PRECISION export of a Qwen hybrid: MLP projections NVFP4 (W4A16, group 16),
+    attention and GDN projections FP8 with per-tensor static scales, the GDN gates and lm_head in 16 bits, an FP8
+    KV cache asked for without k/v scales. Layer names in ``quantized_layers`` are the checkpoint's own."""
+    gen = torch.Generator().manual_seed(seed)
+    tensors = load_file(str(dense_dir / "model.safetensors"))
+    packed, ref, layers, excluded = {}, {}, {}, ["lm_head"]
+    for key, t in tensors.items():
+        prefix = key[:-len(".weight")]
+        if key.endswith("_proj.weight") and ".mlp." in key:
+            parts, dense = nvfp4_layer(t.shape, gen)
+            parts.pop("input_scale")
+            layers[prefix] = {"quant_algo": "NVFP4", "group_size": 16}
+        elif key.endswith("_proj.weight") and "in_proj_a" not in key and "in_proj_b" not in key:
+            parts, dense = fp8_tensor_layer(t.shape, gen)
+            layers[prefix] = {"quant_algo": "FP8"}
+        else:
+            packed[key] = ref[key] = t
+            if key.endswith("_proj.weight"):
+                excluded.append(prefix)
+            continue
+        packed.update({f"{prefix}.{k}": v for k, v in parts.items()})
+        ref[key] = dense
+    save_beside(dense_dir, out_dir, packed)
+    save_beside(dense_dir, ref_dir, ref)
+    cfg = json.loads((dense_dir / "config.json").read_text())
+    quant = {"quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": "FP8", "quantized_layers": layers,
+             "exclude_modules": excluded}
+    (out_dir / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt", "version": "0.0"},
+                                                               "quantization": quant}))
+    (out_dir / "config.json").write_text(json.dumps(dict(cfg, quantization_config={"quant_method": "modelopt",
+                                                                                   **quant})))
+    (ref_dir / "config.json").write_text(json.dumps(cfg))
     return out_dir, ref_dir

@@ -772,6 +772,8 @@ def choose_quant_kernel(packed):
         return None
     if fmt == "nvfp4" and packed.in_features % 128:
         return None
+    if fmt == "fp8_block" and tuple(packed.block) != (128, 128):
+        return None     # the tile reads one scale per 128x128 block (compressed-tensors may declare others)
     return quant_kernel
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from edgespec.models.config import ModelConfig
 from edgespec.models.decoder import TargetModel
 from edgespec.models.layers import RotaryEmbedding
 from edgespec.weights.base import PackedLinear
+
+log = logging.getLogger(__name__)
 
 # Parameters kept in fp32 whatever the model dtype: tiny, and they feed exp()/softplus() of the GDN decay.
 _FP32_PARAMS = ("A_log", "dt_bias")
@@ -85,6 +88,10 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
     if problems:
         raise CheckpointError(f"checkpoint {folder} does not fit model_type {cfg.model_type!r}"
                               + (f" quantized as {spec.method}" if spec else "") + ": " + " | ".join(problems))
+    for note in spec.notes if spec else ():
+        log.info("%s: %s", folder, note)
+    # The KV-cache format the checkpoint asks for (kv_dtype "auto" follows it; see Engine).
+    model.checkpoint_kv_cache = spec.kv_cache if spec else None
     # Merges that depend on loaded values (NVFP4 parts sharing one global scale) happen now, one group at a time.
     return (model.merge_projections() if merge else model).eval()
 

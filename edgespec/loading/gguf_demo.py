@@ -76,6 +76,14 @@ _LLAMA3_SPLIT = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _LLAMA3_PRE = {"llama3", "llama-bpe", "llama-v3", "smaug-bpe", "falcon3"}
+# Qwen2/Qwen3's split: the Llama 3 pattern with single digits.
+_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+_QWEN2_PRE = {"qwen2"}
+
+# GGUF architectures served: HF model_type and class. llama.cpp's converter reorders the q/k rows of "llama" only
+# (its RoPE is the interleaved kind); qwen3 uses NeoX RoPE, HF's rotate-half layout, so its rows stay as they are.
+GGUF_ARCHS = {"llama": ("llama", "LlamaForCausalLM"), "qwen3": ("qwen3", "Qwen3ForCausalLM")}
+ROPE_PERMUTED_ARCHS = ("llama",)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -181,6 +189,8 @@ _BLOCK_NAMES = {
     "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm",          # qwen3
+    "attn_k_norm": "self_attn.k_norm",
 }
 _TOP_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -204,7 +214,8 @@ def _hf_name(gguf_name: str) -> tuple[str, str | None, int | None]:
     raise UnsupportedModelError(f"GGUF tensor {gguf_name!r} has no Llama equivalent edgespec knows")
 
 
-def _convert_tensors(reader: Any, path: Path, n_heads: int, n_kv_heads: int) -> dict[str, np.ndarray]:
+def _convert_tensors(reader: Any, path: Path, n_heads: int, n_kv_heads: int,
+                     permuted: bool = True) -> dict[str, np.ndarray]:
     from gguf.quants import dequantize
 
     out: dict[str, np.ndarray] = {}
@@ -222,9 +233,9 @@ def _convert_tensors(reader: Any, path: Path, n_heads: int, n_kv_heads: int) -> 
         expected = tuple(int(d) for d in reversed(tensor.shape))
         if weight.shape != expected:
             weight = weight.reshape(expected)
-        if role == "attn_q":
+        if role == "attn_q" and permuted:
             weight = _unpermute_rows(weight, n_heads)
-        elif role == "attn_k":
+        elif role == "attn_k" and permuted:
             weight = _unpermute_rows(weight, n_kv_heads)
         out[name] = np.ascontiguousarray(weight)
     return out
@@ -265,9 +276,10 @@ def _build_tokenizer(meta: _Meta, path: Path) -> tuple[Any, list[int], list[int]
         ])
     elif pre in _GPT2_REGEX_PRE:
         tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    elif pre in _LLAMA3_PRE:
+    elif pre in _LLAMA3_PRE or pre in _QWEN2_PRE:
         tk.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(_LLAMA3_SPLIT if pre in _LLAMA3_PRE else _QWEN2_SPLIT), behavior="isolated",
+                                 invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ])
     else:
@@ -360,8 +372,9 @@ def _convert_into(gguf_path: Path, dest: Path, weights: bool = True) -> None:
     meta = _Meta(reader, gguf_path)
 
     arch = meta.require("general.architecture")
-    if arch != "llama":
-        raise UnsupportedModelError(f"{gguf_path}: GGUF architecture {arch!r}; only 'llama' converts")
+    if arch not in GGUF_ARCHS:
+        raise UnsupportedModelError(f"{gguf_path}: GGUF architecture {arch!r}; supported: {', '.join(GGUF_ARCHS)}")
+    model_type, hf_class = GGUF_ARCHS[arch]
     hidden = int(meta.require(f"{arch}.embedding_length"))
     n_heads = int(meta.require(f"{arch}.attention.head_count"))
     n_kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", n_heads))
@@ -377,7 +390,7 @@ def _convert_into(gguf_path: Path, dest: Path, weights: bool = True) -> None:
     bos_id, eos_id, pad_id = special["bos"][0], special["eos"][0], special["pad"][0]
 
     names = {_hf_name(t.name)[0] for t in reader.tensors}   # also rejects tensors we do not know
-    tensors = _convert_tensors(reader, gguf_path, n_heads, n_kv_heads) if weights else {}
+    tensors = _convert_tensors(reader, gguf_path, n_heads, n_kv_heads, arch in ROPE_PERMUTED_ARCHS) if weights else {}
     tied = "lm_head.weight" not in names
     if "model.embed_tokens.weight" not in names:
         raise CheckpointError(f"{gguf_path}: no token_embd.weight tensor")
@@ -385,8 +398,8 @@ def _convert_into(gguf_path: Path, dest: Path, weights: bool = True) -> None:
     rope_theta = _float32_clean(meta.get(f"{arch}.rope.freq_base", 10000.0))
 
     config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [hf_class],
+        "model_type": model_type,
         "hidden_size": hidden,
         "intermediate_size": int(meta.require(f"{arch}.feed_forward_length")),
         "num_hidden_layers": int(meta.require(f"{arch}.block_count")),

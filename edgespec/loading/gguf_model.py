@@ -1,4 +1,4 @@
-"""Load a llama-architecture GGUF natively: its Q4_0 / Q4_1 / Q8_0 tensors stay in their blocks.
+"""Load a llama- or qwen3-architecture GGUF natively: its Q4_0 / Q4_1 / Q8_0 tensors stay in their blocks.
 
 The config and tokenizer come from :func:`edgespec.loading.gguf_demo.gguf_metadata_folder` (the same metadata
 reading as the fp32 conversion, without the weights); the tensors are read from the memory-mapped file:
@@ -24,12 +24,13 @@ import torch
 from torch import nn
 
 from edgespec.errors import CheckpointError, UnsupportedModelError
-from edgespec.loading.gguf_demo import _hf_name, _unpermute_rows, gguf_metadata_folder
+from edgespec.loading.gguf_demo import ROPE_PERMUTED_ARCHS, _hf_name, _unpermute_rows, gguf_metadata_folder
 from edgespec.loading.hf_config import load_config
 from edgespec.models.decoder import TargetModel
 from edgespec.models.layers import RotaryEmbedding
 from edgespec.weights.base import PackedEmbedding, PackedLinear
 from edgespec.weights.gguf import GGML_FORMATS
+from edgespec.weights.gguf_kquants import K_FORMATS
 
 # ggml type ids of unquantized tensors and their numpy dtypes.
 _DENSE = {0: np.float32, 1: np.float16, 30: None}   # 30 = BF16 (gguf-py returns its raw uint8 bytes)
@@ -173,30 +174,32 @@ def _place_tensor(model: TargetModel, path: Path, tensor: GGUFTensor, dtype: tor
     What does not fit goes to ``problems``; a type the loader cannot serve raises."""
     cfg = model.config
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    permuted = cfg.model_type in ROPE_PERMUTED_ARCHS     # llama.cpp reordered the q/k rows of these
     name, role, _ = _hf_name(tensor.name)
     kind = int(tensor.tensor_type)
     shape = tuple(int(d) for d in reversed(tensor.shape))   # GGUF lists dims innermost first
     if kind in _DENSE:
         weight = _dense(tensor, shape)
-        if role in ("attn_q", "attn_k"):
+        if role in ("attn_q", "attn_k") and permuted:
             weight = torch.from_numpy(_unpermute_rows(weight.numpy(), n_heads if role == "attn_q" else n_kv))
         dense[name] = weight
         return
-    fmt = GGML_FORMATS.get(kind)
+    fmt = GGML_FORMATS.get(kind) or K_FORMATS.get(kind)
     if fmt is None:
         raise UnsupportedModelError(
             f"{path}: tensor {tensor.name} is {_type_name(kind)}; the native GGUF loader packs Q4_0, Q4_1, "
-            "Q8_0 and reads F32/F16/BF16 (convert other types to fp32 with `edgespec convert --gguf`)")
+            "Q8_0, Q4_K, Q5_K, Q6_K and reads F32/F16/BF16 (2- and 3-bit and I-quants are not served; convert "
+            "other types to fp32 with `edgespec convert --gguf`)")
     if len(shape) != 2 or not name.endswith(".weight"):
         raise CheckpointError(f"{path}: quantized tensor {tensor.name} has shape {list(shape)}, not a matrix")
     out_f, in_f = shape
     blocks = np.asarray(tensor.data)
-    want = (out_f, in_f // 32 * fmt.block_bytes)
-    if in_f % 32 or blocks.size != want[0] * want[1]:
+    want = (out_f, in_f // fmt.block * fmt.block_bytes)
+    if in_f % fmt.block or blocks.size != want[0] * want[1]:
         raise CheckpointError(f"{path}: tensor {tensor.name} ({_type_name(kind)}, shape {list(shape)}) holds "
                               f"{blocks.size} bytes, expected {want[0] * want[1]} (truncated file?)")
     blocks = blocks.reshape(want)
-    if role in ("attn_q", "attn_k"):
+    if role in ("attn_q", "attn_k") and permuted:
         blocks = _unpermute_rows(blocks, n_heads if role == "attn_q" else n_kv)
     packed = fmt(torch.from_numpy(np.array(blocks)).to(device), out_f, in_f, dtype)
     module_name = name[: -len(".weight")]

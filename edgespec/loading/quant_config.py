@@ -2,41 +2,24 @@
 
 Supported (see docs/weights.md): Qwen block-FP8 (``quant_method: fp8`` with ``weight_block_size``), NVIDIA ModelOpt
 NVFP4 (``hf_quant_config.json`` ``quant_algo: NVFP4`` and/or ``quant_method: modelopt``), AWQ in the GEMM layout and
-GPTQ without act-order, both 4-bit. Anything else is refused by name before a byte of weights is read: a key
-error or silent garbage later would tell the user nothing.
+GPTQ without act-order, both 4-bit; llm-compressor's ``compressed-tensors`` (:mod:`compressed_tensors`) and ModelOpt
+``MIXED_PRECISION`` / FP8 (:mod:`modelopt`), whose format is chosen module by module (:mod:`quant_spec`).
+Anything else is refused by name before a byte of weights is read: a key error or silent garbage later would
+tell the user nothing.
 """
 
 from __future__ import annotations
 
-import fnmatch
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from edgespec.errors import UnsupportedModelError
 from edgespec.loading.hf_config import read_json
+from edgespec.loading.quant_spec import QuantSpec
 
-SUPPORTED = ("fp8 (block-wise, weight_block_size)", "modelopt NVFP4", "awq (4-bit, GEMM)",
-             "gptq (4-bit, desc_act false)")
-
-
-@dataclass
-class QuantSpec:
-    """A checkpoint's quantization as edgespec loads it.
-
-    ``method``: ``fp8_block``, ``nvfp4``, ``awq`` or ``gptq``. ``excluded``: module name patterns the config lists
-    as left unquantized (fnmatch globs or plain prefixes; informational: each module loads as its tensors are).
-    """
-
-    method: str
-    source: str
-    block: tuple[int, int] = (128, 128)
-    group_size: int = 128
-    zeros_minus_one: bool = False
-    excluded: list[str] = field(default_factory=list)
-
-    def is_excluded(self, module: str) -> bool:
-        return any(module == p or module.startswith(p + ".") or fnmatch.fnmatch(module, p) for p in self.excluded)
+SUPPORTED = ("fp8 (block-wise, weight_block_size)", "modelopt NVFP4 / FP8 / MIXED_PRECISION", "awq (4-bit, GEMM)",
+             "gptq (4-bit, desc_act false)",
+             "compressed-tensors (pack-quantized int4, float-quantized fp8, nvfp4-pack-quantized)")
 
 
 def _unsupported(name: str, source: str, why: str = "") -> UnsupportedModelError:
@@ -55,13 +38,19 @@ def _patterns(qc: dict[str, Any], *keys: str) -> list[str]:
 
 def _nvfp4(q: dict[str, Any], source: str, excluded: list[str]) -> QuantSpec:
     algo = str(q.get("quant_algo", "")).upper()
+    if algo in ("MIXED_PRECISION", "FP8", "FP8_PER_CHANNEL_PER_TOKEN"):
+        from edgespec.loading.modelopt import parse_modelopt
+        return parse_modelopt(q, source, excluded + _patterns(q, "exclude_modules", "ignore"))
     if algo != "NVFP4":
         raise _unsupported(f"modelopt {q.get('quant_algo')!r}", source)
     group = int(q.get("group_size", 16))
     if group != 16:
         raise _unsupported(f"modelopt NVFP4 with group_size {group}", source, " (NVFP4 uses 16)")
+    from edgespec.loading.modelopt import kv_cache_format
+    notes: list[str] = []
     return QuantSpec("nvfp4", source, group_size=16,
-                     excluded=excluded + _patterns(q, "exclude_modules", "ignore", "modules_to_not_convert"))
+                     excluded=excluded + _patterns(q, "exclude_modules", "ignore", "modules_to_not_convert"),
+                     kv_cache=kv_cache_format(q, notes), notes=notes)
 
 
 def parse_quant_config(raw: dict[str, Any], folder: Path | None = None) -> QuantSpec | None:
@@ -114,6 +103,9 @@ def parse_quant_config(raw: dict[str, Any], folder: Path | None = None) -> Quant
         if fmt not in ("gptq", "gptq_v2"):
             raise _unsupported(f"gptq checkpoint_format {fmt!r}", where)
         return QuantSpec("gptq", where, group_size=group, zeros_minus_one=fmt == "gptq", excluded=excluded)
+    if method == "compressed-tensors":
+        from edgespec.loading.compressed_tensors import parse_compressed_tensors
+        return parse_compressed_tensors(qc, where)
     raise _unsupported(repr(qc.get("quant_method")), where)
 
 

@@ -20,12 +20,14 @@ from edgespec.loading.safetensors_io import Slot, TensorEntry
 from edgespec.models.layers import Linear
 from edgespec.weights.base import PackedLinear, PackedWeight
 from edgespec.weights.fp8_block import FP8BlockWeight
+from edgespec.weights.fp8_row import FP8RowWeight
 from edgespec.weights.int4 import Int4Weight
 from edgespec.weights.nvfp4 import NVFP4Weight
 
 # Per-layer tensors a weight-only runtime does not use: activation scales (activations are quantized dynamically
 # or not at all) and KV-cache scales (edgespec computes its own per token and head).
-IGNORED_SUFFIXES = (".input_scale", ".k_scale", ".v_scale", ".output_scale")
+IGNORED_SUFFIXES = (".input_scale", ".k_scale", ".v_scale", ".output_scale", ".input_global_scale",
+                    ".input_zero_point")
 _FLOAT = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -33,7 +35,24 @@ def ignored(name: str) -> bool:
     return name.endswith(IGNORED_SUFFIXES)
 
 
+def _scheme_format(name: str, spec: QuantSpec, entries: dict[str, TensorEntry]) -> str | None:
+    """Per-module formats (compressed-tensors, ModelOpt mixed): the config names the scheme, the tensors must agree.
+    Quantized tensors in a module the config leaves unquantized are refused; a 16-bit weight loads as it is."""
+    weight = entries.get(name + ".weight")
+    quantized = name + ".weight_packed" in entries or (
+        weight is not None and weight.dtype in (torch.float8_e4m3fn, torch.uint8, torch.int32))
+    scheme = spec.scheme_for(name)
+    if scheme is None:
+        if quantized:
+            raise CheckpointError(f"{spec.source}: layer {name} has quantized tensors but the config leaves it "
+                                  "unquantized (in 'ignore' / 'exclude_modules', or no config group targets it)")
+        return None
+    return scheme.fmt if quantized else None
+
+
 def _layer_format(name: str, spec: QuantSpec, entries: dict[str, TensorEntry]) -> str | None:
+    if spec.schemes is not None:
+        return _scheme_format(name, spec, entries)
     weight = entries.get(name + ".weight")
     if spec.method == "fp8_block":
         if name + ".weight_scale_inv" in entries or (weight is not None and weight.dtype == torch.float8_e4m3fn):
@@ -48,11 +67,17 @@ def _layer_format(name: str, spec: QuantSpec, entries: dict[str, TensorEntry]) -
 
 def _packed(fmt: str, out_f: int, in_f: int, spec: QuantSpec, dtype: torch.dtype, name: str) -> PackedWeight:
     try:
-        if fmt == "fp8_block":
+        if fmt == "fp8_block" and spec.schemes is None:
             return FP8BlockWeight(out_f, in_f, dtype, spec.block, device="meta")
         if fmt == "nvfp4":
             return NVFP4Weight(out_f, in_f, dtype, device="meta")
-        group = in_f if spec.group_size <= 0 else spec.group_size
+        if fmt == "fp8_row":
+            return FP8RowWeight(out_f, in_f, dtype, device="meta")
+        scheme = spec.scheme_for(name)
+        if fmt == "fp8_block" and scheme is not None:
+            return FP8BlockWeight(out_f, in_f, dtype, scheme.block, device="meta")
+        size = scheme.group_size if scheme is not None else spec.group_size
+        group = in_f if size <= 0 else size
         return Int4Weight(out_f, in_f, dtype, group, device="meta")
     except ValueError as e:
         raise CheckpointError(f"{spec.source}: layer {name}: {e}") from None
@@ -87,6 +112,11 @@ def part_view(merged: PackedWeight, start: int, stop: int) -> PackedWeight:
         view._buffers["weight_scale_inv"] = merged.weight_scale_inv[start // bo:-(-stop // bo)]
         view._buffers["weight"] = merged.weight[start:stop]
         return view
+    if isinstance(merged, FP8RowWeight):
+        view = FP8RowWeight(rows, merged.in_features, merged.compute_dtype, device="meta")
+        for name in ("weight", "weight_scale"):
+            view._buffers[name] = getattr(merged, name)[start:stop]
+        return view
     if isinstance(merged, Int4Weight):
         view = Int4Weight(rows, merged.in_features, merged.compute_dtype, merged.group_size, device="meta")
         for name in ("qweight", "scales", "zeros"):
@@ -100,6 +130,14 @@ def packed_slots(name: str, layer: PackedLinear, spec: QuantSpec) -> dict[str, S
     loaded with the dense ones)."""
     w = layer.weight
     out_f, in_f = w.out_features, w.in_features
+    scheme = spec.scheme_for(name)
+    if scheme is not None and scheme.layout == "ct":
+        from edgespec.loading.compressed_tensors import layer_slots
+        return layer_slots(name, w, scheme)
+    if isinstance(w, FP8RowWeight):
+        from edgespec.loading.modelopt import fp8_slots
+        assert scheme is not None
+        return fp8_slots(name, w, scheme)
     if isinstance(w, FP8BlockWeight):
         return {f"{name}.weight": Slot(w.weight, tuple(w.weight.shape), (torch.float8_e4m3fn,)),
                 f"{name}.weight_scale_inv": Slot(w.weight_scale_inv, tuple(w.weight_scale_inv.shape), _FLOAT,

@@ -38,13 +38,14 @@ class GGUFBlockWeight(PackedWeight):
 
     ggml_type: ClassVar[int] = -1
     block_bytes: ClassVar[int] = 0
+    block: ClassVar[int] = BLOCK        # weights per block (the K-quants' super-blocks hold 256)
 
     def __init__(self, blocks: torch.Tensor, out_features: int, in_features: int,
                  compute_dtype: torch.dtype = torch.float32) -> None:
         super().__init__(out_features, in_features, compute_dtype)
-        if in_features % BLOCK:
-            raise ValueError(f"{self.format}: in_features {in_features} is not a multiple of {BLOCK}")
-        want = (out_features, in_features // BLOCK * self.block_bytes)
+        if in_features % self.block:
+            raise ValueError(f"{self.format}: in_features {in_features} is not a multiple of {self.block}")
+        want = (out_features, in_features // self.block * self.block_bytes)
         if blocks.dtype != torch.uint8 or tuple(blocks.shape) != want:
             raise ValueError(f"{self.format}: blocks must be uint8 {list(want)}, got {blocks.dtype} "
                              f"{list(blocks.shape)}")
@@ -62,7 +63,7 @@ class GGUFBlockWeight(PackedWeight):
         return torch.cat([qs & 0x0F, qs >> 4], dim=-1)
 
     def _decode(self, blocks: torch.Tensor) -> torch.Tensor:
-        """``[rows, nb, block_bytes]`` -> ``[rows, nb, 32]`` float32 weights."""
+        """``[rows, nb, block_bytes]`` -> ``[rows, nb, block]`` float32 weights."""
         raise NotImplementedError
 
     def _dense(self, blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

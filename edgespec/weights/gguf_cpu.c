@@ -1,4 +1,5 @@
-/* Products of GGUF Q4_0 / Q4_1 / Q8_0 weights with fp32 activations, read straight from the GGUF blocks.
+/* Products of GGUF Q4_0 / Q4_1 / Q8_0 (and K-quant Q4_K / Q5_K / Q6_K, below) weights with fp32 activations, read
+ * straight from the GGUF blocks.
  *
  * Built by edgespec.weights.gguf_native (gcc -O3 -march=native -fopenmp) and called through ctypes.
  * The weight is the file's own bytes: row n of an [N, K] matrix is K/32 consecutive blocks
@@ -109,9 +110,85 @@ rows(int kind, const uint8_t *row, size_t bpb, int nb, const float *x, size_t K,
     default: rows(KIND, row, bpb, nb, x, K, xsum, y, N, 4); break;                                           \
     }
 
+/* ---- K-quants: super-blocks of 256 weights (layouts in edgespec/weights/gguf_kquants.py) ----------------------
+ * A super-block is decoded to 256 fp32 weights with the reference's operations in its order (d * sc first, then
+ * times the code, minus dmin * m), so the weights are the oracle's bit for bit; the product then sums w * x in
+ * 8 lanes. Decoded once per weight row and used for every activation row of the call. */
+static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+static void decode_k(int kind, const uint8_t *b, float *w) {
+    if (kind == 14) { /* Q6_K: ql[128], qh[64], int8 scales[16], fp16 d */
+        const float d = half_at(b + 208);
+        const int8_t *sc = (const int8_t *)(b + 192);
+        float ds[16];
+        for (int i = 0; i < 16; i++)
+            ds[i] = d * (float)sc[i];
+        for (int n = 0; n < 2; n++) {
+            /* weight l + 32k of this half: nibble k / 2 of ql[l + 32 (k % 2)], bits 2k..2k+1 of qh[l] above */
+            const uint8_t *ql = b + 64 * n, *qh = b + 128 + 32 * n;
+            const float *s = ds + 8 * n;
+            float *o = w + 128 * n;
+            for (int l = 0; l < 32; l++) {
+                const int h = qh[l], is = l / 16;
+                o[l] = s[is] * (float)(((ql[l] & 0xF) | ((h & 3) << 4)) - 32);
+                o[l + 32] = s[is + 2] * (float)(((ql[l + 32] & 0xF) | (((h >> 2) & 3) << 4)) - 32);
+                o[l + 64] = s[is + 4] * (float)(((ql[l] >> 4) | (((h >> 4) & 3) << 4)) - 32);
+                o[l + 96] = s[is + 6] * (float)(((ql[l + 32] >> 4) | (((h >> 6) & 3) << 4)) - 32);
+            }
+        }
+        return;
+    }
+    /* Q4_K / Q5_K: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, (Q5_K: qh[32]), qs[128] */
+    const float d = half_at(b), dmin = half_at(b + 2);
+    const uint8_t *qh = b + 16, *qs = b + (kind == 13 ? 48 : 16);
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        scale_min_k4(j, b + 4, &sc, &m);
+        const float d1 = d * (float)sc, m1 = dmin * (float)m;
+        const uint8_t *q = qs + 32 * (j / 2);
+        const int shift = 4 * (j & 1);
+        for (int l = 0; l < 32; l++) {
+            int v = (q[l] >> shift) & 0xF;
+            if (kind == 13)
+                v += ((qh[l] >> j) & 1) << 4;
+            w[32 * j + l] = d1 * (float)v - m1;
+        }
+    }
+}
+
+static void rows_k(int kind, const uint8_t *row, size_t bpb, int nb, const float *x, size_t K, float *y, size_t N,
+                   int R) {
+    __m256 acc[4];
+    float w[256] __attribute__((aligned(32)));
+    for (int r = 0; r < R; r++)
+        acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        decode_k(kind, row + bpb * b, w);
+        for (int r = 0; r < R; r++) {
+            const float *xb = x + r * K + 256 * (size_t)b;
+            __m256 a = acc[r];
+            for (int i = 0; i < 256; i += 8)
+                a = _mm256_fmadd_ps(_mm256_load_ps(w + i), _mm256_loadu_ps(xb + i), a);
+            acc[r] = a;
+        }
+    }
+    for (int r = 0; r < R; r++)
+        y[r * N] = hsum8(acc[r]);
+}
+
 static void rows_kind(int kind, const uint8_t *row, size_t bpb, int nb, const float *x, size_t K,
                       const float *xsum, float *y, size_t N, int R) {
-    if (kind == 2) {
+    if (kind >= 12) {
+        rows_k(kind, row, bpb, nb, x, K, y, N, R);
+    } else if (kind == 2) {
         ROWS_FOR(2)
     } else if (kind == 3) {
         ROWS_FOR(3)
@@ -120,7 +197,7 @@ static void rows_kind(int kind, const uint8_t *row, size_t bpb, int nb, const fl
     }
 }
 
-enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* ggml type ids */
+enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 }; /* ggml type ids */
 
 /* Output rows handed to a thread at a time: small enough to balance 2-16 threads on the demo's 192-row
  * matrices, large enough that the per-chunk overhead stays negligible. */
@@ -223,16 +300,19 @@ static void start_workers(int want) {
     }
 }
 
-/* y[M, N] = x[M, K] @ W[N, K]^T with W in ggml type `kind` (K a multiple of 32), on `threads` threads (the
+/* y[M, N] = x[M, K] @ W[N, K]^T with W in ggml type `kind` (K a multiple of 32, of 256 for K-quants), on `threads` threads (the
  * caller plus a pool kept for the process). Not reentrant: one product at a time (the model runs one forward
  * at a time). Returns 0, -1 for an unknown kind, -2 when out of memory. */
 int gguf_matmul(int kind, const uint8_t *w, int N, int K, const float *x, int M, float *y, int threads) {
-    const int nb = K / 32;
+    const int nb = K / (kind >= Q4_K ? 256 : 32); /* blocks per row: K-quant super-blocks hold 256 */
     size_t bpb;
     switch (kind) {
     case Q4_0: bpb = 18; break;
     case Q4_1: bpb = 20; break;
     case Q8_0: bpb = 34; break;
+    case Q4_K: bpb = 144; break;
+    case Q5_K: bpb = 176; break;
+    case Q6_K: bpb = 210; break;
     default: return -1;
     }
     float *xsum = NULL;

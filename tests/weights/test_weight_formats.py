@@ -221,7 +221,7 @@ def test_fp8_tensor_without_quantization_config_is_refused(quantized, tmp_path):
     ({"quant_method": "gptq", "bits": 8, "group_size": 32}, "gptq with bits=8"),
     ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "awq version 'gemv'"),
     ({"quant_method": "fp8", "fmt": "e4m3"}, "per-tensor FP8"),
-    ({"quant_method": "modelopt", "quant_algo": "FP8"}, "modelopt 'FP8'"),
+    ({"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}, "modelopt 'W4A8_AWQ' is not supported"),
 ])
 def test_unsupported_quantization_configs(quantized, tmp_path, qc, match):
     folder = _edit(_copy(quantized, "llama", "awq", tmp_path), config=lambda c: c.update(quantization_config=qc))
