@@ -46,6 +46,26 @@ class Request:
     constraint: TokenConstraint | None = None
     on_text: Callable[[str], None] | None = None  # streaming: called with each new piece of text
     cancelled: Callable[[], bool] | None = None
+    # Checked at every cycle boundary: True pauses the generation (finish ``preempted``, state kept in ``partial``)
+    # so another request can run; ``complete`` called again with the same request continues it.
+    preempt: Callable[[], bool] | None = None
+    # Whose request this is (API key, prompt_cache_key or user): the prefix cache is reused only within one key.
+    cache_key: str | None = None
+    partial: Partial | None = None
+
+
+@dataclass
+class Partial:
+    """A generation paused at a cycle boundary: what :meth:`Engine.complete` needs to continue it exactly (the
+    detokenizer keeps a stop string split by the pause, the policy keeps a seeded sampler's stream)."""
+
+    prompt_ids: list[int]
+    tokens: list[int]
+    pieces: list[str]
+    detok: Any
+    policy: AcceptancePolicy
+    telemetry: RequestTelemetry
+    cached_tokens: int
 
 
 @dataclass
@@ -106,6 +126,7 @@ class Engine:
             raise ConfigError("acceptance relaxed_thinking needs <think> and </think> tokens, and the tokenizer of "
                               f"{model_dir} has none")
         self.totals = CumulativeTelemetry()
+        self._prefix_key: str | None = None     # the client key whose tokens the prefix cache holds
         self.model_id = settings.served_model_name or model_dir.name
         self.request_log = None
         if settings.request_log:
@@ -188,10 +209,15 @@ class Engine:
         return ids
 
     def complete(self, req: Request) -> Completion:
-        """Run one request to the end (streaming through ``req.on_text`` if given)."""
-        ids = self.check(req)
-        detok = self.tokenizer.detokenizer(stop=req.stop, prompt_ids=ids)
-        pieces: list[str] = []
+        """Run one request to the end (streaming through ``req.on_text`` if given), or until ``req.preempt`` pauses
+        it (finish ``preempted``, ``req.partial`` set; call again to continue)."""
+        part = req.partial
+        if part is None:
+            ids = self.check(req)
+            part = Partial(ids, [], [], self.tokenizer.detokenizer(stop=req.stop, prompt_ids=ids),
+                           self.policy_for(req.sampling), RequestTelemetry(drafter=self.session.drafter_name,
+                                                                           prompt_tokens=len(ids)), -1)
+        ids, detok, pieces = part.prompt_ids, part.detok, part.pieces
 
         def on_tokens(tokens: list[int]) -> bool:
             text = detok.add(tokens)
@@ -201,29 +227,57 @@ class Engine:
                     req.on_text(text)
             return detok.stop_hit is not None
 
+        preempted = False
+
+        def stop() -> bool:
+            nonlocal preempted
+            if req.cancelled is not None and req.cancelled():
+                return True
+            if req.preempt is not None and req.preempt():
+                preempted = True
+                return True
+            return False
+
+        self._claim_prefix(req.cache_key)
         t0 = time.perf_counter()
         result = self.session.generate(
-            ids, max_tokens=req.max_tokens, policy=self.policy_for(req.sampling),
-            stop_ids=self.tokenizer.stop_token_ids, on_tokens=on_tokens, cancelled=req.cancelled,
+            ids + part.tokens, max_tokens=req.max_tokens - len(part.tokens), policy=part.policy,
+            stop_ids=self.tokenizer.stop_token_ids, on_tokens=on_tokens, cancelled=stop,
             constraint=req.constraint, k=req.num_draft_tokens, prefix=self.prefix)
+        result.telemetry.stage_ms["total"] = (time.perf_counter() - t0) * 1000.0
+        _merge_telemetry(part.telemetry, result.telemetry)
+        part.tokens += result.token_ids
+        if part.cached_tokens < 0:   # the first segment's reuse is the request's
+            part.cached_tokens = 0 if self.prefix is None else self.prefix.last_reused
+        tel = part.telemetry
+        if preempted and result.finish_reason == "cancelled":
+            req.partial = part
+            return Completion("".join(pieces), list(part.tokens), "preempted", len(ids), tel,
+                              cached_tokens=part.cached_tokens)
+        req.partial = None
         tail = detok.finish()
         if tail:
             pieces.append(tail)
             if req.on_text is not None:
                 req.on_text(tail)
-        tel = result.telemetry
-        tel.stage_ms["total"] = (time.perf_counter() - t0) * 1000.0
         self.totals.add(tel)
-        done = Completion("".join(pieces), result.token_ids, result.finish_reason, len(ids), tel,
-                          reasoning_tokens=self._reasoning_tokens(ids, result.token_ids),
-                          cached_tokens=0 if self.prefix is None else self.prefix.last_reused)
+        done = Completion("".join(pieces), part.tokens, result.finish_reason, len(ids), tel,
+                          reasoning_tokens=self._reasoning_tokens(ids, part.tokens),
+                          cached_tokens=part.cached_tokens)
         if self.request_log is not None:
             try:
-                self.request_log.log_completion(ids, result.token_ids, done.text, result.finish_reason,
+                self.request_log.log_completion(ids, part.tokens, done.text, result.finish_reason,
                                                 self.session.drafter_name, tel.acceptance_length)
             except OSError as e:   # a full disk must not fail the request the robot is waiting for
                 print(f"edgespec: request log {self.request_log.path} not written: {e}", file=sys.stderr)
         return done
+
+    def _claim_prefix(self, key: str | None) -> None:
+        """Reuse the prefix cache only for the client that filled it: another key starts from an empty cache, so
+        neither ``cached_tokens`` nor the prefill time tells one client anything about another's prompt."""
+        if self.prefix is not None and key != self._prefix_key:
+            self.prefix.clear()
+        self._prefix_key = key
 
     def _reasoning_tokens(self, prompt: list[int], out: list[int]) -> int:
         """Tokens generated inside a think block (OpenAI's completion_tokens_details.reasoning_tokens)."""
@@ -244,3 +298,13 @@ class Engine:
             elif inside:
                 n += 1
         return n
+
+
+def _merge_telemetry(total: RequestTelemetry, seg: RequestTelemetry) -> None:
+    """Add one segment of a preempted request to its running telemetry (counts, cycles, stage and decode times)."""
+    total.add_counts(seg)
+    total.cycles += seg.cycles
+    total.generated_tokens += seg.generated_tokens
+    total.decode_ms += seg.decode_ms
+    for name, ms in seg.stage_ms.items():
+        total.stage_ms[name] = total.stage_ms.get(name, 0.0) + ms

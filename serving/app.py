@@ -37,7 +37,7 @@ from . import logs, protocol, systemd
 from .errors import APIError, SafeJSONResponse, error_body, error_responses, find_invalid_text, install_error_handlers
 from .grammar import ANY_OBJECT, JSON_DEFAULTS, AfterThink, GrammarCompiler
 from .metrics import ServerMetrics
-from .middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestIdMiddleware, request_id
+from .middleware import ApiKeyMiddleware, BodyLimitMiddleware, ReadTimeoutMiddleware, RequestIdMiddleware, request_id
 from .schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -46,6 +46,7 @@ from .schemas import (
     unsupported_fields,
 )
 from .tools import OutputSplitter, tool_format, tool_grammar
+from .transport import guarded_protocol
 from .worker import END, EngineWorker, Job, JobError, QueueFull, WorkerStopped
 
 log = logging.getLogger("edgespec.serving")
@@ -71,6 +72,7 @@ class ServerState:
         self.on_fatal: Callable[[], None] | None = None   # run_server: stop uvicorn when loading fails
         self.load_exception: BaseException | None = None
         self.loader: threading.Thread | None = None
+        self.draining = asyncio.Event()   # set on drain: a body still being read is answered 503 at once
         self._source = source
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -108,7 +110,8 @@ class ServerState:
             return
         self.engine = engine
         self.grammar = GrammarCompiler(engine.tokenizer, vocab_size(engine))
-        self.worker = EngineWorker(engine, self.settings.max_queue, self.metrics, STUCK_GRACE_S)
+        self.worker = EngineWorker(engine, self.settings.max_queue, self.metrics, STUCK_GRACE_S,
+                                   short_tokens=self.settings.short_request_tokens)
         self.status = "ready"
         self.metrics.ready.set(1)
         where = f"{self.settings.host}:{self.settings.port}"
@@ -119,6 +122,7 @@ class ServerState:
         if self.status in ("draining", "stopped"):
             return
         self.status = "draining"
+        self.draining.set()
         self.metrics.ready.set(0)
         if self.worker is not None:
             self.worker.close()
@@ -187,6 +191,7 @@ def _prepare(state: ServerState, engine: Engine, req: EngineRequest,
         p = "edgespec.num_draft_tokens" if "num_draft_tokens" in str(exc) else param
         raise APIError(400, str(exc), param=p, code="invalid_request") from None
     req.prompt_ids, req.messages, req.prompt = ids, None, None
+    req.max_tokens = protocol.bounded_max_tokens(body, state.settings, len(ids), engine.session.cache.max_len)
     assert state.grammar is not None
     fmt = body.response_format
     if isinstance(fmt, (JsonObjectFormat, JsonSchemaFormat)):
@@ -203,18 +208,21 @@ def _prepare(state: ServerState, engine: Engine, req: EngineRequest,
     in_think = _opens_in_think(engine, ids)
     plan = protocol.tool_plan(body)
     tool_fmt = tool_format(engine.tokenizer.chat_template)
-    if plan is not None and plan.forced is not None:
-        if req.constraint is not None:
+    if plan is not None:
+        # The tools' schemas are compiled under every tool_choice, so a bad one is the same 400 whether or not this
+        # request forces a call (a schema the grammar cannot hold is one the model should not be shown either).
+        if plan.forced is not None and req.constraint is not None:
             raise APIError(400, "response_format and a required tool call cannot be combined", param="tool_choice",
                            code="invalid_request")
         try:
             multiple = body.tool_choice == "required" and (body.model_extra or {}).get("parallel_tool_calls", True)
-            grammar = state.grammar.lark(tool_grammar(plan.forced, tool_fmt, JSON_DEFAULTS, bool(multiple)),
-                                         param="tools")
+            grammar = state.grammar.lark(tool_grammar(plan.forced or list(plan.by_name.values()), tool_fmt,
+                                                      JSON_DEFAULTS, bool(multiple)), param="tools")
         except EdgespecError as exc:
             raise APIError(400, str(exc), param="tools", code="invalid_schema") from None
-        think = engine.think_ids
-        req.constraint = AfterThink(grammar, think[1]) if in_think and think is not None else grammar
+        if plan.forced is not None:
+            think = engine.think_ids
+            req.constraint = AfterThink(grammar, think[1]) if in_think and think is not None else grammar
     split = OutputSplitter(in_think=in_think, parse_tools=plan is not None and plan.parse, fmt=tool_fmt,
                            tools=plan.by_name if plan is not None else None,
                            split_reasoning=engine.think_ids is not None)
@@ -286,6 +294,7 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(ReadTimeoutMiddleware, read_timeout_s=settings.read_timeout_s, draining=state.draining)
     app.add_middleware(RequestIdMiddleware, on_failure=state.metrics.fail)   # outermost: sees every answer
     auth = (401,) if settings.api_key else ()
     generation_errors = error_responses(400, *auth, 404, 413, 422, 429, 500, 503, 504)
@@ -303,6 +312,7 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
             raise APIError(400, f"{bad} holds text that is not valid Unicode (a lone surrogate such as \\ud800)",
                            param=bad, code="invalid_unicode")
         req = protocol.engine_request(body, settings, vocab_size(eng))
+        req.cache_key = protocol.client_key(request.headers.get("authorization"), body)
         req, split = await run_in_threadpool(_prepare, state, eng, req, body)
         job = Job(req, asyncio.get_running_loop(), deadline=arrived + settings.request_timeout_s,
                   stream=body.stream)
@@ -508,7 +518,8 @@ def run_server(settings: Settings, *, engine_factory: Callable[[], Engine] | Non
     state: ServerState = app.state.edgespec
     config = uvicorn.Config(app, log_level=log_level, lifespan="on", log_config=None,
                             timeout_graceful_shutdown=settings.request_timeout_s + 15.0,
-                            timeout_keep_alive=5, server_header=False)
+                            timeout_keep_alive=5, server_header=False,
+                            http=guarded_protocol(settings.read_timeout_s, settings.max_connections))
     server = _Server(config, state)
 
     def fatal() -> None:

@@ -57,6 +57,8 @@ class ServerMetrics:
                                            "Per-request mean acceptance length (requests with drafts).",
                                            buckets=_AL_BUCKETS, registry=r)
         self.ready = Gauge(p + "engine_ready", "1 once the model is loaded and serving.", registry=r)
+        self.preemptions = Counter(p + "request_preemptions", "Long generations paused for a short request.",
+                                   registry=r)
 
     def observe(self, tel: RequestTelemetry, finish_reason: str, *, queue_s: float, e2e_s: float,
                 ttft_s: float | None) -> None:
