@@ -4,7 +4,10 @@ every 4xx, and slow clients cut off at the connection layer."""
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -305,3 +308,20 @@ def test_shutdown_is_not_held_by_a_partial_body(engine: Engine, tiny_dir: Path) 
         assert reply.startswith(b"HTTP/1.1 503") and b"draining" in reply and b"application/json" in reply
         sock.close()
     assert time.monotonic() - t0 < 15.0, time.monotonic() - t0   # not the 30 s read timeout
+
+
+# ---- 3. signals from the first instant ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("entry", [["-m", "edgespec.serving"], ["-m", "edgespec.cli", "serve"]])
+@pytest.mark.parametrize("after", [0.15, 0.6])
+def test_sigterm_during_start_up_exits_0_with_a_line(tiny_dir: Path, entry: list[str], after: float) -> None:
+    proc = subprocess.Popen([sys.executable, *entry, "--model", str(tiny_dir), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    time.sleep(after)      # torch and FastAPI are still importing
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    text = out.decode()
+    assert "SIGTERM during start-up" in text or "draining" in text or "stopped while the model was loading" in text, \
+        text
