@@ -102,6 +102,17 @@ class ServerState:
                 self.on_fatal()
             return
         log.info("model %s loaded in %.1fs", engine.model_id, time.monotonic() - t0)
+        try:
+            warm_up(engine)
+        except Exception as exc:  # a model that cannot answer one token is not ready: fail as a load failure
+            self.load_exception = exc
+            self.error = f"warm-up generation failed: {type(exc).__name__}: {exc}"
+            self.status = "failed"
+            log.exception("the loaded model could not answer a warm-up request")
+            systemd.notify(f"STATUS={self.error}"[:200])
+            if self.on_fatal is not None:
+                self.on_fatal()
+            return
         self._set_ready(engine)
 
     def _set_ready(self, engine: Engine) -> None:
@@ -152,6 +163,15 @@ class ServerState:
         if self.status == "failed":
             raise APIError(503, f"the model failed to load: {self.error}", code="engine_failed")
         raise APIError(503, "the server is shutting down", code="draining", headers={"Retry-After": "5"})
+
+
+def warm_up(engine: Engine) -> None:
+    """Generate one token from a one-token prompt, so ``/health`` says ready only once the model answers (kernels
+    compiled, CUDA graphs captured, weights paged in) and the first robot request does not pay for that."""
+    t0 = time.monotonic()
+    first = engine.tokenizer.stop_token_ids[0] if engine.tokenizer.stop_token_ids else 0
+    engine.complete(EngineRequest(prompt_ids=[first], max_tokens=1, cache_key="edgespec-warm-up"))
+    log.info("warm-up generation done in %.2fs", time.monotonic() - t0)
 
 
 def vocab_size(engine: Engine) -> int:

@@ -325,3 +325,20 @@ def test_sigterm_during_start_up_exits_0_with_a_line(tiny_dir: Path, entry: list
     text = out.decode()
     assert "SIGTERM during start-up" in text or "draining" in text or "stopped while the model was loading" in text, \
         text
+
+
+# ---- 6. ready only once the model answers ---------------------------------------------------------------------
+
+
+def test_health_is_ready_only_after_a_warm_up_answer(engine: Engine, tiny_dir: Path) -> None:
+    served = engine.totals.requests
+    with ServerThread(create_app(lambda: engine, settings_for(tiny_dir))) as s:
+        assert httpx.get(s.url + "/health").json()["status"] == "ready"
+        assert engine.totals.requests == served + 1      # the warm-up token came before "ready"
+    broken = SlowEngine(engine)
+    broken.fail_next.append(RuntimeError("kernel launch failed"))
+    with ServerThread(create_app(lambda: broken, settings_for(tiny_dir)), wait_ready=False) as s:
+        deadline = time.monotonic() + 30
+        while (h := httpx.get(s.url + "/health").json())["status"] == "loading" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert h["status"] == "failed" and "warm-up" in h["error"] and "kernel launch failed" in h["error"]
