@@ -317,7 +317,7 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
     app.add_middleware(ReadTimeoutMiddleware, read_timeout_s=settings.read_timeout_s, draining=state.draining)
     app.add_middleware(RequestIdMiddleware, on_failure=state.metrics.fail)   # outermost: sees every answer
     auth = (401,) if settings.api_key else ()
-    generation_errors = error_responses(400, *auth, 404, 413, 422, 429, 500, 503, 504)
+    generation_errors = error_responses(400, *auth, 404, 408, 413, 422, 429, 500, 503, 504)
     # Streamed answers: SSE events whose data lines are chat.completion.chunk / text_completion JSON, then [DONE].
     sse = {"text/event-stream": {}}
 
@@ -423,12 +423,13 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
         return {"id": eng.model_id, "object": "model", "created": state.created, "owned_by": "edgespec",
                 "max_model_len": settings.max_seq_len}
 
-    @app.get("/v1/models", summary="The served model", responses=error_responses(*auth, 413, 500, 503))
+    @app.get("/v1/models", summary="The served model", responses=error_responses(*auth, 408, 413, 500, 503))
     async def models() -> dict[str, Any]:
         eng, _ = state.ready_engine()
         return {"object": "list", "data": [_model_card(eng)]}
 
-    @app.get("/v1/models/{model:path}", summary="One model", responses=error_responses(*auth, 404, 413, 422, 500, 503))
+    @app.get("/v1/models/{model:path}", summary="One model",
+             responses=error_responses(*auth, 404, 408, 413, 422, 500, 503))
     async def model(model: str) -> dict[str, Any]:
         eng, _ = state.ready_engine()
         _check_model(eng, model)
@@ -436,7 +437,7 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
 
     @app.get("/health", summary="loading | ready | draining | failed (503 unless ready)",
              responses={503: {"description": "not ready: loading, failed or draining (same body)"},
-                        **error_responses(413, 500)})
+                        **error_responses(408, 413, 500)})
     async def health() -> SafeJSONResponse:
         body: dict[str, Any] = {"status": state.status}
         if state.engine is not None:
@@ -450,7 +451,8 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
         return SafeJSONResponse(body, status_code=200 if state.status == "ready" else 503)
 
     @app.get("/metrics", summary="Prometheus metrics",
-             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **error_responses(413, 500)})
+             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+                        **error_responses(408, 413, 500)})
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=state.metrics.content_type)
 

@@ -95,6 +95,7 @@ _DESCRIPTIONS = {
     400: "invalid request (bad values, invalid JSON or Unicode, prompt too long, unsupported field)",
     401: "missing or wrong API key (Authorization: Bearer)",
     404: "unknown model",
+    408: "request headers or body not received within read_timeout_s (the connection is closed)",
     413: "request body too large",
     422: "request body does not match the schema",
     429: "the engine queue is full (Retry-After)",
