@@ -115,6 +115,8 @@ class Settings:
     read_timeout_s: float = _knob(10.0, "a client must send its request headers, and then its body, within this",
                                   min=0.1)
     max_connections: int = _knob(64, "open connections beyond this are answered 503 and closed", min=1)
+    energy_meter: bool = _knob(True, "measure device energy per request (NVML on discrete GPUs, INA3221 rails on "
+                               "Jetson; none on CPU): joules/token in telemetry and /metrics")
     short_request_tokens: int = _knob(
         64, "requests with max_tokens at most this never wait behind a longer one: queued first, and a running "
         "longer one pauses at its next cycle for them (0 = arrival order)", min=0)

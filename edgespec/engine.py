@@ -19,6 +19,7 @@ from edgespec.arch.detect import select_hooks
 from edgespec.cache.prefix import PrefixCache
 from edgespec.config import Settings
 from edgespec.drafters.factory import build_proposer
+from edgespec.energy import EnergyReading, EnergySpan, open_meter
 from edgespec.errors import ConfigError, RequestError
 from edgespec.kernels.linear import configure_cpu
 from edgespec.loading.checkpoint import load_target, resolve_dtype
@@ -66,6 +67,7 @@ class Partial:
     policy: AcceptancePolicy
     telemetry: RequestTelemetry
     cached_tokens: int
+    energy: EnergyReading | None = None
 
 
 @dataclass
@@ -79,6 +81,7 @@ class Completion:
     telemetry: RequestTelemetry
     reasoning_tokens: int = 0
     cached_tokens: int = 0          # prompt tokens resumed from the cache (prefix reuse), not prefilled
+    energy: EnergyReading | None = None   # device energy over the generation (None without a meter: CPU)
 
     @property
     def completion_tokens(self) -> int:
@@ -127,6 +130,8 @@ class Engine:
                               f"{model_dir} has none")
         self.totals = CumulativeTelemetry()
         self._prefix_key: str | None = None     # the client key whose tokens the prefix cache holds
+        # Joules per request (NVML on a discrete GPU, INA3221 rails on a Jetson, none on CPU; edgespec.energy).
+        self.energy = open_meter(self.device) if settings.energy_meter else None
         self.model_id = settings.served_model_name or model_dir.name
         self.request_log = None
         if settings.request_log:
@@ -240,10 +245,15 @@ class Engine:
 
         self._claim_prefix(req.cache_key)
         t0 = time.perf_counter()
+        span = EnergySpan(self.energy)
         result = self.session.generate(
             ids + part.tokens, max_tokens=req.max_tokens - len(part.tokens), policy=part.policy,
             stop_ids=self.tokenizer.stop_token_ids, on_tokens=on_tokens, cancelled=stop,
             constraint=req.constraint, k=req.num_draft_tokens, prefix=self.prefix)
+        used = span.stop()      # the tokens are on the host: the device work is done
+        if used is not None:
+            before = part.energy or EnergyReading(0.0, 0.0)
+            part.energy = EnergyReading(before.joules + used.joules, before.seconds + used.seconds)
         result.telemetry.stage_ms["total"] = (time.perf_counter() - t0) * 1000.0
         _merge_telemetry(part.telemetry, result.telemetry)
         part.tokens += result.token_ids
@@ -253,7 +263,7 @@ class Engine:
         if preempted and result.finish_reason == "cancelled":
             req.partial = part
             return Completion("".join(pieces), list(part.tokens), "preempted", len(ids), tel,
-                              cached_tokens=part.cached_tokens)
+                              cached_tokens=part.cached_tokens, energy=part.energy)
         req.partial = None
         tail = detok.finish()
         if tail:
@@ -263,7 +273,7 @@ class Engine:
         self.totals.add(tel)
         done = Completion("".join(pieces), part.tokens, result.finish_reason, len(ids), tel,
                           reasoning_tokens=self._reasoning_tokens(ids, part.tokens),
-                          cached_tokens=part.cached_tokens)
+                          cached_tokens=part.cached_tokens, energy=part.energy)
         if self.request_log is not None:
             try:
                 self.request_log.log_completion(ids, part.tokens, done.text, result.finish_reason,

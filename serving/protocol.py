@@ -243,7 +243,19 @@ def telemetry(completion: Completion, *, queue_ms: float, timed_out: bool) -> di
         "queue_ms": round(queue_ms, 3),
         "stage_ms": stages,
         "timed_out": timed_out,
+        "energy": energy(completion),
     }
+
+
+def energy(completion: Completion) -> dict[str, Any] | None:
+    """Device energy of the generation (None without a meter, e.g. on CPU): joules, joules per generated token and
+    average watts."""
+    e = completion.energy
+    if e is None:
+        return None
+    per_token = e.per_token(completion.completion_tokens)
+    return {"joules": round(e.joules, 4), "joules_per_token": None if per_token is None else round(per_token, 5),
+            "avg_watts": round(e.watts, 2), "seconds": round(e.seconds, 4)}
 
 
 def _response(rid: str, created: int, model: str, obj: str, content: dict[str, Any], completion: Completion,

@@ -324,7 +324,8 @@ class EngineWorker:
             if self.metrics is not None:
                 self.metrics.observe(result.telemetry, reason, queue_s=job.queue_s,
                                      e2e_s=job.finished - job.arrived,
-                                     ttft_s=None if job.first_text is None else job.first_text - job.arrived)
+                                     ttft_s=None if job.first_text is None else job.first_text - job.arrived,
+                                     energy=result.energy)
             log.info("request done finish=%s timed_out=%s prompt=%d queue=%.0fms %s", reason, job.timed_out,
                      result.prompt_tokens, job.queue_s * 1000.0, result.telemetry.summary())
             job._resolve(result, None)

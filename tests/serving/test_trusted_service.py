@@ -342,3 +342,32 @@ def test_health_is_ready_only_after_a_warm_up_answer(engine: Engine, tiny_dir: P
         while (h := httpx.get(s.url + "/health").json())["status"] == "loading" and time.monotonic() < deadline:
             time.sleep(0.05)
         assert h["status"] == "failed" and "warm-up" in h["error"] and "kernel launch failed" in h["error"]
+
+
+# ---- 6. energy per token in the telemetry and /metrics -------------------------------------------------------------
+
+
+def test_energy_reaches_the_response_and_metrics(engine: Engine, tiny_dir: Path, tmp_path: Path) -> None:
+    from test_energy import fake_jetson
+
+    from edgespec.energy import RailEnergy, find_rails
+
+    assert engine.energy is None                                 # CPU: no meter, no figure
+    with serve(engine, tiny_dir) as s:
+        assert chat(s.url, max_tokens=4).json()["edgespec"]["energy"] is None
+    fake_jetson(tmp_path, {"VDD_IN": (19000, 1000)})             # a 19 W Jetson board
+    meter = RailEnergy(find_rails(tmp_path), period_s=0.005)
+    engine.energy = meter
+    try:
+        with serve(SlowEngine(engine, delay=0.01), tiny_dir) as s:
+            body = chat(s.url, max_tokens=12, stop=[], edgespec={"num_draft_tokens": 0}).json()
+            metrics = httpx.get(s.url + "/metrics").text
+    finally:
+        engine.energy = None
+        meter.close()
+    e = body["edgespec"]["energy"]
+    assert e["avg_watts"] == pytest.approx(19.0, rel=0.05) and e["joules"] > 0
+    assert e["joules_per_token"] == pytest.approx(e["joules"] / body["usage"]["completion_tokens"], rel=1e-3)
+    total = next(float(ln.split()[-1]) for ln in metrics.splitlines() if ln.startswith("edgespec:energy_joules_total"))
+    assert total == pytest.approx(e["joules"], rel=1e-3)
+    assert "edgespec:request_joules_per_token_count 1.0" in metrics
