@@ -35,7 +35,7 @@ from edgespec.errors import ConfigError, EdgespecError, PromptTooLongError
 
 from . import logs, protocol, systemd
 from .errors import APIError, SafeJSONResponse, error_body, error_responses, find_invalid_text, install_error_handlers
-from .grammar import ANY_OBJECT, JSON_DEFAULTS, AfterThink, GrammarCompiler
+from .grammar import ANY_OBJECT, JSON_DEFAULTS, AfterThink, GrammarCompiler, JsonConstraint
 from .metrics import ServerMetrics
 from .middleware import ApiKeyMiddleware, BodyLimitMiddleware, ReadTimeoutMiddleware, RequestIdMiddleware, request_id
 from .schemas import (
@@ -45,7 +45,7 @@ from .schemas import (
     JsonSchemaFormat,
     unsupported_fields,
 )
-from .tools import OutputSplitter, tool_format, tool_grammar
+from .tools import OutputSplitter, generic_tool_messages, renders_tools, tool_format, tool_grammar
 from .transport import guarded_protocol
 from .worker import END, EngineWorker, Job, JobError, QueueFull, WorkerStopped
 
@@ -72,6 +72,7 @@ class ServerState:
         self.on_fatal: Callable[[], None] | None = None   # run_server: stop uvicorn when loading fails
         self.load_exception: BaseException | None = None
         self.loader: threading.Thread | None = None
+        self.generic_tools_logged = False   # the "template has no tool section" line is logged once
         self.draining = asyncio.Event()   # set on drain: a body still being read is answered 503 at once
         self._source = source
 
@@ -200,18 +201,10 @@ def _check_fields(body: ChatCompletionRequest | CompletionRequest) -> None:
 
 def _prepare(state: ServerState, engine: Engine, req: EngineRequest,
              body: ChatCompletionRequest | CompletionRequest) -> tuple[EngineRequest, OutputSplitter | None]:
-    """Tokenise and validate before queueing (runs in a thread: templates and tokenisers are CPU work). Returns the
+    """Validate and tokenise before queueing (runs in a thread: grammars, templates and tokenisers are CPU work).
+    Schemas are compiled first, so a bad one is reported as such even when the prompt is also too long. Returns the
     request and, for chat, the splitter its output goes through (reasoning, content, tool calls)."""
     param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
-    try:
-        ids = engine.check(req)
-    except PromptTooLongError as exc:
-        raise APIError(400, str(exc), param=param, code="context_length_exceeded") from None
-    except EdgespecError as exc:
-        p = "edgespec.num_draft_tokens" if "num_draft_tokens" in str(exc) else param
-        raise APIError(400, str(exc), param=p, code="invalid_request") from None
-    req.prompt_ids, req.messages, req.prompt = ids, None, None
-    req.max_tokens = protocol.bounded_max_tokens(body, state.settings, len(ids), engine.session.cache.max_len)
     assert state.grammar is not None
     fmt = body.response_format
     if isinstance(fmt, (JsonObjectFormat, JsonSchemaFormat)):
@@ -223,30 +216,55 @@ def _prepare(state: ServerState, engine: Engine, req: EngineRequest,
                 req.constraint = state.grammar.json_schema(schema if schema is not None else ANY_OBJECT)
         except EdgespecError as exc:
             raise APIError(400, str(exc), param="response_format", code="invalid_schema") from None
+    generic = req.messages is not None and not renders_tools(engine.tokenizer.chat_template) and (
+        bool(req.tools) or any(m.get("role") == "tool" or m.get("tool_calls") for m in req.messages))
+    tool_fmt = "json" if generic else tool_format(engine.tokenizer.chat_template)
+    plan = protocol.tool_plan(body) if isinstance(body, ChatCompletionRequest) else None
+    forced = _tool_constraint(state, body, plan, tool_fmt, req.constraint is not None) if plan is not None else None
+    if generic:
+        if not state.generic_tools_logged:
+            state.generic_tools_logged = True
+            log.info("the chat template of %s has no tool section: tools are rendered into the system turn in "
+                     "edgespec's generic <tool_call> JSON format (docs/service.md)", engine.model_id)
+        assert req.messages is not None
+        req.messages, req.tools = generic_tool_messages(req.messages, req.tools), None
+    try:
+        ids = engine.check(req)
+    except PromptTooLongError as exc:
+        raise APIError(400, str(exc), param=param, code="context_length_exceeded") from None
+    except EdgespecError as exc:
+        p = "edgespec.num_draft_tokens" if "num_draft_tokens" in str(exc) else param
+        raise APIError(400, str(exc), param=p, code="invalid_request") from None
+    req.prompt_ids, req.messages, req.prompt = ids, None, None
+    req.max_tokens = protocol.bounded_max_tokens(body, state.settings, len(ids), engine.session.cache.max_len)
     if not isinstance(body, ChatCompletionRequest):
         return req, None
     in_think = _opens_in_think(engine, ids)
-    plan = protocol.tool_plan(body)
-    tool_fmt = tool_format(engine.tokenizer.chat_template)
-    if plan is not None:
-        # The tools' schemas are compiled under every tool_choice, so a bad one is the same 400 whether or not this
-        # request forces a call (a schema the grammar cannot hold is one the model should not be shown either).
-        if plan.forced is not None and req.constraint is not None:
-            raise APIError(400, "response_format and a required tool call cannot be combined", param="tool_choice",
-                           code="invalid_request")
-        try:
-            multiple = body.tool_choice == "required" and (body.model_extra or {}).get("parallel_tool_calls", True)
-            grammar = state.grammar.lark(tool_grammar(plan.forced or list(plan.by_name.values()), tool_fmt,
-                                                      JSON_DEFAULTS, bool(multiple)), param="tools")
-        except EdgespecError as exc:
-            raise APIError(400, str(exc), param="tools", code="invalid_schema") from None
-        if plan.forced is not None:
-            think = engine.think_ids
-            req.constraint = AfterThink(grammar, think[1]) if in_think and think is not None else grammar
+    if forced is not None:
+        think = engine.think_ids
+        req.constraint = AfterThink(forced, think[1]) if in_think and think is not None else forced
     split = OutputSplitter(in_think=in_think, parse_tools=plan is not None and plan.parse, fmt=tool_fmt,
                            tools=plan.by_name if plan is not None else None,
                            split_reasoning=engine.think_ids is not None)
     return req, split
+
+
+def _tool_constraint(state: ServerState, body: ChatCompletionRequest, plan: protocol.ToolPlan, tool_fmt: str,
+                     has_format: bool) -> JsonConstraint | None:
+    """Compile the tools' grammar under every tool_choice, so a bad schema is the same 400 whether or not this
+    request forces a call (a schema the grammar cannot hold is one the model should not be shown either); the
+    grammar when a call is forced, else None."""
+    assert state.grammar is not None
+    if plan.forced is not None and has_format:
+        raise APIError(400, "response_format and a required tool call cannot be combined", param="tool_choice",
+                       code="invalid_request")
+    try:
+        multiple = body.tool_choice == "required" and (body.model_extra or {}).get("parallel_tool_calls", True)
+        grammar = state.grammar.lark(tool_grammar(plan.forced or list(plan.by_name.values()), tool_fmt,
+                                                  JSON_DEFAULTS, bool(multiple)), param="tools")
+    except EdgespecError as exc:
+        raise APIError(400, str(exc), param="tools", code="invalid_schema") from None
+    return grammar if plan.forced is not None else None
 
 
 def _opens_in_think(engine: Engine, ids: list[int]) -> bool:

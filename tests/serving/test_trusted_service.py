@@ -4,6 +4,7 @@ every 4xx, and slow clients cut off at the connection layer."""
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -371,3 +372,101 @@ def test_energy_reaches_the_response_and_metrics(engine: Engine, tiny_dir: Path,
     total = next(float(ln.split()[-1]) for ln in metrics.splitlines() if ln.startswith("edgespec:energy_joules_total"))
     assert total == pytest.approx(e["joules"], rel=1e-3)
     assert "edgespec:request_joules_per_token_count 1.0" in metrics
+
+
+# ---- 5. tools on any template; closed objects and bounded values ------------------------------------------------
+
+
+GRIP = {"type": "function", "function": {"name": "grip", "description": "close the gripper", "parameters": {
+    "type": "object", "properties": {"force": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["force"]}}}
+
+
+def accepts(constraint: Any, tokenizer: Any, text: str) -> bool:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return constraint.valid_prefix(ids) == len(ids)
+
+
+def test_template_without_tool_section_gets_the_generic_format(engine: Engine) -> None:
+    from edgespec.serving.tools import generic_tool_messages, renders_tools
+
+    assert not renders_tools(engine.tokenizer.chat_template)       # the tiny model's template, like the demo's
+    history = [{"role": "system", "content": "You drive a robot arm."},
+               {"role": "user", "content": "grip the cup"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"id": "c1", "type": "function", "function": {"name": "grip", "arguments": {"force": 3}}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "gripped"}]
+    messages = generic_tool_messages(history, [GRIP])
+    text = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=False)
+    assert text.startswith("<|im_start|>system\nYou drive a robot arm.\n\n# Tools")
+    assert json.dumps(GRIP) in text
+    assert '<tool_call>\n{"name": "grip", "arguments": {"force": 3}}\n</tool_call>' in text
+    assert "<|im_start|>user\n<tool_response>\ngripped\n</tool_response>" in text
+    assert all(m["role"] in ("system", "user", "assistant") for m in messages)
+
+
+def test_tools_reach_the_model_and_calls_parse_back(tiny_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    wide = Engine.from_settings(settings_for(tiny_dir, max_seq_len=2048))   # byte tokens: the tools take ~700
+    with serve(wide, tiny_dir, max_seq_len=2048) as s:
+        plain = chat(s.url, max_tokens=2).json()["usage"]["prompt_tokens"]
+        with caplog.at_level("INFO", logger="edgespec.serving"):
+            r = chat(s.url, tools=[GRIP], tool_choice="auto", max_tokens=2)
+            forced = chat(s.url, tools=[GRIP], tool_choice="required", max_tokens=160,
+                          chat_template_kwargs={"enable_thinking": False}, parallel_tool_calls=False)
+            chat(s.url, tools=[GRIP], max_tokens=2)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] > plain + len(json.dumps(GRIP))     # the tools are in the prompt
+    body = forced.json()
+    assert forced.status_code == 200, forced.text
+    call = body["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "grip" and set(json.loads(call["arguments"])) == {"force"}
+    assert body["choices"][0]["finish_reason"] == "tool_calls" and body["choices"][0]["message"]["content"] is None
+    lines = [rec.getMessage() for rec in caplog.records if "no tool section" in rec.getMessage()]
+    assert len(lines) == 1 and "generic" in lines[0]             # said once, not per request
+
+
+def test_forced_calls_close_their_objects(engine: Engine) -> None:
+    from edgespec.serving.grammar import JSON_DEFAULTS, GrammarCompiler
+    from edgespec.serving.tools import tool_grammar
+
+    open_schema = {"name": "move", "parameters": {"type": "object", "properties": {
+        "to": {"enum": ["cup", "home"]}, "pose": {"type": "object", "properties": {"x": {"type": "integer"}}}}}}
+    compiler = GrammarCompiler(engine.tokenizer, 272)
+    head = '<tool_call>\n{"name": "move", "arguments": '
+    closed = compiler.lark(tool_grammar([open_schema], "json", JSON_DEFAULTS, False))
+    assert accepts(closed, engine.tokenizer, head + '{"to": "cup", "pose": {"x": 1}}}\n</tool_call>')
+    for invented in ('{"to": "cup", "speed"', '{"to": "cup", "pose": {"x": 1, "y"'):
+        constraint = compiler.lark(tool_grammar([open_schema], "json", JSON_DEFAULTS, False))
+        assert not accepts(constraint, engine.tokenizer, head + invented), invented
+    said = dict(open_schema, parameters=dict(open_schema["parameters"], additionalProperties=True))
+    constraint = compiler.lark(tool_grammar([said], "json", JSON_DEFAULTS, False))
+    assert accepts(constraint, engine.tokenizer, head + '{"to": "cup", "speed": 3')   # the schema's word wins
+
+
+@pytest.mark.parametrize("schema,text,ok", [
+    ({"type": "integer"}, "1" * 40, False),                     # unbounded digits: cut at 2**53 - 1
+    ({"type": "integer"}, str(2**53 - 1), True),
+    ({"type": "integer", "maximum": 10**18}, "1" * 18, True),   # the schema's own bound wins
+    ({"type": "number"}, "0." + "1" * 30, False),               # at most 6 decimals by default
+    ({"type": "number"}, "2.125", True),
+    ({"type": "string"}, '"' + "a" * 1100 + '"', False),        # 1024 characters by default
+    ({"type": "string", "maxLength": 2000}, '"' + "a" * 1100 + '"', True),
+])
+def test_json_values_are_bounded_by_default(engine: Engine, schema: dict, text: str, ok: bool) -> None:
+    from edgespec.serving.grammar import GrammarCompiler
+
+    constraint = GrammarCompiler(engine.tokenizer, 272).json_schema(schema)
+    assert accepts(constraint, engine.tokenizer, text) is ok
+
+
+def test_xml_string_parameters_are_bounded(engine: Engine) -> None:
+    from edgespec.serving.grammar import JSON_DEFAULTS, GrammarCompiler
+    from edgespec.serving.tools import tool_grammar
+
+    say = {"name": "say", "parameters": {"type": "object", "properties": {"text": {"type": "string"}},
+                                         "required": ["text"]}}
+    head = "<tool_call>\n<function=say>\n<parameter=text>\n"
+    compiler = GrammarCompiler(engine.tokenizer, 272)
+    assert accepts(compiler.lark(tool_grammar([say], "xml", JSON_DEFAULTS, False)), engine.tokenizer, head + "hi")
+    assert not accepts(compiler.lark(tool_grammar([say], "xml", JSON_DEFAULTS, False)), engine.tokenizer,
+                       head + "a" * 1100)
