@@ -12,6 +12,7 @@ when it is an error, carry the OpenAI error shape with a string ``code`` (never 
     python tools/fuzz_server.py                      # spawns a server on a tiny random model
     python tools/fuzz_server.py --model demo         # ... on the SmolLM2 demo model
     python tools/fuzz_server.py --url http://127.0.0.1:8000 --api-key KEY
+    python tools/fuzz_server.py --schemathesis 150   # then schemathesis (pip install schemathesis) on the same server
 
 Prints a table of the statuses seen per field (``--verbose``: per case) and exits 1 on any 5xx, hang or
 malformed error body.
@@ -509,6 +510,20 @@ def run(url: str, api_key: str | None, seed: int, random_count: int, timeout: fl
     return code
 
 
+def schemathesis(url: str, examples: int, seed: int, timeout: float) -> int:
+    """Run schemathesis' CLI against ``url``'s OpenAPI document; its exit status."""
+    import shutil
+    import subprocess
+
+    st = shutil.which("st") or shutil.which("schemathesis")
+    if st is None:
+        print("PROBLEM schemathesis is not installed (pip install schemathesis)")
+        return 1
+    checks = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
+    return subprocess.call([st, "run", url + "/openapi.json", "--checks", checks, "--max-examples", str(examples),
+                            "--request-timeout", str(timeout), "--seed", str(seed)])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--url", help="fuzz a running server instead of spawning one")
@@ -518,6 +533,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--random", type=int, default=200, help="number of random JSON bodies")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds before a request counts as a hang")
     ap.add_argument("--verbose", action="store_true", help="one table row per case instead of per field")
+    ap.add_argument("--schemathesis", type=int, metavar="N", default=0,
+                    help="afterwards run schemathesis (st) with N examples per operation: no 5xx, only documented "
+                         "statuses, content types and bodies as the OpenAPI document says")
     args = ap.parse_args(argv)
     if args.url:
         return run(args.url, args.api_key, args.seed, args.random, args.timeout, args.verbose)
@@ -534,6 +552,8 @@ def main(argv: list[str] | None = None) -> int:
                                drafter="ngram", max_seq_len=256, request_timeout_s=20, max_queue=4)
         with server:
             code = run(server.url, None, args.seed, args.random, args.timeout, args.verbose)
+            if args.schemathesis:
+                code = schemathesis(server.url, args.schemathesis, args.seed, args.timeout) or code
         log = (Path(tmp) / "server.log").read_text(errors="replace")
         tracebacks = log.count("Traceback")
         print(f"server exit status after SIGTERM: {server.returncode}; tracebacks in its log: {tracebacks}")
