@@ -65,7 +65,7 @@ class Partial:
     pieces: list[str]
     detok: Any
     policy: AcceptancePolicy
-    telemetry: RequestTelemetry
+    telemetry: RequestTelemetry | None
     cached_tokens: int
     energy: EnergyReading | None = None
 
@@ -220,8 +220,7 @@ class Engine:
         if part is None:
             ids = self.check(req)
             part = Partial(ids, [], [], self.tokenizer.detokenizer(stop=req.stop, prompt_ids=ids),
-                           self.policy_for(req.sampling), RequestTelemetry(drafter=self.session.drafter_name,
-                                                                           prompt_tokens=len(ids)), -1)
+                           self.policy_for(req.sampling), None, -1)
         ids, detok, pieces = part.prompt_ids, part.detok, part.pieces
 
         def on_tokens(tokens: list[int]) -> bool:
@@ -255,7 +254,10 @@ class Engine:
             before = part.energy or EnergyReading(0.0, 0.0)
             part.energy = EnergyReading(before.joules + used.joules, before.seconds + used.seconds)
         result.telemetry.stage_ms["total"] = (time.perf_counter() - t0) * 1000.0
-        _merge_telemetry(part.telemetry, result.telemetry)
+        if part.telemetry is None:       # the first segment's telemetry is the request's (its prompt, its prefill)
+            part.telemetry = result.telemetry
+        else:
+            _merge_telemetry(part.telemetry, result.telemetry)
         part.tokens += result.token_ids
         if part.cached_tokens < 0:   # the first segment's reuse is the request's
             part.cached_tokens = 0 if self.prefix is None else self.prefix.last_reused

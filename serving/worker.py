@@ -138,7 +138,8 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 class EngineWorker:
-    """Owns the engine's device work: a bounded queue and one thread that runs jobs in arrival order."""
+    """Owns the engine's device work: a bounded queue and one thread that runs jobs in arrival order, short jobs
+    first (see the module doc)."""
 
     def __init__(self, engine: Engine, max_queue: int, metrics: ServerMetrics | None = None,
                  stuck_grace_s: float = 60.0, short_tokens: int = 0) -> None:
