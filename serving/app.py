@@ -74,6 +74,7 @@ class ServerState:
         self.loader: threading.Thread | None = None
         self.generic_tools_logged = False   # the "template has no tool section" line is logged once
         self.draining = asyncio.Event()   # set on drain: a body still being read is answered 503 at once
+        self.loop: asyncio.AbstractEventLoop | None = None   # the app's event loop, once it runs
         self._source = source
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -134,7 +135,12 @@ class ServerState:
         if self.status in ("draining", "stopped"):
             return
         self.status = "draining"
-        self.draining.set()
+        loop = self.loop
+        if loop is not None and loop.is_running():
+            # SIGTERM's handler or another thread: wake the loop, where the event lives.
+            loop.call_soon_threadsafe(self.draining.set)
+        else:
+            self.draining.set()
         self.metrics.ready.set(0)
         if self.worker is not None:
             self.worker.close()
@@ -313,6 +319,7 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.loop = asyncio.get_running_loop()
         state.start()
         pinger = None
         interval = systemd.watchdog_interval()

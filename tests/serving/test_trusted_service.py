@@ -214,15 +214,19 @@ def test_every_4xx_has_a_code(server: ServerThread) -> None:
         assert (r.status_code, r.json()["error"]["code"]) == expect[name], (name, r.text)
 
 
+def read_all(sock: socket.socket, timeout: float = 10.0) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    sock.settimeout(timeout)
+    out = b""
+    while piece := sock.recv(65536):
+        out += piece
+    return out
+
+
 def raw(port: int, data: bytes, timeout: float = 10.0) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         sock.sendall(data)
-        out = b""
-        while True:
-            piece = sock.recv(65536)
-            if not piece:
-                return out
-            out += piece
+        return read_all(sock, timeout)
 
 
 def test_unparsable_http_is_a_json_400(server: ServerThread) -> None:
@@ -267,14 +271,7 @@ def test_partial_connections_are_cut_off_while_requests_are_answered(engine: Eng
         assert chat(s.url, max_tokens=3).status_code == 200      # a normal request is served meanwhile
         answers = []
         for sock in socks:
-            sock.settimeout(5.0)
-            data = b""
-            while True:
-                piece = sock.recv(65536)
-                if not piece:
-                    break
-                data += piece
-            answers.append(data)
+            answers.append(read_all(sock, 5.0))
             sock.close()
         cleared = time.monotonic() - t0
         assert cleared < 1.0 + 3.0
@@ -304,8 +301,7 @@ def test_shutdown_is_not_held_by_a_partial_body(engine: Engine, tiny_dir: Path) 
         time.sleep(0.2)
         t0 = time.monotonic()
         s.app.state.edgespec.begin_drain()     # what SIGTERM does first
-        sock.settimeout(5.0)
-        reply = sock.recv(65536)
+        reply = read_all(sock, 5.0)
         assert reply.startswith(b"HTTP/1.1 503") and b"draining" in reply and b"application/json" in reply
         sock.close()
     assert time.monotonic() - t0 < 15.0, time.monotonic() - t0   # not the 30 s read timeout
@@ -532,3 +528,23 @@ def test_paused_and_continued_equals_uninterrupted(engine: Engine, sampling: dic
         if not stops:   # a stop string ends the last cycle: the tokens it verified past the match may differ
             assert done.token_ids == reference.token_ids
             assert done.telemetry.generated_tokens == reference.telemetry.generated_tokens
+
+
+def test_sigterm_is_not_held_by_a_partial_body(tiny_dir: Path) -> None:
+    from serving_helpers import ServerProcess
+
+    server = ServerProcess(str(tiny_dir), drafter="ngram", max_seq_len=256, read_timeout_s=60)
+    with server:
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{")
+        assert chat(server.url, max_tokens=2).status_code == 200     # served while the half body waits
+        t0 = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        reply = read_all(sock, 30.0)
+        server.proc.wait(60)
+        took = time.monotonic() - t0
+        sock.close()
+    assert server.returncode == 0
+    assert reply.startswith(b"HTTP/1.1 503") and b'"code":"draining"' in reply.replace(b" ", b"")
+    assert took < 15.0, took       # not the 60 s read timeout, nor request_timeout_s + 15 s
