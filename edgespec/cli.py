@@ -8,6 +8,11 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
+if sys.argv[1:2] == ["serve"]:
+    # Before the imports below load torch: SIGTERM while the server starts exits 0 with a line.
+    from edgespec.serving import startup
+    startup.install()
+
 from edgespec.config import RUN_SECTIONS, SECTIONS, load_settings, settings_parent
 from edgespec.errors import EdgespecError
 

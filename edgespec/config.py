@@ -144,6 +144,14 @@ class Settings:
     max_queue: int = _knob(8, "requests waiting behind the running one before 429", min=0)
     request_timeout_s: float = _knob(120.0, "per-request wall-clock limit", min=0.1)
     max_body_bytes: int = _knob(1 << 20, "largest accepted request body", min=1024)
+    read_timeout_s: float = _knob(10.0, "a client must send its request headers, and then its body, within this",
+                                  min=0.1)
+    max_connections: int = _knob(64, "open connections beyond this are answered 503 and closed", min=1)
+    energy_meter: bool = _knob(True, "measure device energy per request (NVML on discrete GPUs, INA3221 rails on "
+                               "Jetson; none on CPU): joules/token in telemetry and /metrics")
+    short_request_tokens: int = _knob(
+        64, "requests with max_tokens at most this never wait behind a longer one: queued first, and a running "
+        "longer one pauses at its next cycle for them (0 = arrival order)", min=0)
     # --- request log (opt-in; edgespec distill --from-log adapts the drafter to it; docs/drafters.md) ---------
     request_log: str | None = _knob(None, "append every request's prompt and output ids to this JSONL file")
     request_log_max_mb: float = _knob(64.0, "rotate the request log before it passes this size", min=0.01)

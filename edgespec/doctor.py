@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from edgespec import __version__
+from edgespec.device_checks import power_status, ptxas_status
 
 
 def report() -> dict[str, Any]:
@@ -35,12 +36,14 @@ def report() -> dict[str, Any]:
             "multiprocessors": props.multi_processor_count,
             "free / total memory": f"{free / 2**30:.1f} / {total / 2**30:.1f} GiB",
             "detected arch": detect_arch(dev),
+            "triton ptxas": ptxas_status(props.major, props.minor),
         })
     else:
         import os
         pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         info.update({"device": "cpu", "compute capability": "n/a", "cpu threads": torch.get_num_threads(),
                      "free memory": f"{pages / 2**30:.1f} GiB", "detected arch": "base"})
+    info.update(power_status())        # Jetson only: nvpmodel power mode, jetson_clocks
     info["demo model"] = demo_model_status()
     info["serving stack"] = serving_status()
     return info

@@ -18,6 +18,7 @@ import torch
 from edgespec.cache.prefix import PrefixCache
 from edgespec.config import Settings
 from edgespec.drafters.factory import build_proposer
+from edgespec.energy import EnergyReading, EnergySpan, open_meter
 from edgespec.errors import ConfigError, RequestError
 from edgespec.kernels import options as kernel_options
 from edgespec.kernels.linear import configure_cpu
@@ -48,7 +49,28 @@ class Request:
     constraint: TokenConstraint | None = None
     on_text: Callable[[str], None] | None = None  # streaming: called with each new piece of text
     cancelled: Callable[[], bool] | None = None
-    client_key: str | None = None                # partitions the suffix drafter's cache of earlier outputs
+    # Checked at every cycle boundary: True pauses the generation (finish ``preempted``, state kept in ``partial``)
+    # so another request can run; ``complete`` called again with the same request continues it.
+    preempt: Callable[[], bool] | None = None
+    # Whose request this is (API key, prompt_cache_key or user): the prefix cache is reused only within one key,
+    # and the suffix drafter's cache of earlier outputs is partitioned by it.
+    cache_key: str | None = None
+    partial: Partial | None = None
+
+
+@dataclass
+class Partial:
+    """A generation paused at a cycle boundary: what :meth:`Engine.complete` needs to continue it exactly (the
+    detokenizer keeps a stop string split by the pause, the policy keeps a seeded sampler's stream)."""
+
+    prompt_ids: list[int]
+    tokens: list[int]
+    pieces: list[str]
+    detok: Any
+    policy: AcceptancePolicy
+    telemetry: RequestTelemetry | None
+    cached_tokens: int
+    energy: EnergyReading | None = None
 
 
 @dataclass
@@ -62,6 +84,7 @@ class Completion:
     telemetry: RequestTelemetry
     reasoning_tokens: int = 0
     cached_tokens: int = 0          # prompt tokens resumed from the cache (prefix reuse), not prefilled
+    energy: EnergyReading | None = None   # device energy over the generation (None without a meter: CPU)
 
     @property
     def completion_tokens(self) -> int:
@@ -100,6 +123,9 @@ class Engine:
             raise ConfigError("acceptance relaxed_thinking needs <think> and </think> tokens, and the tokenizer of "
                               f"{model_dir} has none")
         self.totals = CumulativeTelemetry()
+        self._prefix_key: str | None = None     # the client key whose tokens the prefix cache holds
+        # Joules per request (NVML on a discrete GPU, INA3221 rails on a Jetson, none on CPU; edgespec.energy).
+        self.energy = open_meter(self.device) if settings.energy_meter else None
         self.model_id = settings.served_model_name or model_dir.name
         self.request_log = None
         if settings.request_log:
@@ -190,10 +216,14 @@ class Engine:
         return ids
 
     def complete(self, req: Request) -> Completion:
-        """Run one request to the end (streaming through ``req.on_text`` if given)."""
-        ids = self.check(req)
-        detok = self.tokenizer.detokenizer(stop=req.stop, prompt_ids=ids)
-        pieces: list[str] = []
+        """Run one request to the end (streaming through ``req.on_text`` if given), or until ``req.preempt`` pauses
+        it (finish ``preempted``, ``req.partial`` set; call again to continue)."""
+        part = req.partial
+        if part is None:
+            ids = self.check(req)
+            part = Partial(ids, [], [], self.tokenizer.detokenizer(stop=req.stop, prompt_ids=ids),
+                           self.policy_for(req.sampling), None, -1)
+        ids, detok, pieces = part.prompt_ids, part.detok, part.pieces
 
         def on_tokens(tokens: list[int]) -> bool:
             text = detok.add(tokens)
@@ -203,33 +233,69 @@ class Engine:
                     req.on_text(text)
             return detok.stop_hit is not None
 
+        preempted = False
+
+        def stop() -> bool:
+            nonlocal preempted
+            if req.cancelled is not None and req.cancelled():
+                return True
+            if req.preempt is not None and req.preempt():
+                preempted = True
+                return True
+            return False
+
+        self._claim_prefix(req.cache_key)
         t0 = time.perf_counter()
         if self.suffix_cache is not None:
-            self.suffix_cache.select(req.client_key)
+            self.suffix_cache.select(req.cache_key)
+        span = EnergySpan(self.energy)
         result = self.session.generate(
-            ids, max_tokens=req.max_tokens, policy=self.policy_for(req.sampling),
-            stop_ids=self.tokenizer.stop_token_ids, on_tokens=on_tokens, cancelled=req.cancelled,
+            ids + part.tokens, max_tokens=req.max_tokens - len(part.tokens), policy=part.policy,
+            stop_ids=self.tokenizer.stop_token_ids, on_tokens=on_tokens, cancelled=stop,
             constraint=req.constraint, k=req.num_draft_tokens, prefix=self.prefix)
+        used = span.stop()      # the tokens are on the host: the device work is done
+        if used is not None:
+            before = part.energy or EnergyReading(0.0, 0.0)
+            part.energy = EnergyReading(before.joules + used.joules, before.seconds + used.seconds)
+        result.telemetry.stage_ms["total"] = (time.perf_counter() - t0) * 1000.0
+        if part.telemetry is None:       # the first segment's telemetry is the request's (its prompt, its prefill)
+            part.telemetry = result.telemetry
+        else:
+            _merge_telemetry(part.telemetry, result.telemetry)
+        part.tokens += result.token_ids
+        if part.cached_tokens < 0:   # the first segment's reuse is the request's
+            part.cached_tokens = 0 if self.prefix is None else self.prefix.last_reused
+        tel = part.telemetry
+        if preempted and result.finish_reason == "cancelled":
+            req.partial = part
+            return Completion("".join(pieces), list(part.tokens), "preempted", len(ids), tel,
+                              cached_tokens=part.cached_tokens, energy=part.energy)
+        req.partial = None
         tail = detok.finish()
         if tail:
             pieces.append(tail)
             if req.on_text is not None:
                 req.on_text(tail)
-        tel = result.telemetry
-        tel.stage_ms["total"] = (time.perf_counter() - t0) * 1000.0
         if self.suffix_cache is not None:
-            self.suffix_cache.add_completion(ids, result.token_ids)
+            self.suffix_cache.add_completion(ids, part.tokens)
         self.totals.add(tel)
-        done = Completion("".join(pieces), result.token_ids, result.finish_reason, len(ids), tel,
-                          reasoning_tokens=self._reasoning_tokens(ids, result.token_ids),
-                          cached_tokens=0 if self.prefix is None else self.prefix.last_reused)
+        done = Completion("".join(pieces), part.tokens, result.finish_reason, len(ids), tel,
+                          reasoning_tokens=self._reasoning_tokens(ids, part.tokens),
+                          cached_tokens=part.cached_tokens, energy=part.energy)
         if self.request_log is not None:
             try:
-                self.request_log.log_completion(ids, result.token_ids, done.text, result.finish_reason,
+                self.request_log.log_completion(ids, part.tokens, done.text, result.finish_reason,
                                                 self.session.drafter_name, tel.acceptance_length)
             except OSError as e:   # a full disk must not fail the request the robot is waiting for
                 print(f"edgespec: request log {self.request_log.path} not written: {e}", file=sys.stderr)
         return done
+
+    def _claim_prefix(self, key: str | None) -> None:
+        """Reuse the prefix cache only for the client that filled it: another key starts from an empty cache, so
+        neither ``cached_tokens`` nor the prefill time tells one client anything about another's prompt."""
+        if self.prefix is not None and key != self._prefix_key:
+            self.prefix.clear()
+        self._prefix_key = key
 
     def _reasoning_tokens(self, prompt: list[int], out: list[int]) -> int:
         """Tokens generated inside a think block (OpenAI's completion_tokens_details.reasoning_tokens)."""
@@ -250,3 +316,13 @@ class Engine:
             elif inside:
                 n += 1
         return n
+
+
+def _merge_telemetry(total: RequestTelemetry, seg: RequestTelemetry) -> None:
+    """Add one segment of a preempted request to its running telemetry (counts, cycles, stage and decode times)."""
+    total.add_counts(seg)
+    total.cycles += seg.cycles
+    total.generated_tokens += seg.generated_tokens
+    total.decode_ms += seg.decode_ms
+    for name, ms in seg.stage_ms.items():
+        total.stage_ms[name] = total.stage_ms.get(name, 0.0) + ms

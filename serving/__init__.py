@@ -7,6 +7,15 @@ is the same as ``edgespec serve``.
 
 from __future__ import annotations
 
-from .app import create_app, is_loopback, run_server
+from typing import Any
 
 __all__ = ["create_app", "is_loopback", "run_server"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: ``python -m edgespec.serving`` and ``edgespec serve`` install the start-up signal handlers
+    # (serving.startup) before the server's heavy imports (torch, FastAPI) run.
+    if name in __all__:
+        from . import app
+        return getattr(app, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

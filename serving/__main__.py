@@ -8,10 +8,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from edgespec.config import add_settings_arguments, load_settings
-from edgespec.errors import EdgespecError
+from . import startup
 
-from .app import run_server
+startup.install()   # before anything heavy is imported
+
+from edgespec.config import add_settings_arguments, load_settings  # noqa: E402
+from edgespec.errors import EdgespecError  # noqa: E402
+
+from .app import run_server  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

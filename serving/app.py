@@ -35,9 +35,9 @@ from edgespec.errors import ConfigError, EdgespecError, PromptTooLongError
 
 from . import logs, protocol, systemd
 from .errors import APIError, SafeJSONResponse, error_body, error_responses, find_invalid_text, install_error_handlers
-from .grammar import ANY_OBJECT, JSON_DEFAULTS, AfterThink, GrammarCompiler
+from .grammar import ANY_OBJECT, JSON_DEFAULTS, AfterThink, GrammarCompiler, JsonConstraint
 from .metrics import ServerMetrics
-from .middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestIdMiddleware, request_id
+from .middleware import ApiKeyMiddleware, BodyLimitMiddleware, ReadTimeoutMiddleware, RequestIdMiddleware, request_id
 from .schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -45,7 +45,8 @@ from .schemas import (
     JsonSchemaFormat,
     unsupported_fields,
 )
-from .tools import OutputSplitter, tool_format, tool_grammar
+from .tools import OutputSplitter, generic_tool_messages, renders_tools, tool_format, tool_grammar
+from .transport import guarded_protocol
 from .worker import END, EngineWorker, Job, JobError, QueueFull, WorkerStopped
 
 log = logging.getLogger("edgespec.serving")
@@ -71,6 +72,9 @@ class ServerState:
         self.on_fatal: Callable[[], None] | None = None   # run_server: stop uvicorn when loading fails
         self.load_exception: BaseException | None = None
         self.loader: threading.Thread | None = None
+        self.generic_tools_logged = False   # the "template has no tool section" line is logged once
+        self.draining = asyncio.Event()   # set on drain: a body still being read is answered 503 at once
+        self.loop: asyncio.AbstractEventLoop | None = None   # the app's event loop, once it runs
         self._source = source
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -100,6 +104,17 @@ class ServerState:
                 self.on_fatal()
             return
         log.info("model %s loaded in %.1fs", engine.model_id, time.monotonic() - t0)
+        try:
+            warm_up(engine)
+        except Exception as exc:  # a model that cannot answer one token is not ready: fail as a load failure
+            self.load_exception = exc
+            self.error = f"warm-up generation failed: {type(exc).__name__}: {exc}"
+            self.status = "failed"
+            log.exception("the loaded model could not answer a warm-up request")
+            systemd.notify(f"STATUS={self.error}"[:200])
+            if self.on_fatal is not None:
+                self.on_fatal()
+            return
         self._set_ready(engine)
 
     def _set_ready(self, engine: Engine) -> None:
@@ -108,7 +123,8 @@ class ServerState:
             return
         self.engine = engine
         self.grammar = GrammarCompiler(engine.tokenizer, vocab_size(engine))
-        self.worker = EngineWorker(engine, self.settings.max_queue, self.metrics, STUCK_GRACE_S)
+        self.worker = EngineWorker(engine, self.settings.max_queue, self.metrics, STUCK_GRACE_S,
+                                   short_tokens=self.settings.short_request_tokens)
         self.status = "ready"
         self.metrics.ready.set(1)
         where = f"{self.settings.host}:{self.settings.port}"
@@ -119,6 +135,12 @@ class ServerState:
         if self.status in ("draining", "stopped"):
             return
         self.status = "draining"
+        loop = self.loop
+        if loop is not None and loop.is_running():
+            # SIGTERM's handler or another thread: wake the loop, where the event lives.
+            loop.call_soon_threadsafe(self.draining.set)
+        else:
+            self.draining.set()
         self.metrics.ready.set(0)
         if self.worker is not None:
             self.worker.close()
@@ -150,6 +172,15 @@ class ServerState:
         raise APIError(503, "the server is shutting down", code="draining", headers={"Retry-After": "5"})
 
 
+def warm_up(engine: Engine) -> None:
+    """Generate one token from a one-token prompt, so ``/health`` says ready only once the model answers (kernels
+    compiled, CUDA graphs captured, weights paged in) and the first robot request does not pay for that."""
+    t0 = time.monotonic()
+    first = engine.tokenizer.stop_token_ids[0] if engine.tokenizer.stop_token_ids else 0
+    engine.complete(EngineRequest(prompt_ids=[first], max_tokens=1, cache_key="edgespec-warm-up"))
+    log.info("warm-up generation done in %.2fs", time.monotonic() - t0)
+
+
 def vocab_size(engine: Engine) -> int:
     """Width of the model's logits (token ids a client may send / the grammar must mask)."""
     model = getattr(engine, "model", None)
@@ -176,17 +207,10 @@ def _check_fields(body: ChatCompletionRequest | CompletionRequest) -> None:
 
 def _prepare(state: ServerState, engine: Engine, req: EngineRequest,
              body: ChatCompletionRequest | CompletionRequest) -> tuple[EngineRequest, OutputSplitter | None]:
-    """Tokenise and validate before queueing (runs in a thread: templates and tokenisers are CPU work). Returns the
+    """Validate and tokenise before queueing (runs in a thread: grammars, templates and tokenisers are CPU work).
+    Schemas are compiled first, so a bad one is reported as such even when the prompt is also too long. Returns the
     request and, for chat, the splitter its output goes through (reasoning, content, tool calls)."""
     param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
-    try:
-        ids = engine.check(req)
-    except PromptTooLongError as exc:
-        raise APIError(400, str(exc), param=param, code="context_length_exceeded") from None
-    except EdgespecError as exc:
-        p = "edgespec.num_draft_tokens" if "num_draft_tokens" in str(exc) else param
-        raise APIError(400, str(exc), param=p, code="invalid_request") from None
-    req.prompt_ids, req.messages, req.prompt = ids, None, None
     assert state.grammar is not None
     fmt = body.response_format
     if isinstance(fmt, (JsonObjectFormat, JsonSchemaFormat)):
@@ -198,27 +222,55 @@ def _prepare(state: ServerState, engine: Engine, req: EngineRequest,
                 req.constraint = state.grammar.json_schema(schema if schema is not None else ANY_OBJECT)
         except EdgespecError as exc:
             raise APIError(400, str(exc), param="response_format", code="invalid_schema") from None
+    generic = req.messages is not None and not renders_tools(engine.tokenizer.chat_template) and (
+        bool(req.tools) or any(m.get("role") == "tool" or m.get("tool_calls") for m in req.messages))
+    tool_fmt = "json" if generic else tool_format(engine.tokenizer.chat_template)
+    plan = protocol.tool_plan(body) if isinstance(body, ChatCompletionRequest) else None
+    forced = _tool_constraint(state, body, plan, tool_fmt, req.constraint is not None) if plan is not None else None
+    if generic:
+        if not state.generic_tools_logged:
+            state.generic_tools_logged = True
+            log.info("the chat template of %s has no tool section: tools are rendered into the system turn in "
+                     "edgespec's generic <tool_call> JSON format (docs/service.md)", engine.model_id)
+        assert req.messages is not None
+        req.messages, req.tools = generic_tool_messages(req.messages, req.tools), None
+    try:
+        ids = engine.check(req)
+    except PromptTooLongError as exc:
+        raise APIError(400, str(exc), param=param, code="context_length_exceeded") from None
+    except EdgespecError as exc:
+        p = "edgespec.num_draft_tokens" if "num_draft_tokens" in str(exc) else param
+        raise APIError(400, str(exc), param=p, code="invalid_request") from None
+    req.prompt_ids, req.messages, req.prompt = ids, None, None
+    req.max_tokens = protocol.bounded_max_tokens(body, state.settings, len(ids), engine.session.cache.max_len)
     if not isinstance(body, ChatCompletionRequest):
         return req, None
     in_think = _opens_in_think(engine, ids)
-    plan = protocol.tool_plan(body)
-    tool_fmt = tool_format(engine.tokenizer.chat_template)
-    if plan is not None and plan.forced is not None:
-        if req.constraint is not None:
-            raise APIError(400, "response_format and a required tool call cannot be combined", param="tool_choice",
-                           code="invalid_request")
-        try:
-            multiple = body.tool_choice == "required" and (body.model_extra or {}).get("parallel_tool_calls", True)
-            grammar = state.grammar.lark(tool_grammar(plan.forced, tool_fmt, JSON_DEFAULTS, bool(multiple)),
-                                         param="tools")
-        except EdgespecError as exc:
-            raise APIError(400, str(exc), param="tools", code="invalid_schema") from None
+    if forced is not None:
         think = engine.think_ids
-        req.constraint = AfterThink(grammar, think[1]) if in_think and think is not None else grammar
+        req.constraint = AfterThink(forced, think[1]) if in_think and think is not None else forced
     split = OutputSplitter(in_think=in_think, parse_tools=plan is not None and plan.parse, fmt=tool_fmt,
                            tools=plan.by_name if plan is not None else None,
                            split_reasoning=engine.think_ids is not None)
     return req, split
+
+
+def _tool_constraint(state: ServerState, body: ChatCompletionRequest, plan: protocol.ToolPlan, tool_fmt: str,
+                     has_format: bool) -> JsonConstraint | None:
+    """Compile the tools' grammar under every tool_choice, so a bad schema is the same 400 whether or not this
+    request forces a call (a schema the grammar cannot hold is one the model should not be shown either); the
+    grammar when a call is forced, else None."""
+    assert state.grammar is not None
+    if plan.forced is not None and has_format:
+        raise APIError(400, "response_format and a required tool call cannot be combined", param="tool_choice",
+                       code="invalid_request")
+    try:
+        multiple = body.tool_choice == "required" and (body.model_extra or {}).get("parallel_tool_calls", True)
+        grammar = state.grammar.lark(tool_grammar(plan.forced or list(plan.by_name.values()), tool_fmt,
+                                                  JSON_DEFAULTS, bool(multiple)), param="tools")
+    except EdgespecError as exc:
+        raise APIError(400, str(exc), param="tools", code="invalid_schema") from None
+    return grammar if plan.forced is not None else None
 
 
 def _opens_in_think(engine: Engine, ids: list[int]) -> bool:
@@ -267,6 +319,7 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.loop = asyncio.get_running_loop()
         state.start()
         pinger = None
         interval = systemd.watchdog_interval()
@@ -286,9 +339,10 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(ReadTimeoutMiddleware, read_timeout_s=settings.read_timeout_s, draining=state.draining)
     app.add_middleware(RequestIdMiddleware, on_failure=state.metrics.fail)   # outermost: sees every answer
     auth = (401,) if settings.api_key else ()
-    generation_errors = error_responses(400, *auth, 404, 413, 422, 429, 500, 503, 504)
+    generation_errors = error_responses(400, *auth, 404, 408, 413, 422, 429, 500, 503, 504)
     # Streamed answers: SSE events whose data lines are chat.completion.chunk / text_completion JSON, then [DONE].
     sse = {"text/event-stream": {}}
 
@@ -303,6 +357,7 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
             raise APIError(400, f"{bad} holds text that is not valid Unicode (a lone surrogate such as \\ud800)",
                            param=bad, code="invalid_unicode")
         req = protocol.engine_request(body, settings, vocab_size(eng))
+        req.cache_key = protocol.client_key(request.headers.get("authorization"), body)
         req, split = await run_in_threadpool(_prepare, state, eng, req, body)
         job = Job(req, asyncio.get_running_loop(), deadline=arrived + settings.request_timeout_s,
                   stream=body.stream)
@@ -393,12 +448,13 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
         return {"id": eng.model_id, "object": "model", "created": state.created, "owned_by": "edgespec",
                 "max_model_len": settings.max_seq_len}
 
-    @app.get("/v1/models", summary="The served model", responses=error_responses(*auth, 413, 500, 503))
+    @app.get("/v1/models", summary="The served model", responses=error_responses(*auth, 408, 413, 500, 503))
     async def models() -> dict[str, Any]:
         eng, _ = state.ready_engine()
         return {"object": "list", "data": [_model_card(eng)]}
 
-    @app.get("/v1/models/{model:path}", summary="One model", responses=error_responses(*auth, 404, 413, 422, 500, 503))
+    @app.get("/v1/models/{model:path}", summary="One model",
+             responses=error_responses(*auth, 404, 408, 413, 422, 500, 503))
     async def model(model: str) -> dict[str, Any]:
         eng, _ = state.ready_engine()
         _check_model(eng, model)
@@ -406,7 +462,7 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
 
     @app.get("/health", summary="loading | ready | draining | failed (503 unless ready)",
              responses={503: {"description": "not ready: loading, failed or draining (same body)"},
-                        **error_responses(413, 500)})
+                        **error_responses(408, 413, 500)})
     async def health() -> SafeJSONResponse:
         body: dict[str, Any] = {"status": state.status}
         if state.engine is not None:
@@ -420,7 +476,8 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
         return SafeJSONResponse(body, status_code=200 if state.status == "ready" else 503)
 
     @app.get("/metrics", summary="Prometheus metrics",
-             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **error_responses(413, 500)})
+             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+                        **error_responses(408, 413, 500)})
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
@@ -508,7 +565,8 @@ def run_server(settings: Settings, *, engine_factory: Callable[[], Engine] | Non
     state: ServerState = app.state.edgespec
     config = uvicorn.Config(app, log_level=log_level, lifespan="on", log_config=None,
                             timeout_graceful_shutdown=settings.request_timeout_s + 15.0,
-                            timeout_keep_alive=5, server_header=False)
+                            timeout_keep_alive=5, server_header=False,
+                            http=guarded_protocol(settings.read_timeout_s, settings.max_connections))
     server = _Server(config, state)
 
     def fatal() -> None:

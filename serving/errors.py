@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
@@ -95,6 +95,7 @@ _DESCRIPTIONS = {
     400: "invalid request (bad values, invalid JSON or Unicode, prompt too long, unsupported field)",
     401: "missing or wrong API key (Authorization: Bearer)",
     404: "unknown model",
+    408: "request headers or body not received within read_timeout_s (the connection is closed)",
     413: "request body too large",
     422: "request body does not match the schema",
     429: "the engine queue is full (Retry-After)",
@@ -182,17 +183,37 @@ async def _api_error(_: Request, exc: Exception) -> JSONResponse:
     return exc.response()
 
 
+class CodedHTTPException(HTTPException):
+    """An HTTP error raised where only an HTTPException passes through (a middleware's ``receive``), with the
+    OpenAI error ``code`` its answer carries."""
+
+    def __init__(self, status: int, message: str, code: str, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(status, message, headers=dict(headers) if headers else None)
+        self.code = code
+
+
+# Codes for HTTP errors raised by Starlette/FastAPI themselves (every 4xx carries a code, never null).
+_HTTP_CODES = {400: "invalid_request", 408: "request_timeout", 413: "body_too_large",
+               415: "unsupported_media_type", 503: "unavailable"}
+# FastAPI's answer when reading or decoding the body fails for a reason other than a JSON syntax error
+# (invalid UTF-8, JSON nested deeper than the parser's recursion limit).
+_BODY_PARSE = "There was an error parsing the body"
+
+
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     status = exc.status_code
+    detail = exc.detail if isinstance(exc.detail, str) else None
     if status == 404:
         message, code = f"no route {request.method} {request.url.path}", "unknown_route"
     elif status == 405:
         message, code = f"method {request.method} is not allowed on {request.url.path}", "method_not_allowed"
+    elif status == 400 and detail == _BODY_PARSE:
+        message = "request body is not valid JSON (invalid UTF-8, or nested too deep)"
+        code = "invalid_json"
     else:
-        detail = exc.detail if isinstance(exc.detail, str) else None
         message = detail or HTTPStatus(status).phrase
-        code = None
+        code = getattr(exc, "code", None) or _HTTP_CODES.get(status, f"http_{status}")
     return error_response(status, message, code=code, headers=getattr(exc, "headers", None))
 
 

@@ -7,6 +7,12 @@ exactly the tokens the target committed. Generation ends when the value is compl
 while the grammar is in an accepting state the masks also allow the end-of-sequence tokens, so a model may
 stop there.
 
+Every schema is bounded before it is compiled (:func:`bounded_schema`): an integer or number without limits may
+not exceed ``±JSON_MAX_INTEGER`` (2**53 - 1, the largest integer a double holds exactly), a number without
+``multipleOf`` has at most six decimals (``JSON_NUMBER_STEP``), and a string without ``maxLength``, ``enum``,
+``const``, ``pattern`` or ``format`` holds at most ``JSON_MAX_STRING`` (1024) characters, so a model cannot write
+digits or text until ``max_tokens``. A schema's own limits always win.
+
 By default JSON is generated without free whitespace (``{"a": 1, "b": [2, 3]}`` style: one space after ``:``
 and ``,``, no newlines), so an undertrained or random model cannot spin in whitespace until ``max_tokens``. A
 schema can override this with llguidance's ``x-guidance`` options.
@@ -29,6 +35,45 @@ from edgespec.loading.tokenizer import ChatTokenizer
 # Applied before a schema's own "x-guidance" options, which therefore win.
 JSON_DEFAULTS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
+JSON_MAX_INTEGER = 2**53 - 1
+JSON_NUMBER_STEP = 1e-6
+JSON_MAX_STRING = 1024
+_SUBSCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SUBSCHEMAS = ("items", "additionalProperties", "not", "contains")
+
+
+def bounded_schema(schema: Any, close_objects: bool = False) -> Any:
+    """A copy of ``schema`` with the default bounds of the module doc on every number and string that has none; with
+    ``close_objects`` also ``additionalProperties: false`` on every object schema that does not say otherwise (a
+    forced tool call must not grow invented keys)."""
+    if not isinstance(schema, Mapping):
+        return schema
+    out = dict(schema)
+    kind = out.get("type")
+    kinds = set(kind) if isinstance(kind, list) else {kind}
+    fixed = "enum" in out or "const" in out
+    if kinds & {"integer", "number"} and not fixed:
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -JSON_MAX_INTEGER
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = JSON_MAX_INTEGER
+        if "number" in kinds and "multipleOf" not in out:
+            out["multipleOf"] = JSON_NUMBER_STEP
+    if "string" in kinds and not fixed and not {"maxLength", "pattern", "format"} & out.keys():
+        out["maxLength"] = JSON_MAX_STRING
+    if close_objects and ("object" in kinds or "properties" in out) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [bounded_schema(s, close_objects) for s in out[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = {k: bounded_schema(s, close_objects) for k, s in out[key].items()}
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = bounded_schema(out[key], close_objects)
+    return out
 MAX_SCHEMA_BYTES = 64 * 1024
 
 
@@ -121,7 +166,7 @@ class GrammarCompiler:
                     ) -> JsonConstraint:
         """Output that validates against ``schema``; a schema llguidance cannot compile is a RequestError."""
         try:
-            text = json.dumps(schema)
+            text = json.dumps(bounded_schema(schema))
         except (TypeError, ValueError) as exc:
             raise RequestError(f"{param}: not serialisable JSON ({exc})") from None
         if len(text) > MAX_SCHEMA_BYTES:

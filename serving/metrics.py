@@ -9,10 +9,12 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from edgespec.energy import EnergyReading
 from edgespec.speculative.telemetry import RequestTelemetry
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 _TOKEN_TIME_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+_JOULE_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
 _AL_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0)
 
 
@@ -57,10 +59,24 @@ class ServerMetrics:
                                            "Per-request mean acceptance length (requests with drafts).",
                                            buckets=_AL_BUCKETS, registry=r)
         self.ready = Gauge(p + "engine_ready", "1 once the model is loaded and serving.", registry=r)
+        self.energy = Counter(p + "energy_joules", "Device energy spent generating (NVML or INA3221; absent on CPU).",
+                              registry=r)
+        self.joules_per_token = Histogram(p + "request_joules_per_token", "Per-request device energy per generated "
+                                          "token.", buckets=_JOULE_BUCKETS, registry=r)
+        self.avg_watts = Gauge(p + "request_avg_watts", "Average device power of the last finished request.",
+                               registry=r)
+        self.preemptions = Counter(p + "request_preemptions", "Long generations paused for a short request.",
+                                   registry=r)
 
     def observe(self, tel: RequestTelemetry, finish_reason: str, *, queue_s: float, e2e_s: float,
-                ttft_s: float | None) -> None:
+                ttft_s: float | None, energy: EnergyReading | None = None) -> None:
         """Record one finished request."""
+        if energy is not None:
+            self.energy.inc(max(0.0, energy.joules))
+            self.avg_watts.set(energy.watts)
+            per_token = energy.per_token(tel.generated_tokens)
+            if per_token is not None:
+                self.joules_per_token.observe(per_token)
         self.requests.labels(finished_reason=finish_reason).inc()
         self.prompt_tokens.inc(tel.prompt_tokens)
         self.generation_tokens.inc(tel.generated_tokens)

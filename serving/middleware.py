@@ -6,6 +6,7 @@ the bytes of bodies sent without one (chunked), so no request can make the serve
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import hmac
 import json
@@ -13,10 +14,9 @@ import re
 import uuid
 from collections.abc import Callable
 
-from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import error_body
+from .errors import CodedHTTPException, error_body
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("edgespec_request_id", default="-")
 # A client's x-request-id is echoed and logged only when it is a short token of printable ASCII (no log forging).
@@ -70,10 +70,59 @@ class BodyLimitMiddleware:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise HTTPException(413, f"request body exceeds the limit of {limit} bytes")
+                    raise CodedHTTPException(413, f"request body exceeds the limit of {limit} bytes",
+                                             "body_too_large", headers={"Connection": "close"})
             return message
 
         await self.app(scope, limited, send)
+
+
+class ReadTimeoutMiddleware:
+    """Bounds the time a client may take to send its body: ``read_timeout_s`` from the end of the headers to the
+    last body byte, else ``408`` (code ``request_timeout``). A body still arriving when the server starts draining
+    is answered ``503`` (code ``draining``) at once, so a slow sender never holds a shutdown. Once the body is in,
+    ``receive`` is passed through untouched (the app waits on it for a client's disconnect)."""
+
+    def __init__(self, app: ASGIApp, read_timeout_s: float, draining: asyncio.Event | None = None) -> None:
+        self.app = app
+        self.read_timeout_s = read_timeout_s
+        self.draining = draining
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.read_timeout_s
+        body_done = False
+
+        async def timed() -> Message:
+            nonlocal body_done
+            if body_done:
+                return await receive()
+            waiters: set[asyncio.Future] = {asyncio.ensure_future(receive())}
+            drain = None
+            if self.draining is not None:
+                drain = asyncio.ensure_future(self.draining.wait())
+                waiters.add(drain)
+            done, _ = await asyncio.wait(waiters, timeout=max(0.0, deadline - loop.time()),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            first = next(iter(waiters - {drain}))
+            if drain is not None:
+                drain.cancel()
+            if first not in done:
+                first.cancel()
+                if drain is not None and drain in done:
+                    raise CodedHTTPException(503, "the server is shutting down", "draining",
+                                             headers={"Retry-After": "5", "Connection": "close"})
+                raise CodedHTTPException(408, f"request body not received within {self.read_timeout_s:g}s",
+                                         "request_timeout", headers={"Connection": "close"})
+            message = first.result()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done = True
+            return message
+
+        await self.app(scope, timed, send)
 
 
 class ApiKeyMiddleware:

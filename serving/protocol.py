@@ -5,6 +5,7 @@ Everything here is pure (no I/O, no engine calls), so the shapes are easy to tes
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -145,6 +146,30 @@ def sampling_params(body: CommonFields, settings: Settings) -> SamplingParams:
         raise APIError(400, str(exc), code="invalid_sampling") from None
 
 
+def bounded_max_tokens(body: ChatCompletionRequest | CompletionRequest, settings: Settings, prompt_tokens: int,
+                       max_len: int) -> int:
+    """``max_tokens`` within the context left after the prompt: an explicit value that does not fit is a 400 (as
+    OpenAI and vLLM answer), the server default is cut to fit. Without this bound one request asking for 10**9
+    tokens would hold the engine until its timeout."""
+    room = max_len - prompt_tokens
+    asked = (body.max_completion_tokens if isinstance(body, ChatCompletionRequest) else None) or body.max_tokens
+    if asked is None:
+        return min(settings.max_tokens, room)
+    if asked > room:
+        raise APIError(400, f"max_tokens {asked} does not fit the context: the prompt of {prompt_tokens} tokens "
+                       f"leaves {room} of max_seq_len {max_len}; ask for at most {room}", param="max_tokens",
+                       code="context_length_exceeded")
+    return asked
+
+
+def client_key(authorization: str | None, body: CommonFields) -> str:
+    """Whose prompt this is, for the prefix cache (reused only within one key): the bearer token with OpenAI's
+    ``prompt_cache_key`` or, failing that, ``user``. Hashed, so no secret sits in the engine."""
+    tag = body.prompt_cache_key if body.prompt_cache_key is not None else body.user
+    raw = json.dumps([authorization or "", tag or ""])
+    return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def engine_request(body: ChatCompletionRequest | CompletionRequest, settings: Settings,
                    vocab_size: int) -> Request:
     """The engine request for a chat or completion body (prompt not yet tokenised, no constraint yet)."""
@@ -218,7 +243,19 @@ def telemetry(completion: Completion, *, queue_ms: float, timed_out: bool) -> di
         "queue_ms": round(queue_ms, 3),
         "stage_ms": stages,
         "timed_out": timed_out,
+        "energy": energy(completion),
     }
+
+
+def energy(completion: Completion) -> dict[str, Any] | None:
+    """Device energy of the generation (None without a meter, e.g. on CPU): joules, joules per generated token and
+    average watts."""
+    e = completion.energy
+    if e is None:
+        return None
+    per_token = e.per_token(completion.completion_tokens)
+    return {"joules": round(e.joules, 4), "joules_per_token": None if per_token is None else round(per_token, 5),
+            "avg_watts": round(e.watts, 2), "seconds": round(e.seconds, 4)}
 
 
 def _response(rid: str, created: int, model: str, obj: str, content: dict[str, Any], completion: Completion,

@@ -17,7 +17,14 @@ from edgespec.config import MAX_DRAFT_TOKENS
 # ---- pieces ------------------------------------------------------------------------------------------------
 
 
-class ContentPart(BaseModel):
+class StrictModel(BaseModel):
+    """Strict types everywhere: ``"max_tokens": "10"``, ``"strict": 0`` or ``"prompt": [false]`` are 422s naming the
+    field, not silently read as 10, False or token 0 (a robot controller's bug should surface, not be guessed at)."""
+
+    model_config = ConfigDict(strict=True)
+
+
+class ContentPart(StrictModel):
     """One part of a message's content list; only ``{"type": "text", "text": ...}`` is served."""
 
     model_config = ConfigDict(extra="allow")
@@ -25,7 +32,7 @@ class ContentPart(BaseModel):
     text: str | None = Field(None, examples=["Where is the cup?"])
 
 
-class FunctionCall(BaseModel):
+class FunctionCall(StrictModel):
     """``function`` of an assistant tool call: ``arguments`` is a JSON object as text."""
 
     model_config = ConfigDict(extra="forbid")
@@ -33,7 +40,7 @@ class FunctionCall(BaseModel):
     arguments: str = "{}"
 
 
-class AssistantToolCall(BaseModel):
+class AssistantToolCall(StrictModel):
     """A tool call the assistant made in an earlier turn (sent back in the history)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -42,7 +49,7 @@ class AssistantToolCall(BaseModel):
     function: FunctionCall
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(StrictModel):
     """A chat turn. ``developer`` is treated as ``system``; ``tool`` carries a tool's result."""
 
     model_config = ConfigDict(extra="forbid")
@@ -54,7 +61,7 @@ class ChatMessage(BaseModel):
     reasoning_content: str | None = None
 
 
-class FunctionSpec(BaseModel):
+class FunctionSpec(StrictModel):
     """A callable function: ``parameters`` is the JSON schema of its arguments object."""
 
     model_config = ConfigDict(extra="allow")
@@ -64,7 +71,7 @@ class FunctionSpec(BaseModel):
     strict: bool | None = None
 
 
-class Tool(BaseModel):
+class Tool(StrictModel):
     """One entry of ``tools``."""
 
     model_config = ConfigDict(extra="forbid")
@@ -72,12 +79,12 @@ class Tool(BaseModel):
     function: FunctionSpec
 
 
-class NamedFunction(BaseModel):
+class NamedFunction(StrictModel):
     model_config = ConfigDict(extra="forbid")
     name: str
 
 
-class NamedToolChoice(BaseModel):
+class NamedToolChoice(StrictModel):
     """``tool_choice: {"type": "function", "function": {"name": ...}}``: call exactly this function."""
 
     model_config = ConfigDict(extra="forbid")
@@ -85,22 +92,22 @@ class NamedToolChoice(BaseModel):
     function: NamedFunction
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(StrictModel):
     """``stream_options``: ``include_usage`` adds a last chunk with ``choices: []`` and the usage."""
 
     model_config = ConfigDict(extra="allow")
     include_usage: bool = False
 
 
-class TextFormat(BaseModel):
+class TextFormat(StrictModel):
     type: Literal["text"]
 
 
-class JsonObjectFormat(BaseModel):
+class JsonObjectFormat(StrictModel):
     type: Literal["json_object"]
 
 
-class JsonSchemaSpec(BaseModel):
+class JsonSchemaSpec(StrictModel):
     """``response_format.json_schema``: the schema the output must validate against."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
@@ -110,7 +117,7 @@ class JsonSchemaSpec(BaseModel):
     strict: bool | None = None
 
 
-class JsonSchemaFormat(BaseModel):
+class JsonSchemaFormat(StrictModel):
     type: Literal["json_schema"]
     json_schema: JsonSchemaSpec
 
@@ -118,14 +125,14 @@ class JsonSchemaFormat(BaseModel):
 ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")]
 
 
-class ChatTemplateKwargs(BaseModel):
+class ChatTemplateKwargs(StrictModel):
     """Variables passed to the chat template (vLLM's ``chat_template_kwargs``); only the thinking switch."""
 
     model_config = ConfigDict(extra="forbid")
     enable_thinking: bool | None = None
 
 
-class EdgespecOptions(BaseModel):
+class EdgespecOptions(StrictModel):
     """edgespec's per-request extension block (``extra_body={"edgespec": {...}}`` in the openai SDK)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -137,14 +144,14 @@ StopList = Annotated[list[str], Field(max_length=4)]
 StopField = Annotated[str | StopList | None, Field(None, description="a stop string or up to 4")]
 
 
-class CommonFields(BaseModel):
+class CommonFields(StrictModel):
     """Fields shared by chat and text completions."""
 
     model_config = ConfigDict(extra="allow")
     model: str | None = Field(None, description="must name the served model when given")
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=5.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    temperature: float | None = Field(None, ge=0.0, le=5.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int | None = Field(None, ge=0, description="vLLM-style extension; 0 = off")
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
     stop: StopField
@@ -152,6 +159,9 @@ class CommonFields(BaseModel):
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
     edgespec: EdgespecOptions | None = None
+    # Client identity for the prefix cache (reused only within one key); see protocol.client_key.
+    prompt_cache_key: str | None = Field(None, max_length=256)
+    user: str | None = Field(None, max_length=256)
 
 
 # ---- endpoints ---------------------------------------------------------------------------------------------
@@ -176,8 +186,7 @@ class CompletionRequest(CommonFields):
 # ---- fields we do not serve --------------------------------------------------------------------------------
 
 # Accepted and ignored whatever their value (bookkeeping fields that change nothing about the answer).
-_IGNORED = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls",
-                      "prompt_cache_key", "safety_identifier"})
+_IGNORED = frozenset({"metadata", "store", "service_tier", "parallel_tool_calls", "safety_identifier"})
 # Accepted only with their neutral value.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "n": (1,),

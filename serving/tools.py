@@ -27,11 +27,63 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .grammar import JSON_MAX_STRING, bounded_schema
+
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 
 _XML_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
 _XML_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
+
+
+_TOOLS_VAR = re.compile(r"\btools\b")
+
+GENERIC_TOOLS_INTRO = """# Tools
+
+You may call one or more functions to help with the request. The functions, as JSON schemas:
+<tools>
+{tools}
+</tools>
+
+To call a function, answer with one block per call, each holding a JSON object with the function's name and its
+arguments:
+<tool_call>
+{{"name": "<function name>", "arguments": {{<arguments as JSON>}}}}
+</tool_call>
+A function's result comes back in a <tool_response> block."""
+
+
+def renders_tools(chat_template: str | None) -> bool:
+    """True when the chat template has a tool section (it reads the ``tools`` variable)."""
+    return bool(chat_template) and _TOOLS_VAR.search(chat_template) is not None
+
+
+def generic_tool_messages(messages: Sequence[Mapping[str, Any]],
+                          tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
+    """Messages for a chat template without a tool section (edgespec's generic tool format, docs/service.md): the
+    tools described in the system turn (:data:`GENERIC_TOOLS_INTRO`, appended to the first system message or a new
+    one), earlier assistant calls written out as ``<tool_call>`` blocks and tool results sent as user turns in
+    ``<tool_response>`` blocks. Calls come back in the ``json`` format, which :class:`OutputSplitter` parses."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        msg = dict(m)
+        calls = msg.pop("tool_calls", None)
+        if calls:
+            blocks = [CALL_OPEN + "\n" + json.dumps({"name": c["function"]["name"],
+                                                      "arguments": c["function"]["arguments"]},
+                                                     ensure_ascii=False) + "\n" + CALL_CLOSE for c in calls]
+            msg["content"] = "\n".join(([msg["content"]] if msg.get("content") else []) + blocks)
+        if msg.get("role") == "tool":
+            msg = {"role": "user", "content": f"<tool_response>\n{msg.get('content', '')}\n</tool_response>"}
+        msg.pop("tool_call_id", None)
+        out.append(msg)
+    if tools:
+        intro = GENERIC_TOOLS_INTRO.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+        if out and out[0].get("role") == "system":
+            out[0] = {**out[0], "content": f"{out[0].get('content') or ''}\n\n{intro}".lstrip("\n")}
+        else:
+            out.insert(0, {"role": "system", "content": intro})
+    return out
 
 
 def tool_format(chat_template: str | None) -> str:
@@ -224,7 +276,8 @@ def _lark_str(text: str) -> str:
 
 
 def _json_rule(schema: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
-    merged = dict(schema)
+    # Forced calls close their objects and bound their numbers and strings (serving.grammar.bounded_schema).
+    merged = bounded_schema(schema, close_objects=True)
     merged["x-guidance"] = {**defaults, **dict(schema.get("x-guidance") or {})}
     return "%json " + json.dumps(merged)
 
@@ -248,9 +301,10 @@ def tool_grammar(tools: Sequence[Mapping[str, Any]], fmt: str, json_defaults: Ma
                 if enum and all(isinstance(v, str) for v in enum):
                     rules.append(f"p{i}_{j}: " + " | ".join(_lark_str(v) for v in enum))
                 elif isinstance(pschema, Mapping) and pschema.get("type") == "string":
-                    # Raw text without markup; maxLength bounds it (a random or looping model would not stop).
+                    # Raw text without markup; maxLength (default JSON_MAX_STRING) bounds it.
                     n = pschema.get("maxLength")
-                    rules.append(f"p{i}_{j}: /[^<]{{0,{int(n)}}}/" if isinstance(n, int) else f"p{i}_{j}: /[^<]*/")
+                    n = n if isinstance(n, int) else JSON_MAX_STRING
+                    rules.append(f"p{i}_{j}: /[^<]{{0,{int(n)}}}/")
                 else:
                     sub = pschema if isinstance(pschema, Mapping) else {}
                     rules.append(f"p{i}_{j}: {_json_rule(sub, json_defaults)}")

@@ -1,5 +1,11 @@
 """The single engine worker: one thread serves queued jobs one at a time (the engine is batch 1).
 
+Scheduling: a *short* job (``max_tokens`` at most ``short_tokens``, a robot controller's next action) waits only
+behind other short jobs, never behind a long generation: it is queued ahead of every long job, and a long job that
+is running pauses at its next cycle boundary (the engine keeps its state and the prefix cache its prompt and
+output), lets the short jobs run, then continues ahead of the other long jobs. ``short_tokens`` 0 keeps arrival
+order.
+
 The HTTP side creates a :class:`Job`, submits it (:meth:`EngineWorker.submit` raises ``QueueFull`` when
 ``max_queue`` jobs are already waiting behind the running one) and awaits ``job.future``; streamed text
 arrives on ``job.events``. Both are fed from the worker thread through ``loop.call_soon_threadsafe``.
@@ -75,6 +81,7 @@ class Job:
     finished: float | None = None
     timed_out: bool = False
     request_id: str = "-"
+    preemptions: int = 0
 
     def __post_init__(self) -> None:
         self.future = self.loop.create_future()
@@ -131,17 +138,20 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 class EngineWorker:
-    """Owns the engine's device work: a bounded queue and one thread that runs jobs in arrival order."""
+    """Owns the engine's device work: a bounded queue and one thread that runs jobs in arrival order, short jobs
+    first (see the module doc)."""
 
     def __init__(self, engine: Engine, max_queue: int, metrics: ServerMetrics | None = None,
-                 stuck_grace_s: float = 60.0) -> None:
+                 stuck_grace_s: float = 60.0, short_tokens: int = 0) -> None:
         self.engine = engine
         self.max_queue = max_queue
+        self.short_tokens = short_tokens
         self.metrics = metrics
         self.stuck_grace_s = stuck_grace_s
         self._queue: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
         self._running: Job | None = None
+        self._short_waiting = 0        # short jobs in the queue (they are all at its front)
         self._accepting = True
         self._stop = False
         self._service_s = 1.0          # moving average of a job's service time, for Retry-After
@@ -180,9 +190,22 @@ class EngineWorker:
             outstanding = len(self._queue) + (1 if self._running is not None else 0)
             if outstanding >= self.max_queue + 1:
                 raise QueueFull(self.retry_after())
-            self._queue.append(job)
+            if self.is_short(job):
+                # Behind the short jobs already waiting, ahead of every long one.
+                self._queue.insert(self._short_waiting, job)
+                self._short_waiting += 1
+            else:
+                self._queue.append(job)
             self._update_gauges()
             self._cond.notify()
+
+    def is_short(self, job: Job) -> bool:
+        """A short job never waits behind a long one (see the module doc)."""
+        return 0 < job.request.max_tokens <= self.short_tokens
+
+    def _should_yield(self) -> bool:
+        # Read without the lock: a stale value only moves the pause by one cycle.
+        return self._short_waiting > 0
 
     def withdraw(self, job: Job) -> bool:
         """Remove a job that has not started (its client left); False if it already runs or ran."""
@@ -191,6 +214,8 @@ class EngineWorker:
                 self._queue.remove(job)
             except ValueError:
                 return False
+            if self.is_short(job):
+                self._short_waiting -= 1
             self._update_gauges()
         return True
 
@@ -225,6 +250,8 @@ class EngineWorker:
                 if not self._queue:
                     return
                 job = self._queue.popleft()
+                if self.is_short(job):
+                    self._short_waiting -= 1
                 self._running = job
                 self._update_gauges()
             try:
@@ -234,8 +261,18 @@ class EngineWorker:
                     self._running = None
                     self._update_gauges()
 
+    def _requeue(self, job: Job) -> None:
+        """A paused long job goes back ahead of the other long jobs (behind the short ones that paused it)."""
+        with self._cond:
+            self._queue.insert(self._short_waiting, job)
+            self._update_gauges()
+            self._cond.notify()
+
     def _run(self, job: Job) -> None:
         request_id.set(job.request_id)
+        if job.request.partial is not None:   # a paused job: its checks ran before it first started
+            self._generate(job)
+            return
         job.started = time.monotonic()
         if job.cancel_event.is_set():
             job._resolve(None, JobError(499, "client closed the request", "cancelled"))
@@ -249,6 +286,12 @@ class EngineWorker:
         req = job.request
         req.on_text = job._on_text
         req.cancelled = job._should_stop
+        if not self.is_short(job):
+            req.preempt = self._should_yield
+        self._generate(job)
+
+    def _generate(self, job: Job) -> None:
+        req = job.request
         try:
             result = self.engine.complete(req)
         except EdgespecError as exc:
@@ -269,13 +312,21 @@ class EngineWorker:
                 job._resolve(None, JobError(500, message, "internal_error"))
                 self._fail("internal_error", job)
         else:
+            if result.finish_reason == "preempted":
+                job.preemptions += 1
+                if self.metrics is not None:
+                    self.metrics.preemptions.inc()
+                log.info("request paused after %d tokens for a short request", result.completion_tokens)
+                self._requeue(job)
+                return
             job.finished = time.monotonic()
             self._service_s = 0.8 * self._service_s + 0.2 * (job.finished - job.started)
             reason = "length" if job.timed_out else result.finish_reason
             if self.metrics is not None:
                 self.metrics.observe(result.telemetry, reason, queue_s=job.queue_s,
                                      e2e_s=job.finished - job.arrived,
-                                     ttft_s=None if job.first_text is None else job.first_text - job.arrived)
+                                     ttft_s=None if job.first_text is None else job.first_text - job.arrived,
+                                     energy=result.energy)
             log.info("request done finish=%s timed_out=%s prompt=%d queue=%.0fms %s", reason, job.timed_out,
                      result.prompt_tokens, job.queue_s * 1000.0, result.telemetry.summary())
             job._resolve(result, None)

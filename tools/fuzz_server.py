@@ -6,11 +6,13 @@ For every POST operation with a JSON body the fuzzer builds a valid baseline fro
 outside minimum/maximum/maxLength/maxItems, invalid enum/const values, unknown fields, huge strings),
 (2) random JSON documents, and (3) raw-transport abuse (invalid JSON, wrong content types, non-UTF-8, deep
 nesting, oversized and chunked bodies, unknown routes and methods). Every answer must arrive within the client
-timeout, be below 500 and, when it is an error, carry the OpenAI error shape.
+timeout, be below 500, be a status the OpenAPI document declares for its operation (unknown routes: 404/405) and,
+when it is an error, carry the OpenAI error shape with a string ``code`` (never ``null``).
 
     python tools/fuzz_server.py                      # spawns a server on a tiny random model
     python tools/fuzz_server.py --model demo         # ... on the SmolLM2 demo model
     python tools/fuzz_server.py --url http://127.0.0.1:8000 --api-key KEY
+    python tools/fuzz_server.py --schemathesis 150   # then schemathesis (pip install schemathesis) on the same server
 
 Prints a table of the statuses seen per field (``--verbose``: per case) and exits 1 on any 5xx, hang or
 malformed error body.
@@ -358,6 +360,11 @@ def transport_cases(max_body: int) -> Iterator[Case]:
     yield Case("truncated body then close", "POST", chat,
                wire=b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                     b"Content-Length: 500\r\n\r\n{\"messages\": [")
+    yield Case("max_tokens beyond the context", "POST", chat, dict(BASELINES[chat], max_tokens=10**9))
+    yield Case("max_tokens as text", "POST", chat, dict(BASELINES[chat], max_tokens="10"))
+    yield Case("NaN literal", "POST", chat, raw=b'{"messages":[{"role":"user","content":"a"}],"temperature":NaN}',
+               headers=js)
+    yield Case("prompt of booleans", "POST", "/v1/completions", {"prompt": [False]})
     yield Case("unknown route", "GET", "/v2/everything")
     yield Case("unknown route POST", "POST", "/v1/embeddings", {"input": "x"})
     yield Case("wrong method", "DELETE", chat)
@@ -367,6 +374,32 @@ def transport_cases(max_body: int) -> Iterator[Case]:
 
 
 # ---- running --------------------------------------------------------------------------------------------------
+
+
+def documented(doc: dict[str, Any], method: str, path: str) -> set[int]:
+    """Statuses the OpenAPI document declares for ``method path`` (path templates matched); an unknown route may
+    answer 404 and a known path with another method 405."""
+    for template, ops in doc.get("paths", {}).items():
+        head = template.split("{", 1)[0]
+        if template == path or ("{" in template and path.startswith(head) and len(path) > len(head)):
+            op = ops.get(method.lower())
+            if op is None:
+                return {405}
+            return {int(code) for code in op.get("responses", {}) if code.isdigit()} | {422}
+    return {404, 405}
+
+
+def error_problem(status: int, body: bytes | str) -> str | None:
+    """What is wrong with an error answer's body (OpenAI shape, a string code), or None."""
+    try:
+        err = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        return f"error body not in OpenAI shape: {str(body)[:200]}"
+    if not {"message", "type", "param", "code"} <= set(err):
+        return f"error body lacks fields: {str(body)[:200]}"
+    if not isinstance(err["code"], str) or not err["code"]:
+        return f"{status} error without a code: {str(body)[:200]}"
+    return None
 
 
 def send_wire(base_url: str, case: Case, timeout: float) -> Outcome:
@@ -389,6 +422,8 @@ def send_wire(base_url: str, case: Case, timeout: float) -> Outcome:
         return Outcome(case, 0, dt)  # connection closed without an answer: acceptable for garbage
     status = int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/1.1 ") else -1
     problem = f"server error {status}" if status >= 500 or status < 0 else None
+    if problem is None and status >= 400:
+        problem = error_problem(status, data.partition(b"\r\n\r\n")[2])
     return Outcome(case, status, dt, problem)
 
 
@@ -415,12 +450,7 @@ def send(client: httpx.Client, case: Case, timeout: float) -> Outcome:
     if r.status_code >= 500:
         problem = f"server error {r.status_code}: {text[:200]}"
     elif r.status_code >= 400:
-        try:
-            err = r.json()["error"]
-            if not {"message", "type", "param", "code"} <= set(err):
-                problem = f"error body lacks fields: {text[:200]}"
-        except (ValueError, KeyError, TypeError):
-            problem = f"error body not in OpenAI shape: {text[:200]}"
+        problem = error_problem(r.status_code, text)
     elif r.status_code == 200 and case.json_body is not None and isinstance(case.json_body, dict) \
             and case.json_body.get("stream") is True and "data: [DONE]" not in text:
         problem = "stream did not end with [DONE]"
@@ -465,7 +495,12 @@ def run(url: str, api_key: str | None, seed: int, random_count: int, timeout: fl
                  + list(transport_cases(1 << 20)))
         outcomes = []
         for case in cases:
-            outcomes.append(send(client, case, timeout))
+            o = send(client, case, timeout)
+            # The connection layer answers what it cannot parse (400 invalid_http) or receive in time (408).
+            allowed = documented(doc, case.method, case.path) | ({400, 408} if case.wire is not None else set())
+            if o.problem is None and o.status and o.status not in allowed:
+                o.problem = f"status {o.status} is not documented for {case.method} {case.path}"
+            outcomes.append(o)
         health = client.get("/health")
         print(f"health after fuzzing: {health.status_code} {health.json().get('status')}")
     code = report(outcomes, verbose)
@@ -473,6 +508,20 @@ def run(url: str, api_key: str | None, seed: int, random_count: int, timeout: fl
         print("PROBLEM server not healthy after fuzzing")
         code = 1
     return code
+
+
+def schemathesis(url: str, examples: int, seed: int, timeout: float) -> int:
+    """Run schemathesis' CLI against ``url``'s OpenAPI document; its exit status."""
+    import shutil
+    import subprocess
+
+    st = shutil.which("st") or shutil.which("schemathesis")
+    if st is None:
+        print("PROBLEM schemathesis is not installed (pip install schemathesis)")
+        return 1
+    checks = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
+    return subprocess.call([st, "run", url + "/openapi.json", "--checks", checks, "--max-examples", str(examples),
+                            "--request-timeout", str(timeout), "--seed", str(seed)])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -484,6 +533,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--random", type=int, default=200, help="number of random JSON bodies")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds before a request counts as a hang")
     ap.add_argument("--verbose", action="store_true", help="one table row per case instead of per field")
+    ap.add_argument("--schemathesis", type=int, metavar="N", default=0,
+                    help="afterwards run schemathesis (st) with N examples per operation: no 5xx, only documented "
+                         "statuses, content types and bodies as the OpenAPI document says")
     args = ap.parse_args(argv)
     if args.url:
         return run(args.url, args.api_key, args.seed, args.random, args.timeout, args.verbose)
@@ -500,6 +552,8 @@ def main(argv: list[str] | None = None) -> int:
                                drafter="ngram", max_seq_len=256, request_timeout_s=20, max_queue=4)
         with server:
             code = run(server.url, None, args.seed, args.random, args.timeout, args.verbose)
+            if args.schemathesis:
+                code = schemathesis(server.url, args.schemathesis, args.seed, args.timeout) or code
         log = (Path(tmp) / "server.log").read_text(errors="replace")
         tracebacks = log.count("Traceback")
         print(f"server exit status after SIGTERM: {server.returncode}; tracebacks in its log: {tracebacks}")

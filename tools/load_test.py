@@ -12,6 +12,7 @@ Checks, not just timings:
     python tools/load_test.py                          # spawns a server on a tiny random model
     python tools/load_test.py --model demo --clients 4 --duration 60
     python tools/load_test.py --url http://127.0.0.1:8000 --pid 1234
+    python tools/load_test.py --model demo --head-of-line 5   # 3-token requests while a max-length one runs
 
 Exits 1 when a check fails.
 """
@@ -276,6 +277,53 @@ def run(url: str, pid: int | None, clients: int, duration: float, max_tokens: in
     return 0
 
 
+def head_of_line(url: str, shorts: int, api_key: str | None, timeout: float, limit_s: float = 2.0) -> int:
+    """Send one request whose max_tokens fills the whole context left after its prompt, then, while it runs,
+    ``shorts`` 3-token requests one after another; each must be answered within ``limit_s`` (a robot controller's
+    next action must not wait behind a long generation). Exits 1 otherwise."""
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    # A raw prompt that small models continue for a long time (a chat answer may end after a few dozen tokens).
+    long_body: dict[str, Any] = {"prompt": ", ".join(str(i) for i in range(1, 25)) + ","}
+    with httpx.Client(base_url=url, headers=headers, timeout=timeout) as client:
+        max_len = client.get("/v1/models").json()["data"][0]["max_model_len"]
+        probe = client.post("/v1/completions", json={**long_body, "max_tokens": 1}).json()
+        room = max_len - probe["usage"]["prompt_tokens"]
+        box: dict[str, Any] = {}
+
+        def long_request() -> None:
+            t0 = time.monotonic()
+            r = client.post("/v1/completions", json={**long_body, "max_tokens": room})
+            box["status"], box["seconds"] = r.status_code, time.monotonic() - t0
+            box["tokens"] = r.json().get("usage", {}).get("completion_tokens") if r.status_code == 200 else None
+
+        runner = threading.Thread(target=long_request)
+        runner.start()
+        while client.get("/health").json().get("running") != 1 and runner.is_alive():
+            time.sleep(0.01)
+        time.sleep(0.5)     # the long request is past its prefill, decoding
+        waits, queues = [], []
+        for i in range(shorts):
+            t0 = time.monotonic()
+            r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": PROMPTS[i % 6]}],
+                                                          "max_tokens": 3})
+            waits.append(time.monotonic() - t0)
+            queues.append(r.json()["edgespec"]["queue_ms"] / 1000.0 if r.status_code == 200 else float("nan"))
+            if not runner.is_alive():
+                break
+        still_running = runner.is_alive()
+        runner.join()
+    print(f"long request: max_tokens {room} (max_model_len {max_len}), status {box.get('status')}, "
+          f"{box.get('tokens')} tokens in {box.get('seconds', float('nan')):.1f}s; running during all short "
+          f"requests: {still_running}")
+    print(f"3-token requests: {len(waits)}   answer s: max {max(waits):.3f}  p50 {pct(waits, 0.5):.3f}   "
+          f"queue wait s: max {max(queues):.3f}  p50 {pct(queues, 0.5):.3f}")
+    if not still_running or box.get("status") != 200 or max(waits) > limit_s:
+        print(f"FAIL: a short request waited more than {limit_s}s, or the long one did not run throughout")
+        return 1
+    print(f"OK: every 3-token request answered within {limit_s}s while the max-length request ran")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--url", help="test a running server instead of spawning one")
@@ -288,7 +336,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--max-queue", type=int, default=4, help="spawned server's max_queue")
     ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--head-of-line", type=int, metavar="N", default=0,
+                    help="instead of the load: N 3-token requests while one max-length request runs (each <= 2 s)")
+    ap.add_argument("--max-seq-len", type=int, default=1024, help="spawned server's max_seq_len")
     args = ap.parse_args(argv)
+    if args.url and args.head_of_line:
+        return head_of_line(args.url, args.head_of_line, args.api_key, args.timeout)
     if args.url:
         return run(args.url, args.pid, args.clients, args.duration, args.max_tokens, args.api_key, args.timeout,
                    args.warmup)
@@ -302,10 +355,14 @@ def main(argv: list[str] | None = None) -> int:
         if model == "tiny":
             model = str(write_tiny_chat_model(Path(tmp) / "tiny"))
         server = ServerProcess(model, env={"OMP_NUM_THREADS": "1"}, log_path=Path(tmp) / "server.log",
-                               drafter="ngram", max_seq_len=1024, max_queue=args.max_queue, log_level="warning")
+                               drafter="ngram", max_seq_len=args.max_seq_len, max_queue=args.max_queue,
+                               log_level="warning", request_timeout_s=args.timeout)
         with server:
-            code = run(server.url, server.pid, args.clients, args.duration, args.max_tokens, None, args.timeout,
-                       args.warmup)
+            if args.head_of_line:
+                code = head_of_line(server.url, args.head_of_line, None, args.timeout)
+            else:
+                code = run(server.url, server.pid, args.clients, args.duration, args.max_tokens, None,
+                           args.timeout, args.warmup)
         print(f"server exit status after SIGTERM: {server.returncode}")
         return code or (1 if server.returncode != 0 else 0)
 

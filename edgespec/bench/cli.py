@@ -70,17 +70,22 @@ def _median(xs: list[float]) -> float:
 
 
 def _run_edgespec(engine, ids: list[int], tokens: int, k: int | None, tree: int | None = None) -> dict[str, Any]:
+    from edgespec.energy import EnergySpan
     from edgespec.speculative.acceptance import StrictGreedy
 
     budget, engine.session.tree_budget = engine.session.tree_budget, tree      # chain (None) or tree, this run
+    span = EnergySpan(engine.energy)     # None on CPU: no energy figures
     try:
         res = engine.session.generate(ids, max_tokens=tokens, policy=StrictGreedy(),
                                       stop_ids=engine.tokenizer.stop_token_ids, k=k)
     finally:
         engine.session.tree_budget = budget
+    used = span.stop()
     t = res.telemetry
-    return {"tokens": res.token_ids, "tok_s": t.decode_tok_s, "al": t.acceptance_length,
-            "telemetry": t.to_dict()}
+    out = {"tokens": res.token_ids, "tok_s": t.decode_tok_s, "al": t.acceptance_length, "telemetry": t.to_dict()}
+    if used is not None:
+        out.update(joules_per_token=used.per_token(len(res.token_ids)), avg_watts=used.watts)
+    return out
 
 
 @contextmanager
@@ -197,6 +202,9 @@ def run_bench(args: argparse.Namespace) -> int:
             if not same and name.startswith("edgespec") and engine.model.dtype != torch.float32:
                 row.update(tie_check(engine.model, ids, plain_tokens, best["tokens"], engine.session.kv_fp8))
                 verdict = f"False: {describe_divergence(row)}"
+            if best.get("joules_per_token") is not None:
+                row.update(joules_per_token=best["joules_per_token"], avg_watts=best["avg_watts"])
+                verdict += f"  {best['joules_per_token']:.4f} J/token {best['avg_watts']:.0f} W"
             rows.append(row)
             al = f"{row['al']:.2f}" if row["al"] is not None else "-"
             print(f"{pr.id:<26} {name:<22} {tok_s:>8.1f} {al:>6} {len(best['tokens']):>6} {verdict}", flush=True)

@@ -184,6 +184,7 @@ def bench_format(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype
         rollback.rollback(model, cache, start, rows, 1, ())
         cache.length = start
 
+    energy = decode_energy(step, device)
     verify_ms = time_cuda(verify, iters=iters, warmup=2, repeats=3) if verify_rows > 1 else ms
     prefill_tok_s = {}
     for n in prefill:
@@ -195,8 +196,24 @@ def bench_format(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype
            "decode_ms": ms, "verify_rows": verify_rows, "verify_ms": verify_ms,
            "decode_tok_s": 1e3 / ms, "prefill_tok_s": prefill_tok_s,
            "thor_limit_tok_s": THOR_BW / wbytes, "peak_bytes": peak_bytes(device) - base,
-           "budget": model.memory_budget.to_dict()}
+           "budget": model.memory_budget.to_dict(), **energy}
     return out
+
+
+def decode_energy(step: Callable[[], None], device: torch.device, seconds: float = 3.0) -> dict[str, Any]:
+    """Joules per decoded token and average watts over ``seconds`` of back-to-back decode steps, from the device's
+    energy meter (edgespec.energy); empty on CPU or where the device has none."""
+    from edgespec.energy import open_meter, run_metered
+
+    meter = open_meter(device)
+    if meter is None:
+        return {}
+    try:
+        reading, steps = run_metered(step, meter, seconds, torch.cuda.synchronize if device.type == "cuda" else None)
+    finally:
+        meter.close()
+    return {"energy_meter": meter.name, "joules_per_token": reading.joules / steps, "avg_watts": reading.watts,
+            "energy_steps": steps}
 
 
 def run_format_bench(args: argparse.Namespace) -> int:
@@ -242,6 +259,10 @@ def run_format_bench(args: argparse.Namespace) -> int:
               f"{r['peak_bytes'] / 1e6:>9.1f} {r['decode_ms']:>9.2f} {r['decode_tok_s']:>8.1f} "
               f"{r['verify_ms']:>11.2f} {r['verify_ms'] / r['decode_ms']:>8.2f} "
               f"{r['thor_limit_tok_s']:>16.1f}" + "".join(f" {r['prefill_tok_s'][n]:>12.0f}" for n in prefill))
+    for r in rows:
+        if "joules_per_token" in r:
+            print(f"{r['format']}: decode energy {r['joules_per_token']:.4f} J/token at {r['avg_watts']:.1f} W average "
+                  f"({r['energy_meter']}, {r['energy_steps']} decode steps)")
     if getattr(args, "out", None):
         Path(args.out).write_text(json.dumps({"shape": args.format_shape, "device": str(device),
                                               "load_average": load, "rows": rows}, indent=2))

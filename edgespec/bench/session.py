@@ -95,14 +95,14 @@ def session_requests(args: argparse.Namespace) -> list[Request]:
     """The stream: the request log's prompts, or ``--session-requests`` generated robot requests."""
     if args.session_log:
         from edgespec.distill.request_log import read_log
-        out = [Request(prompt_ids=prompt, max_tokens=args.tokens, client_key=CLIENT)
+        out = [Request(prompt_ids=prompt, max_tokens=args.tokens, cache_key=CLIENT)
                for prompt, _ in read_log(args.session_log)]
         if not out:
             raise ConfigError(f"request log {args.session_log} holds no request to replay")
         return out
     if args.session_requests < 1:
         raise ConfigError(f"--session-requests {args.session_requests} must be >= 1")
-    return [Request(messages=[{"role": "user", "content": text}], max_tokens=args.tokens, client_key=CLIENT)
+    return [Request(messages=[{"role": "user", "content": text}], max_tokens=args.tokens, cache_key=CLIENT)
             for text in robot_stream(args.session_requests, args.session_seed)]
 
 
@@ -121,7 +121,7 @@ def run_session(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     # nothing of it in the stream's suffix-cache partition.
     for engine in engines.values():
         engine.complete(Request(messages=[{"role": "user", "content": "Say OK."}], max_tokens=8,
-                                client_key="warm-up"))
+                                cache_key="warm-up"))
     print(f"session: device={base.device} model={base.model_dir.name} requests={len(requests)} "
           f"tokens<={args.tokens} first={args.session_first} K="
           + ",".join(f"{n}:{e.session.k}" for n, e in engines.items() if n != "plain"))

@@ -59,7 +59,7 @@ def test_replays_a_request_log(tmp_path):
     log.log_completion([1, 2, 3], [4, 5], "x", "stop", "ngram", 1.0)
     log.log_completion([6, 7], [8], "y", "stop", "ngram", 1.0)
     reqs = session_requests(_args("--session-log", str(tmp_path / "log.jsonl")))
-    assert [r.prompt_ids for r in reqs] == [[1, 2, 3], [6, 7]] and reqs[0].client_key == reqs[1].client_key
+    assert [r.prompt_ids for r in reqs] == [[1, 2, 3], [6, 7]] and reqs[0].cache_key == reqs[1].cache_key
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(ConfigError, match="no request to replay"):
         session_requests(_args("--session-log", str(tmp_path / "empty.jsonl")))

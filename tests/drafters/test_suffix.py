@@ -144,9 +144,9 @@ def test_engine_feeds_the_cache_per_client(tmp_path):
     spec = Engine.from_settings(Settings(model=str(folder), drafter="suffix", max_seq_len=512))
     msgs = [{"role": "user", "content": "Move the red block to the left bin and report."}]
     want = plain.complete(Request(messages=msgs, max_tokens=24)).token_ids
-    first = spec.complete(Request(messages=msgs, max_tokens=24, client_key="robot-a"))
-    again = spec.complete(Request(messages=msgs, max_tokens=24, client_key="robot-a"))
-    other = spec.complete(Request(messages=msgs, max_tokens=24, client_key="robot-b"))
+    first = spec.complete(Request(messages=msgs, max_tokens=24, cache_key="robot-a"))
+    again = spec.complete(Request(messages=msgs, max_tokens=24, cache_key="robot-a"))
+    other = spec.complete(Request(messages=msgs, max_tokens=24, cache_key="robot-b"))
     assert first.token_ids == again.token_ids == other.token_ids == want
     assert again.telemetry.acceptance_length > first.telemetry.acceptance_length
     assert other.telemetry.acceptance_length == first.telemetry.acceptance_length

@@ -75,6 +75,7 @@ class SlowEngine:
 
         req.cancelled = cancelled
         result = self._engine.complete(req)
+        req.cancelled = inner   # a paused (preempted) request comes back: wrap its own check again, not ours
         self.results.append(result)
         return result
 
@@ -413,7 +414,8 @@ def test_disconnect_withdraws_queued_request(engine: Engine, tiny_dir: Path) -> 
 
 def test_request_timeout(engine: Engine, tiny_dir: Path) -> None:
     slow = SlowEngine(engine, delay=0.1)
-    with serve(slow, tiny_dir, request_timeout_s=0.5) as s:
+    # Arrival order (no short-request priority): the 4-token request waits behind the long one and times out.
+    with serve(slow, tiny_dir, request_timeout_s=0.5, short_request_tokens=0) as s:
         c = client_for(s)
         t0 = time.monotonic()
         r = c.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=400)
