@@ -42,10 +42,9 @@ class ArchDefaults:
     # A prefill that continues a non-empty cache (a follow-up turn resumed by prefix reuse) of at most this many
     # tokens goes through the captured verify forward in chunks of its rows instead of one eager forward: on a GPU
     # an eager forward of a few dozen rows is bound by its hundreds of kernel launches, a graph replay is not.
-    # 0: always eager. A fresh prompt always prefills eagerly. The GPU hooks (rtx, thor) set 128: on an H100 a
-    # follow-up turn of 42-63 new tokens after 3k tokens answered its first token in 3-10 ms against 20-77 ms
-    # eager (edgespec bench --multi-turn; docs/benchmarks.md), for one 32-row capture per graph session. Off
-    # here (CPU: no graphs to replay).
+    # 0: always eager. A fresh prompt always prefills eagerly. The GPU hooks (rtx, thor) set 128, for one 32-row
+    # capture per graph session (follow-up TTFT: docs/benchmarks.md, "Multi-turn agent conversation"). Off here
+    # (CPU: no graphs to replay).
     graph_prefill_max: int = 0
     # Rows of a static forward captured for those prefills when it is wider than the verify forward: one replay of
     # 32 rows instead of seven of K+1=5 for a 30-token turn. Captured for attention-only models and the deferred

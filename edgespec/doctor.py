@@ -57,8 +57,8 @@ def model_budget(model_dir: str, max_seq_len: int, device_name: str = "auto", dt
     from edgespec.loading.hf_config import load_config
     from edgespec.loading.quant_config import detect_quantization
     from edgespec.loading.safetensors_io import read_headers
-    from edgespec.loading.weights import weight_files
-    from edgespec.memory import GiB, checkpoint_bytes, module_bytes, peak_bytes, plan_budget
+    from edgespec.loading.weights import checkpoint_bytes, weight_files
+    from edgespec.memory import GiB, module_bytes, peak_bytes, plan_budget
     from edgespec.plan import resolve_device
     from edgespec.weights.base import PackedWeight
 

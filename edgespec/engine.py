@@ -124,7 +124,7 @@ class Engine:
                 gguf = None
         else:
             model_dir = Path(settings.model).expanduser()
-        from edgespec.memory import checkpoint_bytes
+        from edgespec.loading.weights import checkpoint_bytes
         drafter_bytes = 0
         if plan.drafter.name == "dflash":
             drafter_bytes = checkpoint_bytes(plan.drafter.dflash_path)

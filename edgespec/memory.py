@@ -160,16 +160,6 @@ def host_peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def checkpoint_bytes(folder: str | Path | None) -> int:
-    """Bytes of the tensors of a safetensors checkpoint folder (0 for None): a drafter's share of the budget."""
-    if folder is None:
-        return 0
-    from edgespec.loading.safetensors_io import read_headers
-    from edgespec.loading.weights import weight_files
-
-    return sum(e.nbytes for e in read_headers(weight_files(Path(folder))).values())
-
-
 def plan_budget(cfg: ModelConfig, weights: int, device: torch.device, dtype: torch.dtype, max_len: int,
                 kv_fp8: bool = False, drafter: int = 0, packed: bool = False) -> MemoryBudget:
     """The :class:`MemoryBudget` of serving ``cfg`` with ``weights`` bytes of weights on ``device``."""

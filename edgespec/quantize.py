@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 from edgespec.errors import CheckpointError, ConfigError
 from edgespec.loading.checkpoint import normalise_key
 from edgespec.loading.hf_config import parse_config, read_json
-from edgespec.loading.safetensors_io import TensorReader, read_headers
+from edgespec.loading.safetensors_io import TensorEntry, TensorReader, read_headers
 from edgespec.loading.weights import weight_files
 from edgespec.models.layers import Linear
 from edgespec.weights.requantize import quantize_weight
@@ -159,6 +159,50 @@ def _version() -> str:
     return __version__
 
 
+def _select_keys(entries: dict[str, TensorEntry], linears: dict[str, tuple[int, int]], patterns: list[str],
+                 fmt: str, group_size: int) -> tuple[dict[str, str], list[str], list[str]]:
+    """The checkpoint keys to quantize (key -> module name), the linear modules kept as they are (a pattern or a
+    shape the format cannot take) and a note for each kept by shape."""
+    quant_keys: dict[str, str] = {}              # checkpoint key -> module name
+    kept_modules: list[str] = []
+    notes: list[str] = []
+    for key, e in entries.items():
+        name = normalise_key(key)
+        if name is None or not name.endswith(".weight"):
+            continue
+        module = name[:-len(".weight")]
+        if module not in linears or len(e.shape) != 2:
+            continue
+        why = _fits(fmt, *e.shape, group_size)
+        if _matches(module, patterns) or why:
+            kept_modules.append(key[:-len(".weight")])
+            if why and not _matches(module, patterns):
+                notes.append(f"kept {module}: {why}")
+            continue
+        if e.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise CheckpointError(f"{key} is {e.dtype}: quantize a bf16/fp16/fp32 checkpoint")
+        quant_keys[key] = module
+    return quant_keys, kept_modules, notes
+
+
+def _write_config_and_files(src: Path, dst: Path, raw_cfg: dict[str, Any], fmt: str, kept_modules: list[str],
+                            group_size: int, drop_mtp: bool) -> None:
+    """``config.json`` with the format's quantization_config (and ``hf_quant_config.json`` where the format has
+    one), and every other non-weight file of ``src`` copied."""
+    quant_cfg, hf_quant = _config_fields(fmt, kept_modules, group_size)
+    out_cfg = dict(raw_cfg)
+    out_cfg["quantization_config"] = quant_cfg
+    if drop_mtp and "mtp_num_hidden_layers" in out_cfg:
+        out_cfg["mtp_num_hidden_layers"] = 0
+    (dst / "config.json").write_text(json.dumps(out_cfg, indent=2))
+    if hf_quant is not None:
+        (dst / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=2))
+    for path in src.iterdir():
+        if path.is_file() and not path.name.endswith((".safetensors", ".safetensors.index.json")) \
+                and path.name not in ("config.json", "hf_quant_config.json"):
+            shutil.copy2(path, dst / path.name)
+
+
 def quantize_checkpoint(src: str | Path, dst: str | Path, fmt: str, *, keep: list[str] | None = None,
                         group_size: int = 128, quantize_mtp: bool = False, drop_mtp: bool = False,
                         shard_bytes: int = 4 << 30, force: bool = False, progress: bool = True) -> list[LayerError]:
@@ -180,25 +224,7 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, fmt: str, *, keep: lis
         patterns.append("mtp.*")
 
     # Which checkpoint keys are quantized, grouped as the model merges them.
-    quant_keys: dict[str, str] = {}              # checkpoint key -> module name
-    kept_modules: list[str] = []
-    notes: list[str] = []
-    for key, e in entries.items():
-        name = normalise_key(key)
-        if name is None or not name.endswith(".weight"):
-            continue
-        module = name[:-len(".weight")]
-        if module not in linears or len(e.shape) != 2:
-            continue
-        why = _fits(fmt, *e.shape, group_size)
-        if _matches(module, patterns) or why:
-            kept_modules.append(key[:-len(".weight")])
-            if why and not _matches(module, patterns):
-                notes.append(f"kept {module}: {why}")
-            continue
-        if e.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise CheckpointError(f"{key} is {e.dtype}: quantize a bf16/fp16/fp32 checkpoint")
-        quant_keys[key] = module
+    quant_keys, kept_modules, notes = _select_keys(entries, linears, patterns, fmt, group_size)
 
     def group_of(key: str) -> tuple[str, ...]:
         parent, _, leaf = key[:-len(".weight")].rpartition(".")
@@ -237,18 +263,7 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, fmt: str, *, keep: lis
         bar.close()
     writer.finish()
 
-    quant_cfg, hf_quant = _config_fields(fmt, sorted(kept_modules), group_size)
-    out_cfg = dict(raw_cfg)
-    out_cfg["quantization_config"] = quant_cfg
-    if drop_mtp and "mtp_num_hidden_layers" in out_cfg:
-        out_cfg["mtp_num_hidden_layers"] = 0
-    (dst / "config.json").write_text(json.dumps(out_cfg, indent=2))
-    if hf_quant is not None:
-        (dst / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=2))
-    for path in src.iterdir():
-        if path.is_file() and not path.name.endswith((".safetensors", ".safetensors.index.json")) \
-                and path.name not in ("config.json", "hf_quant_config.json"):
-            shutil.copy2(path, dst / path.name)
+    _write_config_and_files(src, dst, raw_cfg, fmt, sorted(kept_modules), group_size, drop_mtp)
     for n in notes:
         print(n, file=sys.stderr)
     return errors

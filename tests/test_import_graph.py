@@ -6,6 +6,7 @@ that way, inside the dispatch function, because Triton may be absent (CPU) and m
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,3 +82,60 @@ def test_package_has_no_import_cycle() -> None:
     graph = {m: imports_of(p, modules) - {m} for m, p in modules.items()}
     assert "edgespec.kernels.gdn" in graph["edgespec.kernels.triton_gdn"]  # the Triton twin uses its reference
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+# Imports that run from a lower layer of docs/architecture.md's table up to a higher one, each with its reason.
+# (importer prefix, imported module) -> reason; an importer prefix covers a module and its submodules.
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {
+    ("edgespec.kernels", "edgespec.cache.kv"):
+        "the attention, RoPE-write and CPU-step kernels take the KVCache object (its tensors, FP8 scales and "
+        "block layout) instead of plain tensors",
+    ("edgespec.weights.gguf_native", "edgespec.kernels.options"):
+        "the compiled GGUF CPU step lives in weights/ although it serves the kernels: it reads the kernel "
+        "options (gguf_native, gguf_threads) like any kernel",
+    ("edgespec.engine", "edgespec.distill.request_log"):
+        "the engine writes the request log; the log's format lives with distill, its reader",
+}
+
+
+def layer_table() -> dict[str, int]:
+    """``part -> layer`` from the "Import layers" table of docs/architecture.md."""
+    text = (ROOT / "docs/architecture.md").read_text()
+    section = text.split("## Import layers", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (\d+) \| `([\w.]+)` \|", section, flags=re.MULTILINE)
+    return {part: int(layer) for layer, part in rows}
+
+
+def part_of(module: str) -> str:
+    """The layer-table part a module belongs to: ``edgespec.kernels.linear`` -> ``kernels``."""
+    return module.split(".")[1] if "." in module else module
+
+
+def upward_imports(graph: dict[str, set[str]], layers: dict[str, int]) -> list[tuple[str, str]]:
+    """Imports from a module to one of a higher layer that ALLOWED_UPWARD does not list."""
+    found = []
+    for module, imported in graph.items():
+        for other in imported:
+            if layers[part_of(other)] <= layers[part_of(module)]:
+                continue
+            if not any(module.startswith(a) and other == b for a, b in ALLOWED_UPWARD):
+                found.append((module, other))
+    return sorted(found)
+
+
+def test_layers_are_what_the_architecture_page_states() -> None:
+    modules = package_modules()
+    layers = layer_table()
+    assert layers["errors"] < layers["kernels"] < layers["models"] < layers["arch"] < layers["engine"]
+    assert {part_of(m) for m in modules} == set(layers), "every part of the package has a row, and no more"
+    graph = {m: imports_of(p, modules) - {m} for m, p in modules.items()}
+    wrong = upward_imports(graph, layers)
+    assert not wrong, "imports up the layers of docs/architecture.md: " + ", ".join(f"{a} -> {b}" for a, b in wrong)
+    used = {(a, b) for a, b in ALLOWED_UPWARD if any(m.startswith(a) and b in graph[m] for m in graph)}
+    assert used == set(ALLOWED_UPWARD), f"listed but no longer imported: {set(ALLOWED_UPWARD) - used}"
+
+
+def test_an_upward_import_is_reported() -> None:
+    layers = {"kernels": 1, "engine": 2}
+    graph = {"edgespec.kernels.x": {"edgespec.engine"}, "edgespec.engine": {"edgespec.kernels.x"}}
+    assert upward_imports(graph, layers) == [("edgespec.kernels.x", "edgespec.engine")]

@@ -1,14 +1,17 @@
 """Split of one speculative cycle on a GPU: draft / verify / accept+rollback / other, with device-synced stages.
 
     python tools/cycle_bench.py [--shape qwen3.5-27b] [--k 15] [--tokens 128] [--format int4]
-                                [--drafter-weights model,int4]
+                                [--drafter-weights model,int4] [--sm-limit 16]
 
 Builds the target shape with random weights on the GPU (``--format``: dense bf16, or fp8/nvfp4/int4 linear layers
 as ``edgespec bench --formats`` builds them) and a random 5-layer DFlash drafter of the published layout for it
 (tools/make_drafter.py), served once per ``--drafter-weights`` entry (the checkpoint's bf16, or quantized at load),
 then runs the session with ``stage_timing=device``. Random drafts are
 rejected, so every cycle verifies K+1 rows and rolls back: the worst case for cycle overheads. The same split is
-printed for the n-gram drafter. Writes cycle_bench.json to $OUT when set.
+printed for the n-gram drafter. ``--sm-limit N`` runs it all on a green context of N SMs
+(``edgespec.bench.sm_limit``), made current before the model is built; the SM count actually granted is printed and
+recorded as ``sms`` (what ``tools/thor_projection.py`` interpolates to Thor's 20). Writes cycle_bench.json to $OUT
+when set.
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ from make_drafter import write_dflash_drafter  # noqa: E402
 from edgespec.arch.detect import select_hooks  # noqa: E402
 from edgespec.bench.formats import FORMATS, format_model  # noqa: E402
 from edgespec.bench.gpu import random_model, sm_clock_mhz, weight_bytes_per_token  # noqa: E402
+from edgespec.bench.sm_limit import limit_sms  # noqa: E402
 from edgespec.drafters.dflash import load_dflash_checkpoint  # noqa: E402
 from edgespec.drafters.ngram import NGramProposer  # noqa: E402
+from edgespec.kernels import sm_count  # noqa: E402
 from edgespec.loading.synthetic import SHAPES, config_dict  # noqa: E402
 from edgespec.memory import module_bytes  # noqa: E402
 from edgespec.speculative.acceptance import StrictGreedy  # noqa: E402
@@ -69,8 +74,16 @@ def main() -> int:
                     help="the target's output projection (lm_head_weights)")
     ap.add_argument("--max-len", type=int, default=2048, help="cache length (the peak memory figure includes it)")
     ap.add_argument("--kv", choices=("auto", "fp8", "model"), default="auto", help="KV cache format")
+    ap.add_argument("--sm-limit", type=int, default=0, help="run on a green context of this many SMs (Thor: 20)")
     args = ap.parse_args()
     device = torch.device("cuda")
+    limit = None
+    if args.sm_limit:
+        try:
+            limit = limit_sms(args.sm_limit, device)    # before anything else runs on the GPU
+        except (ValueError, RuntimeError) as e:
+            ap.error(str(e))
+        print(limit.describe(), flush=True)
     if args.format == "dense":
         model = random_model(args.shape, device, torch.bfloat16, max_len=args.max_len)
     else:
@@ -82,7 +95,9 @@ def main() -> int:
     verify_bytes = weight_bytes_per_token(model)      # a verify reads every matrix once, one embedding row a token
     out = {"shape": args.shape, "device": torch.cuda.get_device_name(device), "k": args.k, "format": args.format,
            "lm_head": args.lm_head,
-           "sms": torch.cuda.get_device_properties(device).multi_processor_count, "sm_clock_mhz": sm_clock_mhz(),
+           "sms": sm_count(device), "sm_clock_mhz": sm_clock_mhz(),
+           "sm_limit": {"requested": limit.requested, "granted": limit.granted,
+                        "device_sms": limit.device_sms} if limit else None,
            "target_weight_bytes": module_bytes(model), "verify_bytes": verify_bytes,
            "head_bytes": nbytes(model.lm_head_weight), "max_len": args.max_len, "load_peak_GB": load_peak / 1e9}
     print(f"{out['device']} ({out['sms']} SMs, {out['sm_clock_mhz']} MHz): {args.shape} target {args.format} "

@@ -1,20 +1,27 @@
 """Quantized weight-only products on the GPU, measured against the byte limit and against torch's own kernels.
 
     python tools/quant_bench.py [--shapes qwen3.5-27b,qwen3.5-4b] [--formats int4,nvfp4,fp8_block] [--sweep]
-                                [--prefill 512,2048] [--prefill-shapes qwen3.5-4b]
+                                [--prefill 512,2048] [--prefill-shapes qwen3.5-4b] [--rows 1,4,8,16,32,64]
+                                [--sm-limit 16] [--wide-sweep]
 
 For each model shape it builds the whole linear stack (every matrix of every layer, merged projections as served,
 lm_head included) once per format from random packed data (no dense copy is staged), checks one product per
 distinct matrix against the torch reference (``edgespec.kernels.quant_ref.matmul_ref``), and times the stack as
-one CUDA graph for 1 row (decode) and 16 rows (verify). Printed per format: weight bytes, decode us, % of the byte
-limit (bytes / copy bandwidth measured in the same run), verify16 / decode, peak GPU memory, and the same stack
+one CUDA graph for each of ``--rows`` (1: decode; 16: a chain verify; 32 and 64: tree verifies). Printed per
+format: weight bytes, us and GB/s per row count, % of the byte limit (bytes / copy bandwidth measured in the same
+run), verify16 / decode, peak GPU memory, and the same stack
 through torch's alternatives on the device: bf16 cuBLAS and edgespec's bf16 GEMV (16-bit bytes), tinygemm int4
 (``torch._weight_int4pack_mm``, group 128) and ``torch._scaled_mm`` (FP8 x FP8 with per-tensor scales: it also
 quantizes the activations, so it is a different product, shown for its speed only).
 ``--sweep`` first tries launch configurations per distinct matrix and times the stack with the best of each as
 well. ``--prefill`` times the stack at those row counts through both many-row paths (the fused tensor-core tile,
 and dequantize-then-cuBLAS) against bf16 cuBLAS: the crossover sets ``DEQUANT_GEMM_MIN_ROWS``.
-Writes quant_bench.json to $OUT when set.
+``--wide-sweep`` times the stack at 16, 32 and 64 rows under a few launches of the 17..64-row tile (the choice in
+``quant_config``; ``XPAIR``: x permuted to the pair order once per call instead of in every program).
+``--sm-limit N`` runs everything on a green context of N SMs (``edgespec.bench.sm_limit``: Thor's 20-SM budget
+is emulated by 16 and 24, what Hopper grants); the granted count is printed and recorded, and the copy bandwidth
+(the % column) is then what those SMs can copy.
+Writes quant_bench.json to $OUT when set (quant_bench_sm<N>.json with ``--sm-limit``).
 """
 
 from __future__ import annotations
@@ -67,7 +74,13 @@ VERIFY_SWEEP["nvfp4"] = NVFP4_PAIRS + [dict(DOT=1, PAIRS=0, BLOCK_N=128, num_war
 # The int4 launches before the pair tile (one row: the word kernel; 2..16 rows: the byte tile; no PDL), timed in
 # the same run as "int4_prev" so the change is measured side by side.
 INT4_PREVIOUS = {1: dict(DOT=0, H2=1, BLOCK_N=64, num_warps=4, num_stages=3, PDL=0),
-                 16: dict(DOT=1, PAIRS=0, BLOCK_N=128, num_warps=4, num_stages=3, PDL=0)}
+                 16: dict(DOT=1, PAIRS=0, BLOCK_N=128, num_warps=4, num_stages=3, PDL=0),
+                 64: dict(DEQUANT=1)}     # 17+ rows before the wide tile: dequantize, then cuBLAS
+# Launches of the 17..64-row tile tried by --wide-sweep (every matrix of the stack takes the same one)
+WIDE_SWEEP = [dict(BLOCK_N=bn, num_warps=w, num_stages=st, XPAIR=xp) for bn, w, st, xp in
+              ((32, 4, 4, 0), (64, 4, 3, 0), (128, 4, 3, 0), (64, 4, 3, 1), (128, 4, 3, 1), (128, 4, 4, 1),
+               (64, 4, 4, 1))]
+ROWS = (1, 4, 8, 16, 32, 64)
 
 
 # The peer shape (tools/peer_llamacpp.sh): set by --llama, named "llama" in --shapes / --prefill-shapes.
@@ -208,6 +221,7 @@ class Stack:
         self.fmt = fmt
         self.items = []
         self.configs = configs or {}
+        self.override: dict | None = None      # one launch for every matrix (--wide-sweep)
         for (n, k), uses in counts.items():
             for _ in range(uses):
                 self.items.append((self.make(n, k), n, k))
@@ -227,6 +241,8 @@ class Stack:
 
     def call(self, w, n: int, k: int, x: torch.Tensor):
         if self.fmt == "bf16":
+            if x.shape[0] > 16:
+                return F.linear(x, w)
             return gemv_triton(x, w) if x.shape[0] == 1 else skinny_gemm_triton(x, w)
         if self.fmt == "cublas":
             return F.linear(x, w)
@@ -236,7 +252,10 @@ class Stack:
             one = torch.ones((), device=DEV)
             return torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
         if self.fmt == "int4_prev":
-            return quant_matmul(w, x, config=INT4_PREVIOUS[1 if x.shape[0] == 1 else 16])
+            rows = x.shape[0]
+            return quant_matmul(w, x, config=INT4_PREVIOUS[1 if rows == 1 else 16 if rows <= 16 else 64])
+        if self.override is not None:
+            return quant_matmul(w, x, config=self.override)
         return quant_matmul(w, x, config=self.configs.get((n, k, min(x.shape[0], 16))))
 
     def time(self, rows: int) -> float:
@@ -251,7 +270,8 @@ class Stack:
         return time_us(run, reps=1)
 
 
-def bench_shape(shape: str, formats: list[str], bw: float, sweep: bool, report: dict, baselines: bool = True) -> None:
+def bench_shape(shape: str, formats: list[str], bw: float, sweep: bool, report: dict, baselines: bool = True,
+                rows_list: tuple[int, ...] = ROWS, wide_sweep: bool = False) -> None:
     counts = matrix_counts(shape)
     print(f"\n== {shape}: {sum(counts.values())} matrices per step, distinct {sorted(counts)}", flush=True)
     rows_out = {}
@@ -268,7 +288,7 @@ def bench_shape(shape: str, formats: list[str], bw: float, sweep: bool, report: 
                 errs = []
                 for n, k in counts:
                     p = random_packed(fmt, n, k)
-                    for rows in (1, 5, 16):
+                    for rows in (1, 5, 16, 40, 64):
                         x = torch.randn(rows, k, device=DEV, dtype=torch.bfloat16)
                         errs.append(rel_err(quant_matmul(p, x), matmul_ref(p, x)))
                     if sweep:
@@ -283,8 +303,20 @@ def bench_shape(shape: str, formats: list[str], bw: float, sweep: bool, report: 
             entry["bytes"] = stack.nbytes
             limit_us = stack.nbytes / bw * 1e6
             entry["limit_us"] = limit_us
-            for rows in (1, 4, 8, 16):
+            for rows in rows_list:
                 entry[f"us_{rows}"] = stack.time(rows)
+                entry[f"GBps_{rows}"] = stack.nbytes / entry[f"us_{rows}"] / 1e3
+            if wide_sweep and fmt in ("int4", "nvfp4", "fp8_block"):
+                entry["wide_sweep"] = []
+                for cfg in WIDE_SWEEP:
+                    if fmt == "fp8_block" and (128 % cfg["BLOCK_N"] or cfg["XPAIR"]):
+                        continue            # fp8 reads x in input order
+                    stack.override = cfg
+                    times = {r: stack.time(r) for r in (16, 32, 64)}
+                    entry["wide_sweep"].append({**cfg, **{f"us_{r}": t for r, t in times.items()}})
+                    print(f"    wide sweep {fmt} {cfg}: " + "  ".join(f"{r} rows {t:.0f} us" for r, t in
+                                                                       times.items()), flush=True)
+                stack.override = None
             # The widest matrix alone (the lm_head: enough programs to fill any GPU many times over): the kernel's
             # rate per SM and clock when the chip is full, what tools/thor_projection.py scales to Thor's SMs.
             wide = max(counts, key=lambda nk: nk[0])
@@ -305,7 +337,7 @@ def bench_shape(shape: str, formats: list[str], bw: float, sweep: bool, report: 
             if fmt == "bf16":        # the same weights through cuBLAS
                 stack.fmt = "cublas"
                 rows_out["cublas"] = {"bytes": stack.nbytes, "limit_us": limit_us,
-                                      **{f"us_{r}": stack.time(r) for r in (1, 4, 8, 16)}}
+                                      **{f"us_{r}": stack.time(r) for r in rows_list}}
             del stack
         except Exception as exc:
             entry["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -321,21 +353,23 @@ def bench_shape(shape: str, formats: list[str], bw: float, sweep: bool, report: 
 
 
 def print_entry(fmt: str, entry: dict) -> None:
-    if True:
-        limit_us = entry["limit_us"]
-        d, v = entry["us_1"], entry["us_16"]
-        tuned = (f"  tuned: decode {entry['tuned_us_1']:.0f} us {limit_us / entry['tuned_us_1'] * 100:.1f}%, "
-                 f"v16/d {entry['tuned_us_16'] / entry['tuned_us_1']:.2f}") if "tuned_us_1" in entry else ""
-        err = f"  err {entry['max_rel_err_vs_ref']:.1e}" if "max_rel_err_vs_ref" in entry else ""
-        peak = f"  peak {entry['peak_GB']:.1f} GB" if "peak_GB" in entry else "  (same weights as bf16)"
-        f = entry.get("filled")
-        filled = (f"  widest alone {f['bytes'] / f['us_16'] / 1e3:.0f} GB/s at 16 rows"
-                  + (f" = {f['bytes_per_sm_clock_16']:.1f} B per SM-clock" if "bytes_per_sm_clock_16" in f else "")
-                  if f else "")
-        print(f"  {fmt:>10}: {entry['bytes'] / 1e9:6.2f} GB  decode {d:8.0f} us {limit_us / d * 100:5.1f}% of "
-              f"limit  4 rows {entry['us_4']:.0f}  8 rows {entry['us_8']:.0f}  16 rows {v:.0f} us "
-              f"(v16/d {v / d:.2f}, {limit_us / v * 100:.1f}%){peak}{err}{tuned}{filled}",
-              flush=True)
+    """One format's line: us, GB/s and % of the byte limit at each row count timed, and the extras measured."""
+    limit_us = entry["limit_us"]
+    d = entry["us_1"]
+    rows = sorted(int(key[3:]) for key in entry if key.startswith("us_") and key[3:].isdigit())
+    per_rows = "  ".join(f"{r}: {entry[f'us_{r}']:.0f} us {entry['bytes'] / entry[f'us_{r}'] / 1e3:.0f} GB/s "
+                         f"{limit_us / entry[f'us_{r}'] * 100:.1f}%" for r in rows)
+    ratios = "".join(f" {r}/16 {entry[f'us_{r}'] / entry['us_16']:.2f}" for r in rows if r > 16 and "us_16" in entry)
+    tuned = (f"  tuned: decode {entry['tuned_us_1']:.0f} us {limit_us / entry['tuned_us_1'] * 100:.1f}%, "
+             f"v16/d {entry['tuned_us_16'] / entry['tuned_us_1']:.2f}") if "tuned_us_1" in entry else ""
+    err = f"  err {entry['max_rel_err_vs_ref']:.1e}" if "max_rel_err_vs_ref" in entry else ""
+    peak = f"  peak {entry['peak_GB']:.1f} GB" if "peak_GB" in entry else "  (same weights as bf16)"
+    f = entry.get("filled")
+    filled = (f"  widest alone {f['bytes'] / f['us_16'] / 1e3:.0f} GB/s at 16 rows"
+              + (f" = {f['bytes_per_sm_clock_16']:.1f} B per SM-clock" if "bytes_per_sm_clock_16" in f else "")
+              if f else "")
+    v16 = f" (v16/d {entry['us_16'] / d:.2f}{ratios})" if "us_16" in entry else ""
+    print(f"  {fmt:>10}: {entry['bytes'] / 1e9:6.2f} GB  {per_rows}{v16}{peak}{err}{tuned}{filled}", flush=True)
 
 
 def bench_prefill(shape: str, formats: list[str], rows_list: list[int], report: dict) -> None:
@@ -385,7 +419,21 @@ def main() -> int:
     ap.add_argument("--prefill-shapes", default="qwen3.5-4b")
     ap.add_argument("--no-decode", action="store_true", help="only the --prefill timings")
     ap.add_argument("--llama", default="", help="peer llama shape, e.g. '--hidden 3072 --layers 28' (shape 'llama')")
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="activation row counts the stacks are timed at")
+    ap.add_argument("--wide-sweep", action="store_true", help="also time launches of the 17..64-row tile")
+    ap.add_argument("--sm-limit", type=int, default=0, help="run on a green context of this many SMs (Thor: 20)")
     args = ap.parse_args()
+    limit = None
+    if args.sm_limit:
+        from edgespec.bench.sm_limit import limit_sms
+        try:
+            limit = limit_sms(args.sm_limit)      # before anything else runs on the GPU
+        except (ValueError, RuntimeError) as e:
+            ap.error(str(e))
+        print(limit.describe(), flush=True)
+    rows_list = tuple(int(r) for r in args.rows.split(",") if r)
+    if 1 not in rows_list or 16 not in rows_list:
+        ap.error("--rows must include 1 and 16 (the decode and the chain verify every ratio is taken against)")
     if args.llama:
         LLAMA_COUNTS.update(llama_counts(args.llama))
         args.shapes = ",".join(["llama"] + [s for s in args.shapes.split(",") if s])
@@ -393,15 +441,18 @@ def main() -> int:
     bw = measure_copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e9:.0f} GB/s (% = bytes / time / copy bandwidth)",
           flush=True)
-    report = {"device": torch.cuda.get_device_name(), "bandwidth_GBps": bw / 1e9, "shapes": {}}
+    report = {"device": torch.cuda.get_device_name(), "bandwidth_GBps": bw / 1e9, "shapes": {},
+              "sms": sm_count(torch.device(DEV)), "sm_clock_mhz": sm_clock_mhz(),
+              "sm_limit": {"requested": limit.requested, "granted": limit.granted} if limit else None}
     for shape in [s for s in args.shapes.split(",") if s and not args.no_decode]:
-        bench_shape(shape, formats, bw, args.sweep, report, not args.no_baselines)
+        bench_shape(shape, formats, bw, args.sweep, report, not args.no_baselines, rows_list, args.wide_sweep)
     if args.prefill:
         rows = [int(r) for r in args.prefill.split(",")]
         for shape in [s for s in args.prefill_shapes.split(",") if s]:
             bench_prefill(shape, formats, rows, report)
     if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "quant_bench.json").write_text(json.dumps(report, indent=2, default=str))
+        name = f"quant_bench_sm{limit.granted}.json" if limit else "quant_bench.json"
+        Path(os.environ["OUT"], name).write_text(json.dumps(report, indent=2, default=str))
     return 0
 
 

@@ -2,6 +2,7 @@
 """Project a lossless DFlash cycle onto a Jetson AGX Thor from a GPU measurement (a projection, not a measurement).
 
     python tools/thor_projection.py cycle_bench.json [more.json ...] [--al 4.57] [--thor-clock-mhz 1575]
+    python tools/thor_projection.py --sm-runs c16.json c24.json [--als 4.57,6,8] [--stacks q16.json q24.json]
 
 Input: the JSON ``tools/cycle_bench.py`` writes ($OUT/cycle_bench.json): per stage of one cycle (draft, verify,
 accept+rollback, other) the time measured on the GPU, the bytes the draft and verify stages read, and the GPU's SM
@@ -22,6 +23,17 @@ bytes / (rate x 20 SMs x clock), or their byte time if that is longer. The truth
 Projected tok/s = acceptance length / cycle time, at the published AL of the robot JSON-plan prompt (4.57) unless
 ``--al`` says otherwise: the measured run's drafts are random (AL 1), but a cycle's draft and verify cost do not
 depend on how many drafts are accepted. ``byte limit`` is the same cycle at bytes alone (an upper bound).
+
+Measured SM budget (files written with ``--sm-limit``, e.g. one run on 16 SMs and one on 24, what Hopper grants
+around Thor's 20): instead of scaling full-chip times, each stage's time is interpolated to 20 SMs from the two
+measured contexts that bracket it (throughput taken linear in SMs between them, as measured: 16 -> 24 SMs gave
+1.2-1.5x), then scaled by the clock ratio (measured GPU's maximum SM clock / ``--thor-clock-mhz``), and set next to
+its bytes at 259 GB/s (Thor's measured DRAM read rate) and 273 GB/s (its spec); the stage takes the slower of the
+SM time and the 259 GB/s byte time. Printed for each AL of ``--als``. Assumptions, stated with the table: Thor's
+SMs issue what Hopper's do per clock (its tensor cores are newer: a pessimistic bound for SM-bound stages); the
+lent GPU's memory does not bound the 16/24-SM runs (their copy rate is several times Thor's); L2 and launch
+overheads scale like the SM work. ``--stacks`` does the same for ``tools/quant_bench.py --sm-limit`` files: each
+format's linear stack at every row count, GB/s projected to Thor against 259 GB/s.
 """
 
 from __future__ import annotations
@@ -32,7 +44,9 @@ import sys
 from pathlib import Path
 
 THOR_BW = 273e9
+THOR_READ_BW = 259e9      # measured DRAM read rate (shared/reference/thor.md): what a byte-bound stage gets
 THOR_SMS = 20
+DEFAULT_ALS = "4.57,6,8"
 
 
 # cycle_bench's target formats and drafter_weights -> quant_bench's stack names
@@ -86,14 +100,149 @@ def stack_rates(path: str, shape: str) -> dict[str, float]:
     return rates
 
 
+def interpolate_ms(points: dict[int, float], sms: float) -> float:
+    """Time at ``sms`` SMs from times measured at other SM counts (``points``: SMs -> ms): the rate (1 / time) is
+    taken linear in SMs between the nearest measured counts below and above (an exact count is returned as it is).
+    Raises ValueError when the measurements do not bracket ``sms``."""
+    if sms in points:
+        return points[sms]
+    below = [n for n in points if n < sms]
+    above = [n for n in points if n > sms]
+    if not below or not above:
+        raise ValueError(f"SM counts {sorted(points)} do not bracket {sms:g} (run --sm-limit below and above it)")
+    lo, hi = max(below), min(above)
+    if points[lo] <= 0 or points[hi] <= 0:       # a stage that took no time (rounded to 0): times in between
+        return points[lo] + (points[hi] - points[lo]) * (sms - lo) / (hi - lo)
+    rate = 1 / points[lo] + (1 / points[hi] - 1 / points[lo]) * (sms - lo) / (hi - lo)
+    return 1 / rate
+
+
+def project_measured(runs: dict[int, dict], metas: dict[int, dict], als: list[float], clock_mhz: float) -> dict:
+    """One proposer's cycle on Thor from runs on several SM budgets (``runs``/``metas``: granted SMs -> the
+    proposer's split with ``draft_bytes``, and the file's header): per stage the time interpolated to 20 SMs,
+    scaled by the clock ratio, beside its bytes at 259 and 273 GB/s; tok/s at each AL of ``als``."""
+    meta = next(iter(metas.values()))
+    clock_ratio = meta["sm_clock_mhz"] / clock_mhz
+    stages = {"verify": ("verify_ms_per_cycle", meta["verify_bytes"]),
+              "draft": ("draft_ms_per_cycle", next(iter(runs.values())).get("draft_bytes", 0)),
+              "accept": ("accept_rollback_ms_per_cycle", 0), "other": ("other_ms_per_cycle", 0)}
+    out = {"stages": {}, "sms": sorted(runs), "clock_ratio": clock_ratio}
+    for name, (key, nbytes) in stages.items():
+        measured = {n: r[key] for n, r in runs.items()}
+        at20 = interpolate_ms(measured, THOR_SMS)
+        sm_ms = at20 * clock_ratio
+        bytes_ms = nbytes / THOR_READ_BW * 1e3
+        out["stages"][name] = {"measured_ms": measured, "ms_20_sms": at20, "sm_ms": sm_ms, "bytes_ms": bytes_ms,
+                               "bytes_ms_spec": nbytes / THOR_BW * 1e3, "ms": max(sm_ms, bytes_ms),
+                               "bound": "bytes" if bytes_ms >= sm_ms else "SMs"}
+    cycle = sum(st["ms"] for st in out["stages"].values())
+    floor = sum(st["bytes_ms"] for st in out["stages"].values())
+    out.update(cycle_ms=cycle, byte_cycle_ms=floor, tok_s={al: al / cycle * 1e3 for al in als},
+               byte_limit_tok_s={al: al / floor * 1e3 for al in als} if floor else {})
+    return out
+
+
+def _load(path: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read a JSON file ({e})") from e
+
+
+def measured_sm_table(paths: list[str], als: list[float], clock_mhz: float) -> int:
+    """Print the measured-SM projection of cycle_bench files written with --sm-limit, grouped by target."""
+    groups: dict[tuple, dict[int, dict]] = {}
+    for path in paths:
+        meta = _load(path)
+        if not meta.get("sm_limit") or not meta.get("sm_clock_mhz") or not meta.get("verify_bytes"):
+            raise ValueError(f"{path}: not a cycle_bench.json written with --sm-limit (no sm_limit, sm_clock_mhz "
+                             "or verify_bytes)")
+        key = (meta["shape"], meta["format"], meta.get("lm_head", "model"))
+        granted = meta["sm_limit"]["granted"]
+        if granted in groups.setdefault(key, {}):
+            raise ValueError(f"{path}: a second run of {' '.join(key)} on {granted} SMs")
+        groups[key][granted] = meta
+    print(f"Jetson AGX Thor PROJECTION from measured SM budgets: stage times interpolated to {THOR_SMS} SMs, x "
+          f"clock ratio (max SM clock / {clock_mhz:.0f} MHz), against bytes at {THOR_READ_BW / 1e9:.0f} GB/s "
+          f"(measured read) and {THOR_BW / 1e9:.0f} GB/s (spec)")
+    print("assumptions: Thor's SMs do per clock what the lent GPU's do (its newer tensor cores only help); the 16/24-"
+          "SM runs are not bound by the lent GPU's memory; overheads scale like the SM work")
+    als_head = " ".join(f"{'AL ' + format(al, 'g'):>7}" for al in als)
+    print(f"{'target':<30} {'drafter':<13} {'stage':<7} {'measured ms (SMs)':<22} {'20 SMs':>7} {'Thor SM':>7} "
+          f"{'259GB/s':>7} {'273GB/s':>7} {'bound':>5}   cycle ms  tok/s {als_head}  (byte limit)")
+    for key, metas in groups.items():
+        sample = next(iter(metas.values()))
+        for name in [n for n, r in sample.items() if isinstance(r, dict) and "verify_ms_per_cycle" in r]:
+            runs = {n: {**m[name], "draft_bytes": m.get(f"{name}_draft_bytes", 0)} for n, m in metas.items()
+                    if name in m}
+            p = project_measured(runs, {n: metas[n] for n in runs}, als, clock_mhz)
+            target = f"{key[0]} {key[1]}" + (f" head {key[2]}" if key[2] != "model" else "")
+            for i, (stage, st) in enumerate(p["stages"].items()):
+                measured = ", ".join(f"{ms:.2f} ({n})" for n, ms in sorted(st["measured_ms"].items()))
+                tail = ""
+                if i == 0:
+                    rates = " ".join(f"{p['tok_s'][al]:>7.1f}" for al in als)
+                    limit = " ".join(f"{p['byte_limit_tok_s'][al]:.1f}" for al in als) if p["byte_limit_tok_s"] else ""
+                    tail = f"   {p['cycle_ms']:8.1f}        {rates}  ({limit})"
+                print(f"{target if i == 0 else '':<30} {name if i == 0 else '':<13} {stage:<7} {measured:<22} "
+                      f"{st['ms_20_sms']:>7.2f} {st['sm_ms']:>7.2f} {st['bytes_ms']:>7.2f} {st['bytes_ms_spec']:>7.2f} "
+                      f"{st['bound']:>5}{tail}")
+        print(f"measured on: {sample['device']} ({', '.join(str(n) for n in sorted(metas))} SMs granted, "
+              f"{sample['sm_clock_mhz']} MHz max SM clock)")
+    return 0
+
+
+def stack_table(paths: list[str], clock_mhz: float) -> int:
+    """Print each format's linear stack (quant_bench --sm-limit files) projected to Thor at every row count."""
+    runs: dict[int, dict] = {}
+    for path in paths:
+        data = _load(path)
+        if not data.get("sm_limit") or not data.get("sm_clock_mhz"):
+            raise ValueError(f"{path}: not a quant_bench.json written with --sm-limit (no sm_limit or sm_clock_mhz)")
+        runs[data["sm_limit"]["granted"]] = data
+    sample = next(iter(runs.values()))
+    ratio = sample["sm_clock_mhz"] / clock_mhz
+    print(f"Linear stacks projected to Thor ({THOR_SMS} SMs interpolated from {sorted(runs)}, x{ratio:.3f} clock): "
+          f"GB/s (a stack is byte-bound on Thor at >= {THOR_READ_BW / 1e9:.0f})")
+    for shape, entries in sample["shapes"].items():
+        for fmt, e in entries.items():
+            rows = sorted(int(k[3:]) for k in e if k.startswith("us_") and k[3:].isdigit())
+            cells = []
+            for r in rows:
+                us = interpolate_ms({n: d["shapes"][shape][fmt][f"us_{r}"] for n, d in runs.items()}, THOR_SMS)
+                gbps = e["bytes"] / (us * ratio) / 1e3
+                cells.append(f"{r}: {gbps:4.0f} ({min(gbps, THOR_READ_BW / 1e9) / (THOR_READ_BW / 1e9) * 100:3.0f}%)")
+            print(f"  {shape} {fmt:>10} {e['bytes'] / 1e9:6.2f} GB  " + "  ".join(cells))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("files", nargs="+", help="cycle_bench.json files")
+    ap.add_argument("files", nargs="*", help="cycle_bench.json files (full chip)")
     ap.add_argument("--al", type=float, default=4.57, help="acceptance length (default: FlashRT's robot JSON plan)")
     ap.add_argument("--thor-clock-mhz", type=float, default=1575.0,
                     help="Thor GPU clock assumed for SM-bound stages (MHz)")
     ap.add_argument("--stack-json", help="quant_bench.json of the same shapes: adds the full-chip kernel estimate")
+    ap.add_argument("--sm-runs", nargs="+", default=[], help="cycle_bench.json files written with --sm-limit "
+                    "(SM counts bracketing 20, e.g. 16 and 24): the measured-SM projection")
+    ap.add_argument("--stacks", nargs="+", default=[], help="quant_bench.json files written with --sm-limit: each "
+                    "stack projected to Thor")
+    ap.add_argument("--als", default=DEFAULT_ALS, help="acceptance lengths of the measured-SM table")
     args = ap.parse_args(argv)
+    if args.sm_runs or args.stacks:
+        try:
+            als = [float(a) for a in args.als.split(",") if a]
+            if args.sm_runs:
+                measured_sm_table(args.sm_runs, als, args.thor_clock_mhz)
+            if args.stacks:
+                stack_table(args.stacks, args.thor_clock_mhz)
+        except (ValueError, KeyError) as e:
+            print(f"thor_projection: {e}", file=sys.stderr)
+            return 2
+        if not args.files:
+            return 0
+    if not args.files:
+        ap.error("give cycle_bench.json files (full chip), --sm-runs or --stacks")
     print(f"Jetson AGX Thor PROJECTION: {THOR_BW / 1e9:.0f} GB/s, {THOR_SMS} SMs at an assumed "
           f"{args.thor_clock_mhz:.0f} MHz, AL {args.al}")
     second = f" {'tok/s (full-chip rate)':>22}" if args.stack_json else ""

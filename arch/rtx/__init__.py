@@ -8,8 +8,8 @@ from edgespec.arch.base import ArchDefaults, ArchHooks
 class RtxHooks(ArchHooks):
     """Discrete GPU: verify over model-dtype (bf16) KV, large prefill chunks (VRAM bandwidth is plentiful), CUDA
     graphs on. Rollback defaults to deferred: the verify graph leaves the GDN state alone and the accept stage
-    advances it by the accepted rows in one launch (Qwen3.5-4B on an H200: a 16-row verify went from 1.42x to
-    1.28x a decode step against per-step checkpoints, which write the whole state once per row). A replay
+    advances it by the accepted rows in one launch, where per-step checkpoints write the whole state once per
+    row (docs/benchmarks.md). A replay
     re-runs the accepted rows as an eager forward, which on a launch-bound discrete GPU costs more than the
     verify graph itself; ``checkpoint`` and ``replay`` stay available."""
 

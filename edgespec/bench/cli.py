@@ -56,6 +56,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    "(or auto), beside its chain, per prompt")
     p.add_argument("--random-model", metavar="SHAPE", help="bench random weights of this SHAPES name instead of "
                    "--model, written on first use into the cache (edgespec.bench.random_model)")
+    p.add_argument("--sm-limit", type=int, default=0, help="CUDA: run every mode on a green context of this many SMs "
+                   "(Thor has 20; Hopper grants multiples of 8), the granted count read back and printed")
     p.add_argument("--bench-tokenizer", default="demo", help="with --random-model: demo (the demo's BPE "
                    "tokenizer), byte, or a folder with tokenizer.json (tools/make_bench_model.py --tokenizer-only)")
 
@@ -114,6 +116,13 @@ def _run_hf(model, ids: list[int], tokens: int, eos: list[int], lookup: int | No
 def run_bench(args: argparse.Namespace) -> int:
     from edgespec.engine import Engine
 
+    if getattr(args, "sm_limit", 0):
+        from edgespec.bench.sm_limit import limit_sms
+        from edgespec.errors import ConfigError
+        try:
+            print(limit_sms(args.sm_limit).describe(), flush=True)   # before anything else runs on the GPU
+        except (ValueError, RuntimeError) as e:
+            raise ConfigError(str(e)) from e
     if args.formats:
         from edgespec.bench.formats import run_format_bench
 

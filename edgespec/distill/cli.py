@@ -11,11 +11,18 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from edgespec.errors import ConfigError
+
+if TYPE_CHECKING:       # the heavy modules load only when a run needs them
+    from edgespec.distill.data import Sequence_
+    from edgespec.loading.tokenizer import ChatTokenizer
+    from edgespec.models.decoder import TargetModel
 
 
 def add_distill_arguments(p: argparse.ArgumentParser) -> None:
@@ -180,10 +187,51 @@ def _init_drafter(folder: str, target):
     return drafter.float()
 
 
+def _write_data(args: argparse.Namespace, data_dir: Path, target: TargetModel, tokenizer: ChatTokenizer,
+                model_dir: Path, taps: Sequence[int], rank: int, world: int, say: Callable[..., None],
+                t0: float) -> None:
+    """Capture the training data into ``data_dir``: from a serving request log (``--from-log``, rank 0) or by
+    generating the target's own continuations of the prompts (every rank its shard)."""
+    from edgespec.distill.data import generate_data, make_recipe
+
+    if args.from_log:
+        from edgespec.distill.request_log import log_data
+
+        if rank == 0:
+            log_data(args.from_log, data_dir, target, model_dir, taps)
+        if world > 1:
+            torch.distributed.barrier()
+    else:
+        prompts = _prompts(args.prompts)
+        recipe = make_recipe(model_dir, taps, prompts, max_new_tokens=args.max_new_tokens,
+                             samples_per_prompt=args.samples_per_prompt, temperature=args.temperature,
+                             seed=args.seed, batch=args.gen_batch)
+        say(f"data: {len(prompts)} prompts x (1 greedy + {args.samples_per_prompt} sampled) -> {data_dir}")
+        generate_data(data_dir, target, tokenizer, prompts, recipe, rank=rank, world=world,
+                      progress=(lambda d, n, k: say(f"  data shard {d}/{n}: {k} new tokens, "
+                                                    f"{time.time() - t0:.0f}s")))
+
+
+def _split(seqs: list[Sequence_], holdout_every: int, max_held_out: int) -> tuple[list[Sequence_], list[Sequence_]]:
+    """Training and held-out sequences."""
+    from edgespec.distill.train import is_held_out
+
+    held = [s for s in seqs if is_held_out(s, holdout_every)]
+    trainset = [s for s in seqs if not is_held_out(s, holdout_every)] or seqs
+    # The held-out estimate runs on the greedy continuations (the path greedy verification follows); a sampled
+    # continuation is told apart by not being the target's argmax path, which the data does not record, so the
+    # estimate takes the first continuation of each held-out prompt (generation writes greedy ones first).
+    firsts: dict[bytes, Sequence_] = {}
+    for s in held:
+        firsts.setdefault(s.tokens[:s.prompt_len].numpy().tobytes(), s)
+    held = list(firsts.values())[:max_held_out]
+    return trainset, held
+
+
 def run_distill(args: argparse.Namespace) -> int:
-    from edgespec.distill.data import generate_data, load_data, make_recipe
+    from edgespec.distill.data import load_data
     from edgespec.distill.objective import BlockObjective
-    from edgespec.distill.train import TrainOptions, init_distributed, is_held_out, train
+    from edgespec.distill.train import TrainOptions, init_distributed, train
     from edgespec.loading.checkpoint import load_target
     from edgespec.loading.tokenizer import ChatTokenizer
     from edgespec.plan import resolve_device
@@ -221,22 +269,7 @@ def run_distill(args: argparse.Namespace) -> int:
     taps = drafter.cfg.target_layer_ids
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
     t0 = time.time()
-    if args.from_log:
-        from edgespec.distill.request_log import log_data
-
-        if rank == 0:
-            log_data(args.from_log, data_dir, target, model_dir, taps)
-        if world > 1:
-            torch.distributed.barrier()
-    else:
-        prompts = _prompts(args.prompts)
-        recipe = make_recipe(model_dir, taps, prompts, max_new_tokens=args.max_new_tokens,
-                             samples_per_prompt=args.samples_per_prompt, temperature=args.temperature,
-                             seed=args.seed, batch=args.gen_batch)
-        say(f"data: {len(prompts)} prompts x (1 greedy + {args.samples_per_prompt} sampled) -> {data_dir}")
-        generate_data(data_dir, target, tokenizer, prompts, recipe, rank=rank, world=world,
-                      progress=(lambda d, n, k: say(f"  data shard {d}/{n}: {k} new tokens, "
-                                                    f"{time.time() - t0:.0f}s")))
+    _write_data(args, data_dir, target, tokenizer, model_dir, taps, rank, world, say, t0)
     t_data = time.time() - t0
     if args.data_only:
         say(f"data ready in {data_dir} ({t_data:.0f}s)")
@@ -245,15 +278,7 @@ def run_distill(args: argparse.Namespace) -> int:
     if list(meta["taps"]) != list(taps):
         raise ConfigError(f"data {data_dir} was captured at target layers {meta['taps']}, the drafter taps {taps}")
     seqs = [s for s in seqs if s.tokens.shape[0] - s.prompt_len >= 2]
-    held = [s for s in seqs if is_held_out(s, args.holdout_every)]
-    trainset = [s for s in seqs if not is_held_out(s, args.holdout_every)] or seqs
-    # The held-out estimate runs on the greedy continuations (the path greedy verification follows); a sampled
-    # continuation is told apart by not being the target's argmax path, which the data does not record, so the
-    # estimate takes the first continuation of each held-out prompt (generation writes greedy ones first).
-    firsts: dict[bytes, object] = {}
-    for s in held:
-        firsts.setdefault(s.tokens[:s.prompt_len].numpy().tobytes(), s)
-    held = list(firsts.values())[:args.max_held_out]
+    trainset, held = _split(seqs, args.holdout_every, args.max_held_out)
     say(f"train: {len(trainset)} sequences ({sum(s.tokens.shape[0] - s.prompt_len for s in trainset)} tokens), "
         f"held out: {len(held)}; drafter {drafter.cfg.num_hidden_layers} layer(s), taps {taps}, "
         f"{sum(p.numel() for p in drafter.parameters()) / 1e6:.1f}M parameters; world {world} on {device}")

@@ -163,6 +163,83 @@ def save_drafter(folder: Path, drafter: DFlashDraftModel, target_cfg: Any, info:
     (folder / "distill.json").write_text(json.dumps(info, indent=2))
 
 
+def lr_at(opts: TrainOptions, step: int) -> float:
+    """Learning rate of ``step``: linear warm-up, then cosine decay to a tenth of ``opts.lr``."""
+    if step < opts.warmup:
+        return opts.lr * (step + 1) / opts.warmup
+    t = (step - opts.warmup) / max(opts.steps - opts.warmup, 1)
+    return opts.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
+
+
+def _accumulate_step(model: torch.nn.Module, objective: BlockObjective, train_seqs: Sequence[Sequence_],
+                     picks: list[int], opts: TrainOptions, gen: torch.Generator, device: torch.device, world: int
+                     ) -> tuple[float, int, int]:
+    """Forward and backward over the step's sequences ``picks``, ``opts.pack`` per forward (gradients summed;
+    DDP syncs on the last group only). Returns the summed loss (sequence-weighted), and the first-draft hits
+    and valid rows for the top-1 figure."""
+    loss_sum, hits, rows = 0.0, 0, 0
+    groups = [picks[g:g + opts.pack] for g in range(0, len(picks), opts.pack)]
+    for i, group in enumerate(groups):
+        parts = []
+        for j in group:
+            s = train_seqs[j]
+            anchors = sample_anchors(s, opts.anchors, gen)
+            if anchors.numel():
+                parts.append(make_blocks(s.tokens.to(device), s.prompt_len, s.taps.to(device),
+                                         anchors.to(device), objective.cfg.block_size,
+                                         objective.cfg.mask_token_id))
+        if not parts:
+            continue
+        b = parts[0] if len(parts) == 1 else pack_blocks(parts)
+        labels, vocab = b.labels, None
+        if opts.vocab_sample > 0:
+            vocab, labels = sampled_vocab(b.labels, objective.head.shape[0], opts.vocab_sample, gen)
+        logits = model(b, vocab)
+        loss, _ = objective.loss(logits, labels)
+        # Each group's weighted mean (one sequence's without packing), averaged over the step's sequences
+        # (DDP then averages over ranks).
+        loss = loss * len(group) / len(picks)
+        if world > 1 and i < len(groups) - 1:
+            with model.no_sync():
+                loss.backward()
+        else:
+            loss.backward()
+        loss_sum += float(loss.detach()) * len(picks)       # the group mean times its sequences
+        with torch.no_grad():
+            valid = labels[:, 0] >= 0
+            hits += int(((logits[:, 0].argmax(-1) == labels[:, 0]) & valid).sum())
+            rows += int(valid.sum())
+    return loss_sum, hits, rows
+
+
+def _resume(state_path: Path, drafter: torch.nn.Module, optim: torch.optim.Optimizer, device: torch.device
+            ) -> tuple[int, float | None]:
+    """Load the drafter and optimizer state a killed run saved; returns its step and held-out AL at the start
+    (0 and None for a fresh run)."""
+    if not state_path.exists():
+        return 0, None
+    state = torch.load(state_path, map_location=device, weights_only=True)
+    drafter.load_state_dict(state["drafter"])
+    optim.load_state_dict(state["optim"])
+    return int(state["step"]), state.get("first_al")
+
+
+def _budget_steps(opts: TrainOptions, step: int, elapsed_s: float, step_s: float, eval_s: float,
+                  device: torch.device) -> int:
+    """The step count that fits the time budget (:func:`fit_steps`), agreed by every rank (the smallest: DDP
+    ranks must stop at the same step); says so when it changes the plan."""
+    rank, world = dist_info()
+    total = fit_steps(opts, step, elapsed_s, step_s, eval_s)
+    if world > 1:
+        agreed = torch.tensor([total], device=device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+        total = int(agreed)
+    if total != opts.steps and rank == 0:
+        print(f"time budget {opts.time_budget_s:.0f}s: {step_s * 1e3:.0f} ms a step, training {total} "
+              f"steps instead of {opts.steps}", file=sys.stderr, flush=True)
+    return total
+
+
 def train(objective: BlockObjective, train_seqs: Sequence[Sequence_], held_out: Sequence[Sequence_],
           opts: TrainOptions, out: Path, target_cfg: Any, device: torch.device, info: dict[str, Any]
           ) -> dict[str, Any]:
@@ -172,25 +249,12 @@ def train(objective: BlockObjective, train_seqs: Sequence[Sequence_], held_out: 
     params = [p for p in drafter.parameters() if p.requires_grad]
     optim = torch.optim.AdamW(params, lr=opts.lr, weight_decay=opts.weight_decay, betas=(0.9, 0.95))
     state_path = out / "train_state.pt"
-    step = 0
-    first_al: float | None = None
-    if state_path.exists():
-        state = torch.load(state_path, map_location=device, weights_only=True)
-        drafter.load_state_dict(state["drafter"])
-        optim.load_state_dict(state["optim"])
-        step = int(state["step"])
-        first_al = state.get("first_al")
+    step, first_al = _resume(state_path, drafter, optim, device)
     model: torch.nn.Module = objective
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(objective, broadcast_buffers=False)
     sampler = DistributedSampler(range(len(train_seqs)), num_replicas=world, rank=rank, shuffle=True,
                                  seed=opts.seed, drop_last=False)
-
-    def lr_at(s: int) -> float:
-        if s < opts.warmup:
-            return opts.lr * (s + 1) / opts.warmup
-        t = (s - opts.warmup) / max(opts.steps - opts.warmup, 1)
-        return opts.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
 
     def evaluate() -> float:
         drafter.eval()
@@ -226,56 +290,16 @@ def train(objective: BlockObjective, train_seqs: Sequence[Sequence_], held_out: 
             t_probe = time.time()
         if step == first_step + probe and opts.time_budget_s is not None:
             step_s = (time.time() - t_probe) / max(probe - 1, 1)
-            total = fit_steps(opts, step, time.time() - t_start, step_s, eval_s)
-            if world > 1:      # every rank must stop at the same step (DDP)
-                agreed = torch.tensor([total], device=device)
-                dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
-                total = int(agreed)
-            if total != opts.steps and rank == 0:
-                print(f"time budget {opts.time_budget_s:.0f}s: {step_s * 1e3:.0f} ms a step, training {total} "
-                      f"steps instead of {opts.steps}", file=sys.stderr, flush=True)
-            opts.steps = progress.total = total
+            opts.steps = progress.total = _budget_steps(opts, step, time.time() - t_start, step_s, eval_s, device)
         if not order:
             sampler.set_epoch(epoch)
             epoch += 1
             order = list(sampler)
         picks, order = order[:opts.batch], order[opts.batch:]
         for g in optim.param_groups:
-            g["lr"] = lr_at(step)
+            g["lr"] = lr_at(opts, step)
         optim.zero_grad(set_to_none=True)
-        loss_sum, weight_sum, hits, rows = 0.0, 0.0, 0, 0
-        groups = [picks[g:g + opts.pack] for g in range(0, len(picks), opts.pack)]
-        for i, group in enumerate(groups):
-            parts = []
-            for j in group:
-                s = train_seqs[j]
-                anchors = sample_anchors(s, opts.anchors, gen)
-                if anchors.numel():
-                    parts.append(make_blocks(s.tokens.to(device), s.prompt_len, s.taps.to(device),
-                                             anchors.to(device), objective.cfg.block_size,
-                                             objective.cfg.mask_token_id))
-            if not parts:
-                continue
-            b = parts[0] if len(parts) == 1 else pack_blocks(parts)
-            labels, vocab = b.labels, None
-            if opts.vocab_sample > 0:
-                vocab, labels = sampled_vocab(b.labels, objective.head.shape[0], opts.vocab_sample, gen)
-            logits = model(b, vocab)
-            loss, weight = objective.loss(logits, labels)
-            # Each group's weighted mean (one sequence's without packing), averaged over the step's sequences
-            # (DDP then averages over ranks).
-            loss = loss * len(group) / len(picks)
-            if world > 1 and i < len(groups) - 1:
-                with model.no_sync():
-                    loss.backward()
-            else:
-                loss.backward()
-            loss_sum += float(loss.detach()) * len(picks)       # the group mean times its sequences
-            weight_sum += float(weight)
-            with torch.no_grad():
-                valid = labels[:, 0] >= 0
-                hits += int(((logits[:, 0].argmax(-1) == labels[:, 0]) & valid).sum())
-                rows += int(valid.sum())
+        loss_sum, hits, rows = _accumulate_step(model, objective, train_seqs, picks, opts, gen, device, world)
         torch.nn.utils.clip_grad_norm_(params, opts.clip)
         optim.step()
         step += 1
@@ -283,7 +307,7 @@ def train(objective: BlockObjective, train_seqs: Sequence[Sequence_], held_out: 
         if step % opts.eval_every == 0 or step == opts.steps:
             last_al = evaluate()
         progress.update(step, f"loss {last_loss:.3f} top1 {hits / max(rows, 1):.2f} held-out AL {last_al:.2f} "
-                              f"lr {lr_at(step - 1):.1e}", final=step == opts.steps)
+                              f"lr {lr_at(opts, step - 1):.1e}", final=step == opts.steps)
         if step % opts.save_every == 0 or step == opts.steps:
             save()
     if world > 1:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -242,6 +243,67 @@ class DFlashDraftModel(nn.Module):
     def context_features(self, taps: torch.Tensor) -> torch.Tensor:
         """``taps [T, n_taps, H_target]`` in ``target_layer_ids`` order -> context features ``[T, H]``."""
         return self.hidden_norm(self.fc(taps.reshape(taps.shape[0], -1)))
+
+    def context_k_norm(self) -> torch.Tensor:
+        """Every layer's context-key norm weight stacked ``[layers, 1, 1, hd]``, so one :func:`head_norm_rope`
+        normalises and rotates the context keys of all layers (callers that run it per cycle keep this)."""
+        return torch.stack([layer.self_attn.k_norm.weight for layer in self.layers])[:, None, None]
+
+    def context_kv(self, taps: torch.Tensor, cs: tuple[torch.Tensor, torch.Tensor], k_norm: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Tap rows ``[T, n_taps, H_target]`` (config order, model dtype) -> context features ``[T, H]`` and every
+        layer's keys and values ``[layers, T, Hkv, hd]``, the keys normed (``k_norm``, :meth:`context_k_norm`) and
+        rotated by ``cs`` (the rows' angles). Context K/V skip the residual stream, so they depend only on the
+        feature: one k|v GEMM per layer, then the norms and the rotation once over all layers' stacked keys."""
+        feats = self.context_features(taps)
+        T, nkv = feats.shape[0], self.cfg.num_key_value_heads
+        kv = torch.stack([layer.self_attn.context_kv(feats) for layer in self.layers])
+        kv = kv.view(len(self.layers), T, 2 * nkv, self.cfg.head_dim)
+        keys = head_norm_rope(kv, nkv, k_norm, *cs, self.cfg.rms_norm_eps)
+        return feats, keys, kv[:, :, nkv:]
+
+    def attn_biases(self, q_pos: torch.Tensor, key_pos: torch.Tensor) -> dict[tuple[bool, int | None], torch.Tensor]:
+        """One additive fp32 mask ``[rep*bs, keys]`` (0 = attend, -inf = not) per distinct layer kind, from the
+        block's absolute query positions ``q_pos`` and the keys' ``key_pos`` (the reference's rule: causal -> key
+        <= query; sliding window -> query - key < window, and key - query < window when not causal). Keys at a
+        negative position (empty window slots) are never visible. Rows repeat per query head of a KV group, the
+        layout :func:`~edgespec.kernels.block_attention.block_attention` takes."""
+        valid = (key_pos >= 0)[None, :].expand(q_pos.shape[0], -1)       # block positions are never negative
+        dist = q_pos[:, None] - key_pos[None, :]
+        rep = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
+        out: dict[tuple[bool, int | None], torch.Tensor] = {}
+        for layer in self.layers:
+            kind = (layer.causal, layer.sliding_window)
+            if kind in out:
+                continue
+            causal, window = kind
+            visible = valid
+            if causal:
+                visible = visible & (dist >= 0)
+            if window is not None:
+                visible = visible & (dist < window)
+                if not causal:
+                    visible = visible & (-dist < window)
+            out[kind] = torch.where(visible, 0.0, float("-inf")).repeat(rep, 1)
+        return out
+
+    def block_forward(self, h: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
+                      biases: dict[tuple[bool, int | None], torch.Tensor], cs: tuple[torch.Tensor, torch.Tensor]
+                      ) -> torch.Tensor:
+        """The layer stack over the block's input embeddings ``h [bs, H]``: each layer's queries attend to its
+        context ``keys[i]`` / ``values[i]`` and the block's own keys under ``biases`` (:meth:`attn_biases`), with
+        the block rows' rotary angles ``cs``. Returns the final-normed hidden states ``[bs, H]``. The residual
+        stream is carried as ``(h, delta)`` with each add fused into the next norm (see ``DecoderLayer``)."""
+        delta = None
+        for i, layer in enumerate(self.layers):
+            if delta is None:
+                x = layer.input_layernorm(h)
+            else:
+                h, x = layer.input_layernorm.add_forward(delta, h)
+            attn = layer.self_attn(x, keys[i], values[i], biases[(layer.causal, layer.sliding_window)], cs)
+            h, y = layer.post_attention_layernorm.add_forward(attn, h)
+            delta = layer.mlp(y)
+        return self.norm.add_forward(delta, h)[1]
 
 
 __all__ = ["DFlashAttention", "DFlashConfig", "DFlashDraftModel", "DFlashLayer", "default_target_layer_ids",

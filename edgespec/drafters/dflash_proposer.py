@@ -43,7 +43,6 @@ from edgespec.drafters.tree import DraftTree, tree_from_logits
 from edgespec.drafters.window import FeatureWindow
 from edgespec.kernels.argmax import row_argmax
 from edgespec.kernels.linear import linear
-from edgespec.kernels.rope import head_norm_rope
 from edgespec.models.decoder import ForwardOutput, TargetModel
 from edgespec.models.layers import RotaryEmbedding, gather_rows, merge_all_projections
 
@@ -91,7 +90,7 @@ class DFlashProposer(Proposer):
         self.window = FeatureWindow(window_size, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_key_value_heads,
                                     cfg.head_dim, torch.float32, device, scratch_rows=cfg.block_size)
         # Every layer's k_norm weight, so one head_norm_rope serves the context keys of all layers.
-        self._context_k_norm = torch.stack([layer.self_attn.k_norm.weight for layer in drafter.layers])[:, None, None]
+        self._context_k_norm = drafter.context_k_norm()
         self._block_ids = torch.full((cfg.block_size,), cfg.mask_token_id, dtype=torch.long, device=device)
         self._block_offsets = torch.arange(cfg.block_size, device=device)
         self._embed_weight = (drafter.embed_tokens if drafter.embed_tokens is not None
@@ -200,24 +199,15 @@ class DFlashProposer(Proposer):
         return self._block_forward(self.window.end, None)
 
     def _block_forward(self, start: int, pos_t: torch.Tensor | None) -> torch.Tensor:
-        """The block forward over ``self._block_ids`` at ``start`` (or the device position ``pos_t``)."""
+        """The drafter's block forward over ``self._block_ids`` at ``start`` (or the device position ``pos_t``),
+        attending to the window."""
         h = gather_rows(self._embed_weight, self._block_ids).to(self.dtype)
         if self.cfg.input_embedding_scale != 1.0:
             h = h * self.cfg.input_embedding_scale
-        biases = self._attn_biases(start, pos_t)
-        keys, values = self.window.keys, self.window.values
-        delta = None     # the residual stream as (h, delta), adds fused with the next norm (see DecoderLayer)
+        q_pos = (start if pos_t is None else pos_t) + self._block_offsets
+        biases = self.drafter.attn_biases(q_pos, torch.cat([self.window.positions, q_pos]))
         cs = self.rope.angles(start, h.shape[0], pos_t, h.dtype)      # block rows: queries and own keys alike
-        for i, layer in enumerate(self.drafter.layers):
-            if delta is None:
-                x = layer.input_layernorm(h)
-            else:
-                h, x = layer.input_layernorm.add_forward(delta, h)
-            bias = biases[(layer.causal, layer.sliding_window)]
-            attn = layer.self_attn(x, keys[i], values[i], bias, cs)
-            h, y = layer.post_attention_layernorm.add_forward(attn, h)
-            delta = layer.mlp(y)
-        return self.drafter.norm.add_forward(delta, h)[1]
+        return self.drafter.block_forward(h, self.window.keys, self.window.values, biases, cs)
 
     # -- graph mode ---------------------------------------------------------------------------------------------
     def _static_draft(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -268,34 +258,6 @@ class DFlashProposer(Proposer):
             graph.replay()
         self.window.advance(start, rows)
 
-    def _attn_biases(self, start: int, pos_t: torch.Tensor | None = None
-                     ) -> dict[tuple[bool, int | None], torch.Tensor]:
-        """One additive fp32 mask ``[rep*bs, W+bs]`` (0 = attend, -inf = not) per distinct layer kind, built once
-        per forward from absolute positions (the reference's rule: causal -> key <= query; sliding window ->
-        query - key < window, and key - query < window when not causal). Empty ring slots (position -1) are never
-        visible. Rows repeat per query head of a KV group, the layout
-        :func:`~edgespec.kernels.block_attention.block_attention` takes."""
-        q_pos = (start if pos_t is None else pos_t) + self._block_offsets
-        key_pos = torch.cat([self.window.positions, q_pos])
-        valid = (key_pos >= 0)[None, :].expand(q_pos.shape[0], -1)       # block positions are never negative
-        dist = q_pos[:, None] - key_pos[None, :]
-        rep = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
-        out: dict[tuple[bool, int | None], torch.Tensor] = {}
-        for layer in self.drafter.layers:
-            kind = (layer.causal, layer.sliding_window)
-            if kind in out:
-                continue
-            causal, window = kind
-            visible = valid
-            if causal:
-                visible = visible & (dist >= 0)
-            if window is not None:
-                visible = visible & (dist < window)
-                if not causal:
-                    visible = visible & (-dist < window)
-            out[kind] = torch.where(visible, 0.0, float("-inf")).repeat(rep, 1)
-        return out
-
     def _append(self, taps: torch.Tensor, start: int) -> None:
         """Turn tap rows of positions ``start ..`` into features, their per-layer K/V, and store them."""
         W = self.window.capacity
@@ -309,18 +271,12 @@ class DFlashProposer(Proposer):
 
     def _context_kv(self, taps: torch.Tensor, start: int, pos_t: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Tap rows of positions ``start ..`` (or ``pos_t[0] ..``) -> context features ``[T, H]`` and every drafter
-        layer's keys and values ``[layers, T, Hkv, hd]``. One k|v GEMM per layer; the k norms and the rotation
-        then run once over all layers' stacked keys, with one set of rotary angles."""
+        """Tap rows of positions ``start ..`` (or ``pos_t[0] ..``) -> the drafter's context features and per-layer
+        K/V (:meth:`DFlashDraftModel.context_kv`), with the taps in config order and the rows' rotary angles."""
         if self._tap_order is not None:
             taps = taps[:, self._tap_order]
-        feats = self.drafter.context_features(taps.to(self.dtype))
-        T, nkv = feats.shape[0], self.cfg.num_key_value_heads
-        cs = self.rope.angles(start, T, pos_t, feats.dtype)
-        kv = torch.stack([layer.self_attn.context_kv(feats) for layer in self.drafter.layers])
-        kv = kv.view(len(self.drafter.layers), T, 2 * nkv, self.cfg.head_dim)
-        keys = head_norm_rope(kv, nkv, self._context_k_norm, *cs, self.cfg.rms_norm_eps)
-        return feats, keys, kv[:, :, nkv:]
+        cs = self.rope.angles(start, taps.shape[0], pos_t, self.dtype)
+        return self.drafter.context_kv(taps.to(self.dtype), cs, self._context_k_norm)
 
     def _require_taps(self, out: ForwardOutput, rows: int, what: str) -> torch.Tensor:
         if out.taps is None or out.taps.shape[1] != len(self.taps):

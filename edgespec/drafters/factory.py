@@ -37,8 +37,7 @@ def build_proposer(plan: DrafterPlan, model: TargetModel,
 
 def _with_lookup(proposer: Proposer, plan: DrafterPlan) -> Proposer:
     """The model drafter, behind an n-gram lookup when ``lookup_min_match`` is above 0 (edgespec.drafters.lookup;
-    the default 3 sped up every bench prompt of the demo on a CPU and on an H200 but the JSON plan, which it left
-    even: docs/benchmarks.md)."""
+    why the default is 3: docs/benchmarks.md, "The shipped demo DFlash drafter")."""
     if plan.lookup_min_match <= 0:
         return proposer
     from edgespec.drafters.lookup import LookupFirstProposer

@@ -39,7 +39,30 @@ def sm_count(device: torch.device) -> int:
     import torch
     if device.type != "cuda":
         return 132
+    if _sm_count_limit is not None:
+        return _sm_count_limit
     return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+_sm_count_limit: int | None = None     # set while the process runs on a green context (edgespec.bench.sm_limit)
+
+
+def set_sm_count_limit(n: int | None) -> None:
+    """Make :func:`sm_count` answer ``n`` on CUDA (the SMs a green context was granted), or the device's own
+    count again (None): launch heuristics then size grids for the emulated GPU."""
+    global _sm_count_limit
+    if n is not None and n < 1:
+        raise ValueError(f"SM count limit must be positive, got {n}")
+    _sm_count_limit = n
+
+
+def device_sync() -> None:
+    """Wait until the GPU has finished what this thread queued: the current stream, then the whole device. The
+    stream goes first because on a green context (``edgespec.bench.sm_limit``) the device-wide synchronize did not
+    wait for the context's stream (measured on an H200, torch 2.11: a stage's kernels were counted in the next)."""
+    import torch
+    torch.cuda.current_stream().synchronize()
+    torch.cuda.synchronize()
 
 
 def split_count(waves: int, sm_count: int, parallel: int, key_len_hint: int, tile_keys: int) -> int:

@@ -136,7 +136,7 @@ def _attn_split_kernel(
     c_i = tl.full([], 1.0, tl.float32)
     if IS_FP8:
         # The scales of tile i+1 are loaded during tile i, so the small strided scale loads never sit on
-        # the critical path of a tile (measured gain on an H200 was small: 42.8 -> 42.0 us at 32k, T=1).
+        # the critical path of a tile (a small gain: docs/benchmarks.md, "Kernel launch choices").
         n_nx = lo + tl.arange(0, BLOCK_N)
         ks_nx = tl.load(ks_ptr + n_nx * stride_sn + kvh * stride_sh, mask=n_nx < hi, other=0.0)
         vs_nx = tl.load(vs_ptr + n_nx * stride_sn + kvh * stride_sh, mask=n_nx < hi, other=0.0)
@@ -249,18 +249,14 @@ def _attn_combine_kernel(
 # 32-key, three-stage programs fit an SM's shared memory at hd 256; with 64-key tiles only one does). Any key may be
 # overridden per call (``config=``), and so may ``OPAQUE_CVT`` and ``V_SCALE`` (see ``cached_attention_triton``).
 FP8_LAUNCH: dict[str, dict[str, int]] = {
-    # Decode: measured best of the sweep (tools/kernel_bench.py --fp8-sweep, H200, 27B heads, hd 256, 32k keys):
-    # narrow programs, many of them: 2 warps on 32-key tiles, 4 programs per SM (30.8 us vs 45.5 us bf16 = 1.48x;
-    # 4 warps on 64-key tiles, 2 per SM: 33.3 us). With one or two warps splitting a 16-row block the
-    # per-tile softmax and the P exchange between warps shrink; one warp was slower (48.8-93.5 us), and more than
-    # 4 programs per SM too. Compiler-placed conversion (OPAQUE_CVT 0: same time, less shared memory). With the
-    # blocked V, swept again under both flushes: still the best; 5-6 programs per SM (register caps) ran 34-38 us.
+    # Decode: the best of the sweep (tools/kernel_bench.py --fp8-sweep): narrow programs, many of them: 2 warps on
+    # 32-key tiles, 4 programs per SM. With one or two warps splitting a 16-row block the per-tile softmax and the
+    # P exchange between warps shrink; one warp, and more than 4 programs per SM, were slower. Compiler-placed
+    # conversion (OPAQUE_CVT 0: same time, less shared memory). Figures: docs/benchmarks.md, "Kernel launch choices".
     "decode": {"BLOCK_N": 32, "num_warps": 2, "num_stages": 3, "waves": 4, "OPAQUE_CVT": 0},
     # More than 16 packed rows (verify, and decode of several rows): 32-row mma.sync blocks, each re-reading the KV
-    # tiles (from L2 after the first block), 64-key tiles on 4 warps. With the blocked V this beat one
-    # 64/128-row wgmma block and 32-key tiles in every 32k case measured (H200, us; tools/kernel_bench.py
-    # --fp8-sweep): 27B heads T=16 81.9 (wgmma 125.6, 32-key tiles 97.5), T=8 58.2
-    # (wgmma 89.5, 32-key tiles 68.7); 4B heads T=16 58.9 (90.8, 68.5), T=8 36.4 (the T=1 launch: 52.5).
+    # tiles (from L2 after the first block), 64-key tiles on 4 warps. With the blocked V this beat one 64/128-row
+    # wgmma block and 32-key tiles in every 32k case of the sweep (docs/benchmarks.md, "Kernel launch choices").
     "rows": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "waves": 2, "OPAQUE_CVT": 0},
     # Row blocks of 64-128 (only when a caller sets BLOCK_M; the former verify default): wgmma. 32-key tiles:
     # 64-key ones spill registers with 128 rows (ptxas: ~160 spill instructions per tile). Two programs per SM where
@@ -305,13 +301,12 @@ def attention_launch_config(T: int, n_q_heads: int, n_kv_heads: int, head_dim: i
     overrides = dict(overrides or {})
     group = n_q_heads // n_kv_heads
     m = T * group
-    # One 128-row block serves a whole verify (e.g. 16 rows x 6 heads) per KV read: measured on an H200 at
-    # 32k, hd=256, T=16, it beat two 64-row blocks by 1.9x (bf16; FP8 caches now use 32-row blocks, below).
+    # One 128-row block serves a whole verify (e.g. 16 rows x 6 heads) per KV read, which beat two 64-row blocks
+    # (bf16; FP8 caches use 32-row blocks, below; docs/benchmarks.md, "Kernel launch choices").
     max_m = 128 if q_bytes <= 2 else 32
     # A short model-dtype cache (all of its KV rows fit L2 easily) is latency-bound, not bandwidth-bound: 16-row
-    # blocks, the decode launch, give more programs with less work each and re-read the KV from L2 (H200,
-    # tools/kernel_bench.py --attn-short, T=16 over a 2048-row cache: SmolLM2 heads 5.5 vs 6.3 us at 512 keys,
-    # 7.9 vs 10.4 us at 2048; Qwen3.5-4B 7.1 vs 9.7 and 14.7 vs 19.4; Qwen3.5-27B 8.5 vs 12.6 and 16.1 vs 17.2).
+    # blocks, the decode launch, give more programs with less work each and re-read the KV from L2
+    # (docs/benchmarks.md, "Kernel launch choices").
     if kv_bytes >= 2 and q_bytes <= 2 and 2 * key_len_hint * n_kv_heads * head_dim * kv_bytes <= SHORT_KV_BYTES:
         max_m = 16
     if kv_bytes == 1 and q_bytes <= 2:
@@ -343,9 +338,8 @@ def attention_launch_config(T: int, n_q_heads: int, n_kv_heads: int, head_dim: i
     n_splits = splits(cfg["BLOCK_N"])
     if kv_bytes == 1 and q_bytes <= 2 and cfg["BLOCK_M"] <= 32:
         # A key range too short to give every SM a program (the split count is capped by ~4 tiles per split).
-        # Under half the SMs busy with 64-key tiles: halve the tiles, which doubles the splits (H200, 27B heads,
-        # 4096 keys, T=4: 13.1 against 15.3 us); still at most one program per SM: more warps per program (4096
-        # keys, T=1, 32 splits: 4 warps 10.1 us, 2 warps 11.4).
+        # Under half the SMs busy with 64-key tiles: halve the tiles, which doubles the splits; still at most one
+        # program per SM: more warps per program (docs/benchmarks.md, "Kernel launch choices").
         if (cfg["BLOCK_N"] > 32 and "BLOCK_N" not in overrides
                 and m_blocks * n_kv_heads * n_splits <= sm_count // 2):
             cfg["BLOCK_N"] = 32
@@ -371,8 +365,8 @@ def _smem_per_sm(device: torch.device) -> int:
 
 
 # The Gluon decode program runs by default from this many keys (the grid's key-length hint) on: below it the Triton
-# program's short-cache launches win (H200, 27B heads, one call: 1024 keys 8.6-9.2 against 9.1-9.5 us, 4096 keys
-# 10.0-10.2 against 10.5-11.1; from 8192 keys on the two are level or the Gluon program leads).
+# program's short-cache launches win; from here on the two are level or the Gluon program leads
+# (docs/benchmarks.md, "Kernel launch choices").
 GLUON_MIN_KEYS = 8192
 # Config keys that tune the Triton program only: a config with one of them runs it unless it sets GLUON.
 TRITON_ONLY_KEYS = frozenset({"BLOCK_M", "BLOCK_N", "OPAQUE_CVT", "V_SCALE", "FP16_DOT", "maxnreg"})
@@ -408,15 +402,9 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
     ``tree_bits``: ``[T]`` int64 ancestor masks of a tree verify (:class:`edgespec.kernels.tree.TreeMask`): row t
     then sees the prefix ``0 .. start-1`` and the new rows whose bit is set, instead of the causal rows.
     """
+    q, group = _checked_query(q, cache)
     T, n_q, hd = q.shape
     n_kv = cache.k.shape[1]
-    if hd not in (64, 128, 256):
-        raise ValueError(f"head_dim {hd} not supported by the Triton attention (64/128/256)")
-    if n_q % n_kv:
-        raise ValueError(f"{n_q} query heads do not group over {n_kv} KV heads")
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    group = n_q // n_kv
     hint = cache.max_len if start_t is not None else start + T
     config = config or {}
     gluon_ok = (gluon_attention_fp8 is not None and q.is_cuda and not _interpreting()
@@ -437,8 +425,8 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
     if cache.fp8:
         assert cache.k_scale.stride() == cache.v_scale.stride()
     s_strides = (ks.stride(0), ks.stride(1)) if cache.fp8 else (0, 0)
-    # bf16 queries over an FP8 cache: fp16 products (H200, 32k keys, hd 256: 42.5 -> 35.1 us at T=1,
-    # 104.7 -> 81.5 us at T=16; tools/kernel_bench.py --sweep).
+    # bf16 queries over an FP8 cache: fp16 products, faster than bf16 ones (docs/benchmarks.md, "Kernel launch
+    # choices").
     fp16_dot = cache.fp8 and q.dtype == torch.bfloat16 and config.get("FP16_DOT", 1) == 1
     v_scale = V_SCALE_NONE.value
     opaque = False
@@ -475,6 +463,18 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
     return out
 
 
+def _checked_query(q: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, int]:
+    """``q`` with unit stride in its last dimension, and its query heads per KV head; raises on a head size or
+    grouping the kernel cannot take."""
+    n_q, hd = q.shape[1:]
+    n_kv = cache.k.shape[1]
+    if hd not in (64, 128, 256):
+        raise ValueError(f"head_dim {hd} not supported by the Triton attention (64/128/256)")
+    if n_q % n_kv:
+        raise ValueError(f"{n_q} query heads do not group over {n_kv} KV heads")
+    return (q if q.stride(-1) == 1 else q.contiguous()), n_q // n_kv
+
+
 def _split_buffers(q: torch.Tensor, n_splits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The partial outputs ``[n_splits, T, Hq, hd]`` and log2-sum-exps ``[n_splits, T, Hq]`` (float32) a split
     launch writes for ``q [T, Hq, hd]``, and the merged output (q's dtype)."""
@@ -507,9 +507,8 @@ def merge_splits(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor
     splits, T, n_q, hd = o_part.shape
     splits_p2 = max(2, triton.next_power_of_2(splits))
     if block_d is None:
-        # 32 columns per program at every split count (H200, lab/attn_overhead_probe.py, Hq 24, hd 256: 16
-        # splits 5.0 -> 2.1 us, 32 splits 6.9 -> 2.8 us against the old "<= 8k floats per tile" rule, which gave
-        # only 24-96 programs there; 66 and 132 splits unchanged at 3.7-4.5 us).
+        # 32 columns per program at every split count: more programs than a per-tile float budget gave at 16-32
+        # splits, and no loss at more (docs/benchmarks.md, "Kernel launch choices").
         block_d = min(hd, 32)
     _attn_combine_kernel[(T * n_q, hd // block_d)](
         o_part, lse_part, out, splits, n_q,

@@ -225,9 +225,8 @@ def gdn_tile(dv: int, options: KernelOptions | None = None) -> GDNTile:
 
     One warp per program: every reduction over dk stays inside the warp (shuffles, no shared-memory round trip
     and barrier), which is what the chain of dependent steps waits on. 16-wide dv tiles give Qwen3.5-4B / -27B
-    heads 256 / 384 programs. Timed on an H200 (``tools/kernel_bench.py --gdn-sweep``, cold L2, us per launch,
-    T=1 / T=16): 4B 3.68 / 13.23 against 3.98 / 16.71 for the former 32-wide, 4-warp tiles; 27B 4.14 / 13.34
-    against 4.58 / 20.13. Narrower tiles (4, 8) or more warps lost at T=1 or at both.
+    heads 256 / 384 programs; wider tiles, narrower ones and more warps were slower (docs/benchmarks.md,
+    "Kernel launch choices").
     The ``gdn_block_v`` / ``gdn_warps`` kernel options (``EDGESPEC_GDN_BLOCK_V`` / ``EDGESPEC_GDN_WARPS``;
     checked by :class:`~edgespec.kernels.options.KernelOptions`) override it for tuning runs (``--gdn-sweep``
     passes its tiles directly); ``options``: those in force unless given."""

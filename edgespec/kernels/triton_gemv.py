@@ -99,15 +99,13 @@ SKINNY_MAX_ROWS = 16
 def skinny_pays(N: int, sm_count: int, options: KernelOptions | None = None) -> bool:
     """Whether :func:`edgespec.kernels.linear.linear` sends 2-16 rows on a matrix of output width ``N`` to the
     skinny GEMM rather than cuBLAS: always, unless the ``skinny`` kernel option is ``wide`` (``EDGESPEC_SKINNY=wide``,
-    a tuning override for A/B runs; ``options``: those in force unless given) keeps
-    the narrow matrices (fewer 64-row blocks than SMs) on cuBLAS, as before 2026-11-22.
+    a tuning override for A/B runs; ``options``: those in force unless given) keeps the narrow matrices (fewer
+    64-row blocks than SMs) on cuBLAS.
 
-    Why always: taken one at a time, cuBLAS and the skinny GEMM are within ~10% of each other on narrow matrices
-    (H200, tools/gemv_bench.py --sweep-rows: Qwen3.5-27B 5120x6144 18.2 vs 19.7 us, 5120x17408 52.1 vs 48.5 us;
-    SmolLM2 576x576 3.3 vs 3.2 us), but the cuBLAS kernels do not take part in programmatic dependent launch: each
-    one stops the overlap of a kernel's start with its predecessor's tail that every Triton kernel of a step has
-    (tools/step_profile.py: the 16-row SmolLM2 verify spent 125 us between kernels against -93 us for a decode
-    step, when its 120 products ran on cuBLAS)."""
+    Why always: taken one at a time, cuBLAS and the skinny GEMM are about level on narrow matrices, but the cuBLAS
+    kernels do not take part in programmatic dependent launch: each one stops the overlap of a kernel's start
+    with its predecessor's tail that every Triton kernel of a step has (figures: docs/benchmarks.md, "Kernel
+    launch choices")."""
     return (options or active()).skinny == "all" or triton.cdiv(N, 64) >= sm_count
 
 

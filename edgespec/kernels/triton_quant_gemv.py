@@ -1,4 +1,4 @@
-"""Weight-only quantized products ``y = x W^T`` for 1..16 activation rows (decode and verify) in Triton, reading
+"""Weight-only quantized products ``y = x W^T`` for 1..64 activation rows (decode and verify) in Triton, reading
 each packed weight byte once per call: ``int4`` (group-wise asymmetric, AWQ/GPTQ repacked), ``nvfp4`` (e2m1 with
 per-16 e4m3 scales and a global fp32 scale) and ``fp8_block`` (e4m3 with 128x128 fp32 block scales), all in the
 contract layouts of ``edgespec.kernels.quant_ref`` (the torch reference each kernel is tested against).
@@ -18,6 +18,7 @@ and zero per row; fp8: one 128x128 block, so one scale per program; nvfp4: 128 i
   e2m1 value times 2^-14 exactly (subnormal codes included), folded into the block scale.
 * ``DOT`` programs (2..16 rows, and one row where it pays) run the rows as one 16-row tensor-core tile over the
   dequantized bf16 tile; one row can also go down a CUDA-core path (``DOT=False``) that multiplies in fp32.
+  17..64 rows (tree verification) run as one 32- or 64-row tile, so the weight is still read and decoded once.
 * Narrow matrices split K across programs and sum fp32 partials in a fixed order (no atomics: the same bits on
   every run), with ``edgespec.kernels.triton_gemv``'s split-sum kernel.
 
@@ -37,6 +38,9 @@ from edgespec.kernels.triton_pdl import pdl_launch, pdl_release, pdl_wait
 from edgespec.kernels.triton_quant_prefill import DEQUANT_GEMM_MIN_ROWS, dequant_gemm
 
 MAX_ROWS = 16
+# 17..WIDE_MAX_ROWS rows (tree and long-chain verifies): the same tiles with 32 or 64 activation rows in one row
+# block, so each weight is still read and decoded once per call (no dequantize-then-GEMM below the crossover).
+WIDE_MAX_ROWS = 64
 FORMATS = ("int4", "nvfp4", "fp8_block")
 
 
@@ -361,6 +365,23 @@ def _pair_order_x(x_ptrs, mask, BLOCK_M: tl.constexpr, TILE: tl.constexpr):
     return tl.reshape(tl.permute(tl.reshape(xc, [BLOCK_M, TILE // 8, 2, 4]), (0, 1, 3, 2)), [BLOCK_M, TILE])
 
 
+@triton.jit
+def _pair_x(x_ptrs, mask, BLOCK_M: tl.constexpr, TILE: tl.constexpr, X_PAIRED: tl.constexpr):
+    """The activation tile in pair order: loaded as it is when the host already permuted x (``X_PAIRED``,
+    :func:`pair_order`: one copy per call instead of a register permutation per tile and program), else
+    permuted here (:func:`_pair_order_x`)."""
+    if X_PAIRED:
+        return tl.load(x_ptrs, mask=mask, other=0.0)
+    return _pair_order_x(x_ptrs, mask, BLOCK_M, TILE)
+
+
+def pair_order(x: torch.Tensor) -> torch.Tensor:
+    """``x [M, K]`` with each 8 columns in the pair order of :func:`_pair_columns` (input 8w + 4h + p at column
+    8w + 2p + h): what :func:`_pair_order_x` does to a tile, done once for the whole call."""
+    M, K = x.shape
+    return x.view(M, K // 8, 2, 4).transpose(2, 3).reshape(M, K)
+
+
 # NVFP4 for 1..16 rows on the tensor cores, the same pair order as int4. Each e2m1 code is placed into the bits of
 # a 16-bit float: magnitude (3 bits) under the exponent's lowest bits, sign into bit 15. That is the code's value
 # times 2^-126 (bf16) or 2^-14 (fp16) exactly, the smallest code (0.5) a subnormal. One fused pair op multiplies
@@ -396,9 +417,11 @@ NVFP4_FP16_SHIFT = tl.constexpr(7)     # ... 2^7 (fp16: 448 x 2^7 stays below 65
 def _nvfp4_pair_dot_kernel(x_ptr, q_ptr, s_ptr, scale2_ptr, part_ptr, b_ptr, y_ptr, M, N, n_tiles, tiles_per_split,
                            stride_xm, stride_qn, stride_sn, stride_ps, stride_pm, stride_ym,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_BF16: tl.constexpr,
-                           DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
-    """1..16 rows: one 16-row tensor-core tile per 128 inputs over the pair-ordered, block-scaled weight tile
-    (see ``_NVFP4_PAIRS_BF16_ASM``); the tile products accumulate in the mma, scaled once at the end."""
+                           DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
+                           X_PAIRED: tl.constexpr = False):
+    """1..64 rows (a 16-, 32- or 64-row tile): one tensor-core tile per 128 inputs over the pair-ordered,
+    block-scaled weight tile (see ``_NVFP4_PAIRS_BF16_ASM``); the tile products accumulate in the mma, scaled once
+    at the end."""
     TILE: tl.constexpr = 128
     WORDS: tl.constexpr = TILE // 8
     NB: tl.constexpr = TILE // 16
@@ -425,7 +448,7 @@ def _nvfp4_pair_dot_kernel(x_ptr, q_ptr, s_ptr, scale2_ptr, part_ptr, b_ptr, y_p
         t2 = tl.reshape(t2, [BLOCK_N, WORDS])
         t3 = tl.reshape(t3, [BLOCK_N, WORDS])
         w = _pair_columns(t0, t1, t2, t3, BLOCK_N, TILE, IS_BF16)
-        x = _pair_order_x(x_ptrs, m[:, None] < M, BLOCK_M, TILE)
+        x = _pair_x(x_ptrs, m[:, None] < M, BLOCK_M, TILE, X_PAIRED)
         acc = tl.dot(x, tl.trans(w), acc)
         w_ptrs += WORDS
         s_ptrs += NB
@@ -446,11 +469,13 @@ def _prefetch_l2(ptrs):
 def _int4_pair_dot_kernel(x_ptr, q_ptr, s_ptr, z_ptr, part_ptr, b_ptr, y_ptr, M, N, n_tiles, tiles_per_split,
                           stride_xm, stride_qn, stride_sn, stride_zn, stride_ps, stride_pm, stride_ym,
                           GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_BF16: tl.constexpr,
-                          DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
-    """1..16 rows: one 16-row tensor-core tile per quantization group over the pair-ordered ``q - z`` tile
-    (``_int4_pair_tile``), the group's scale applied to the tile's fp32 product. ``PREFETCH`` > 0: before waiting
-    for the previous kernel (PDL), ask L2 for the first ``PREFETCH`` 128-byte lines of each of the program's rows:
-    weights are never written during a step, so they may be read early, and the first tiles then come from L2."""
+                          DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
+                          X_PAIRED: tl.constexpr = False):
+    """1..64 rows (a 16-, 32- or 64-row tile): one tensor-core tile per quantization group over the pair-ordered
+    ``q - z`` tile (``_int4_pair_tile``), the group's scale applied to the tile's fp32 product. ``PREFETCH`` > 0:
+    before waiting for the previous kernel (PDL), ask L2 for the first ``PREFETCH`` 128-byte lines of each of the
+    program's rows: weights are never written during a step, so they may be read early, and the first tiles then
+    come from L2."""
     WORDS: tl.constexpr = GROUP // 8
     pid_k, n, n_ok, m, lo_t = _pair_program(N, tiles_per_split, BLOCK_M, BLOCK_N)
     if PREFETCH > 0:
@@ -466,7 +491,7 @@ def _int4_pair_dot_kernel(x_ptr, q_ptr, s_ptr, z_ptr, part_ptr, b_ptr, y_ptr, M,
         z = tl.load(z_ptr + n * stride_zn + t, mask=n_ok, other=0).to(tl.int32)
         s = tl.load(s_ptr + n * stride_sn + t, mask=n_ok, other=0.0).to(tl.float32)
         w = _int4_pair_tile(words, z, BLOCK_N, GROUP, IS_BF16)
-        x = _pair_order_x(x_ptrs, m[:, None] < M, BLOCK_M, GROUP)
+        x = _pair_x(x_ptrs, m[:, None] < M, BLOCK_M, GROUP, X_PAIRED)
         acc += tl.dot(x, tl.trans(w)) * s[None, :]
         w_ptrs += WORDS
         x_ptrs += GROUP
@@ -574,15 +599,30 @@ def quant_config(fmt: str, N: int, K: int, M: int, sms: int) -> dict[str, int]:
     row takes the CUDA-core path (int4: the word kernel with fp16-pair products, ``H2``; a vocabulary-wide int4
     matrix the pair tile), fp8 rows and 2+ rows the tensor-core tile (int4: the pair tile). More rows (prefill):
     64x128 output tiles, the row blocks of a weight tile side by side."""
-    if M > MAX_ROWS:
+    if M > WIDE_MAX_ROWS:
         return {"BLOCK_M": 64, "BLOCK_N": 128, "SPLIT_K": 1, "DOT": 1, "num_warps": 8, "num_stages": 3}
-    if fmt == "int4" and (M > 1 or N >= 65536) or fmt == "nvfp4" and M > 1:
+    if M > MAX_ROWS:
+        # 17..64 rows: one row block of 32 or 64 rows, so a weight tile is decoded once for all of them; wider
+        # weight blocks than at 16 rows, because every program reads the whole activation block from L2 once per
+        # tile (at 64 rows and 64 weight rows that is as many L2 bytes as weight bytes)
+        # (tools/quant_bench.py --wide-sweep --sm-limit 16, 27B stack, H200 2026-11-26: 4 warps beat 8 by 20-35%;
+        # at 64 rows x permuted once on the host (XPAIR) saves 23% (int4) and 18% (nvfp4), and 64 weight rows
+        # beat 128 there; at 32 rows it pays for nvfp4 only)
+        block_m = max(32, triton.next_power_of_2(M))
+        block_n, x_pair = {("int4", 32): (128, 0), ("int4", 64): (64, 1), ("nvfp4", 32): (128, 1),
+                           ("nvfp4", 64): (64, 1), ("fp8_block", 32): (64, 0), ("fp8_block", 64): (128, 0)}[
+            fmt, block_m]
+        warps, stages, waves = 4, 3, 2
+        cfg = {"BLOCK_M": block_m, "DOT": 1, "PAIRS": int(fmt != "fp8_block"), "XPAIR": x_pair, "num_warps": warps,
+               "num_stages": stages}
+    elif fmt == "int4" and (M > 1 or N >= 65536) or fmt == "nvfp4" and M > 1:
         # 2..16 rows, and one int4 row of a vocabulary-wide matrix: the pair-ordered tensor-core tile
         # (``_int4_pair_dot_kernel``, ``_nvfp4_pair_dot_kernel``); the int4 lm_head asks L2 for its first lines
         # before the PDL wait
         block_n, warps, stages, waves = (64 if N <= 8192 else 128), 4, 3, 4
+        # nvfp4 2..16 rows: x permuted once on the host (XPAIR): 7% on the 27B stack on a 16-SM context (H200)
         cfg = {"BLOCK_M": 16, "DOT": 1, "PAIRS": 1, "PREFETCH": 4 if N >= 65536 else 0, "num_warps": warps,
-               "num_stages": stages}
+               "num_stages": stages, "XPAIR": int(fmt == "nvfp4" and M > 1)}
     elif M == 1 and fmt != "fp8_block":
         block_n, warps, stages, waves = {"int4": (64, 4, 3, 4), "nvfp4": (32, 4, 4, 4)}[fmt]
         cfg = {"BLOCK_M": 16, "DOT": 0, "num_warps": warps, "num_stages": stages, "H2": int(fmt == "int4")}
@@ -616,7 +656,8 @@ def _check(packed, x: torch.Tensor) -> None:
 def quant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
                  config: dict[str, int] | None = None) -> torch.Tensor:
     """``x [..., in] @ W^T (+ bias)`` for bf16/fp16 ``x`` and a packed weight with the contract buffer names
-    (``packed.format`` picks the kernel), output in x's dtype. 1..16 rows: the decode/verify launch; below
+    (``packed.format`` picks the kernel), output in x's dtype. 1..16 rows: the decode/verify launch; 17..64
+    (:data:`WIDE_MAX_ROWS`): the same tiles with one 32- or 64-row block (each weight read once); below
     ``DEQUANT_GEMM_MIN_ROWS[format]``: the many-row launch of the same kernels; more (prefill): dequantize-then-GEMM.
     ``config`` overrides the launch (benchmark sweeps; ``DEQUANT`` 0/1 forces the fused or the GEMM path)."""
     lead = x.shape[:-1]
@@ -630,8 +671,9 @@ def quant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
     if cfg.get("DEQUANT", int(M >= DEQUANT_GEMM_MIN_ROWS[fmt])):
         # prefill: dequantize a band of rows, multiply on the tensor cores (edgespec.kernels.triton_quant_prefill)
         return dequant_gemm(packed, x2, bias).reshape(*lead, N)
-    many = M > MAX_ROWS
-    block_m = cfg["BLOCK_M"] if many else 16
+    many = M > WIDE_MAX_ROWS
+    # 1..16 rows: one 16-row tile; 17..64: one row block of 32 or 64 (never fewer rows than M: one weight read)
+    block_m = cfg["BLOCK_M"] if many else 16 if M <= MAX_ROWS else max(cfg["BLOCK_M"], triton.next_power_of_2(M))
     if M > 1:
         cfg["DOT"] = 1
     if many:
@@ -654,14 +696,17 @@ def quant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
     common = dict(BLOCK_M=block_m, BLOCK_N=block_n, DOT=bool(cfg["DOT"]), DIRECT=direct, HAS_BIAS=bias is not None,
                   M_FAST=many, **launch)
     ps, pm = (part.stride(0), part.stride(1)) if not direct else (0, 0)
-    if fmt == "int4" and cfg["DOT"] and cfg.get("PAIRS", 0) and not many:
+    pairs = fmt in ("int4", "nvfp4") and cfg["DOT"] and cfg.get("PAIRS", 0) and not many
+    x_paired = bool(pairs and cfg.get("XPAIR", 0))
+    xk = pair_order(x2) if x_paired else x2
+    if fmt == "int4" and pairs:
         q, s, z = packed.qweight, packed.scales, packed.zeros
         qw = q.view(torch.int32)                 # 8 codes per word: rows of in/2 bytes are whole words
-        _int4_pair_dot_kernel[grid](x2, qw, s, z, part, b, y, M, N, n_tiles, per_split, x2.stride(0), qw.stride(0),
-                                    s.stride(0), z.stride(0), ps, pm, y.stride(0), GROUP=tile, BLOCK_M=16,
+        _int4_pair_dot_kernel[grid](xk, qw, s, z, part, b, y, M, N, n_tiles, per_split, xk.stride(0), qw.stride(0),
+                                    s.stride(0), z.stride(0), ps, pm, y.stride(0), GROUP=tile, BLOCK_M=block_m,
                                     BLOCK_N=block_n, IS_BF16=x2.dtype == torch.bfloat16, DIRECT=direct,
                                     HAS_BIAS=bias is not None, PREFETCH=cfg.get("PREFETCH", 0) if pdl else 0,
-                                    **launch)
+                                    X_PAIRED=x_paired, **launch)
     elif fmt == "int4" and M == 1 and not cfg["DOT"] and cfg.get("WORDS", 1):
         q, s, z = packed.qweight, packed.scales, packed.zeros
         qw = q.view(torch.int32)                 # 8 codes per word: rows of in/2 bytes are whole words
@@ -673,13 +718,13 @@ def quant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
         q, s, z = packed.qweight, packed.scales, packed.zeros
         _int4_kernel[grid](x2, q, s, z, part, b, y, M, N, n_tiles, per_split, x2.stride(0), q.stride(0),
                            s.stride(0), z.stride(0), ps, pm, y.stride(0), GROUP=tile, **common)
-    elif fmt == "nvfp4" and cfg["DOT"] and cfg.get("PAIRS", 0) and not many:
+    elif fmt == "nvfp4" and pairs:
         qw = packed.weight.view(torch.int32)     # 8 codes per word: rows of in/2 bytes are whole words
         s = packed.weight_scale
-        _nvfp4_pair_dot_kernel[grid](x2, qw, s, packed.weight_scale_2, part, b, y, M, N, n_tiles, per_split,
-                                     x2.stride(0), qw.stride(0), s.stride(0), ps, pm, y.stride(0), BLOCK_M=16,
+        _nvfp4_pair_dot_kernel[grid](xk, qw, s, packed.weight_scale_2, part, b, y, M, N, n_tiles, per_split,
+                                     xk.stride(0), qw.stride(0), s.stride(0), ps, pm, y.stride(0), BLOCK_M=block_m,
                                      BLOCK_N=block_n, IS_BF16=x2.dtype == torch.bfloat16, DIRECT=direct,
-                                     HAS_BIAS=bias is not None, **launch)
+                                     HAS_BIAS=bias is not None, X_PAIRED=x_paired, **launch)
     elif fmt == "nvfp4":
         q, s = packed.weight, packed.weight_scale
         _nvfp4_kernel[grid](x2, q, s, packed.weight_scale_2, part, b, y, M, N, n_tiles, per_split, x2.stride(0),

@@ -21,12 +21,11 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-# Rows of activations from which the dequantize-then-GEMM path beats the fused kernels, per format (H100,
-# tools/quant_bench.py --no-decode --prefill 17,32,64,128,512,2048 over the peer llama and Qwen3.5-27B stacks,
-# docs/quant_kernels.md): 4-bit from the first many-row count (17 rows: 45 ms against 78 ms fused on the 27B
-# stack); block-FP8 streams its 1-byte weights fast enough in the fused tile up to 128 rows (45 ms against 57 ms)
-# and loses from 512 (80 ms against 143 ms).
-DEQUANT_GEMM_MIN_ROWS = {"int4": 17, "nvfp4": 17, "fp8_block": 256}
+# Rows of activations from which the dequantize-then-GEMM path beats the fused kernels, per format. Up to 64 rows
+# the fused kernels run one row block that decodes each weight once (``triton_quant_gemv.WIDE_MAX_ROWS``); past it
+# 4-bit takes this path; block-FP8 streams its 1-byte weights fast enough in the fused tile up to 128 rows and
+# loses from 512 (figures and command: docs/benchmarks.md, docs/quant_kernels.md).
+DEQUANT_GEMM_MIN_ROWS = {"int4": 65, "nvfp4": 65, "fp8_block": 256}
 # Weight elements dequantized per band: 64M x 2 bytes = 128 MiB of scratch at most (every matrix of a 3B llama is
 # one band; a taller one is filled band by band, each band's output columns copied into place).
 BAND_ELEMENTS = 1 << 26

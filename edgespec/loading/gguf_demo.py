@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from edgespec.errors import CheckpointError, EdgespecError, UnsupportedModelError
+from edgespec.paths import cache_root
 
 __all__ = [
     "DEMO_GGUF_NAME",
@@ -79,16 +80,6 @@ _LLAMA3_PRE = {"llama3", "llama-bpe", "llama-v3", "smaug-bpe", "falcon3"}
 
 # ------------------------------------------------------------------------------------------------------------
 # locations
-
-
-def cache_root() -> Path:
-    """``$EDGESPEC_CACHE_DIR``, else ``$XDG_CACHE_HOME/edgespec``, else ``~/.cache/edgespec``."""
-    explicit = os.environ.get("EDGESPEC_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "edgespec"
 
 
 def demo_gguf_path() -> Path:
@@ -311,6 +302,55 @@ def open_gguf(gguf_path: Path) -> Any:
         raise CheckpointError(f"{gguf_path}: not a readable GGUF file: {exc}") from exc
 
 
+def _special_tokens(meta: _Meta, tokens: list[str]) -> dict[str, tuple[int | None, str | None]]:
+    """``bos``, ``eos``, ``pad``, ``unk`` and ``eot``: (id, text) of each special token the GGUF names, (None,
+    None) for those it does not (or names out of range)."""
+    keys = {"bos": "bos_token_id", "eos": "eos_token_id", "pad": "padding_token_id", "unk": "unknown_token_id",
+            "eot": "eot_token_id"}
+    out: dict[str, tuple[int | None, str | None]] = {}
+    for role, key in keys.items():
+        idx = meta.get(f"tokenizer.ggml.{key}")
+        ok = idx is not None and 0 <= int(idx) < len(tokens)
+        out[role] = (int(idx), tokens[int(idx)]) if ok else (None, None)
+    return out
+
+
+def _write_tokenizer_files(dest: Path, meta: _Meta, tokenizer: Any, tokens: list[str], control_ids: list[int],
+                           special: dict[str, tuple[int | None, str | None]], context_length: int) -> None:
+    """``tokenizer.json``, ``tokenizer_config.json`` (special tokens, chat template) and
+    ``generation_config.json`` of a converted GGUF."""
+    (bos_id, bos), (eos_id, eos), (pad_id, pad) = special["bos"], special["eos"], special["pad"]
+    unk, eot_id = special["unk"][1], special["eot"][0]
+    eos_ids = [i for i in dict.fromkeys([eos_id, eot_id]) if i is not None]
+    tokenizer.save(str(dest / "tokenizer.json"))
+    tok_cfg: dict[str, Any] = {
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+        "add_prefix_space": False,
+        "added_tokens_decoder": {
+            str(i): {"content": tokens[i], "lstrip": False, "normalized": False, "rstrip": False,
+                     "single_word": False, "special": True}
+            for i in control_ids
+        },
+        "bos_token": bos,
+        "eos_token": eos,
+        "pad_token": pad,
+        "unk_token": unk,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": context_length,
+        # Loads tokenizer.json exactly as written (a model-specific class could rebuild its own pipeline).
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    template = meta.get("tokenizer.chat_template")
+    if template:
+        tok_cfg["chat_template"] = template
+    _write_json(dest / "tokenizer_config.json", {k: v for k, v in tok_cfg.items() if v is not None})
+
+    gen_cfg = {"bos_token_id": bos_id, "eos_token_id": eos_ids[0] if len(eos_ids) == 1 else eos_ids,
+               "pad_token_id": pad_id}
+    _write_json(dest / "generation_config.json", {k: v for k, v in gen_cfg.items() if v not in (None, [])})
+
+
 def _convert_into(gguf_path: Path, dest: Path, weights: bool = True) -> None:
     """Write every output file of ``gguf_path`` into the (empty) folder ``dest``; ``weights=False``: all but
     ``model.safetensors`` (config and tokenizer for a model whose weights are read from the GGUF itself)."""
@@ -333,18 +373,8 @@ def _convert_into(gguf_path: Path, dest: Path, weights: bool = True) -> None:
     tokens: list[str] = meta.require("tokenizer.ggml.tokens")
     vocab_size = int(meta.get(f"{arch}.vocab_size", len(tokens)))
 
-    def tok_of(key: str) -> tuple[int | None, str | None]:
-        idx = meta.get(f"tokenizer.ggml.{key}")
-        if idx is None or not 0 <= int(idx) < len(tokens):
-            return None, None
-        return int(idx), tokens[int(idx)]
-
-    bos_id, bos = tok_of("bos_token_id")
-    eos_id, eos = tok_of("eos_token_id")
-    pad_id, pad = tok_of("padding_token_id")
-    _, unk = tok_of("unknown_token_id")
-    eot_id, _ = tok_of("eot_token_id")
-    eos_ids = [i for i in dict.fromkeys([eos_id, eot_id]) if i is not None]
+    special = _special_tokens(meta, tokens)
+    bos_id, eos_id, pad_id = special["bos"][0], special["eos"][0], special["pad"][0]
 
     names = {_hf_name(t.name)[0] for t in reader.tensors}   # also rejects tensors we do not know
     tensors = _convert_tensors(reader, gguf_path, n_heads, n_kv_heads) if weights else {}
@@ -389,33 +419,7 @@ def _convert_into(gguf_path: Path, dest: Path, weights: bool = True) -> None:
     del tensors
     _write_json(dest / "config.json", config)
 
-    tokenizer.save(str(dest / "tokenizer.json"))
-    tok_cfg: dict[str, Any] = {
-        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
-        "add_prefix_space": False,
-        "added_tokens_decoder": {
-            str(i): {"content": tokens[i], "lstrip": False, "normalized": False, "rstrip": False,
-                     "single_word": False, "special": True}
-            for i in control_ids
-        },
-        "bos_token": bos,
-        "eos_token": eos,
-        "pad_token": pad,
-        "unk_token": unk,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": context_length,
-        # Loads tokenizer.json exactly as written (a model-specific class could rebuild its own pipeline).
-        "tokenizer_class": "PreTrainedTokenizerFast",
-    }
-    template = meta.get("tokenizer.chat_template")
-    if template:
-        tok_cfg["chat_template"] = template
-    _write_json(dest / "tokenizer_config.json", {k: v for k, v in tok_cfg.items() if v is not None})
-
-    gen_cfg = {"bos_token_id": bos_id, "eos_token_id": eos_ids[0] if len(eos_ids) == 1 else eos_ids,
-               "pad_token_id": pad_id}
-    _write_json(dest / "generation_config.json", {k: v for k, v in gen_cfg.items() if v not in (None, [])})
+    _write_tokenizer_files(dest, meta, tokenizer, tokens, control_ids, special, context_length)
 
 
 def is_converted(folder: Path, source: Path | None = None, weights: bool = True) -> bool:

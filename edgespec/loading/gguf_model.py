@@ -166,6 +166,58 @@ def _materialize(root: nn.Module, device: torch.device) -> None:
                         else fresh
 
 
+def _place_tensor(model: TargetModel, path: Path, tensor: GGUFTensor, dtype: torch.dtype, device: torch.device,
+                  dense: dict[str, torch.Tensor], problems: list[str]) -> None:
+    """Put one GGUF tensor into ``model`` (built on the meta device): a quantized matrix as a packed layer in
+    place of its dense module; a dense tensor into ``dense`` (under its HF name) for the caller to copy in.
+    What does not fit goes to ``problems``; a type the loader cannot serve raises."""
+    cfg = model.config
+    n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    name, role, _ = _hf_name(tensor.name)
+    kind = int(tensor.tensor_type)
+    shape = tuple(int(d) for d in reversed(tensor.shape))   # GGUF lists dims innermost first
+    if kind in _DENSE:
+        weight = _dense(tensor, shape)
+        if role in ("attn_q", "attn_k"):
+            weight = torch.from_numpy(_unpermute_rows(weight.numpy(), n_heads if role == "attn_q" else n_kv))
+        dense[name] = weight
+        return
+    fmt = GGML_FORMATS.get(kind)
+    if fmt is None:
+        raise UnsupportedModelError(
+            f"{path}: tensor {tensor.name} is {_type_name(kind)}; the native GGUF loader packs Q4_0, Q4_1, "
+            "Q8_0 and reads F32/F16/BF16 (convert other types to fp32 with `edgespec convert --gguf`)")
+    if len(shape) != 2 or not name.endswith(".weight"):
+        raise CheckpointError(f"{path}: quantized tensor {tensor.name} has shape {list(shape)}, not a matrix")
+    out_f, in_f = shape
+    blocks = np.asarray(tensor.data)
+    want = (out_f, in_f // 32 * fmt.block_bytes)
+    if in_f % 32 or blocks.size != want[0] * want[1]:
+        raise CheckpointError(f"{path}: tensor {tensor.name} ({_type_name(kind)}, shape {list(shape)}) holds "
+                              f"{blocks.size} bytes, expected {want[0] * want[1]} (truncated file?)")
+    blocks = blocks.reshape(want)
+    if role in ("attn_q", "attn_k"):
+        blocks = _unpermute_rows(blocks, n_heads if role == "attn_q" else n_kv)
+    packed = fmt(torch.from_numpy(np.array(blocks)).to(device), out_f, in_f, dtype)
+    module_name = name[: -len(".weight")]
+    try:
+        parent, attr = _module(model, module_name)
+        current = getattr(parent, attr)
+    except AttributeError:
+        problems.append(f"unexpected tensor {tensor.name} ({name})")
+        return
+    if current is None and attr == "lm_head":
+        problems.append(f"unexpected tensor {tensor.name}: the config ties the output to the embedding")
+        return
+    if tuple(current.weight.shape) != shape:
+        problems.append(f"{tensor.name}: shape {list(shape)}, expected {list(current.weight.shape)}")
+        return
+    bias = None
+    if getattr(current, "bias", None) is not None:
+        bias = torch.empty(current.bias.shape, dtype=dtype, device=device)   # filled from `dense` below
+    setattr(parent, attr, PackedEmbedding(packed) if attr == "embed_tokens" else PackedLinear(packed, bias))
+
+
 def load_gguf_target(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                      max_positions: int | None = None, merge: bool = True, drafter_bytes: int = 0
                      ) -> tuple[TargetModel, Path]:
@@ -179,53 +231,10 @@ def load_gguf_target(path: str | Path, dtype: torch.dtype = torch.float32, devic
     tensors = read_tensor_table(path)
     with torch.device("meta"):
         model = TargetModel(cfg, max_positions=1)
-    n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
     dense: dict[str, torch.Tensor] = {}
     problems: list[str] = []
     for tensor in tensors:
-        name, role, _ = _hf_name(tensor.name)
-        kind = int(tensor.tensor_type)
-        shape = tuple(int(d) for d in reversed(tensor.shape))   # GGUF lists dims innermost first
-        if kind in _DENSE:
-            weight = _dense(tensor, shape)
-            if role in ("attn_q", "attn_k"):
-                weight = torch.from_numpy(_unpermute_rows(weight.numpy(), n_heads if role == "attn_q" else n_kv))
-            dense[name] = weight
-            continue
-        fmt = GGML_FORMATS.get(kind)
-        if fmt is None:
-            raise UnsupportedModelError(
-                f"{path}: tensor {tensor.name} is {_type_name(kind)}; the native GGUF loader packs Q4_0, Q4_1, "
-                "Q8_0 and reads F32/F16/BF16 (convert other types to fp32 with `edgespec convert --gguf`)")
-        if len(shape) != 2 or not name.endswith(".weight"):
-            raise CheckpointError(f"{path}: quantized tensor {tensor.name} has shape {list(shape)}, not a matrix")
-        out_f, in_f = shape
-        blocks = np.asarray(tensor.data)
-        want = (out_f, in_f // 32 * fmt.block_bytes)
-        if in_f % 32 or blocks.size != want[0] * want[1]:
-            raise CheckpointError(f"{path}: tensor {tensor.name} ({_type_name(kind)}, shape {list(shape)}) holds "
-                                  f"{blocks.size} bytes, expected {want[0] * want[1]} (truncated file?)")
-        blocks = blocks.reshape(want)
-        if role in ("attn_q", "attn_k"):
-            blocks = _unpermute_rows(blocks, n_heads if role == "attn_q" else n_kv)
-        packed = fmt(torch.from_numpy(np.array(blocks)).to(device), out_f, in_f, dtype)
-        module_name = name[: -len(".weight")]
-        try:
-            parent, attr = _module(model, module_name)
-            current = getattr(parent, attr)
-        except AttributeError:
-            problems.append(f"unexpected tensor {tensor.name} ({name})")
-            continue
-        if current is None and attr == "lm_head":
-            problems.append(f"unexpected tensor {tensor.name}: the config ties the output to the embedding")
-            continue
-        if tuple(current.weight.shape) != shape:
-            problems.append(f"{tensor.name}: shape {list(shape)}, expected {list(current.weight.shape)}")
-            continue
-        bias = None
-        if getattr(current, "bias", None) is not None:
-            bias = torch.empty(current.bias.shape, dtype=dtype, device=device)   # filled from `dense` below
-        setattr(parent, attr, PackedEmbedding(packed) if attr == "embed_tokens" else PackedLinear(packed, bias))
+        _place_tensor(model, path, tensor, dtype, device, dense, problems)
 
     _materialize(model, device)
     params = dict(model.named_parameters())

@@ -34,6 +34,14 @@ def weight_files(folder: Path) -> list[Path]:
     return files
 
 
+def checkpoint_bytes(folder: str | Path | None) -> int:
+    """Bytes of the tensors of a safetensors checkpoint folder (0 for None): a drafter's share of the memory
+    budget (``edgespec.memory``), read from the headers only."""
+    if folder is None:
+        return 0
+    return sum(e.nbytes for e in read_headers(weight_files(Path(folder))).values())
+
+
 def iter_tensors(files: list[Path]) -> Iterator[tuple[str, Path, torch.Tensor]]:
     """Yield ``(key, file, tensor)`` for every tensor; a truncated or corrupt file raises naming the file."""
     for path in files:

@@ -89,7 +89,7 @@ class GatedDeltaNet(nn.Module):
             o = gdn_recurrent(q, k, v, g, beta, state.recurrent, rec_slots, out_dtype=x.dtype,
                               update_state=not defer)
         z = z.reshape(T, self.hv, self.dv)
-        # A separate norm kernel on purpose: fusing it into the out_proj GEMV was measured slower on an H200
+        # A separate norm kernel on purpose: fused into the out_proj GEMV it was slower
         # (docs/notes/attention-experiments.md).
         o = gated_rms_norm(o, z, self.norm.weight, self.norm.eps)
         return self.out_proj(o.reshape(T, self.value_dim))

@@ -237,8 +237,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is not None:
-            # Separate SwiGLU kernel on purpose: fusing it into the down GEMV was measured slower on an H200
-            # (every GEMV program recomputes the whole input; docs/notes/attention-experiments.md).
+            # Separate SwiGLU kernel on purpose: fused into the down GEMV, every GEMV program recomputes the whole
+            # input, which was slower (docs/notes/attention-experiments.md).
             return self.down_proj(silu_mul(self.gate_up_proj(x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 

@@ -13,13 +13,19 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgespec.config import RUN_SECTIONS, add_settings_arguments, load_settings
 from edgespec.errors import ConfigError, EdgespecError
 from edgespec.profile.space import GROUPS, TUNED_KNOBS, parse_groups, parse_values
+
+if TYPE_CHECKING:       # the run's heavy modules load only when a profile runs
+    from edgespec.config import Settings
+    from edgespec.profile.measure import Bench, PromptCase
+    from edgespec.profile.results import ResultStore
+    from edgespec.profile.search import ProfileOptions, SearchOutcome
 
 DEFAULT_OUT = "edgespec-profile"
 EXIT_INTERRUPTED = 130
@@ -119,14 +125,67 @@ def _prepare_results_file(path: Path, resume: bool, fresh: bool, say) -> None:
         say(f"edgespec profile: nothing to resume in {path.parent}; starting a new search")
 
 
+def _run_meta(bench: Bench, options: ProfileOptions, cases: list[PromptCase], store: ResultStore,
+              budget: float | None, started: float) -> dict[str, Any]:
+    """What the report, the JSON and the tuned YAML say about this run: model, device, software, knobs."""
+    import torch
+
+    from edgespec.profile import report
+    from edgespec.profile.progress import format_duration
+
+    meta: dict[str, Any] = {
+        "date": report.now(), "model": str(bench.model_dir), "model_name": bench.model_dir.name,
+        "device": str(bench.device), "device_type": bench.device.type, "arch": bench.arch,
+        "dtype": str(bench.model.dtype).replace("torch.", ""), "torch": torch.__version__,
+        "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
+        "tokens": options.tokens, "repeats": options.repeats, "warmup": options.warmup,
+        "objective": options.objective, "min_gain": options.min_gain, "allow_lossy": options.allow_lossy,
+        "groups": options.groups, "values": options.values,
+        "budget": "none" if budget is None else format_duration(budget),
+        "elapsed": format_duration(time.monotonic() - started), "resumed": store.loaded,
+        "prompts": [{"id": c.id, "tokens": len(c.ids), "thinking": c.thinking} for c in cases],
+        "wrote_yaml": False,
+    }
+    return meta
+
+
+def _write_outputs(out: Path, base: Settings, outcome: SearchOutcome, store: ResultStore, cases: list[PromptCase],
+                   meta: dict[str, Any], finished: bool, chart_wanted: bool, say: Callable[[str], None]
+                   ) -> list[Path]:
+    """Write the tuned YAML (a finished run with a final candidate), the chart, the JSON and the report; returns
+    every file of the run in the order they are printed."""
+    from edgespec.profile import report
+
+    results_path = out / report.RESULTS_JSONL
+    written = [results_path]
+    extra_notes = report.reference_notes(store, cases)
+    if finished and outcome.final is not None:
+        tuned_path = out / report.TUNED_YAML
+        report.write_tuned_yaml(tuned_path, base, outcome, meta)
+        meta["wrote_yaml"] = True
+        written.insert(0, tuned_path)
+    chart = None
+    if chart_wanted:
+        try:
+            report.write_chart(out / report.CHART_PNG, outcome, cases)
+            chart = report.CHART_PNG
+            written.append(out / report.CHART_PNG)
+        except report.ChartUnavailable as e:
+            say(f"edgespec profile: chart skipped: {e}")
+            extra_notes.append(f"Chart skipped: {e}")
+    report.write_json(out / report.MEASUREMENTS_JSON, outcome, store, meta)
+    report.write_report(out / report.REPORT_MD, outcome, cases, meta, chart, extra_notes)
+    written[1:1] = [out / report.MEASUREMENTS_JSON, out / report.REPORT_MD]
+    return written
+
+
 def run_profile(args: argparse.Namespace) -> int:
     """Run ``edgespec profile`` for parsed ``args``; user errors raise EdgespecError (the CLI prints them)."""
-    import torch
 
     from edgespec.bench.prompts import load_prompts
     from edgespec.profile import report
     from edgespec.profile.measure import Bench
-    from edgespec.profile.progress import Progress, format_duration
+    from edgespec.profile.progress import Progress
     from edgespec.profile.results import ResultStore
     from edgespec.profile.search import ProfileOptions, Profiler
 
@@ -181,38 +240,8 @@ def run_profile(args: argparse.Namespace) -> int:
     finally:
         progress.close()
 
-    meta: dict[str, Any] = {
-        "date": report.now(), "model": str(bench.model_dir), "model_name": bench.model_dir.name,
-        "device": str(bench.device), "device_type": bench.device.type, "arch": bench.arch,
-        "dtype": str(bench.model.dtype).replace("torch.", ""), "torch": torch.__version__,
-        "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
-        "tokens": options.tokens, "repeats": options.repeats, "warmup": options.warmup,
-        "objective": options.objective, "min_gain": options.min_gain, "allow_lossy": options.allow_lossy,
-        "groups": options.groups, "values": options.values,
-        "budget": "none" if budget is None else format_duration(budget),
-        "elapsed": format_duration(time.monotonic() - started), "resumed": store.loaded,
-        "prompts": [{"id": c.id, "tokens": len(c.ids), "thinking": c.thinking} for c in cases],
-        "wrote_yaml": False,
-    }
-    written = [results_path]
-    extra_notes = report.reference_notes(store, cases)
-    if code == 0 and outcome.final is not None:
-        tuned_path = out / report.TUNED_YAML
-        report.write_tuned_yaml(tuned_path, base, outcome, meta)
-        meta["wrote_yaml"] = True
-        written.insert(0, tuned_path)
-    chart = None
-    if not args.no_chart:
-        try:
-            report.write_chart(out / report.CHART_PNG, outcome, cases)
-            chart = report.CHART_PNG
-            written.append(out / report.CHART_PNG)
-        except report.ChartUnavailable as e:
-            say(f"edgespec profile: chart skipped: {e}")
-            extra_notes.append(f"Chart skipped: {e}")
-    report.write_json(out / report.MEASUREMENTS_JSON, outcome, store, meta)
-    report.write_report(out / report.REPORT_MD, outcome, cases, meta, chart, extra_notes)
-    written[1:1] = [out / report.MEASUREMENTS_JSON, out / report.REPORT_MD]
+    meta = _run_meta(bench, options, cases, store, budget, started)
+    written = _write_outputs(out, base, outcome, store, cases, meta, code == 0, not args.no_chart, say)
 
     if code == EXIT_INTERRUPTED:
         n = sum(len(r.measurements) for r in outcome.results)

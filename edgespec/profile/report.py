@@ -123,9 +123,9 @@ def reference_notes(store: ResultStore, cases: Sequence[PromptCase]) -> list[str
 
 def write_report(path: Path, outcome: SearchOutcome, cases: Sequence[PromptCase], meta: Mapping[str, Any],
                  chart: str | None, extra_notes: Sequence[str] = ()) -> None:
+    """``report.md``: status, the tuned result against the start, the search, every candidate and prompt, how it
+    was measured, notes."""
     objective = meta["objective"]
-    final = outcome.final
-    start = _result(outcome, outcome.start)
     status = {"complete": "complete: every selected group searched",
               "budget": f"stopped by the time budget ({outcome.stop_note})",
               "interrupted": "INTERRUPTED: partial results; run again (same --out) to resume",
@@ -137,26 +137,46 @@ def write_report(path: Path, outcome: SearchOutcome, cases: Sequence[PromptCase]
            f"- Objective: {'decode tok/s' if objective == 'decode' else 'end-to-end tok/s (prefill + decode)'}, "
            f"a challenger must win by {meta['min_gain'] * 100:.0f}%", ""]
 
-    if final is not None:
-        out += ["## Result", "", "| | start | tuned |", "|---|---|---|"]
-        s_ok = start is not None and start.status == "ok"
+    out += _result_section(outcome, meta) + _search_section(outcome) + _candidate_sections(outcome)
+    if chart:
+        out += [f"![decode tok/s and acceptance length per candidate and prompt]({chart})", ""]
+    out += _method_section(meta, cases)
+    notes = [n for n in (*outcome.notes, *extra_notes) if n]
+    if notes:
+        out += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    path.write_text("\n".join(out) + "\n")
 
-        def row(name: str, fmt: str, attr: str, pct: bool = False) -> None:
-            new = getattr(final, attr)
-            old = getattr(start, attr) if s_ok else None
-            old_txt = format(old, fmt) if old is not None else "-"
-            out.append(f"| {name} | {old_txt} | {format(new, fmt)}{_pct(new, old) if pct and old else ''} |")
 
-        out.append(f"| settings | `{describe(outcome.start)}` | `{describe(final.candidate)}` |")
-        row("decode tok/s", ".1f", "decode_tok_s", pct=True)
-        row("end-to-end tok/s", ".1f", "e2e_tok_s", pct=True)
-        row("acceptance length", ".2f", "acceptance_length")
-        row("time to first token (ms)", ".0f", "ttft_ms")
-        kind = "GPU max allocated" if meta["device_type"] == "cuda" else "process RSS high-water, upper bound"
-        out.append(f"| peak memory (MiB, {kind}) | {_mib(start.peak_memory_bytes) if s_ok else '-'} | "
-                   f"{_mib(final.peak_memory_bytes)} |")
-        out.append("")
+def _result_section(outcome: SearchOutcome, meta: Mapping[str, Any]) -> list[str]:
+    """The tuned candidate against the start (nothing when no candidate was measured everywhere)."""
+    final = outcome.final
+    if final is None:
+        return []
+    start = _result(outcome, outcome.start)
+    out = ["## Result", "", "| | start | tuned |", "|---|---|---|"]
+    s_ok = start is not None and start.status == "ok"
 
+    def row(name: str, fmt: str, attr: str, pct: bool = False) -> None:
+        new = getattr(final, attr)
+        old = getattr(start, attr) if s_ok else None
+        old_txt = format(old, fmt) if old is not None else "-"
+        out.append(f"| {name} | {old_txt} | {format(new, fmt)}{_pct(new, old) if pct and old else ''} |")
+
+    out.append(f"| settings | `{describe(outcome.start)}` | `{describe(final.candidate)}` |")
+    row("decode tok/s", ".1f", "decode_tok_s", pct=True)
+    row("end-to-end tok/s", ".1f", "e2e_tok_s", pct=True)
+    row("acceptance length", ".2f", "acceptance_length")
+    row("time to first token (ms)", ".0f", "ttft_ms")
+    kind = "GPU max allocated" if meta["device_type"] == "cuda" else "process RSS high-water, upper bound"
+    out.append(f"| peak memory (MiB, {kind}) | {_mib(start.peak_memory_bytes) if s_ok else '-'} | "
+               f"{_mib(final.peak_memory_bytes)} |")
+    out.append("")
+    return out
+
+
+def _search_section(outcome: SearchOutcome) -> list[str]:
+    """One row per searched group: the values tried and the one kept."""
+    out: list[str] = []
     labels = {r.key: r.label for r in outcome.results}
     status_of = {r.key: r.status for r in outcome.results}
     out += ["## Search (one group at a time, best value kept)", "", "| group | tried | kept | note |",
@@ -167,7 +187,13 @@ def write_report(path: Path, outcome: SearchOutcome, cases: Sequence[PromptCase]
         kept = f"`{labels[s.winner]}`" if s.winner in labels else "-"
         out.append(f"| {s.group} | {tried} | {kept} | {s.note or ''} |")
     out.append("")
+    return out
 
+
+def _candidate_sections(outcome: SearchOutcome) -> list[str]:
+    """Every candidate's pooled figures, then its figures per prompt."""
+    final = outcome.final
+    out: list[str] = []
     numbered = list(outcome.results)
     out += ["## Candidates", "",
             "| # | candidate | status | decode tok/s | e2e tok/s | AL | TTFT ms | peak MiB | greedy = plain | note |",
@@ -192,9 +218,12 @@ def write_report(path: Path, outcome: SearchOutcome, cases: Sequence[PromptCase]
             out.append(f"| {i} | `{r.label}` | {m['prompt']} | {m['decode_tok_s']:.1f} | "
                        f"{m['acceptance_length']:.2f} | {m['ttft_ms']:.0f} | {m['generated_tokens']} | {same} |")
     out.append("")
-    if chart:
-        out += [f"![decode tok/s and acceptance length per candidate and prompt]({chart})", ""]
+    return out
 
+
+def _method_section(meta: Mapping[str, Any], cases: Sequence[PromptCase]) -> list[str]:
+    """Model, device, prompts, repeats and what each figure counts."""
+    out: list[str] = []
     out += ["## How it was measured", "",
             f"- Model `{meta['model']}`, device {meta['device']} (arch {meta['arch']}), dtype {meta['dtype']}, "
             f"torch {meta['torch']}, torch CPU threads: {meta['threads']}",
@@ -207,10 +236,7 @@ def write_report(path: Path, outcome: SearchOutcome, cases: Sequence[PromptCase]
             "same KV format",
             f"- Budget {meta['budget']}, this run took {meta['elapsed']}; "
             f"{meta['resumed']} measurement(s) read back from `{RESULTS_JSONL}`", ""]
-    notes = [n for n in (*outcome.notes, *extra_notes) if n]
-    if notes:
-        out += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
-    path.write_text("\n".join(out) + "\n")
+    return out
 
 
 # -- PNG chart ----------------------------------------------------------------------------------------------------

@@ -43,15 +43,45 @@ def divergence_regret(model: TargetModel, prompt: Sequence[int], plain: Sequence
     return max(gap, 0.0) / max(logits.abs().max().item(), 1e-6)
 
 
+def stream_regrets(model: TargetModel, prompt: Sequence[int], stream: Sequence[int], kv_fp8: bool = False,
+                   chunk: int = 256) -> list[float]:
+    """Relative regret (see :func:`divergence_regret`) of every token of ``stream`` under the model fed the prompt
+    and the stream's own earlier tokens: 0 where the token is the argmax, rounding size where it is a near-tie.
+    One teacher-forced pass of ``chunk`` rows at a time (every row's logits, bounded memory)."""
+    ids = list(prompt) + list(stream[:-1])
+    if not stream:
+        return []
+    cache = model.new_cache(len(ids) + 1, kv_fp8=kv_fp8)
+    first = len(prompt) - 1                        # the row whose logits pick stream[0]
+    regrets: list[float] = []
+    for s in range(0, len(ids), chunk):
+        rows = model.forward(torch.tensor(ids[s:s + chunk], device=model.device), cache, logits="all").logits
+        lo = max(first - s, 0)
+        if lo >= rows.shape[0]:
+            continue
+        logits = rows[lo:].float()
+        picked = torch.tensor(stream[s + lo - first:s + lo - first + logits.shape[0]], device=logits.device)
+        gap = logits.max(dim=-1).values - logits.gather(1, picked[:, None])[:, 0]
+        scale = logits.abs().max(dim=-1).values.clamp_min(1e-6)
+        regrets.extend((gap.clamp_min(0.0) / scale).tolist())
+    return regrets
+
+
 def lossless(model: TargetModel, prompt: Sequence[int], plain: Sequence[int], other: Sequence[int],
-             kv_fp8: bool = False) -> bool:
-    """Exact equality in fp32; in lower precision, equality or a tie flip at the first divergence."""
+             kv_fp8: bool = False, tolerance: float = TIE_REGRET) -> bool:
+    """Exact equality in fp32. In lower precision, equality, or a tie flip at the first divergence after which
+    ``other`` stays a greedy stream of the model: every token from the divergence on within ``tolerance`` of the
+    argmax given ``other``'s own prefix (a tie flip changes the path, so the tokens after it cannot be compared
+    with ``plain``'s, but each must still be the model's choice; a wrong cache row or rollback after a flip
+    shows up there)."""
     if list(plain) == list(other):
         return True
     if model.dtype == torch.float32:
         return False
-    regret = divergence_regret(model, prompt, plain, other, kv_fp8)
-    return regret is not None and regret <= TIE_REGRET
+    i = first_divergence(plain, other)
+    if i >= len(plain) or i >= len(other):
+        return False                               # one stream stopped early: not a tie
+    return max(stream_regrets(model, prompt, other, kv_fp8)[i:]) <= tolerance
 
 
 def tie_check(model: TargetModel, prompt: Sequence[int], plain: Sequence[int], other: Sequence[int],

@@ -20,6 +20,7 @@ from edgespec.cache.prefix import PrefixCache
 from edgespec.drafters.base import Draft, Proposer
 from edgespec.drafters.tree import DraftTree, JointCalibration
 from edgespec.errors import PromptTooLongError, RequestError
+from edgespec.kernels import device_sync
 from edgespec.kernels.tree import TreeMask
 from edgespec.models.decoder import ForwardOutput, TargetModel
 from edgespec.speculative.acceptance import AcceptancePolicy, Verdict
@@ -190,14 +191,13 @@ class SpecSession:
         """
         self.check_request(len(prompt_ids), max_tokens, k)
         k = self.k if k is None else k
-        model, hooks, cache, proposer = self.model, self.hooks, self.cache, self.proposer
-        device = model.device
-        sync = torch.cuda.synchronize if self.plan.stage_timing == "device" and device.type == "cuda" else None
+        device, proposer = self.model.device, self.proposer
+        sync = device_sync if self.plan.stage_timing == "device" and device.type == "cuda" else None
         tel = RequestTelemetry(drafter=self.drafter_name, prompt_tokens=len(prompt_ids), sync=sync)
         out = Emitter(max_tokens, stop_ids, policy, on_tokens, constraint)
         start = 0
         if prefix is None:
-            cache.reset()
+            self.cache.reset()
         else:
             # A drafter that cannot resume (resume_rows None) gets a full prefill; DFlash needs its window's rows.
             start = prefix.begin(prompt_ids, self.resume_rows)
@@ -205,18 +205,7 @@ class SpecSession:
         self.tree_calibration.reset()
 
         with tel.stage("prefill"):
-            prompt = torch.tensor(list(prompt_ids)[start:], dtype=torch.long, device=device)
-            cut = None if prefix is None else prefix.split(prompt_ids, start)
-            if cut is None:
-                prefill = hooks.prefill(model, cache, prompt, self.prefill_chunk, self.taps)
-            else:
-                # Pause at the last turn boundary so the next turn can resume a hybrid model's state there.
-                head = hooks.prefill(model, cache, prompt[:cut - start], self.prefill_chunk, self.taps, logits=False)
-                prefix.mark(prompt_ids, cut)
-                prefill = _joined(head, hooks.prefill(model, cache, prompt[cut - start:], self.prefill_chunk,
-                                                      self.taps))
-            if prefix is not None:
-                prefix.prefilled(prompt_ids)
+            prefill = self._prefill(prompt_ids, start, prefix)
             logits = prefill.logits[-1]
             if constraint is not None:
                 logits = _masked(logits[None], constraint.row_masks([], logits.shape[-1], device))[0]
@@ -226,13 +215,41 @@ class SpecSession:
             with tel.stage("draft"):
                 proposer.begin(prompt_ids, prefill)
                 proposer.commit([first], 0, None)
+        finish = self._cycles(out, policy, constraint, cancelled, DraftLength(k, self.adaptive_k), tel,
+                              out.emit([first]))
+        tel.decode_ms = (time.perf_counter() - t_first) * 1000.0
+        tel.generated_tokens = len(out.tokens)
+        if prefix is not None:
+            prefix.finished(list(prompt_ids) + out.tokens)
+        return GenerationResult(out.tokens, finish, tel)
 
-        draft_len = DraftLength(k, self.adaptive_k)
+    def _prefill(self, prompt_ids: Sequence[int], start: int, prefix: PrefixCache | None) -> ForwardOutput:
+        """Fill the cache with the prompt from ``start`` (the prefix already in the cache); logits of the last row,
+        hidden/taps of every row prefilled."""
+        model, hooks, cache = self.model, self.hooks, self.cache
+        prompt = torch.tensor(list(prompt_ids)[start:], dtype=torch.long, device=model.device)
+        cut = None if prefix is None else prefix.split(prompt_ids, start)
+        if cut is None:
+            prefill = hooks.prefill(model, cache, prompt, self.prefill_chunk, self.taps)
+        else:
+            # Pause at the last turn boundary so the next turn can resume a hybrid model's state there.
+            head = hooks.prefill(model, cache, prompt[:cut - start], self.prefill_chunk, self.taps, logits=False)
+            prefix.mark(prompt_ids, cut)
+            prefill = _joined(head, hooks.prefill(model, cache, prompt[cut - start:], self.prefill_chunk, self.taps))
+        if prefix is not None:
+            prefix.prefilled(prompt_ids)
+        return prefill
+
+    def _cycles(self, out: Emitter, policy: AcceptancePolicy, constraint: TokenConstraint | None,
+                cancelled: Callable[[], bool] | None, draft_len: DraftLength, tel: RequestTelemetry,
+                finish: str | None) -> str:
+        """Propose -> verify -> accept -> emit until a finish reason (``finish``: the first token's); leaves the
+        proposer committed up to the last cycle."""
+        cache, proposer = self.cache, self.proposer
         # The proposer's commit of a cycle runs at the start of the next cycle's draft stage, right before its
         # propose (and before any other forward, as the commit contract needs): one burst of drafter work per cycle
         # (the window append, then the block) instead of two stages around the emit.
         pending: Cycle | None = None
-        finish = out.emit([first])
         while finish is None:
             if cancelled is not None and cancelled():
                 finish = "cancelled"
@@ -271,11 +288,7 @@ class SpecSession:
             # The last cycle's commit, so the proposer ends in step with the cache (as after every cycle).
             with tel.stage("draft"):
                 pending.commit_to(proposer)
-        tel.decode_ms = (time.perf_counter() - t_first) * 1000.0
-        tel.generated_tokens = len(out.tokens)
-        if prefix is not None:
-            prefix.finished(list(prompt_ids) + out.tokens)
-        return GenerationResult(out.tokens, finish, tel)
+        return finish
 
     def _propose(self, last: int, room: int, constraint: TokenConstraint | None) -> Draft | None:
         """The proposer's draft cut to ``room`` and to the grammar's valid prefix; None when nothing is left."""

@@ -36,7 +36,7 @@ def _lib_name() -> str:
 
 
 def _candidates() -> list[Path]:
-    from edgespec.loading.gguf_demo import cache_root
+    from edgespec.paths import cache_root
     return [SOURCE.parent / _lib_name(), cache_root() / "native" / _lib_name()]
 
 

@@ -146,9 +146,20 @@ def test_multi_turn_bench_names_a_bf16_divergence(tmp_path, tok_dir, monkeypatch
 
 
 def test_engine_serves_a_quantized_head(tmp_path, tok_dir):
-    """``lm_head_weights: int4`` reaches the engine's model (tiny:llama is untied)."""
+    """``lm_head_weights: int4`` reaches the engine's model (tiny:llama is untied), and its logits are the dense
+    model's final hidden states through the int4 round trip of that model's own lm_head (packed independently
+    here), not the dense head's."""
     from edgespec.config import Settings
+    from edgespec.loading.checkpoint import load_target
     from edgespec.weights import PackedLinear
+    from edgespec.weights.requantize import quantize_weight
     out = write_bench_model("tiny:llama", tmp_path / "m", tokenizer=str(tok_dir), dtype="float32")
-    engine = Engine.from_settings(Settings(model=str(out), max_seq_len=256, lm_head_weights="int4"))
+    engine = Engine.from_settings(Settings(model=str(out), max_seq_len=256, lm_head_weights="int4", cpu_blas=False))
     assert isinstance(engine.model.lm_head, PackedLinear) and engine.model.lm_head.weight.format == "int4"
+    dense = load_target(out, max_positions=256)
+    ids = torch.tensor(engine.tokenizer.encode("pick up the red cube", add_special_tokens=True))
+    ref = dense.prefill(ids, dense.new_cache(64))
+    head = quantize_weight("int4", dense.lm_head_weight.detach(), dense.dtype).dequantize(torch.float32)
+    got = engine.model.prefill(ids, engine.model.new_cache(64)).logits[-1]
+    assert torch.allclose(got, ref.hidden[-1] @ head.T, atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(got, ref.logits[-1], atol=1e-4, rtol=1e-4)       # the packed head, not the dense one

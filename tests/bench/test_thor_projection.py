@@ -66,3 +66,78 @@ def test_bad_inputs(tmp_path, capsys):
     path, _ = _bench(tmp_path, sms=None)
     assert proj.main([str(path)]) == 2
     assert "no sms" in capsys.readouterr().err
+
+
+# ---- measured SM budgets (--sm-runs, --stacks) -------------------------------------------------------------
+
+def test_interpolation_is_linear_in_rate() -> None:
+    # 16 SMs: 40 ms (0.025 per ms), 24 SMs: 20 ms (0.05 per ms) -> 20 SMs: 0.0375 per ms = 26.7 ms
+    assert proj.interpolate_ms({16: 40.0, 24: 20.0}, 20) == pytest.approx(1 / 0.0375)
+    assert proj.interpolate_ms({16: 40.0, 24: 20.0, 20: 30.0}, 20) == 30.0
+    assert proj.interpolate_ms({8: 80.0, 16: 40.0, 24: 20.0, 132: 1.0}, 20) == pytest.approx(1 / 0.0375)
+    with pytest.raises(ValueError, match="do not bracket 20"):
+        proj.interpolate_ms({16: 40.0, 8: 80.0}, 20)
+
+
+def _sm_run(tmp_path, sms: int, verify_ms: float, draft_ms: float, name: str | None = None):
+    data = {"shape": "qwen3.5-27b", "format": "int4", "lm_head": "int4", "device": "test GPU", "sms": sms,
+            "sm_clock_mhz": 1575 * 2, "verify_bytes": 25.9e9, "max_len": 32768, "dflash-int4_draft_bytes": 2.59e9,
+            "sm_limit": {"requested": sms, "granted": sms, "device_sms": 132},
+            "dflash-int4": {"verify_ms_per_cycle": verify_ms, "draft_ms_per_cycle": draft_ms,
+                            "accept_rollback_ms_per_cycle": 1.0, "other_ms_per_cycle": 0.0, "peak_GB": 19.0}}
+    path = tmp_path / (name or f"c{sms}.json")
+    path.write_text(json.dumps(data))
+    return path, data
+
+
+def test_measured_sm_projection(tmp_path, capsys) -> None:
+    p16, d16 = _sm_run(tmp_path, 16, verify_ms=80.0, draft_ms=4.0)
+    p24, d24 = _sm_run(tmp_path, 24, verify_ms=40.0, draft_ms=2.0)
+    runs = {16: {**d16["dflash-int4"], "draft_bytes": 2.59e9}, 24: {**d24["dflash-int4"], "draft_bytes": 2.59e9}}
+    p = proj.project_measured(runs, {16: d16, 24: d24}, [4.0, 8.0], clock_mhz=1575)
+    v, d, a = p["stages"]["verify"], p["stages"]["draft"], p["stages"]["accept"]
+    # verify: 1/80 and 1/40 per ms -> 20 SMs at 3/160 per ms = 53.33 ms, x2 for the clock = 106.7 ms; its 25.9 GB
+    # at 259 GB/s = 100 ms: SM-bound
+    assert v["ms_20_sms"] == pytest.approx(160 / 3) and v["sm_ms"] == pytest.approx(320 / 3)
+    assert v["bytes_ms"] == pytest.approx(100.0) and v["bytes_ms_spec"] == pytest.approx(25.9e9 / 273e9 * 1e3)
+    assert v["bound"] == "SMs" and v["ms"] == pytest.approx(320 / 3)
+    # draft: 5.33 ms of SM time against 10 ms of bytes: byte-bound
+    assert d["bound"] == "bytes" and d["ms"] == pytest.approx(10.0)
+    assert a["ms"] == pytest.approx(2.0)      # 1 ms at both counts, x2 clock, no bytes
+    assert p["cycle_ms"] == pytest.approx(320 / 3 + 10 + 2)
+    assert p["tok_s"][8.0] == pytest.approx(8.0 / p["cycle_ms"] * 1e3)
+    assert p["byte_limit_tok_s"][4.0] == pytest.approx(4.0 / 110 * 1e3)
+    assert proj.main(["--sm-runs", str(p16), str(p24), "--als", "4.57,6"]) == 0
+    out = capsys.readouterr().out
+    assert "measured SM budgets" in out and "assumptions" in out and "dflash-int4" in out and "AL 6" in out
+
+
+def test_measured_sm_bad_inputs(tmp_path, capsys) -> None:
+    p16, _ = _sm_run(tmp_path, 16, 80.0, 4.0)
+    full, _ = _bench(tmp_path)        # a full-chip file: no sm_limit
+    assert proj.main(["--sm-runs", str(p16), str(full)]) == 2
+    assert "not a cycle_bench.json written with --sm-limit" in capsys.readouterr().err
+    assert proj.main(["--sm-runs", str(p16)]) == 2                    # one budget cannot bracket 20
+    assert "do not bracket 20" in capsys.readouterr().err
+    again, _ = _sm_run(tmp_path, 16, 70.0, 4.0, name="again.json")
+    assert proj.main(["--sm-runs", str(p16), str(again)]) == 2
+    assert "a second run of qwen3.5-27b int4 int4 on 16 SMs" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        proj.main([])
+
+
+def test_stack_projection(tmp_path, capsys) -> None:
+    paths = []
+    for sms, us in ((16, 100_000.0), (24, 50_000.0)):
+        data = {"sm_clock_mhz": 1575, "sm_limit": {"requested": sms, "granted": sms},
+                "shapes": {"qwen3.5-27b": {"int4": {"bytes": 20e9, "us_1": us, "us_16": 2 * us}}}}
+        path = tmp_path / f"q{sms}.json"
+        path.write_text(json.dumps(data))
+        paths.append(str(path))
+    assert proj.main(["--stacks", *paths]) == 0
+    out = capsys.readouterr().out
+    # 1 row: 0.01 and 0.02 per ms -> 0.015 at 20 SMs = 66.7 ms at the same clock = 300 GB/s (byte-bound: 100%);
+    # 16 rows 150 GB/s, 58% of 259
+    assert "1:  300 (100%)" in out and "16:  150 ( 58%)" in out
+    assert proj.main(["--stacks", str(tmp_path / "none.json")]) == 2
+    assert "cannot read" in capsys.readouterr().err

@@ -143,6 +143,9 @@ def test_setting_turns_the_graph_prefill_on(tiny_checkpoints, tmp_path):
     base = load_settings(cli=None).with_overrides(model=str(folder), cpu_blas=False, device="cpu")
     assert Engine.from_settings(base).hooks.graph_prefill_max == 0
     assert Engine.from_settings(base.with_overrides(graph_prefill_max=64)).hooks.graph_prefill_max == 64
-    from edgespec.arch.detect import select_hooks
-    for arch in ("rtx", "thor"):
-        assert select_hooks(arch, torch.device("cpu")).defaults.graph_prefill_max == 128
+    from edgespec.plan import RuntimePlan
+    for arch in ("rtx", "thor"):          # what an engine on those hooks resolves, unset and set
+        on = base.with_overrides(arch=arch)
+        assert RuntimePlan.for_device(on, torch.device("cpu")).session.graph_prefill_max == 128
+        plan = RuntimePlan.for_device(on.with_overrides(graph_prefill_max=0), torch.device("cpu"))
+        assert plan.session.graph_prefill_max == 0 and plan.arch == arch

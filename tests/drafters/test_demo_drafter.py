@@ -34,7 +34,7 @@ def test_the_packaged_drafter_is_the_published_layout() -> None:
 
 
 def test_memory_budget_counts_the_packaged_drafter(engines) -> None:
-    from edgespec.memory import checkpoint_bytes
+    from edgespec.loading.weights import checkpoint_bytes
 
     budget = engines[1].model.memory_budget
     assert budget is not None and budget.drafter == checkpoint_bytes(demo_drafter_path()) > 0

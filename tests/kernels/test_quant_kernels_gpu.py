@@ -72,6 +72,69 @@ def test_bias_split_and_launches(fmt: str, dtype: torch.dtype) -> None:
             assert rel_err(quant_matmul(p, x, bias, config=cfg), ref) < TOL[dtype], (fmt, rows, cfg)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_wide_rows_17_to_64_read_each_weight_once(fmt: str, dtype: torch.dtype, monkeypatch) -> None:
+    """17..64 rows (tree verifies) run the fused one-row-block tile, never dequantize-then-GEMM, with and without
+    a bias and a K split, against the torch reference."""
+    import edgespec.kernels.triton_quant_gemv as qg
+
+    def no_dequant(*a, **k):
+        raise AssertionError("17..64 rows went to dequantize-then-GEMM")
+
+    monkeypatch.setattr(qg, "dequant_gemm", no_dequant)
+    torch.manual_seed(11)
+    n, k = 640, 1024
+    p = pack(fmt, torch.randn(n, k, device=DEV) * 0.05)
+    bias = torch.randn(n, device=DEV, dtype=dtype)
+    for rows in (17, 24, 31, 32, 33, 48, 63, 64):
+        x = torch.randn(rows, k, device=DEV, dtype=dtype)
+        cfg = qg.quant_config(fmt, n, k, rows, 132)
+        assert cfg["BLOCK_M"] >= rows and cfg["DOT"] == 1, (fmt, rows, cfg)
+        for b, extra in ((None, {}), (bias, {"SPLIT_K": 4}), (bias, {"XPAIR": 1, "BLOCK_N": 64})):
+            poison()
+            out = qg.quant_matmul(p, x, b, config=extra)
+            assert out.shape == (rows, n) and out.dtype == dtype
+            assert rel_err(out, p.matmul_ref(x, b)) < TOL[dtype], (fmt, rows, extra)
+
+
+def test_pair_order_is_the_tile_permutation() -> None:
+    """``pair_order`` puts input 8w + 4h + p at column 8w + 2p + h, the order ``_pair_columns`` lays weights in."""
+    from edgespec.kernels.triton_quant_gemv import pair_order
+    x = torch.arange(3 * 64, device=DEV).reshape(3, 64)
+    xp = pair_order(x)
+    for w, p, h in ((0, 0, 1), (2, 3, 0), (7, 1, 1), (5, 2, 1)):
+        assert torch.equal(xp[:, 8 * w + 2 * p + h], x[:, 8 * w + 4 * h + p])
+
+
+@pytest.mark.parametrize("fmt", ["int4", "nvfp4"])
+@pytest.mark.parametrize("rows", [1, 16, 40])
+def test_host_paired_x_equals_in_register_permutation(fmt: str, rows: int) -> None:
+    """``XPAIR``: the pair tiles reading x permuted once on the host give the same bits as the tiles permuting it
+    in registers (the same products in the same order)."""
+    from edgespec.kernels.triton_quant_gemv import quant_matmul
+    torch.manual_seed(rows)
+    p = pack(fmt, torch.randn(384, 1024, device=DEV) * 0.05)
+    x = torch.randn(rows, 1024, device=DEV, dtype=torch.bfloat16)
+    base = {"DOT": 1, "PAIRS": 1, "SPLIT_K": 1}
+    assert torch.equal(quant_matmul(p, x, config={**base, "XPAIR": 1}), quant_matmul(p, x, config={**base, "XPAIR": 0}))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_wide_rows_equal_row_by_row_products(fmt: str) -> None:
+    """A row of a 64-row call is the product of that row: each output row depends on its own input row only
+    (rows past M are masked, not mixed in), checked against the same rows sent as one 16-row call."""
+    from edgespec.kernels.triton_quant_gemv import quant_matmul
+    torch.manual_seed(5)
+    p = pack(fmt, torch.randn(384, 768, device=DEV) * 0.05)
+    x = torch.randn(64, 768, device=DEV, dtype=torch.bfloat16)
+    wide = quant_matmul(p, x)
+    for lo in (0, 16, 48):
+        narrow = quant_matmul(p, x[lo:lo + 16])
+        assert rel_err(wide[lo:lo + 16], narrow) < 1e-2, (fmt, lo)
+    assert rel_err(quant_matmul(p, x[:40]), wide[:40]) < 1e-2
+
+
 def test_int4_fp16_pair_products_large_inputs() -> None:
     """The one-row int4 kernel multiplies in fp16 pairs with x scaled by 2^-4: inputs in the thousands (LLM
     activation outliers) stay finite and within tolerance."""

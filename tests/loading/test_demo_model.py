@@ -8,26 +8,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgespec.bench.prompts import load_prompts
 from edgespec.errors import CheckpointError
 from edgespec.loading import gguf_demo
 from edgespec.loading.gguf_demo import DEMO_SUBDIR, MARKER, OUTPUT_FILES, convert_demo, ensure_demo_model
 from edgespec.loading.tokenizer import ChatTokenizer
 
-PROMPTS = Path("/work/shared/bench/prompts.yaml")
-FALLBACK_PLAN_PROMPT = (
-    "Output a compact JSON action list for a robot to pick up the red cube, place it on the tray, then "
-    "report success. Use fields action, target, destination, and safety_check."
-)
-
 
 def _robot_json_plan_prompt() -> str:
-    if PROMPTS.is_file():
-        import yaml
-
-        for entry in yaml.safe_load(PROMPTS.read_text()) or []:
-            if entry.get("id") == "robot_json_plan":
-                return entry["user"]
-    return FALLBACK_PLAN_PROMPT
+    """The robot JSON-plan prompt of the benchmark set, from the copy the package ships (no path outside the
+    repository)."""
+    return next(p.user for p in load_prompts() if p.id == "robot_json_plan")
 
 
 # ---- conversion --------------------------------------------------------------------------------------------

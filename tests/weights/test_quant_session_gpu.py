@@ -78,6 +78,21 @@ def test_hooks_choose_kernels_and_speculation_stays_lossless(folders, family, fm
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4", "awq"])
+def test_wide_verify_17_to_64_rows_stays_lossless(folders, fmt):
+    """K = 31 (32-row verifies, the oracle's most: the wide one-row-block tile of the packed products) with an
+    oracle drafter and the n-gram drafter: speculative output equals plain output."""
+    model = load_target(folders["qwen3_5", fmt][0], dtype=torch.bfloat16, device=CUDA, max_positions=512)
+    vocab = model.config.vocab_size
+    prompt = prompt_ids(vocab, n=21, seed=9)
+    plain = SpecSession(model, select_hooks("rtx", CUDA), None, max_len=256).generate(
+        prompt, max_tokens=90, policy=StrictGreedy()).token_ids
+    for prop in (OracleProposer(plain, vocab, seed=5), NGramProposer()):
+        s = SpecSession(model, select_hooks("rtx", CUDA), prop, k=31, max_len=256)
+        out = s.generate(prompt, max_tokens=90, policy=StrictGreedy())
+        assert lossless(model, prompt, plain, out.token_ids, kv_fp8=s.kv_fp8), (fmt, type(prop).__name__)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4", "awq"])
 def test_kernel_logits_match_the_reference_product(folders, fmt):
     """The same model with and without the chosen kernels: bf16 logits agree within bf16 rounding."""
     model = load_target(folders["llama", fmt][0], dtype=torch.bfloat16, device=CUDA, max_positions=256)
