@@ -402,15 +402,9 @@ def cached_attention_triton(q: torch.Tensor, cache: KVCache, start: int, scale: 
     ``tree_bits``: ``[T]`` int64 ancestor masks of a tree verify (:class:`edgespec.kernels.tree.TreeMask`): row t
     then sees the prefix ``0 .. start-1`` and the new rows whose bit is set, instead of the causal rows.
     """
+    q, group = _checked_query(q, cache)
     T, n_q, hd = q.shape
     n_kv = cache.k.shape[1]
-    if hd not in (64, 128, 256):
-        raise ValueError(f"head_dim {hd} not supported by the Triton attention (64/128/256)")
-    if n_q % n_kv:
-        raise ValueError(f"{n_q} query heads do not group over {n_kv} KV heads")
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    group = n_q // n_kv
     hint = cache.max_len if start_t is not None else start + T
     config = config or {}
     gluon_ok = (gluon_attention_fp8 is not None and q.is_cuda and not _interpreting()
@@ -473,6 +467,18 @@ def _fp8_products(q: torch.Tensor, cache: KVCache, config: dict[str, int | str],
     opaque = (q.element_size() == 2 and bool(config.get("OPAQUE_CVT", cfg.get("OPAQUE_CVT", 1)))
               and not _interpreting())
     return fp16_dot, _V_SCALE_MODES[mode], opaque
+
+
+def _checked_query(q: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, int]:
+    """``q`` with unit stride in its last dimension, and its query heads per KV head; raises on a head size or
+    grouping the kernel cannot take."""
+    n_q, hd = q.shape[1:]
+    n_kv = cache.k.shape[1]
+    if hd not in (64, 128, 256):
+        raise ValueError(f"head_dim {hd} not supported by the Triton attention (64/128/256)")
+    if n_q % n_kv:
+        raise ValueError(f"{n_q} query heads do not group over {n_kv} KV heads")
+    return (q if q.stride(-1) == 1 else q.contiguous()), n_q // n_kv
 
 
 def _split_buffers(q: torch.Tensor, n_splits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
