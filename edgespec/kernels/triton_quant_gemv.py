@@ -772,9 +772,16 @@ def choose_quant_kernel(packed):
         return None
     if fmt == "nvfp4" and packed.in_features % 128:
         return None
-    if fmt == "fp8_block" and tuple(packed.block) != (128, 128):
+    if fmt == "fp8_block" and _fp8_block_shape(packed) != (128, 128):
         return None     # the tile reads one scale per 128x128 block (compressed-tensors may declare others)
     return quant_kernel
+
+
+def _fp8_block_shape(packed) -> tuple[int, int]:
+    """The scale block of a block-FP8 weight: a packed FP8BlockWeight names it; the kernel view
+    (``quant_ref.RawPacked``) keeps its square group."""
+    block = getattr(packed, "block", None) or (packed.group_size, packed.group_size)
+    return int(block[0]), int(block[1])
 
 
 def prepare_for_kernel(packed):
