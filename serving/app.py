@@ -316,6 +316,19 @@ def _job_error(exc: BaseException) -> APIError:
 def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
     """The FastAPI app serving ``engine`` (an Engine, or a zero-argument factory loaded in the background)."""
     state = ServerState(settings, engine)
+    app = FastAPI(title="edgespec agent server", version="0.1.0", lifespan=_lifespan(state), docs_url=None,
+                  redoc_url=None, default_response_class=SafeJSONResponse)
+    app.state.edgespec = state
+    install_error_handlers(app)
+    _add_middleware(app, state)
+    _add_completion_routes(app, state)
+    _add_model_routes(app, state)
+    _add_status_routes(app, state)
+    return app
+
+
+def _lifespan(state: ServerState) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """The app's lifespan: start loading (or serving) the engine and the watchdog; on exit drain and stop."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -330,135 +343,162 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
         finally:
             if pinger is not None:
                 pinger.cancel()
-            await run_in_threadpool(state.shutdown, 10.0 + settings.request_timeout_s)
+            await run_in_threadpool(state.shutdown, 10.0 + state.settings.request_timeout_s)
 
-    app = FastAPI(title="edgespec agent server", version="0.1.0", lifespan=lifespan, docs_url=None,
-                  redoc_url=None, default_response_class=SafeJSONResponse)
-    app.state.edgespec = state
-    install_error_handlers(app)
+    return lifespan
+
+
+def _add_middleware(app: FastAPI, state: ServerState) -> None:
+    """API key (when set), body limit, read timeout, then request id: each added one wraps the ones before it."""
+    settings = state.settings
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(ReadTimeoutMiddleware, read_timeout_s=settings.read_timeout_s, draining=state.draining)
     app.add_middleware(RequestIdMiddleware, on_failure=state.metrics.fail)   # outermost: sees every answer
-    auth = (401,) if settings.api_key else ()
-    generation_errors = error_responses(400, *auth, 404, 408, 413, 422, 429, 500, 503, 504)
+
+
+def _auth_errors(settings: Settings) -> tuple[int, ...]:
+    """The 401 a route documents when an API key is required, else nothing."""
+    return (401,) if settings.api_key else ()
+
+
+def _add_completion_routes(app: FastAPI, state: ServerState) -> None:
+    """``POST /v1/chat/completions`` and ``POST /v1/completions``, both through :func:`_run_job`."""
+    generation_errors = error_responses(400, *_auth_errors(state.settings), 404, 408, 413, 422, 429, 500, 503, 504)
     # Streamed answers: SSE events whose data lines are chat.completion.chunk / text_completion JSON, then [DONE].
     sse = {"text/event-stream": {}}
-
-    async def run_job(request: Request, body: ChatCompletionRequest | CompletionRequest,
-                      chat: bool) -> Response:
-        arrived = time.monotonic()
-        eng, worker = state.ready_engine()
-        _check_model(eng, body.model)
-        _check_fields(body)
-        bad = find_invalid_text(body.model_dump(by_alias=True, exclude_none=True))
-        if bad is not None:
-            raise APIError(400, f"{bad} holds text that is not valid Unicode (a lone surrogate such as \\ud800)",
-                           param=bad, code="invalid_unicode")
-        req = protocol.engine_request(body, settings, vocab_size(eng))
-        req.cache_key = protocol.client_key(request.headers.get("authorization"), body)
-        req, split = await run_in_threadpool(_prepare, state, eng, req, body)
-        job = Job(req, asyncio.get_running_loop(), deadline=arrived + settings.request_timeout_s,
-                  stream=body.stream)
-        job.arrived = arrived
-        job.request_id = request_id.get()
-        try:
-            worker.submit(job)
-        except QueueFull as exc:
-            raise APIError(429, f"the engine is busy ({worker.max_queue} requests already waiting); retry "
-                           "later", code="queue_full",
-                           headers={"Retry-After": str(exc.retry_after)}) from None
-        except WorkerStopped:
-            raise APIError(503, "the server is shutting down", code="draining",
-                           headers={"Retry-After": "5"}) from None
-        watcher = asyncio.create_task(_watch_disconnect(request, job, worker, state.metrics))
-        rid = protocol.new_id("chatcmpl" if chat else "cmpl")
-        created = protocol.now()
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            maker = protocol.ChunkMaker(chat, rid, created, eng.model_id, include_usage)
-            return StreamingResponse(_stream(job, maker, watcher, worker, split), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        try:
-            completion: Completion = await job.future
-        except Exception as exc:
-            raise _job_error(exc) from None
-        finally:
-            watcher.cancel()
-            if not job.future.done():
-                job.cancel()
-                worker.withdraw(job)
-        extra = protocol.telemetry(completion, queue_ms=job.queue_s * 1000.0, timed_out=job.timed_out)
-        if split is not None:
-            out = protocol.chat_response(rid, created, eng.model_id, completion, extra, job.timed_out, split)
-        else:
-            out = protocol.text_response(rid, created, eng.model_id, completion, extra, job.timed_out)
-        return SafeJSONResponse(out)
-
-    async def _stream(job: Job, maker: protocol.ChunkMaker, watcher: asyncio.Task,
-                      worker: EngineWorker, split: OutputSplitter | None) -> AsyncIterator[str]:
-        assert job.events is not None
-        try:
-            first = maker.first()
-            if first is not None:
-                yield _sse(first)
-            while True:
-                item = await job.events.get()
-                if item is END:
-                    break
-                if split is None:
-                    yield _sse(maker.text(item))
-                else:
-                    for chunk in maker.deltas(split.feed(item)):
-                        yield _sse(chunk)
-            if split is not None:
-                for chunk in maker.deltas(split.finish()):
-                    yield _sse(chunk)
-            exc = job.future.exception()
-            if exc is not None:
-                err = _job_error(exc)
-                yield _sse(error_body(err.status, err.message, param=err.param, code=err.code))
-            else:
-                completion: Completion = job.future.result()
-                extra = protocol.telemetry(completion, queue_ms=job.queue_s * 1000.0, timed_out=job.timed_out)
-                yield _sse(maker.final(completion, extra, job.timed_out))
-                if maker.include_usage:
-                    yield _sse(maker.usage(completion, extra))
-            yield _sse("[DONE]")
-        finally:
-            watcher.cancel()
-            if not job.future.done():
-                job.cancel()
-                worker.withdraw(job)
 
     @app.post("/v1/chat/completions", summary="Chat completion (OpenAI-compatible)",
               responses={200: {"description": "a chat.completion, or SSE chunks with stream: true", "content": sse},
                          **generation_errors})
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await run_job(request, body, chat=True)
+        return await _run_job(state, request, body, chat=True)
 
     @app.post("/v1/completions", summary="Text completion of a raw prompt (OpenAI-compatible)",
               responses={200: {"description": "a text_completion, or SSE chunks with stream: true", "content": sse},
                          **generation_errors})
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await run_job(request, body, chat=False)
+        return await _run_job(state, request, body, chat=False)
 
-    def _model_card(eng: Engine) -> dict[str, Any]:
-        return {"id": eng.model_id, "object": "model", "created": state.created, "owned_by": "edgespec",
-                "max_model_len": settings.max_seq_len}
+
+async def _run_job(state: ServerState, request: Request, body: ChatCompletionRequest | CompletionRequest,
+                   chat: bool) -> Response:
+    """Check, prepare and queue one completion request; answer it whole, or as SSE when ``stream`` is set."""
+    settings = state.settings
+    arrived = time.monotonic()
+    eng, worker = state.ready_engine()
+    _check_model(eng, body.model)
+    _check_fields(body)
+    bad = find_invalid_text(body.model_dump(by_alias=True, exclude_none=True))
+    if bad is not None:
+        raise APIError(400, f"{bad} holds text that is not valid Unicode (a lone surrogate such as \\ud800)",
+                       param=bad, code="invalid_unicode")
+    req = protocol.engine_request(body, settings, vocab_size(eng))
+    req.cache_key = protocol.client_key(request.headers.get("authorization"), body)
+    req, split = await run_in_threadpool(_prepare, state, eng, req, body)
+    job = Job(req, asyncio.get_running_loop(), deadline=arrived + settings.request_timeout_s,
+              stream=body.stream)
+    job.arrived = arrived
+    job.request_id = request_id.get()
+    try:
+        worker.submit(job)
+    except QueueFull as exc:
+        raise APIError(429, f"the engine is busy ({worker.max_queue} requests already waiting); retry "
+                       "later", code="queue_full",
+                       headers={"Retry-After": str(exc.retry_after)}) from None
+    except WorkerStopped:
+        raise APIError(503, "the server is shutting down", code="draining",
+                       headers={"Retry-After": "5"}) from None
+    watcher = asyncio.create_task(_watch_disconnect(request, job, worker, state.metrics))
+    rid = protocol.new_id("chatcmpl" if chat else "cmpl")
+    created = protocol.now()
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        maker = protocol.ChunkMaker(chat, rid, created, eng.model_id, include_usage)
+        return StreamingResponse(_stream(job, maker, watcher, worker, split), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        completion: Completion = await job.future
+    except Exception as exc:
+        raise _job_error(exc) from None
+    finally:
+        watcher.cancel()
+        if not job.future.done():
+            job.cancel()
+            worker.withdraw(job)
+    extra = protocol.telemetry(completion, queue_ms=job.queue_s * 1000.0, timed_out=job.timed_out)
+    if split is not None:
+        out = protocol.chat_response(rid, created, eng.model_id, completion, extra, job.timed_out, split)
+    else:
+        out = protocol.text_response(rid, created, eng.model_id, completion, extra, job.timed_out)
+    return SafeJSONResponse(out)
+
+
+async def _stream(job: Job, maker: protocol.ChunkMaker, watcher: asyncio.Task,
+                  worker: EngineWorker, split: OutputSplitter | None) -> AsyncIterator[str]:
+    """The SSE events of a streamed job: deltas as tokens come, the final chunk (and usage), then ``[DONE]``;
+    a client gone or done early withdraws the job."""
+    assert job.events is not None
+    try:
+        first = maker.first()
+        if first is not None:
+            yield _sse(first)
+        while True:
+            item = await job.events.get()
+            if item is END:
+                break
+            if split is None:
+                yield _sse(maker.text(item))
+            else:
+                for chunk in maker.deltas(split.feed(item)):
+                    yield _sse(chunk)
+        if split is not None:
+            for chunk in maker.deltas(split.finish()):
+                yield _sse(chunk)
+        exc = job.future.exception()
+        if exc is not None:
+            err = _job_error(exc)
+            yield _sse(error_body(err.status, err.message, param=err.param, code=err.code))
+        else:
+            completion: Completion = job.future.result()
+            extra = protocol.telemetry(completion, queue_ms=job.queue_s * 1000.0, timed_out=job.timed_out)
+            yield _sse(maker.final(completion, extra, job.timed_out))
+            if maker.include_usage:
+                yield _sse(maker.usage(completion, extra))
+        yield _sse("[DONE]")
+    finally:
+        watcher.cancel()
+        if not job.future.done():
+            job.cancel()
+            worker.withdraw(job)
+
+
+def _model_card(state: ServerState, eng: Engine) -> dict[str, Any]:
+    """The OpenAI model object of the served model."""
+    return {"id": eng.model_id, "object": "model", "created": state.created, "owned_by": "edgespec",
+            "max_model_len": state.settings.max_seq_len}
+
+
+def _add_model_routes(app: FastAPI, state: ServerState) -> None:
+    """``GET /v1/models`` (the one served model) and ``GET /v1/models/{model}``."""
+    auth = _auth_errors(state.settings)
 
     @app.get("/v1/models", summary="The served model", responses=error_responses(*auth, 408, 413, 500, 503))
     async def models() -> dict[str, Any]:
         eng, _ = state.ready_engine()
-        return {"object": "list", "data": [_model_card(eng)]}
+        return {"object": "list", "data": [_model_card(state, eng)]}
 
     @app.get("/v1/models/{model:path}", summary="One model",
              responses=error_responses(*auth, 404, 408, 413, 422, 500, 503))
     async def model(model: str) -> dict[str, Any]:
         eng, _ = state.ready_engine()
         _check_model(eng, model)
-        return _model_card(eng)
+        return _model_card(state, eng)
+
+
+def _add_status_routes(app: FastAPI, state: ServerState) -> None:
+    """``GET /health`` (the lifecycle, 503 unless ready) and ``GET /metrics`` (Prometheus text)."""
 
     @app.get("/health", summary="loading | ready | draining | failed (503 unless ready)",
              responses={503: {"description": "not ready: loading, failed or draining (same body)"},
@@ -480,8 +520,6 @@ def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
                         **error_responses(408, 413, 500)})
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=state.metrics.content_type)
-
-    return app
 
 
 async def _watchdog(state: ServerState, interval: float) -> None:
