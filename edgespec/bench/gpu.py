@@ -15,14 +15,16 @@ import os
 import time
 import traceback
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from edgespec.arch.base import ArchHooks
 from edgespec.arch.detect import select_hooks
 from edgespec.bench.attn_in_place import compare_in_place, format_in_place
-from edgespec.bench.moe import expert_bytes
+from edgespec.bench.moe import ExpertBytes, expert_bytes
 from edgespec.bench.timing import time_cuda
 from edgespec.config import MAX_DRAFT_TOKENS
 from edgespec.errors import ConfigError
@@ -31,7 +33,7 @@ from edgespec.loading.hf_config import parse_config
 from edgespec.loading.synthetic import SHAPES, config_dict
 from edgespec.memory import peak_bytes, plan_budget
 from edgespec.models.decoder import TargetModel
-from edgespec.models.moe import attach_routing_log
+from edgespec.models.moe import RoutingLog, attach_routing_log
 from edgespec.speculative.session import SpecSession
 
 
@@ -135,7 +137,8 @@ def bench_shape(shape: str, *, device: torch.device, dtype: torch.dtype = torch.
                 prefill_lengths: tuple[int, ...] = (512, 2048), graphs: bool = True,
                 bandwidth: float | None = None, rollback: str | None = None) -> dict[str, Any]:
     """Measure one shape; returns a dict of figures (ms, tok/s, limits, ratios). ``rollback``: the verify's
-    strategy (None: the arch default, as served)."""
+    strategy (None: the arch default, as served). The steps, in order: the model and its served session, the weight
+    bytes a forward reads (MoE: its touched experts), decode, verify per row count, prefill."""
     max_len = max(context + 64, max(prefill_lengths, default=0) + 64)
     bw = bandwidth or measure_copy_bandwidth(device)
     torch.cuda.reset_peak_memory_stats(device) if device.type == "cuda" else None
@@ -143,92 +146,140 @@ def bench_shape(shape: str, *, device: torch.device, dtype: torch.dtype = torch.
     load_peak = peak_bytes(device)
     hooks = select_hooks(arch, device)
     session = SpecSession.with_defaults(model, hooks, None, kv_fp8=kv_fp8, max_len=max_len, cuda_graphs=graphs)
-    wbytes = weight_bytes_per_token(model)
-    moe = expert_bytes(model, wbytes)           # an MoE forward reads its touched experts only (edgespec.bench.moe)
-    routing = attach_routing_log(model) if moe is not None else None
-    if moe is not None:
-        wbytes = moe.decode
+    wbytes, moe, routing = _forward_weight_bytes(model)
     out: dict[str, Any] = {"shape": shape, "device": torch.cuda.get_device_name(device) if device.type == "cuda"
                            else "cpu", "dtype": str(dtype).replace("torch.", ""), "arch": hooks.name,
                            "kv": "fp8" if session.kv_fp8 else "model", "bandwidth_GBps": bw / 1e9,
                            "weight_GB": wbytes / 1e9, "context": context, "load_peak_GB": load_peak / 1e9,
                            "budget_GB": {k: v / 1e9 for k, v in model.memory_budget.to_dict().items()
                                          if k != "device"}}
-    cache = session.cache
     prompt = torch.randint(0, model.config.vocab_size, (context,), device=device)
+    run = _ShapeRun(model=model, hooks=hooks, session=session, prompt=prompt, device=device, arch=arch,
+                    kv_fp8=kv_fp8, rollback=rollback, max_len=max_len, graphs=graphs, context=context, bw=bw)
+    out.update(_time_decode(run, wbytes))
+    held: list[SpecSession] = []        # the last verify session stays alive to the end (peak memory counts it)
+    verify = {rows: _time_verify_rows(run, rows, out["decode_ms"], moe, routing, held) for rows in verify_rows}
+    if held:
+        out["rollback"] = held[0].rollback_strategy
+    out["verify"] = verify
+    if moe is not None:
+        out["moe"] = _moe_summary(model, moe)
+    out["prefill"] = _time_prefill(run, prefill_lengths)
+    out["peak_memory_GB"] = peak_bytes(device) / 1e9
+    return out
 
-    def reset_to_context() -> None:
-        cache.reset()
-        hooks.prefill(model, cache, prompt, session.prefill_chunk, ())
 
-    # Plain decode: one graph replay per token at a fixed context (decode at position `context`).
-    reset_to_context()
-    tok = torch.tensor([1], device=device)
+@dataclass
+class _ShapeRun:
+    """What the steps of one :func:`bench_shape` share: the model, its served session and hooks, the prompt of
+    ``context`` tokens, the settings each verify session is built with, and the copy bandwidth (bytes/s)."""
+
+    model: TargetModel
+    hooks: ArchHooks
+    session: SpecSession
+    prompt: torch.Tensor
+    device: torch.device
+    arch: str
+    kv_fp8: bool | None
+    rollback: str | None
+    max_len: int
+    graphs: bool
+    context: int
+    bw: float
+
+
+def _forward_weight_bytes(model: TargetModel) -> tuple[int, ExpertBytes | None, RoutingLog | None]:
+    """MoE byte accounting: the weight bytes a decode forward reads, the expert split and a routing log attached
+    to the model (both None for a dense model). An MoE forward reads its touched experts only
+    (:mod:`edgespec.bench.moe`): the decode its top-k per layer, a verify the union its rows routed to."""
+    wbytes = weight_bytes_per_token(model)
+    moe = expert_bytes(model, wbytes)
+    routing = attach_routing_log(model) if moe is not None else None
+    return (moe.decode if moe is not None else wbytes), moe, routing
+
+
+def _moe_summary(model: TargetModel, moe: ExpertBytes) -> dict[str, Any]:
+    """The ``moe`` figures of the report: all weights next to the dense part, one expert, layers and top-k."""
+    return {"all_weights_GB": weight_bytes_per_token(model) / 1e9, "dense_GB": moe.dense / 1e9,
+            "per_expert_MB": moe.per_expert / 1e6, "layers": moe.layers, "top_k": moe.top_k}
+
+
+def _time_decode(run: _ShapeRun, wbytes: int) -> dict[str, float]:
+    """Plain decode: one step per token at a fixed context (decode at position ``context``), next to its limit
+    (weights + KV read once at the copy bandwidth)."""
+    model, hooks, cache = run.model, run.hooks, run.session.cache
+    cache.reset()
+    hooks.prefill(model, cache, run.prompt, run.session.prefill_chunk, ())
+    tok = torch.tensor([1], device=run.device)
 
     def decode_step() -> None:
         hooks.decode(model, cache, tok, ())
         cache.length -= 1                       # stay at the same context: O(1) truncation
 
     decode_ms = time_cuda(decode_step)
-    limit_ms = (wbytes + kv_bytes_read(session, context)) / bw * 1e3
-    out.update(decode_ms=decode_ms, decode_tok_s=1e3 / decode_ms, decode_limit_ms=limit_ms,
-               decode_limit_tok_s=1e3 / limit_ms, decode_fraction_of_limit=limit_ms / decode_ms)
+    limit_ms = (wbytes + kv_bytes_read(run.session, run.context)) / run.bw * 1e3
+    return dict(decode_ms=decode_ms, decode_tok_s=1e3 / decode_ms, decode_limit_ms=limit_ms,
+                decode_limit_tok_s=1e3 / limit_ms, decode_fraction_of_limit=limit_ms / decode_ms)
 
-    # Verify of R rows (each its own session so the graph has exactly R rows), with the rollback as served.
-    verify = {}
-    for rows in verify_rows:
-        vs = SpecSession.with_defaults(model, select_hooks(arch, device), _FixedDraft(rows - 1), k=rows - 1,
-                                       kv_fp8=kv_fp8, rollback=rollback, max_len=max_len, cuda_graphs=graphs)
-        out["rollback"] = vs.rollback_strategy
-        vs.cache.reset()
-        vs.hooks.prefill(model, vs.cache, prompt, vs.prefill_chunk, ())
-        toks = torch.randint(0, model.config.vocab_size, (rows,), device=device)
 
-        def verify_step(vs=vs, toks=toks) -> None:
-            start = vs.cache.length
-            vs.hooks.verify(model, vs.cache, toks, (), vs.rollback)
-            vs.cache.rollback(start)
+def _time_verify_rows(run: _ShapeRun, rows: int, decode_ms: float, moe: ExpertBytes | None,
+                      routing: RoutingLog | None, held: list[SpecSession]) -> dict[str, Any]:
+    """Verify of ``rows`` rows (its own session so the graph has exactly ``rows`` rows), with the rollback as
+    served, then that rollback alone; for an MoE, next to the limit of the experts its routing touched.
+    ``held`` keeps the previous row's session alive until this row's verify is timed, then holds this row's: the
+    sessions live as long as in the unsplit loop, so the measured peak memory is the same."""
+    model = run.model
+    vs = SpecSession.with_defaults(model, select_hooks(run.arch, run.device), _FixedDraft(rows - 1), k=rows - 1,
+                                   kv_fp8=run.kv_fp8, rollback=run.rollback, max_len=run.max_len,
+                                   cuda_graphs=run.graphs)
+    vs.cache.reset()
+    vs.hooks.prefill(model, vs.cache, run.prompt, vs.prefill_chunk, ())
+    toks = torch.randint(0, model.config.vocab_size, (rows,), device=run.device)
 
-        v_ms = time_cuda(verify_step)
-        # Rollback alone, at its dearest: a checkpoint restore costs the same for any kept row (one slot copy); a
-        # deferred commit advances the state by the kept rows, so it is timed keeping all of them.
+    def verify_step() -> None:
         start = vs.cache.length
         vs.hooks.verify(model, vs.cache, toks, (), vs.rollback)
-        deferred = vs.cache.deferred_pending
-        keep = rows if deferred else 1
+        vs.cache.rollback(start)
 
-        def rollback_step(vs=vs, start=start, rows=rows, keep=keep, deferred=deferred) -> None:
-            vs.cache.length = start + rows
-            if deferred:
-                vs.cache.begin_deferred_forward(start, rows)      # host mark only: the kept inputs stay valid
-            vs.cache.rollback(start + keep)
+    v_ms = time_cuda(verify_step)
+    # Rollback alone, at its dearest: a checkpoint restore costs the same for any kept row (one slot copy); a
+    # deferred commit advances the state by the kept rows, so it is timed keeping all of them.
+    start = vs.cache.length
+    vs.hooks.verify(model, vs.cache, toks, (), vs.rollback)
+    deferred = vs.cache.deferred_pending
+    keep = rows if deferred else 1
+    held[:] = [vs]
 
-        r_ms = time_cuda(rollback_step)
-        verify[rows] = {"ms": v_ms, "x_decode": v_ms / decode_ms, "rollback_ms": r_ms}
-        if routing is not None:
-            # Random weights route almost uniformly: this union overstates what a trained router touches.
-            union = routing.mean_union(rows)
-            v_limit = (moe.per_forward(union) + kv_bytes_read(vs, context)) / bw * 1e3
-            verify[rows].update(expert_union=union, limit_ms=v_limit, x_limit=v_ms / v_limit)
-        del vs
-    out["verify"] = verify
-    if moe is not None:
-        out["moe"] = {"all_weights_GB": weight_bytes_per_token(model) / 1e9, "dense_GB": moe.dense / 1e9,
-                      "per_expert_MB": moe.per_expert / 1e6, "layers": moe.layers, "top_k": moe.top_k}
+    def rollback_step() -> None:
+        vs.cache.length = start + rows
+        if deferred:
+            vs.cache.begin_deferred_forward(start, rows)      # host mark only: the kept inputs stay valid
+        vs.cache.rollback(start + keep)
 
+    r_ms = time_cuda(rollback_step)
+    found: dict[str, Any] = {"ms": v_ms, "x_decode": v_ms / decode_ms, "rollback_ms": r_ms}
+    if routing is not None:
+        # Random weights route almost uniformly: this union overstates what a trained router touches.
+        union = routing.mean_union(rows)
+        v_limit = (moe.per_forward(union) + kv_bytes_read(vs, run.context)) / run.bw * 1e3
+        found.update(expert_union=union, limit_ms=v_limit, x_limit=v_ms / v_limit)
+    return found
+
+
+def _time_prefill(run: _ShapeRun, lengths: tuple[int, ...]) -> dict[int, dict[str, float]]:
+    """Prefill of each of ``lengths`` random tokens from an empty cache: ms and tok/s."""
+    model, hooks, cache = run.model, run.hooks, run.session.cache
     prefill = {}
-    for n in prefill_lengths:
-        ids = torch.randint(0, model.config.vocab_size, (n,), device=device)
+    for n in lengths:
+        ids = torch.randint(0, model.config.vocab_size, (n,), device=run.device)
 
-        def prefill_step(ids=ids) -> None:
+        def prefill_step(ids: torch.Tensor = ids) -> None:
             cache.reset()
-            hooks.prefill(model, cache, ids, session.prefill_chunk, ())
+            hooks.prefill(model, cache, ids, run.session.prefill_chunk, ())
 
         p_ms = time_cuda(prefill_step, iters=3, warmup=1, repeats=3)
         prefill[n] = {"ms": p_ms, "tok_s": n / p_ms * 1e3}
-    out["prefill"] = prefill
-    out["peak_memory_GB"] = peak_bytes(device) / 1e9
-    return out
+    return prefill
 
 
 class _FixedDraft:
