@@ -13,10 +13,7 @@ FOLDERS = ("edgespec", "arch", "serving")
 MAX_LINES = 80
 # "path:function" -> why it is still long.
 LEFT_LONG = {
-    "serving/app.py:create_app": "the server's routes as closures over the app state; serving/ is being reworked "
-                                 "by its own issue",
     "edgespec/bench/cli.py:run_bench": "the bench flag soup; subcommands are their own step of issue 33 (point 8)",
-    "edgespec/bench/gpu.py:bench_shape": "edited by two open branches at once; split after they merge",
     "edgespec/kernels/triton_quant_gemv.py:quant_matmul": "kernel dispatch being rewritten by its own issue",
 }
 
