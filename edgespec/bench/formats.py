@@ -1,4 +1,4 @@
-"""Weight-format comparison (``edgespec bench --formats dense,fp8,nvfp4,int4``): the same random model shape
+"""Weight-format comparison (``edgespec bench formats dense,fp8,nvfp4,int4``): the same random model shape
 served in each format, with its weight bytes read per decode step, its peak memory and its measured decode speed.
 
 Batch-1 decode reads every weight once per token, so the bytes per token set the speed limit of a
@@ -206,7 +206,7 @@ def decode_energy(step: Callable[[], None], device: torch.device, seconds: float
 
 
 def run_format_bench(args: argparse.Namespace) -> int:
-    """Entry of ``edgespec bench --formats``: one row per format, same shape, table last."""
+    """Entry of ``edgespec bench formats``: one row per format, same shape, table last."""
     formats = [f for f in args.formats.split(",") if f]
     bad = [f for f in formats if f not in FORMATS]
     if bad:

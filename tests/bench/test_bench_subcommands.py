@@ -159,3 +159,26 @@ def test_each_mode_lists_only_its_options(capsys):
     assert "--llama-bench" in peer and "--sm-limit" not in peer and "--drafter" not in peer
     session = _help(capsys, "session")
     assert "--session-drafters" in session and "--tree" not in session and "--compare-hf" not in session
+
+
+def test_every_bench_command_in_the_docs_parses():
+    """The reproduce commands users copy (a docs line that starts with ``edgespec bench``) name a subcommand and
+    options that exist."""
+    import shlex
+
+    from edgespec.bench.cli import bench_argv
+    from edgespec.cli import build_parser
+
+    root = Path(__file__).resolve().parents[2]
+    parser = build_parser()
+    seen = 0
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for n, line in enumerate(doc.read_text().splitlines(), 1):
+            if line.startswith("edgespec bench"):
+                words = shlex.split(line.split("#")[0])[2:]
+                try:
+                    parser.parse_args(["bench", *bench_argv(words)])
+                except SystemExit:
+                    pytest.fail(f"{doc.name}:{n}: {line}")
+                seen += 1
+    assert seen >= 10
