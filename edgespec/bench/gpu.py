@@ -427,7 +427,12 @@ def run_sweep(args: argparse.Namespace) -> int:
         print(f"\none attention call inside a decode step (edgespec.bench.attn_in_place), {args.context} keys")
         for shape, r in attn.items():
             print("\n".join(format_in_place(shape, r, bw) if "error" not in r else [f"{shape:<14} ERROR {r['error']}"]))
-    return 0
+    # One shape failing does not stop the others, but the sweep says so in its exit status: scripts and tests
+    # must not read a table of ERROR rows as a measurement.
+    failed = [f"{r['shape']} ({r['kv']})" for r in results if "error" in r]
+    if failed:
+        print(f"\n{len(failed)} of {len(results)} shape runs failed: {', '.join(failed)}")
+    return 1 if failed else 0
 
 
 def attention_in_place_sweep(shapes: list[str], context: int, device: torch.device, bw: float) -> dict[str, Any]:

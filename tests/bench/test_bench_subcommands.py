@@ -74,6 +74,15 @@ def test_shapes_sweep_runs_on_the_cpu(tmp_path, capsys):
     assert {int(n) for n in r["prefill"]} == {512, 2048} and all(p["tok_s"] > 0 for p in r["prefill"].values())
 
 
+def test_a_failed_shape_run_fails_the_sweep(tmp_path, capsys):
+    """A shape that cannot run (here its KV cache does not fit) is an ERROR row and exit status 1, not a quiet 0."""
+    assert main(["bench", "shapes", "tiny:llama", "--kv", "model", "--device", "cpu", "--context", "100000000",
+                 "--compare-hf-shapes", "none", "--sweep-out", str(tmp_path)]) == 1
+    assert "1 of 1 shape runs failed: tiny:llama (model)" in capsys.readouterr().out
+    (r,) = json.loads((tmp_path / "gpu_bench.json").read_text())["results"]
+    assert "MemoryBudgetError" in r["error"]
+
+
 def test_session_through_the_command_line(tmp_path, random_model_args, capsys):
     out = tmp_path / "session.json"
     assert main(["bench", "session", *random_model_args, "--session-drafters", "ngram", "--session-requests", "3",
