@@ -27,13 +27,13 @@ def bench_argv(argv: Sequence[str]) -> list[str]:
     subcommand is named (``bench --help`` stays the list of subcommands). An old mode flag is an error that says
     which subcommand replaced it."""
     argv = list(argv)
+    if argv[:1] and (argv[0] in _MODES or argv[0] in ("-h", "--help")):
+        return argv
     for word in argv:
         flag = word.split("=", 1)[0]
         if flag in OLD_MODE_FLAGS:
             raise ConfigError(f"`{flag}` is now `edgespec bench {OLD_MODE_FLAGS[flag]}`: run "
                               f"`{_new_form(argv, word)}` (`edgespec bench --help` lists the subcommands)")
-    if argv[:1] and (argv[0] in _MODES or argv[0] in ("-h", "--help")):
-        return argv
     return [DEFAULT_MODE, *argv]
 
 
