@@ -191,3 +191,13 @@ def test_every_bench_command_in_the_docs_parses():
                     pytest.fail(f"{doc.name}:{n}: {line}")
                 seen += 1
     assert seen >= 10
+
+
+@pytest.mark.parametrize("mode", ["prompts", "formats", "shapes", "session", "multi-turn"])
+def test_sm_limit_is_an_option_of_every_cuda_mode(capsys, monkeypatch, mode):
+    """Each mode that runs on CUDA takes --sm-limit and applies it before any work (here: no CUDA, named)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", mode, "--sm-limit", "16"]) == 2
+    assert "--sm-limit needs a CUDA device" in capsys.readouterr().err
