@@ -37,11 +37,11 @@ def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # ---- end demo model ----------------------------------------------------------------------------------------
 
 
-# ---- tiny random checkpoints (edgespec.loading.synthetic) --------------------------------------------------
+# ---- tiny random checkpoints (edgespec.bench.shapes) --------------------------------------------------
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One random-weight checkpoint folder per family (written once per session)."""
-    from edgespec.loading.synthetic import TINY_SHAPES, tiny_config, write_random_checkpoint
+    from edgespec.bench.shapes import TINY_SHAPES, tiny_config, write_random_checkpoint
 
     root = tmp_path_factory.mktemp("tiny")
     return {fam: write_random_checkpoint(root / fam, tiny_config(fam), seed=7, with_mtp=fam.startswith("qwen3_5"))

@@ -32,11 +32,11 @@ from make_drafter import write_dflash_drafter  # noqa: E402
 from edgespec.arch.detect import select_hooks  # noqa: E402
 from edgespec.bench.formats import FORMATS, format_model  # noqa: E402
 from edgespec.bench.gpu import random_model, sm_clock_mhz, weight_bytes_per_token  # noqa: E402
+from edgespec.bench.shapes import SHAPES, config_dict  # noqa: E402
 from edgespec.bench.sm_limit import limit_sms  # noqa: E402
 from edgespec.drafters.dflash import load_dflash_checkpoint  # noqa: E402
 from edgespec.drafters.ngram import NGramProposer  # noqa: E402
 from edgespec.kernels import sm_count  # noqa: E402
-from edgespec.loading.synthetic import SHAPES, config_dict  # noqa: E402
 from edgespec.memory import module_bytes  # noqa: E402
 from edgespec.speculative.acceptance import StrictGreedy  # noqa: E402
 from edgespec.speculative.session import SpecSession  # noqa: E402

@@ -17,7 +17,7 @@ Command line (from the repository root)::
         --sliding-window 2048] [--layout nested|top] [--prefix model.] [--own-embed] [--own-lm-head]
     python tools/make_drafter.py mtp --target DIR          # adds mtp.* to a Qwen3.5 checkpoint in place
 
-A tiny Qwen3.5 target that already has MTP weights: ``edgespec.loading.synthetic.write_random_checkpoint(folder,
+A tiny Qwen3.5 target that already has MTP weights: ``edgespec.bench.shapes.write_random_checkpoint(folder,
 tiny_config("qwen3_5"), with_mtp=True)``.
 """
 

@@ -119,8 +119,8 @@ def profile_drafter(shape: str, bw: float, sequence: int) -> dict:
     replayed as a cycle runs it, next to the read limit of its weights (layers + the head it uses)."""
     from make_drafter import write_dflash_drafter
 
+    from edgespec.bench.shapes import SHAPES, config_dict
     from edgespec.drafters.dflash import load_dflash_checkpoint
-    from edgespec.loading.synthetic import SHAPES, config_dict
     from edgespec.speculative.acceptance import StrictGreedy
     device = torch.device("cuda")
     model = random_model(shape, device, torch.bfloat16, 2048)

@@ -26,10 +26,10 @@ from edgespec.arch.base import ArchHooks
 from edgespec.arch.detect import select_hooks
 from edgespec.arch.rollback import rollback_strategy
 from edgespec.bench.gpu import THOR_BW, fill_random_, time_cuda, weight_bytes_per_token
+from edgespec.bench.shapes import SHAPES, TINY_SHAPES, config_dict, tiny_config
 from edgespec.cache.model_cache import ModelCache
 from edgespec.errors import ConfigError
 from edgespec.loading.hf_config import parse_config
-from edgespec.loading.synthetic import SHAPES, TINY_SHAPES, config_dict, tiny_config
 from edgespec.memory import module_bytes, peak_bytes, plan_budget
 from edgespec.models.decoder import TargetModel
 from edgespec.models.layers import Linear

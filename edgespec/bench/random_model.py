@@ -2,7 +2,7 @@
 
 Time to first token of a chat turn depends on how many tokens the turn adds, which a byte-level tokenizer inflates
 about fourfold; a speed figure of a model shape only needs the shape. :func:`bench_model` therefore writes random
-weights of a :data:`~edgespec.loading.synthetic.SHAPES` entry next to the demo's SmolLM2 BPE tokenizer (or any
+weights of a :data:`~edgespec.bench.shapes.SHAPES` entry next to the demo's SmolLM2 BPE tokenizer (or any
 folder's tokenizer files), so the same command measures the same scenario on this CPU and on a GPU machine that
 cannot download anything: the weights are generated where they run, only the tokenizer files (about 3.4 MB) travel.
 
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
+from edgespec.bench.shapes import write_chat_tokenizer, write_random_checkpoint
 from edgespec.errors import CheckpointError, ConfigError
-from edgespec.loading.synthetic import write_chat_tokenizer, write_random_checkpoint
 
 # The files that carry a tokenizer and its chat use (ChatTokenizer.from_folder reads these).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")

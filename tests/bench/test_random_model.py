@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from edgespec.bench.random_model import bench_model, copy_tokenizer, tokenizer_source, write_bench_model
+from edgespec.bench.shapes import write_chat_tokenizer
 from edgespec.cli import main
 from edgespec.engine import Engine
 from edgespec.errors import CheckpointError, ConfigError
-from edgespec.loading.synthetic import write_chat_tokenizer
 
 
 @pytest.fixture()

@@ -10,10 +10,10 @@ import pytest
 import torch
 from _tools import load_tool
 
+from edgespec.bench.shapes import tiny_config, write_chat_tokenizer, write_random_checkpoint
 from edgespec.cache.prefix import PrefixCache, common_prefix
 from edgespec.config import Settings
 from edgespec.engine import Engine, Request
-from edgespec.loading.synthetic import tiny_config, write_chat_tokenizer, write_random_checkpoint
 from edgespec.speculative.acceptance import StrictGreedy
 
 SYSTEM = {"role": "system", "content": "You drive a robot arm on a kitchen table. Answer briefly. " * 3}

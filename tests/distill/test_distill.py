@@ -12,13 +12,13 @@ import pytest
 import torch
 from _tools import load_tool
 
+from edgespec.bench.shapes import tiny_config, write_chat_tokenizer, write_random_checkpoint
 from edgespec.distill.batched import generate_batch, supports_batched
 from edgespec.distill.data import generate_one, load_data
 from edgespec.distill.objective import BlockObjective, accepted_lengths, block_mask, make_blocks
 from edgespec.distill.workload import bench_prompt_texts, load_prompt_file, robot_prompts
 from edgespec.errors import CheckpointError, ConfigError
 from edgespec.loading.checkpoint import load_target
-from edgespec.loading.synthetic import tiny_config, write_chat_tokenizer, write_random_checkpoint
 
 
 @pytest.fixture(scope="module")

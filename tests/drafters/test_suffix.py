@@ -135,8 +135,8 @@ def test_settings_build_it_and_name_bad_values(tiny_models, tmp_path):
 def test_engine_feeds_the_cache_per_client(tmp_path):
     """Through the engine: every completion lands in its client's partition, a repeated request drafts from its
     earlier answer (AL up), another client's request does not, and the answers equal plain decoding."""
+    from edgespec.bench.shapes import tiny_config, write_chat_tokenizer, write_random_checkpoint
     from edgespec.engine import Engine, Request
-    from edgespec.loading.synthetic import tiny_config, write_chat_tokenizer, write_random_checkpoint
 
     folder = write_chat_tokenizer(write_random_checkpoint(tmp_path / "m", tiny_config("llama", vocab_size=272),
                                                           seed=3))

@@ -17,9 +17,9 @@ from test_dflash import prompt_ids
 from test_spec_lossless import OracleProposer
 
 from edgespec.arch.detect import select_hooks
+from edgespec.bench.shapes import tiny_config, write_random_checkpoint
 from edgespec.drafters.ngram import NGramProposer
 from edgespec.loading.checkpoint import load_target
-from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 from edgespec.speculative.acceptance import StrictGreedy
 from edgespec.speculative.parity import lossless
 from edgespec.speculative.session import SpecSession
