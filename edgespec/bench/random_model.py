@@ -31,7 +31,8 @@ _MARKER = ".edgespec-bench-model.json"
 def demo_tokenizer_folder() -> Path:
     """The demo model's tokenizer files (SmolLM2 BPE, 49152 ids), read from the embedded GGUF's metadata."""
     try:
-        from edgespec.loading.gguf_demo import demo_gguf_path, gguf_metadata_folder
+        from edgespec.convert.gguf import demo_gguf_path
+        from edgespec.loading.gguf_meta import gguf_metadata_folder
 
         return gguf_metadata_folder(demo_gguf_path())
     except (CheckpointError, ImportError) as exc:
@@ -97,7 +98,7 @@ def write_bench_model(shape: str, out: str | Path, tokenizer: str = "demo", dtyp
 def bench_model(shape: str, tokenizer: str = "demo", dtype: str = "bfloat16", root: str | Path | None = None,
                 mtp: bool = False) -> Path:
     """A cached random-weight checkpoint of ``shape`` with ``tokenizer``: written on first use, reused after."""
-    from edgespec.loading.gguf_demo import cache_root
+    from edgespec.paths import cache_root
 
     src = tokenizer_source(tokenizer)
     digest = "byte" if src is None else hashlib.sha256((src / "tokenizer.json").read_bytes()).hexdigest()[:12]
