@@ -41,7 +41,7 @@ _blas_limit = None     # threadpoolctl's limiter while the BLAS path is on (rest
 def configure_cpu(enabled: bool = True, own_pool: bool = False) -> None:
     """Route fp32 CPU linears through OpenBLAS (``enabled``) and make torch's intra-op pool single-threaded so the
     two pools never compete for the cores. ``own_pool``: the model's products run on edgespec's own thread pool
-    (packed GGUF weights, ``edgespec.weights.gguf_native``), so OpenBLAS keeps to one thread; otherwise OpenBLAS
+    (packed GGUF weights, ``edgespec.kernels.gguf_native``), so OpenBLAS keeps to one thread; otherwise OpenBLAS
     has its own thread count back. ``enabled=False`` restores torch's matmul (thread count untouched)."""
     global _enabled, _blas_limit
     _enabled = enabled
