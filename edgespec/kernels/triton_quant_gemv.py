@@ -28,6 +28,8 @@ classes' ``matmul_ref`` reads the very same tensors.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -671,6 +673,43 @@ def quant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
     if cfg.get("DEQUANT", int(M >= DEQUANT_GEMM_MIN_ROWS[fmt])):
         # prefill: dequantize a band of rows, multiply on the tensor cores (edgespec.kernels.triton_quant_prefill)
         return dequant_gemm(packed, x2, bias).reshape(*lead, N)
+    tiling = _tiling(packed, M, cfg)
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    part = y if tiling.direct else torch.empty((tiling.splits, M, N), dtype=torch.float32, device=x.device)
+    # PDL (SM90+): the next launch is scheduled while this one drains; every kernel waits for its predecessor first
+    pdl = pdl_launch(x.device) if cfg.get("PDL", 0) else {}
+    _launch_fused(packed, x2, bias, cfg, tiling, part, y, pdl)
+    if not tiling.direct:
+        _split_sum_kernel[(M, triton.cdiv(N, 1024))](
+            part, bias if bias is not None else part, y, M, N, tiling.splits, part.stride(0), part.stride(1),
+            y.stride(0), HAS_BIAS=bias is not None, SPLITS_P2=max(2, triton.next_power_of_2(tiling.splits)),
+            BLOCK=1024, num_warps=4, PDL=bool(pdl), **pdl)
+    return y.reshape(*lead, N)
+
+
+@dataclass(frozen=True)
+class _Tiling:
+    """How one fused product of :func:`quant_matmul` is cut: row and column blocks, K tiles and their split."""
+
+    many: bool          # more than WIDE_MAX_ROWS rows: the many-row launch (row blocks on the grid)
+    block_m: int
+    block_n: int
+    tile: int           # K elements per scale tile (the int4 group, else 128)
+    n_tiles: int
+    splits: int         # K split across programs (1: each program writes its output directly)
+    per_split: int
+
+    @property
+    def direct(self) -> bool:
+        return self.splits == 1
+
+    def grid(self, M: int, N: int) -> tuple[int, int]:
+        return (triton.cdiv(N, self.block_n) * (triton.cdiv(M, self.block_m) if self.many else 1), self.splits)
+
+
+def _tiling(packed, M: int, cfg: dict[str, int]) -> _Tiling:
+    """The tiling of a fused product of ``M`` rows; sets ``cfg``'s ``DOT`` (tensor-core dot above one row) and
+    ``SPLIT_K`` (none for many rows) in place, as the launch reads them."""
     many = M > WIDE_MAX_ROWS
     # 1..16 rows: one 16-row tile; 17..64: one row block of 32 or 64 (never fewer rows than M: one weight read)
     block_m = cfg["BLOCK_M"] if many else 16 if M <= MAX_ROWS else max(cfg["BLOCK_M"], triton.next_power_of_2(M))
@@ -679,32 +718,34 @@ def quant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
     if many:
         cfg["SPLIT_K"] = 1
     block_n = cfg["BLOCK_N"]
-    if fmt == "fp8_block" and 128 % block_n:
+    if packed.format == "fp8_block" and 128 % block_n:
         raise ValueError(f"fp8_block product: BLOCK_N {block_n} must divide the 128-row scale block")
-    tile = 128 if fmt != "int4" else packed.group_size
-    n_tiles = triton.cdiv(K, tile)
+    tile = 128 if packed.format != "int4" else packed.group_size
+    n_tiles = triton.cdiv(packed.in_features, tile)
     splits = max(d for d in range(1, min(cfg["SPLIT_K"], n_tiles) + 1) if n_tiles % d == 0)
-    per_split = n_tiles // splits
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    direct = splits == 1
-    part = y if direct else torch.empty((splits, M, N), dtype=torch.float32, device=x.device)
+    return _Tiling(many, block_m, block_n, tile, n_tiles, splits, n_tiles // splits)
+
+
+def _launch_fused(packed, x2: torch.Tensor, bias: torch.Tensor | None, cfg: dict[str, int], t: _Tiling,
+                  part: torch.Tensor, y: torch.Tensor, pdl: dict) -> None:
+    """Launch the format's fused kernel: into ``y`` directly, or per K split into ``part`` (summed after)."""
+    fmt, direct, tile, n_tiles, per_split = packed.format, t.direct, t.tile, t.n_tiles, t.per_split
+    M, N, K = x2.shape[0], packed.out_features, packed.in_features
     b = bias if bias is not None else y
-    grid = (triton.cdiv(N, block_n) * (triton.cdiv(M, block_m) if many else 1), splits)
-    # PDL (SM90+): the next launch is scheduled while this one drains; every kernel waits for its predecessor first
-    pdl = pdl_launch(x.device) if cfg.get("PDL", 0) else {}
+    grid = t.grid(M, N)
     launch = dict(PDL=bool(pdl), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl)
-    common = dict(BLOCK_M=block_m, BLOCK_N=block_n, DOT=bool(cfg["DOT"]), DIRECT=direct, HAS_BIAS=bias is not None,
-                  M_FAST=many, **launch)
+    common = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, DOT=bool(cfg["DOT"]), DIRECT=direct,
+                  HAS_BIAS=bias is not None, M_FAST=t.many, **launch)
     ps, pm = (part.stride(0), part.stride(1)) if not direct else (0, 0)
-    pairs = fmt in ("int4", "nvfp4") and cfg["DOT"] and cfg.get("PAIRS", 0) and not many
+    pairs = fmt in ("int4", "nvfp4") and cfg["DOT"] and cfg.get("PAIRS", 0) and not t.many
     x_paired = bool(pairs and cfg.get("XPAIR", 0))
     xk = pair_order(x2) if x_paired else x2
     if fmt == "int4" and pairs:
         q, s, z = packed.qweight, packed.scales, packed.zeros
         qw = q.view(torch.int32)                 # 8 codes per word: rows of in/2 bytes are whole words
         _int4_pair_dot_kernel[grid](xk, qw, s, z, part, b, y, M, N, n_tiles, per_split, xk.stride(0), qw.stride(0),
-                                    s.stride(0), z.stride(0), ps, pm, y.stride(0), GROUP=tile, BLOCK_M=block_m,
-                                    BLOCK_N=block_n, IS_BF16=x2.dtype == torch.bfloat16, DIRECT=direct,
+                                    s.stride(0), z.stride(0), ps, pm, y.stride(0), GROUP=tile, BLOCK_M=t.block_m,
+                                    BLOCK_N=t.block_n, IS_BF16=x2.dtype == torch.bfloat16, DIRECT=direct,
                                     HAS_BIAS=bias is not None, PREFETCH=cfg.get("PREFETCH", 0) if pdl else 0,
                                     X_PAIRED=x_paired, **launch)
     elif fmt == "int4" and M == 1 and not cfg["DOT"] and cfg.get("WORDS", 1):
@@ -712,8 +753,8 @@ def quant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
         qw = q.view(torch.int32)                 # 8 codes per word: rows of in/2 bytes are whole words
         kern = _int4_gemv_h2_kernel if cfg.get("H2", 0) else _int4_gemv_kernel
         kern[grid](x2, qw, s, z, part, b, y, M, N, n_tiles, per_split, qw.stride(0), s.stride(0),
-                                z.stride(0), ps, GROUP=tile, BLOCK_N=block_n, DIRECT=direct,
-                                HAS_BIAS=bias is not None, **launch)
+                   z.stride(0), ps, GROUP=tile, BLOCK_N=t.block_n, DIRECT=direct, HAS_BIAS=bias is not None,
+                   **launch)
     elif fmt == "int4":
         q, s, z = packed.qweight, packed.scales, packed.zeros
         _int4_kernel[grid](x2, q, s, z, part, b, y, M, N, n_tiles, per_split, x2.stride(0), q.stride(0),
@@ -722,9 +763,9 @@ def quant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
         qw = packed.weight.view(torch.int32)     # 8 codes per word: rows of in/2 bytes are whole words
         s = packed.weight_scale
         _nvfp4_pair_dot_kernel[grid](xk, qw, s, packed.weight_scale_2, part, b, y, M, N, n_tiles, per_split,
-                                     xk.stride(0), qw.stride(0), s.stride(0), ps, pm, y.stride(0), BLOCK_M=block_m,
-                                     BLOCK_N=block_n, IS_BF16=x2.dtype == torch.bfloat16, DIRECT=direct,
-                                     HAS_BIAS=bias is not None, X_PAIRED=x_paired, **launch)
+                                     xk.stride(0), qw.stride(0), s.stride(0), ps, pm, y.stride(0),
+                                     BLOCK_M=t.block_m, BLOCK_N=t.block_n, IS_BF16=x2.dtype == torch.bfloat16,
+                                     DIRECT=direct, HAS_BIAS=bias is not None, X_PAIRED=x_paired, **launch)
     elif fmt == "nvfp4":
         q, s = packed.weight, packed.weight_scale
         _nvfp4_kernel[grid](x2, q, s, packed.weight_scale_2, part, b, y, M, N, n_tiles, per_split, x2.stride(0),
@@ -735,12 +776,6 @@ def quant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
                                 s.stride(0), ps, pm, y.stride(0), EVEN_K=K % 128 == 0, **common)
     else:
         raise ValueError(f"no Triton product for weight format {fmt!r}")
-    if not direct:
-        _split_sum_kernel[(M, triton.cdiv(N, 1024))](
-            part, bias if bias is not None else part, y, M, N, splits, part.stride(0), part.stride(1), y.stride(0),
-            HAS_BIAS=bias is not None, SPLITS_P2=max(2, triton.next_power_of_2(splits)), BLOCK=1024, num_warps=4,
-            PDL=bool(pdl), **pdl)
-    return y.reshape(*lead, N)
 
 
 def quant_kernel(packed, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
