@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from edgespec.kernels import sm_count
-from edgespec.kernels.options import KernelOptions, active
+from edgespec.kernels.linear import SKINNY_MAX_ROWS
 from edgespec.kernels.triton_pdl import pdl_enter, pdl_launch, pdl_release, pdl_wait
 
 
@@ -92,22 +92,7 @@ def _launch_config(default: dict[str, int], config: dict[str, int] | None) -> di
 
 
 # ---- a few rows (verify, DFlash blocks): tensor-core tiles over a 16-row block -----------------------------------
-
-SKINNY_MAX_ROWS = 16
-
-
-def skinny_pays(N: int, sm_count: int, options: KernelOptions | None = None) -> bool:
-    """Whether :func:`edgespec.kernels.linear.linear` sends 2-16 rows on a matrix of output width ``N`` to the
-    skinny GEMM rather than cuBLAS: always, unless the ``skinny`` kernel option is ``wide`` (``EDGESPEC_SKINNY=wide``,
-    a tuning override for A/B runs; ``options``: those in force unless given) keeps the narrow matrices (fewer
-    64-row blocks than SMs) on cuBLAS.
-
-    Why always: taken one at a time, cuBLAS and the skinny GEMM are about level on narrow matrices, but the cuBLAS
-    kernels do not take part in programmatic dependent launch: each one stops the overlap of a kernel's start
-    with its predecessor's tail that every Triton kernel of a step has (figures: docs/benchmarks.md, "Kernel
-    launch choices")."""
-    return (options or active()).skinny == "all" or triton.cdiv(N, 64) >= sm_count
-
+# (which matrices take it rather than cuBLAS: edgespec.kernels.linear.linear_route / skinny_pays)
 
 @triton.jit
 def _skinny_kernel(x_ptr, w_ptr, part_ptr, b_ptr, y_ptr, M, N, K, k_per_split, stride_xm,
