@@ -3,10 +3,9 @@ weights at DRAM speed. (The GPU side is described in ``edgespec.kernels.triton_g
 
 A batch-1 forward on CPU is a chain of matrix-vector products: it should cost the bytes of the weights over the
 memory bandwidth. torch's fp32 CPU matmul goes through MKL, which on the AMD (AVX2) CPUs we run CI and the demo on
-streams only 8-14 GB/s for one row and 4-8 GB/s for 2-11 rows, against ~30 GB/s the same cores read with a plain
-reduction. The OpenBLAS that numpy bundles runs the same one-row product at roughly twice that, 17-30 GB/s
-depending on the shape and the machine's load (``tools/cpu_matmul_bench.py`` prints the comparison). So on CPU
-in fp32:
+streams well below what the same cores read with a plain reduction; the OpenBLAS that numpy bundles runs the same
+one-row product about twice as fast (``tools/cpu_matmul_bench.py`` prints the comparison; figures:
+docs/benchmarks.md, "CPU launch choices"). So on CPU in fp32:
 
 * up to :data:`ROWS_MAX` rows (decode and short verifies) run as one OpenBLAS GEMV per row over blocks of the
   weight small enough to stay in the last-level cache, so the weight comes from DRAM once per forward however many
@@ -14,8 +13,8 @@ in fp32:
   plain decode step of the same token (speculative output equals plain output bit for bit on this path);
 * more rows (prefill, long verifies) run as one OpenBLAS GEMM.
 
-OpenBLAS runs its own threads. Two thread pools spinning on two cores fight (a forward got 8x slower in our
-measurements), so the BLAS path is taken only while torch's intra-op pool is single-threaded:
+OpenBLAS runs its own threads. Two thread pools spinning on two cores fight (a forward many times slower), so the
+BLAS path is taken only while torch's intra-op pool is single-threaded:
 :func:`configure_cpu` sets that up, and anything that raises torch's thread count again falls back to torch's
 matmul automatically. :func:`linear_ref` is the torch reference the tests compare against.
 """
@@ -35,7 +34,7 @@ from edgespec.kernels import sm_count, triton_available
 from edgespec.kernels.options import KernelOptions, active
 from edgespec.weights.base import is_packed, known_format
 
-# Up to this many rows, one GEMV per row beats a GEMM on small-M shapes (measured on a 2-core EPYC, AVX2).
+# Up to this many rows, one GEMV per row beats a GEMM on small-M shapes (docs/benchmarks.md, "CPU launch choices").
 ROWS_MAX = 8
 # Weight block of a multi-row GEMV pass: stays in cache while every row reads it.
 BLOCK_BYTES = 4 << 20
@@ -59,8 +58,9 @@ def configure_cpu(enabled: bool = True, own_pool: bool = False) -> None:
     if enabled and own_pool:
         # OpenBLAS's own workers spin after each call. Beside the GGUF product's pool (which already uses the
         # other cores) they oversubscribe the CPU: a BLAS call then waits a scheduler time slice for a worker
-        # that was descheduled, 13-27 ms for a 16-row product that takes 0.5-1 ms alone (a DFlash cycle of the
-        # CPU demo: drafter layers on BLAS, verify on the GGUF pool). One BLAS thread per process avoids it.
+        # that was descheduled, many times the product's own time (a DFlash cycle of the CPU demo: drafter layers
+        # on BLAS, verify on the GGUF pool; docs/benchmarks.md, "CPU launch choices"). One BLAS thread per
+        # process avoids it.
         from threadpoolctl import threadpool_limits
         if _blas_limit is None:
             _blas_limit = threadpool_limits(1, user_api="blas")

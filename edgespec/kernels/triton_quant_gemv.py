@@ -606,10 +606,9 @@ def quant_config(fmt: str, N: int, K: int, M: int, sms: int) -> dict[str, int]:
     if M > MAX_ROWS:
         # 17..64 rows: one row block of 32 or 64 rows, so a weight tile is decoded once for all of them; wider
         # weight blocks than at 16 rows, because every program reads the whole activation block from L2 once per
-        # tile (at 64 rows and 64 weight rows that is as many L2 bytes as weight bytes)
-        # (tools/quant_bench.py --wide-sweep --sm-limit 16, 27B stack, H200 2026-11-26: 4 warps beat 8 by 20-35%;
-        # at 64 rows x permuted once on the host (XPAIR) saves 23% (int4) and 18% (nvfp4), and 64 weight rows
-        # beat 128 there; at 32 rows it pays for nvfp4 only)
+        # tile (at 64 rows and 64 weight rows that is as many L2 bytes as weight bytes). Warps, block widths and
+        # where x is permuted once on the host (XPAIR) are the winners of tools/quant_bench.py --wide-sweep
+        # (figures: docs/benchmarks.md, "Kernel launch choices")
         block_m = max(32, triton.next_power_of_2(M))
         block_n, x_pair = {("int4", 32): (128, 0), ("int4", 64): (64, 1), ("nvfp4", 32): (128, 1),
                            ("nvfp4", 64): (64, 1), ("fp8_block", 32): (64, 0), ("fp8_block", 64): (128, 0)}[
@@ -622,23 +621,23 @@ def quant_config(fmt: str, N: int, K: int, M: int, sms: int) -> dict[str, int]:
         # (``_int4_pair_dot_kernel``, ``_nvfp4_pair_dot_kernel``); the int4 lm_head asks L2 for its first lines
         # before the PDL wait
         block_n, warps, stages, waves = (64 if N <= 8192 else 128), 4, 3, 4
-        # nvfp4 2..16 rows: x permuted once on the host (XPAIR): 7% on the 27B stack on a 16-SM context (H200)
+        # nvfp4 2..16 rows: x permuted once on the host (XPAIR) rather than in every program, which won there
         cfg = {"BLOCK_M": 16, "DOT": 1, "PAIRS": 1, "PREFETCH": 4 if N >= 65536 else 0, "num_warps": warps,
                "num_stages": stages, "XPAIR": int(fmt == "nvfp4" and M > 1)}
     elif M == 1 and fmt != "fp8_block":
         block_n, warps, stages, waves = {"int4": (64, 4, 3, 4), "nvfp4": (32, 4, 4, 4)}[fmt]
         cfg = {"BLOCK_M": 16, "DOT": 0, "num_warps": warps, "num_stages": stages, "H2": int(fmt == "int4")}
     else:
-        # fp8: one row rides the 16-row tensor-core tile too (it won on 4 of the 6 Qwen3.5-27B matrices), so a
-        # decode row and a verify row take the same launch
+        # fp8: one row rides the 16-row tensor-core tile too (it won the per-matrix sweep on most 27B matrices), so
+        # a decode row and a verify row take the same launch
         block_n, warps, stages, waves = (128, 4, 3, 2) if fmt != "fp8_block" else (32, 4, 4, 4)
         cfg = {"BLOCK_M": 16, "DOT": 1, "num_warps": warps, "num_stages": stages}
     n_blocks = triton.cdiv(N, block_n)
     n_tiles = triton.cdiv(K, 128)
     want = waves * sms
     splits = 1 if n_blocks >= want // 2 else max(1, min(triton.cdiv(want, n_blocks), n_tiles // 4))
-    # PDL (where the device has it) measured on the H200 stacks: int4 2-8% faster at 1 and 16 rows; the 16-row
-    # tiles of block-FP8 and NVFP4 16% and 32% slower on the 27B stack, so those launch without it
+    # PDL (where the device has it) for int4 only: it made the int4 products faster and the 16-row tiles of
+    # block-FP8 and NVFP4 slower (figures: docs/benchmarks.md, "Kernel launch choices")
     return {**cfg, "BLOCK_N": block_n, "SPLIT_K": splits, "PDL": int(fmt == "int4")}
 
 
