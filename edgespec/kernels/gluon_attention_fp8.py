@@ -27,15 +27,12 @@ written out:
 - The query is loaded before the ring's first copies are issued (a barrier keeps the compiler from sinking it), so
   it does not queue behind them; it is converted after them.
 
-Default launch (``GLUON_DECODE``): one warp per program on 32-key tiles, four programs per SM, one wave. Measured
-(H200, 27B heads, 32k keys): one call 29.3-30.2 us after a write flush and 24.2-25.0 us after a read flush,
-24.4-24.6 us per call over 16 back-to-back calls; the Triton program on the same machine starts 30.2 / 25.3-25.5 /
-25.8-25.9 us. Its loop is 777 instructions per 32 keys (the Triton program: 2 x 873). Still 7 us above a plain
-streaming read of the same bytes: the first tile lands 4-9 us after the start (all programs ask at once) and
-programs finish 5 us apart (``lab/attn_trace.py``); claiming tiles dynamically from a counter to even that out was
-slower (35 us), and so was a ramped ring start (31 us). The 32-key blocks are dealt out evenly (``BALANCE``:
-no split left empty, every SM four busy programs; 29.0-29.8 against 29.8-30.0 us, loop 782 instructions); merging
-the splits inside this launch behind a per-KV-head barrier was slower (32.3 us).
+Default launch (``GLUON_DECODE``): one warp per program on 32-key tiles, four programs per SM, one wave; from 8192
+keys it runs level with or ahead of the Triton program. What it still spends above a plain streaming read of the same
+bytes is the start (every program asks for its first tile at once) and uneven finishes (``lab/attn_trace.py``);
+evening them out (tiles claimed from a counter, a ramped ring start, the merge inside this launch behind a per-KV-head
+barrier) was slower. The 32-key blocks are dealt out evenly (``BALANCE``: no split left empty, every SM four busy
+programs). Figures: docs/benchmarks.md, "Kernel launch choices"; the experiments: docs/notes/attention-experiments.md.
 
 The scales follow the Triton program's "tile" rule (``V_SCALE_TILE``): the k scale multiplies the logits, and each
 warp folds ``v_scale / vmax`` (its tile's largest v scale) into the probabilities and carries ``vmax`` in its
