@@ -49,11 +49,11 @@ def graph_us(fn: Callable[[], Any], reps: int = 10, rep_ms: int = 60, flush_mode
     ``write`` zeroes a 256 MB buffer (L2 is left full of dirty lines, which the timed kernel must write back as it
     reads), ``read`` sums it (L2 is left full of clean lines, as after the weight-streaming GEMVs that precede
     attention in a decode step)."""
-    from triton.testing import do_bench
-
     mode = flush_mode
     if mode not in FLUSH_MODES:
         raise ValueError(f"flush mode {mode!r}: 'write' or 'read'")
+    from triton.testing import do_bench
+
     _flush_buffers()                                       # made on the current stream, before the side stream
     evict = partial(evict_l2, mode)
     side = torch.cuda.Stream()
