@@ -44,7 +44,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from edgespec.loading.gguf_demo import convert_demo, convert_gguf
+    from edgespec.convert.gguf import convert_demo, convert_gguf
 
     if args.gguf:
         if not args.out:
@@ -92,7 +92,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_quantize(args: argparse.Namespace) -> int:
-    from edgespec.quantize import run_quantize
+    from edgespec.convert.quantize import run_quantize
 
     return run_quantize(args)
 
@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("quantize", help="quantize a bf16 checkpoint to int4 (AWQ), nvfp4 (ModelOpt) or fp8 (block)")
-    from edgespec.quantize import add_quantize_arguments
+    from edgespec.convert.quantize import add_quantize_arguments
     add_quantize_arguments(p)
     p.set_defaults(func=_cmd_quantize)
 

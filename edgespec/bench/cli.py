@@ -163,7 +163,7 @@ def _shapes_arguments(p: argparse.ArgumentParser) -> None:
     from edgespec.bench.gpu import DEFAULT_SHAPES
 
     p.add_argument("shapes", nargs="?", default=DEFAULT_SHAPES, help="comma list of "
-                   "edgespec.loading.synthetic.SHAPES names, or tiny:FAMILY test shapes (default: %(default)s)")
+                   "edgespec.bench.shapes.SHAPES names, or tiny:FAMILY test shapes (default: %(default)s)")
     p.add_argument("--compare-hf-shapes", dest="compare_hf", default="qwen3.5-4b", metavar="SHAPES",
                    help="shapes also run in transformers (comma list; none: no transformers run)")
     p.add_argument("--context", type=int, default=512, help="KV context of decode and verify")

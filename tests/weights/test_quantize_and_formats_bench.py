@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
+from edgespec.bench.shapes import tiny_config, write_chat_tokenizer, write_random_checkpoint
 from edgespec.cli import main
 from edgespec.errors import ConfigError
 from edgespec.loading.checkpoint import load_target
-from edgespec.loading.synthetic import tiny_config, write_chat_tokenizer, write_random_checkpoint
 from edgespec.weights.base import PackedLinear
 
 # Mean cosine similarity of the logits of a 12-token prompt, quantized vs original, on the tiny random llama
