@@ -21,7 +21,8 @@
    read through strides by the unchanged kernel, timed like section 4 beside the default layout.
 
 The FP8 / bf16 ratio the benchmarks page reports is one call inside a decode step instead
-(``edgespec bench --attn-in-place``, ``edgespec/bench/attn_in_place.py``); section 5 stays as the one-call figure.
+(``edgespec bench shapes --attn-in-place``, ``edgespec/bench/attn_in_place.py``); section 5 stays as the one-call
+figure.
 
 ``bash lab/lab_sweep.sh attn-probe`` on a CUDA machine (it installs the package first: ``edgespec.arch``);
 ``python lab/attn_overhead_probe.py --sections 5 --repeat 9`` for the target figure alone.
