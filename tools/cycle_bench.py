@@ -4,7 +4,7 @@
                                 [--drafter-weights model,int4] [--sm-limit 16]
 
 Builds the target shape with random weights on the GPU (``--format``: dense bf16, or fp8/nvfp4/int4 linear layers
-as ``edgespec bench --formats`` builds them) and a random 5-layer DFlash drafter of the published layout for it
+as ``edgespec bench formats`` builds them) and a random 5-layer DFlash drafter of the published layout for it
 (edgespec.bench.random_drafter), served once per ``--drafter-weights`` entry (the checkpoint's bf16, or quantized
 at load), then runs the session with ``stage_timing=device``. Random drafts are
 rejected, so every cycle verifies K+1 rows and rolls back: the worst case for cycle overheads. The same split is

@@ -153,7 +153,7 @@ def profile_drafter(shape: str, bw: float, sequence: int) -> dict:
 
 
 def profile_prefill(shape: str, fmt: str, tokens: int, sequence: int, host: bool = False) -> dict:
-    """One whole-model prefill of ``tokens`` tokens as ``edgespec bench --formats`` times it (the arch's prefill
+    """One whole-model prefill of ``tokens`` tokens as ``edgespec bench formats`` times it (the arch's prefill
     chunk, a fresh cache each time), its kernels grouped."""
     from edgespec.bench.formats import prefill_step, served_model, shape_config
     device = torch.device("cuda")
