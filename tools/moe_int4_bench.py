@@ -5,6 +5,7 @@ the high end of what a trained router touches).
 
     python tools/moe_int4_bench.py layer --out layer.json
     python tools/moe_int4_bench.py model --out model.json [--tuning layer.json] [--sm-limit 16] [--lm-head int4]
+                                         [--verify-rows 2,4,8,16] [--context 512] [--attention-only]
 
 ``layer``: one layer's routed + shared product (edgespec.kernels.triton_moe_int4) captured as a CUDA graph at 1,
 4, 16 and 64 rows, for each launch configuration of :data:`CONFIGS` (the first also checked against the torch
@@ -41,7 +42,7 @@ def random_int4_stack(E: int, H: int, I: int, group: int, device: torch.device, 
     def part(rows: int, cols: int):
         q = torch.randint(0, 256, (E, rows, cols // 2), dtype=torch.uint8, device=device, generator=gen)
         s = torch.full((E, rows, cols // group), 0.02 / 4.6, dtype=torch.float16, device=device)
-        return q, s, torch.full((E, rows, cols // group), 8, dtype=torch.uint8, device=device)
+        return q, s, torch.randint(7, 9, (E, rows, cols // group), dtype=torch.uint8, device=device, generator=gen)
 
     q13, s13, z13 = part(2 * I, H)
     q2, s2, z2 = part(H, I)
@@ -101,9 +102,11 @@ def layer_bench(args: argparse.Namespace) -> dict:
     return results
 
 
-def int4_model(device: torch.device, max_len: int, lm_head: str):
+def int4_model(device: torch.device, max_len: int, lm_head: str, attention_only: bool = False):
     """The shape's served module tree with every linear layer int4 g128, random codes filled on the device, the
-    experts stacked (shared expert fused), the output projection in ``lm_head``'s format."""
+    experts stacked (shared expert fused), the output projection in ``lm_head``'s format. ``attention_only``: every
+    layer full (gated) attention instead of 3 Gated DeltaNet + 1 attention, the layout of the llama.cpp peer's
+    qwen3moe GGUF (tools/peer_gguf.py --moe)."""
     from edgespec.bench.formats import meta_model, shape_config
     from edgespec.bench.gpu import fill_random_
     from edgespec.loading.hf_config import parse_config
@@ -113,6 +116,8 @@ def int4_model(device: torch.device, max_len: int, lm_head: str):
     from edgespec.weights.requantize import quantize_lm_head
 
     cfg_dict = shape_config(SHAPE)
+    if attention_only:
+        cfg_dict = {**cfg_dict, "layer_types": ["full_attention"] * cfg_dict["num_hidden_layers"]}
     cfg = parse_config(cfg_dict)
     model = meta_model(cfg_dict, "int4", torch.bfloat16, 128)
     budget = plan_budget(cfg, module_bytes(model), device, torch.bfloat16, max_len, packed=True)
@@ -125,9 +130,11 @@ def int4_model(device: torch.device, max_len: int, lm_head: str):
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, Int4Weight):
+                # codes 0..15 and zero points 7 or 8: (q - z) has mean 0 (a constant zero point of 8 gave every
+                # matrix a mean of -0.5 scale, a shared direction in every hidden state, and rows routed alike)
                 m.qweight.random_(0, 256, generator=gen)
                 m.scales.fill_(0.02 / 4.6)
-                m.zeros.fill_(8)
+                m.zeros.random_(7, 9, generator=gen)
     model.merge_projections()           # stacks the experts now that they hold real tensors
     quantize_lm_head(model, lm_head)
     return model.eval()
@@ -137,6 +144,7 @@ def model_bench(args: argparse.Namespace) -> dict:
     from edgespec.bench.gpu import bench_max_len, bench_shape, sm_clock_mhz
     from edgespec.kernels import sm_count, triton_moe_int4
     from edgespec.models.moe import SparseMoE
+    from edgespec.weights.base import PackedWeight
 
     limit = None
     if args.sm_limit:
@@ -147,10 +155,14 @@ def model_bench(args: argparse.Namespace) -> dict:
         triton_moe_int4.TUNING.update(json.loads(Path(args.tuning).read_text())["best"])
     dev = torch.device("cuda")
     torch.cuda.reset_peak_memory_stats(dev)
-    model = int4_model(dev, bench_max_len(512, ()), args.lm_head)
+    model = int4_model(dev, bench_max_len(args.context, ()), args.lm_head, args.attention_only)
     assert all(b.q4 is not None for b in model.modules() if isinstance(b, SparseMoE))
-    out = bench_shape(SHAPE, device=dev, kv_fp8=True, verify_rows=(2, 4, 8, 16), prefill_lengths=(), model=model)
+    out = bench_shape(SHAPE, device=dev, kv_fp8=True, context=args.context, verify_rows=tuple(args.verify_rows),
+                      prefill_lengths=(), model=model)
+    head = model.lm_head.weight
     out.update(format="int4", group_size=128, lm_head=args.lm_head, tuning=dict(triton_moe_int4.TUNING),
+               attention_only=args.attention_only,
+               head_bytes=head.nbytes if isinstance(head, PackedWeight) else head.numel() * head.element_size(),
                sm_limit=args.sm_limit, sms=sm_count(dev), sm_clock_mhz=sm_clock_mhz(dev))
     v = out["verify"]
     print(f"{out['device']} {out['sms']} SMs: decode {out['decode_ms']:.3f} ms = {out['decode_tok_s']:.1f} tok/s, "
@@ -166,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("part", choices=("layer", "model"))
     ap.add_argument("--out", required=True, help="JSON file written")
     ap.add_argument("--rows", default="1,4,16,64", help="layer: row counts")
+    ap.add_argument("--verify-rows", default="2,4,8,16", help="model: verify row counts")
+    ap.add_argument("--context", type=int, default=512, help="model: the context each step runs at")
+    ap.add_argument("--attention-only", action="store_true", help="model: every layer gated attention (the "
+                    "llama.cpp peer's qwen3moe layout) instead of the hybrid's 3 GDN + 1 attention")
     ap.add_argument("--tuning", help="model: a layer JSON whose best launch configuration to use")
     ap.add_argument("--sm-limit", type=int, default=0, help="model: run on a green context of this many SMs")
     ap.add_argument("--lm-head", default="int4", choices=("model", "int4", "nvfp4", "fp8"),
@@ -175,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         print("moe_int4_bench: needs a CUDA GPU", file=sys.stderr)
         return 2
     args.rows = [int(r) for r in args.rows.split(",")]
+    args.verify_rows = [int(r) for r in args.verify_rows.split(",")]
     result = layer_bench(args) if args.part == "layer" else model_bench(args)
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))
     return 0
