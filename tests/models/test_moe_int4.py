@@ -6,18 +6,12 @@ lossless (speculative == plain, fp32) with the kernel inside its CUDA graphs."""
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 from _devices import DEVICES
 from quant_layouts import write_quantized
-from test_dflash import prompt_ids
-from test_spec_lossless import OracleProposer
+from test_moe import check_cuda_model
 
-from edgespec.arch.detect import select_hooks
-from edgespec.arch.rollback import ROLLBACK_STRATEGIES
-from edgespec.drafters.ngram import NGramProposer
 from edgespec.kernels.activation import silu_mul_ref
 from edgespec.kernels.moe import group_by_expert, moe_ref, route
 from edgespec.kernels.moe_quant import StackedInt4, stacked_int4_expert_product, stacked_int4_expert_product_ref
@@ -26,8 +20,6 @@ from edgespec.loading.checkpoint import load_target
 from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 from edgespec.memory import module_bytes
 from edgespec.models.moe import RoutingLog, SparseMoE
-from edgespec.speculative.acceptance import StrictGreedy
-from edgespec.speculative.session import SpecSession
 
 FAMILY = "qwen3_5_moe"
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -162,17 +154,4 @@ def test_cuda_int4_model_spec_equals_plain(int4_checkpoint):
     model = load_target(int4_checkpoint, device=cuda, max_positions=256)
     cpu_model = load_target(int4_checkpoint, max_positions=256)
     assert all(b.q4 is not None and b.q4.q13.is_cuda for b in model.modules() if isinstance(b, SparseMoE))
-    ids = torch.tensor(prompt_ids(320, n=20))
-    got = model.forward(ids.to(cuda), model.new_cache(64)).logits.cpu()
-    want = cpu_model.forward(ids, cpu_model.new_cache(64)).logits
-    torch.testing.assert_close(got, want, rtol=0, atol=2e-3)
-    prompt = prompt_ids(320, n=21, seed=6)
-    new_session = SpecSession.with_defaults
-    plain = new_session(model, select_hooks("rtx", cuda), None, kv_fp8=False, max_len=128).generate(
-        prompt, max_tokens=16, policy=StrictGreedy()).token_ids
-    for rollback, kind in itertools.product(ROLLBACK_STRATEGIES, ("ngram", "oracle")):
-        prop = NGramProposer() if kind == "ngram" else OracleProposer(plain, 320, seed=len(rollback))
-        s = new_session(model, select_hooks("rtx", cuda), prop, k=5, kv_fp8=False, rollback=rollback, max_len=128)
-        out = s.generate(prompt, max_tokens=16, policy=StrictGreedy())
-        assert out.token_ids == plain, (rollback, kind)
-        assert out.telemetry.expert_union
+    check_cuda_model(model, cpu_model, "rtx")
