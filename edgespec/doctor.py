@@ -142,8 +142,8 @@ def add_shape_budget_arguments(p) -> None:
 
 def shape_budget_report(args):
     """The ``doctor --shape`` lines and the :class:`~edgespec.memory.MemoryBudget` they describe."""
+    from edgespec.bench.shape_budget import parse_memory, shape_budget
     from edgespec.memory import format_bytes
-    from edgespec.shape_budget import parse_memory, shape_budget
 
     memory = parse_memory(args.memory) if args.memory else None
     drafter = None if args.drafter == "none" else args.drafter

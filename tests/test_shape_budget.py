@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from edgespec.bench.shape_budget import parse_memory, shape_budget
 from edgespec.cli import main
 from edgespec.errors import ConfigError
 from edgespec.loading.hf_config import parse_config
 from edgespec.loading.synthetic import SHAPES, config_dict
 from edgespec.memory import kv_cache_bytes
-from edgespec.shape_budget import parse_memory, shape_budget
 
 SHAPE = "qwen3.5-35b-a3b"
 
