@@ -17,8 +17,14 @@ from edgespec.memory import kv_cache_bytes
 SHAPE = "qwen3.5-35b-a3b"
 
 
-def test_35b_a3b_int4_mtp_32k_fp8_fits_24gb():
-    budget, split = shape_budget(SHAPE, "int4", 32768, True, "mtp", parse_memory("24GB"))
+@pytest.fixture(scope="module")
+def int4_budget():
+    """35B-A3B int4 + its MTP head + a 32k FP8 KV cache against 24 GB (one meta build, ~20 s)."""
+    return shape_budget(SHAPE, "int4", 32768, True, "mtp", parse_memory("24GB"))
+
+
+def test_35b_a3b_int4_mtp_32k_fp8_fits_24gb(int4_budget):
+    budget, split = int4_budget
     cfg = parse_config(config_dict(**SHAPES[SHAPE]))
     # every routed expert lives in memory: 40 layers x 256 experts x (gate+up+down) int4 g128 (codes, fp16
     # scales, uint8 zeros) -- computed here from the shape, not read back from the module tree
@@ -30,11 +36,14 @@ def test_35b_a3b_int4_mtp_32k_fp8_fits_24gb():
     assert budget.fits and budget.total <= 24e9
 
 
-def test_doctor_shape_prints_and_refuses_with_numbers(capsys):
+def test_doctor_shape_prints_and_refuses_with_numbers(int4_budget, monkeypatch, capsys):
+    # the int4 report as doctor prints it (its budget from the fixture: one meta build less)
+    monkeypatch.setattr("edgespec.bench.shape_budget.shape_budget", lambda *a, **k: int4_budget)
     assert main(["doctor", "--shape", SHAPE, "--format", "int4", "--max-seq-len", "32768", "--drafter", "mtp",
                  "--memory", "24GB"]) == 0
     out = capsys.readouterr().out
-    assert "experts 15.70 GiB" in out and "fits" in out
+    assert "experts 15.70 GiB" in out and "23.35 GB of 24.00 GB" in out and out.rstrip().endswith("fits")
+    monkeypatch.undo()
     # the same model in block-FP8 does not fit 24 GB: refused, every part named with its size
     assert main(["doctor", "--shape", SHAPE, "--format", "fp8", "--max-seq-len", "32768", "--drafter", "mtp",
                  "--memory", "24GB"]) == 2
