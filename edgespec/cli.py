@@ -131,8 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="server log level")
     p.set_defaults(func=_cmd_serve)
 
-    p = sub.add_parser("bench", help="measure plain and speculative decoding on the bench prompts",
-                       parents=[run_settings])
+    p = sub.add_parser("bench", help="benchmarks: prompts (default), formats, shapes, session, multi-turn, peer",
+                       description="Benchmarks, one subcommand each (`edgespec bench MODE --help`); with none "
+                       "named, `prompts` runs.")
     from edgespec.bench.cli import add_bench_arguments
     add_bench_arguments(p)
     p.set_defaults(func=_cmd_bench)
@@ -171,8 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv[:1] == ["bench"]:      # `edgespec bench` without a subcommand runs `prompts`
+            from edgespec.bench.cli import bench_argv
+            argv = ["bench", *bench_argv(argv[1:])]
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except EdgespecError as e:
         print(f"edgespec: error: {e}", file=sys.stderr)

@@ -26,7 +26,7 @@ for name in shipped new; do
   drafter=$SHIPPED; [ "$name" = new ] && drafter=$NEW
   for dtype in ${DTYPES:-bfloat16 float32}; do
     echo "== drafter $name ($drafter), target $dtype on the GPU"
-    "$PY" -m edgespec.cli bench --model "$WORK/target" --device cuda --dtype "$dtype" --drafter dflash \
+    "$PY" -m edgespec.cli bench prompts --model "$WORK/target" --device cuda --dtype "$dtype" --drafter dflash \
       --drafter-path "$drafter" --tokens 128 2>&1 | tail -16 | tee "$OUT/lossless_${name}_${dtype}.txt"
   done
 done

@@ -39,4 +39,4 @@ if [ "${PEER_MOE_TINY:-0}" = 1 ]; then
   exit 0
 fi
 GGUF=$("$PY" -c "from edgespec.loading.gguf_demo import demo_gguf_path; print(demo_gguf_path())")
-exec "$PY" -m edgespec.bench.peer_llamacpp --llama-bench "$BENCH" --gguf "$GGUF" --repeats "$REPEATS" --threads "$THREADS"
+exec "$PY" -m edgespec.cli bench peer --llama-bench "$BENCH" --gguf "$GGUF" --repeats "$REPEATS" --threads "$THREADS"

@@ -70,7 +70,7 @@ def write_bench_model(shape: str, out: str | Path, tokenizer: str = "demo", dtyp
                       mtp: bool = False, seed: int = 0) -> Path:
     """Write random weights of ``shape`` (a SHAPES name or ``tiny:FAMILY``) and the ``tokenizer``'s files (see
     :func:`tokenizer_source`) into ``out``."""
-    from edgespec.bench.formats import shape_config
+    from edgespec.bench.gpu import shape_config
 
     cfg = shape_config(shape)
     out = Path(out)
@@ -101,7 +101,7 @@ def bench_model(shape: str, tokenizer: str = "demo", dtype: str = "bfloat16", ro
 
     src = tokenizer_source(tokenizer)
     digest = "byte" if src is None else hashlib.sha256((src / "tokenizer.json").read_bytes()).hexdigest()[:12]
-    from edgespec.bench.formats import shape_config
+    from edgespec.bench.gpu import shape_config
 
     key = {"shape": shape, "tokenizer": digest, "dtype": dtype, "mtp": mtp, "config": shape_config(shape)}
     base = Path(root) if root is not None else cache_root() / "bench-models"

@@ -86,7 +86,7 @@ def test_without_the_demo_the_error_says_how_to_bring_its_tokenizer(monkeypatch)
 def test_multi_turn_bench_on_a_random_model(tmp_path, tok_dir, monkeypatch, capsys):
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "mt.json"
-    assert main(["bench", "--multi-turn", "--random-model", "tiny:qwen3_5", "--bench-tokenizer", str(tok_dir),
+    assert main(["bench", "multi-turn", "--random-model", "tiny:qwen3_5", "--bench-tokenizer", str(tok_dir),
                  "--history-tokens", "150", "--turns", "3", "--tokens", "4", "--max-seq-len", "1024",
                  "--out", str(out)]) == 0
     text = capsys.readouterr().out
@@ -96,7 +96,7 @@ def test_multi_turn_bench_on_a_random_model(tmp_path, tok_dir, monkeypatch, caps
     assert rows[0]["new_tokens"] == rows[0]["prompt_tokens"] >= 150
     for r in rows[1:]:
         assert 0 < r["new_tokens"] < r["prompt_tokens"] and r["ttft_reuse_ms"] > 0 and r["ttft_fresh_ms"] > 0
-    assert main(["bench", "--multi-turn", "--random-model", "gpt-5"]) == 2
+    assert main(["bench", "multi-turn", "--random-model", "gpt-5"]) == 2
     assert "gpt-5" in capsys.readouterr().err
 
 
@@ -136,7 +136,7 @@ def test_multi_turn_bench_names_a_bf16_divergence(tmp_path, tok_dir, monkeypatch
 
     monkeypatch.setattr(multiturn, "_turn", turn)
     out = tmp_path / "mt.json"
-    assert main(["bench", "--multi-turn", "--random-model", "tiny:llama", "--bench-tokenizer", str(tok_dir),
+    assert main(["bench", "multi-turn", "--random-model", "tiny:llama", "--bench-tokenizer", str(tok_dir),
                  "--dtype", "bfloat16", "--history-tokens", "100", "--turns", "2", "--tokens", "6",
                  "--max-seq-len", "1024", "--out", str(out)]) == 0
     text = capsys.readouterr().out

@@ -21,7 +21,7 @@ def _args(*argv: str) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=12)
     p.add_argument("--out")
     add_session_arguments(p)
-    return p.parse_args(["--session", *argv])
+    return p.parse_args(list(argv))
 
 
 def test_stream_is_seeded_and_unlike_the_training_templates():

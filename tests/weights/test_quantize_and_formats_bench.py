@@ -1,5 +1,5 @@
 """``edgespec quantize`` writes checkpoints in the public layouts that load back close to the original, and
-``edgespec bench --formats`` prints one row per format with the bytes each reads per token."""
+``edgespec bench formats`` prints one row per format with the bytes each reads per token."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def test_quantize_bad_input(source, tmp_path):
 
 
 def test_format_bench_table(capsys):
-    assert main(["bench", "--formats", "dense,fp8,nvfp4,int4", "--format-shape", "tiny:llama", "--group-size",
+    assert main(["bench", "formats", "dense,fp8,nvfp4,int4", "--format-shape", "tiny:llama", "--group-size",
                  "32", "--context", "16", "--format-iters", "2", "--format-prefill", "8,24"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     by = {r["format"]: r for r in rows}
