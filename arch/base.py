@@ -85,9 +85,9 @@ class ArchHooks:
         is on CUDA. Leaves the cache reset. Without ``graphs`` stages run eagerly."""
         self.static.clear()
         self.graph_prefill_max = graph_prefill_max
-        # MoE layers run as graphs only with every expert stacked (device-side ids, edgespec.kernels.triton_moe);
-        # packed experts are grouped on the host (edgespec.kernels.moe) and run eagerly.
-        graphs = graphs and all(b.w13 is not None for b in moe_blocks(model))
+        # MoE layers run as graphs only with every expert stacked (device-side ids, edgespec.kernels.triton_moe and
+        # triton_moe_int4); other packed experts are grouped on the host (edgespec.kernels.moe) and run eagerly.
+        graphs = graphs and all(b.device_routed for b in moe_blocks(model))
         self.choose_weight_kernels(model)   # before any capture: graphs record the chosen products
         if cache.states is not None:
             cache.states.graph_commits = graphs and model.device.type == "cuda"

@@ -114,6 +114,7 @@ def format_model(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype
                 for b, t in q.named_buffers(recurse=False):
                     getattr(module, b).copy_(t)
                 del dense, q
+    model.merge_projections()       # merges that need real tensors (MoE experts stacked per layer)
     return model.eval()
 
 
