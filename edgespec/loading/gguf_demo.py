@@ -382,9 +382,15 @@ def _convert_into(gguf_path: Path, dest: Path, weights: bool = True) -> None:
     if meta.has(f"{arch}.rope.scaling.type") and meta.get(f"{arch}.rope.scaling.type") not in ("none", None):
         raise UnsupportedModelError(f"{gguf_path}: RoPE scaling ({arch}.rope.scaling.type) is not supported")
 
-    tokenizer, control_ids, _ = _build_tokenizer(meta, gguf_path)
-    tokens: list[str] = meta.require("tokenizer.ggml.tokens")
-    vocab_size = int(meta.get(f"{arch}.vocab_size", len(tokens)))
+    # llama.cpp's "none" vocabulary (benchmark files: llama-bench feeds token ids) has no tokenizer to rebuild:
+    # such a file loads for benchmarks only (no tokenizer files are written; serving it names the missing file).
+    has_tokenizer = meta.get("tokenizer.ggml.model") != "none"
+    if has_tokenizer:
+        tokenizer, control_ids, _ = _build_tokenizer(meta, gguf_path)
+        tokens: list[str] = meta.require("tokenizer.ggml.tokens")
+        vocab_size = int(meta.get(f"{arch}.vocab_size", len(tokens)))
+    else:
+        tokens, vocab_size = [], int(meta.require(f"{arch}.vocab_size"))
 
     special = _special_tokens(meta, tokens)
     bos_id, eos_id, pad_id = special["bos"][0], special["eos"][0], special["pad"][0]
@@ -432,7 +438,8 @@ def _convert_into(gguf_path: Path, dest: Path, weights: bool = True) -> None:
     del tensors
     _write_json(dest / "config.json", config)
 
-    _write_tokenizer_files(dest, meta, tokenizer, tokens, control_ids, special, context_length)
+    if has_tokenizer:
+        _write_tokenizer_files(dest, meta, tokenizer, tokens, control_ids, special, context_length)
 
 
 def is_converted(folder: Path, source: Path | None = None, weights: bool = True) -> bool:
@@ -451,7 +458,8 @@ def is_converted(folder: Path, source: Path | None = None, weights: bool = True)
         return False  # the package shipped a different GGUF
     if weights and not info.get("weights", True):
         return False
-    return all((folder / name).is_file() for name in OUTPUT_FILES if weights or name != "model.safetensors")
+    names = OUTPUT_FILES if info.get("tokenizer", True) else ("config.json", "model.safetensors")
+    return all((folder / name).is_file() for name in names if weights or name != "model.safetensors")
 
 
 def _remove_tree(path: Path) -> None:
@@ -490,7 +498,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, force: bool = Fa
         else:
             _convert_into(src, tmp, weights=False)
         _write_json(tmp / MARKER, {"format": FORMAT, "source": str(src), "source_size": src.stat().st_size,
-                                   "weights": weights})
+                                   "weights": weights, "tokenizer": (tmp / "tokenizer.json").is_file()})
         # mkdtemp makes the folder 0700 (and safetensors writes 0600); a model cache is ordinary readable
         # data.
         for item in tmp.iterdir():
