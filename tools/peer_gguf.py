@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -65,6 +66,7 @@ def main() -> int:
         if not args.q4_k_m:
             w.add_tensor(name, rand(rows, cols))
             return
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # the checkout's edgespec, installed or not
         from edgespec.weights.gguf_kquants import random_kquant
         role = name.split(".")[-2]
         six = role == "output" or role in ("attn_v", "ffn_down") and more_bits(layer)

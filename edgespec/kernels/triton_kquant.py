@@ -115,7 +115,7 @@ def _q6k_superblock(acc, x_ptr, w_ptr, m, m_ok, n, n_ok, sb, stride_xm, stride_w
                 ql = tl.load(row[:, None] + 64 * h + 32 * (r % 2) + lane[None, :], mask=n_ok[:, None], other=0)
                 qh = tl.load(row[:, None] + 128 + 32 * h + lane[None, :], mask=n_ok[:, None], other=0)
                 q = (((ql.to(tl.int32) >> (4 * (r // 2))) & 15) | (((qh.to(tl.int32) >> (2 * r)) & 3) << 4)) - 32
-                g: tl.constexpr = 8 * h + 2 * r + s
+                g = 8 * h + 2 * r + s          # constexpr (unrolled loops)
                 sc = tl.load(row + 192 + g, mask=n_ok, other=0).to(tl.int8, bitcast=True).to(tl.float32)
                 k0 = sb * 256 + 128 * h + 32 * r + 16 * s
                 xt = tl.load(x_ptr + m[:, None] * stride_xm + (k0 + l16)[None, :], mask=m_ok[:, None], other=0.0)
