@@ -35,6 +35,14 @@ from typing import Any
 import numpy as np
 
 from edgespec.errors import CheckpointError, EdgespecError, UnsupportedModelError
+from edgespec.loading.gguf_qwen35 import (
+    QWEN35_BLOCK_NAMES,
+    QWEN35_PARAMS,
+    is_mtp_tensor,
+    main_layer_count,
+    qwen35_config,
+    qwen35_dense_value,
+)
 from edgespec.paths import cache_root
 
 __all__ = [
@@ -79,10 +87,18 @@ _LLAMA3_PRE = {"llama3", "llama-bpe", "llama-v3", "smaug-bpe", "falcon3"}
 # Qwen2/Qwen3's split: the Llama 3 pattern with single digits.
 _QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
 _QWEN2_PRE = {"qwen2"}
+# Qwen3.5's split (llama.cpp's "qwen35"): combining marks (\p{M}) stay with the letters before them.
+_QWEN35_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_SPLITS = {**{p: _LLAMA3_SPLIT for p in _LLAMA3_PRE}, **{p: _QWEN2_SPLIT for p in _QWEN2_PRE}, "qwen35": _QWEN35_SPLIT}
 
 # GGUF architectures served: HF model_type and class. llama.cpp's converter reorders the q/k rows of "llama" only
 # (its RoPE is the interleaved kind); qwen3 uses NeoX RoPE, HF's rotate-half layout, so its rows stay as they are.
-GGUF_ARCHS = {"llama": ("llama", "LlamaForCausalLM"), "qwen3": ("qwen3", "Qwen3ForCausalLM")}
+# qwen35 (the Qwen3.5 hybrid) is read in the file's own head order: edgespec.loading.gguf_qwen35.
+GGUF_ARCHS = {"llama": ("llama", "LlamaForCausalLM"), "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+              "qwen35": ("qwen3_5_text", "Qwen3_5ForCausalLM")}
 ROPE_PERMUTED_ARCHS = ("llama",)
 
 
@@ -191,13 +207,14 @@ _BLOCK_NAMES = {
     "ffn_norm": "post_attention_layernorm",
     "attn_q_norm": "self_attn.q_norm",          # qwen3
     "attn_k_norm": "self_attn.k_norm",
+    **QWEN35_BLOCK_NAMES,
 }
 _TOP_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
     "output": "lm_head",
 }
-_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_0-9]+)(?:\.(weight|bias))?$")   # qwen35's ssm_a has no suffix
 _TOP_RE = re.compile(r"^([a-z_]+)\.(weight|bias)$")
 
 
@@ -206,7 +223,10 @@ def _hf_name(gguf_name: str) -> tuple[str, str | None, int | None]:
     m = _BLOCK_RE.match(gguf_name)
     if m and m.group(2) in _BLOCK_NAMES:
         layer, role, kind = int(m.group(1)), m.group(2), m.group(3)
-        return f"model.layers.{layer}.{_BLOCK_NAMES[role]}.{kind}", role, layer
+        if (role, kind) in QWEN35_PARAMS:            # HF parameters that are no module's weight or bias
+            return f"model.layers.{layer}.{QWEN35_PARAMS[role, kind]}", role, layer
+        if kind is not None:
+            return f"model.layers.{layer}.{_BLOCK_NAMES[role]}.{kind}", role, layer
     m = _TOP_RE.match(gguf_name)
     if m and m.group(1) in _TOP_NAMES:
         return f"{_TOP_NAMES[m.group(1)]}.{m.group(2)}", None, None
@@ -214,12 +234,12 @@ def _hf_name(gguf_name: str) -> tuple[str, str | None, int | None]:
     raise UnsupportedModelError(f"GGUF tensor {gguf_name!r} has no Llama equivalent edgespec knows")
 
 
-def _convert_tensors(reader: Any, path: Path, n_heads: int, n_kv_heads: int,
-                     permuted: bool = True) -> dict[str, np.ndarray]:
+def _convert_tensors(tensors: list[Any], path: Path, n_heads: int, n_kv_heads: int,
+                     permuted: bool = True, qwen35: bool = False) -> dict[str, np.ndarray]:
     from gguf.quants import dequantize
 
     out: dict[str, np.ndarray] = {}
-    for tensor in reader.tensors:
+    for tensor in tensors:
         name, role, _ = _hf_name(tensor.name)
         try:
             # dequantize returns the row-major (numpy) shape, i.e. GGUF's ne[] reversed: [out, in] for
@@ -237,6 +257,8 @@ def _convert_tensors(reader: Any, path: Path, n_heads: int, n_kv_heads: int,
             weight = _unpermute_rows(weight, n_heads)
         elif role == "attn_k" and permuted:
             weight = _unpermute_rows(weight, n_kv_heads)
+        if qwen35:
+            weight = qwen35_dense_value(tensor.name, role, weight)
         out[name] = np.ascontiguousarray(weight)
     return out
 
@@ -276,10 +298,9 @@ def _build_tokenizer(meta: _Meta, path: Path) -> tuple[Any, list[int], list[int]
         ])
     elif pre in _GPT2_REGEX_PRE:
         tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    elif pre in _LLAMA3_PRE or pre in _QWEN2_PRE:
+    elif pre in _SPLITS:
         tk.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_LLAMA3_SPLIT if pre in _LLAMA3_PRE else _QWEN2_SPLIT), behavior="isolated",
-                                 invert=False),
+            pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ])
     else:
@@ -363,6 +384,16 @@ def _write_tokenizer_files(dest: Path, meta: _Meta, tokenizer: Any, tokens: list
     _write_json(dest / "generation_config.json", {k: v for k, v in gen_cfg.items() if v not in (None, [])})
 
 
+def _gguf_tokenizer(meta: _Meta, path: Path) -> tuple[Any, list[int], list[str]]:
+    """(tokenizer, control ids, tokens) of the file. llama.cpp's "none" vocabulary (benchmark files: llama-bench
+    feeds token ids) has no tokenizer to rebuild: (None, [], []), and the file loads for benchmarks only (no
+    tokenizer files are written; serving it names the missing file)."""
+    if meta.get("tokenizer.ggml.model") == "none":
+        return None, [], []
+    tokenizer, control_ids, _ = _build_tokenizer(meta, path)
+    return tokenizer, control_ids, meta.require("tokenizer.ggml.tokens")
+
+
 def _convert_into(gguf_path: Path, dest: Path, weights: bool = True) -> None:
     """Write every output file of ``gguf_path`` into the (empty) folder ``dest``; ``weights=False``: all but
     ``model.safetensors`` (config and tokenizer for a model whose weights are read from the GGUF itself)."""
@@ -382,21 +413,18 @@ def _convert_into(gguf_path: Path, dest: Path, weights: bool = True) -> None:
     if meta.has(f"{arch}.rope.scaling.type") and meta.get(f"{arch}.rope.scaling.type") not in ("none", None):
         raise UnsupportedModelError(f"{gguf_path}: RoPE scaling ({arch}.rope.scaling.type) is not supported")
 
-    # llama.cpp's "none" vocabulary (benchmark files: llama-bench feeds token ids) has no tokenizer to rebuild:
-    # such a file loads for benchmarks only (no tokenizer files are written; serving it names the missing file).
-    has_tokenizer = meta.get("tokenizer.ggml.model") != "none"
-    if has_tokenizer:
-        tokenizer, control_ids, _ = _build_tokenizer(meta, gguf_path)
-        tokens: list[str] = meta.require("tokenizer.ggml.tokens")
-        vocab_size = int(meta.get(f"{arch}.vocab_size", len(tokens)))
-    else:
-        tokens, vocab_size = [], int(meta.require(f"{arch}.vocab_size"))
+    tokenizer, control_ids, tokens = _gguf_tokenizer(meta, gguf_path)
+    vocab_size = int(meta.get(f"{arch}.vocab_size", len(tokens))) if tokens else int(meta.require(f"{arch}.vocab_size"))
 
     special = _special_tokens(meta, tokens)
     bos_id, eos_id, pad_id = special["bos"][0], special["eos"][0], special["pad"][0]
 
-    names = {_hf_name(t.name)[0] for t in reader.tensors}   # also rejects tensors we do not know
-    tensors = _convert_tensors(reader, gguf_path, n_heads, n_kv_heads, arch in ROPE_PERMUTED_ARCHS) if weights else {}
+    # qwen35: the MTP layers a converter may append are not part of the main model (gguf_qwen35).
+    main = main_layer_count(meta, arch) if arch == "qwen35" else None
+    kept = [t for t in reader.tensors if main is None or not is_mtp_tensor(t.name, main)]
+    names = {_hf_name(t.name)[0] for t in kept}   # also rejects tensors we do not know
+    tensors = (_convert_tensors(kept, gguf_path, n_heads, n_kv_heads, arch in ROPE_PERMUTED_ARCHS,
+                                arch == "qwen35") if weights else {})
     tied = "lm_head.weight" not in names
     if "model.embed_tokens.weight" not in names:
         raise CheckpointError(f"{gguf_path}: no token_embd.weight tensor")
@@ -432,13 +460,15 @@ def _convert_into(gguf_path: Path, dest: Path, weights: bool = True) -> None:
         "pad_token_id": pad_id,
         "torch_dtype": "float32",
     }
+    if arch == "qwen35":
+        config.update(qwen35_config(meta, arch, head_dim, rope_theta))
 
     if weights:
         save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
     del tensors
     _write_json(dest / "config.json", config)
 
-    if has_tokenizer:
+    if tokenizer is not None:
         _write_tokenizer_files(dest, meta, tokenizer, tokens, control_ids, special, context_length)
 
 

@@ -122,8 +122,9 @@ K_D_SCALE = {"Q2_K": (1e-3, 1e-3), "Q3_K": (1e-3, None), "Q4_K": (4e-4, 1e-3), "
              "Q6_K": (1e-4, None)}
 
 
-def random_kquant(rows: int, cols: int, kind: str, rng: np.random.Generator) -> np.ndarray:
-    """Random ``kind`` (``Q2_K`` .. ``Q6_K``) super-blocks ``uint8 [rows, cols/256 * block_bytes]``."""
+def random_kquant(rows: int, cols: int, kind: str, rng: np.random.Generator, scale: float = 1.0) -> np.ndarray:
+    """Random ``kind`` (``Q2_K`` .. ``Q6_K``) super-blocks ``uint8 [rows, cols/256 * block_bytes]``; ``scale``
+    multiplies the typical ``d`` / ``dmin`` (so the weights)."""
     from gguf import GGML_QUANT_SIZES
     from gguf import GGMLQuantizationType as Q
 
@@ -131,6 +132,6 @@ def random_kquant(rows: int, cols: int, kind: str, rng: np.random.Generator) -> 
     raw = rng.integers(0, 256, size=(rows, cols // 256, nbytes), dtype=np.uint8)
     for at, base in zip(_D_AT[kind], K_D_SCALE[kind], strict=True):
         if at is not None:
-            d = (base * (0.5 + rng.random((rows, cols // 256)))).astype(np.float16)
+            d = (scale * base * (0.5 + rng.random((rows, cols // 256)))).astype(np.float16)
             raw[..., at:at + 2] = d.view(np.uint8).reshape(rows, cols // 256, 2)
     return raw.reshape(rows, -1)
