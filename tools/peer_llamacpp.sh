@@ -66,8 +66,10 @@ bench)
   "$PY" -m edgespec.cli bench --formats dense,fp8,int4,nvfp4 --format-shape ${PEER_FORMAT_SHAPE:-peer-llama} \
     --context 128 --format-prefill 512,2048 --out "$out/formats_peer.json" | tee "$out/edgespec_formats.txt"
   if [ "${PEER_GGUF:-1}" = 1 ]; then     # the same Q4_K_M file on edgespec (K-quant Triton products); PEER_GGUF=0 skips
-    "$PY" -m edgespec.bench.gguf_file --gguf "$MODELS/Q4_K_M.gguf" --context 128 --prefill 512,2048 \
-      --out "$out/gguf_Q4_K_M.json" | tee "$out/edgespec_gguf.txt"
+    # edgespec reads GGUF metadata with gguf-py: llama.cpp's own copy where the GPU host has none installed
+    PYTHONPATH="$SRC/gguf-py${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m edgespec.bench.gguf_file \
+      --gguf "$MODELS/Q4_K_M.gguf" --context 128 --prefill 512,2048 --out "$out/gguf_Q4_K_M.json" \
+      | tee "$out/edgespec_gguf.txt"
   fi
   if [ "${PEER_STACK:-1}" = 1 ]; then     # PEER_STACK=0 skips the linear-stack bound (saves device minutes)
     OUT=$out "$PY" tools/quant_bench.py --llama="$SHAPE" --shapes '' --formats int4,nvfp4,fp8_block \

@@ -1,4 +1,5 @@
-"""Load a llama- or qwen3-architecture GGUF natively: its Q4_0 / Q4_1 / Q8_0 tensors stay in their blocks.
+"""Load a llama-, qwen3- or qwen35-architecture GGUF natively: its Q4_0 / Q4_1 / Q8_0 and K-quant tensors stay
+in their blocks (qwen35: in the file's own value-head order, edgespec.loading.gguf_qwen35).
 
 The config and tokenizer come from :func:`edgespec.loading.gguf_demo.gguf_metadata_folder` (the same metadata
 reading as the fp32 conversion, without the weights); the tensors are read from the memory-mapped file:
