@@ -4,9 +4,10 @@
 Oracles: the CPU decode of the same bytes (the torch reference, bit-equal to gguf-py's ``dequantize`` in
 tests/weights/test_gguf_kquants.py): one-hot fp32 activation rows make the product return each weight as the kernel
 decoded it, which must equal the CPU's fp32 weight bit for bit (in the 16-row decode launch, with its K split, and
-in the 64-row prefill launch); bf16 products against the fp32 reference within bf16 rounding; a row's result the
-same bits at any row count (speculative == plain); and a Q4_K_M model served through the arch hooks: every packed
-weight on a kernel, speculative output equal to plain output.
+in both prefill paths: decoded bands multiplied by cuBLAS, and the fused 64-row tile); bf16 products against the
+fp32 reference within bf16 rounding; a row's result the same bits at any row count (speculative == plain); and a
+Q4_K_M model served through the arch hooks: every packed weight on a kernel, speculative output equal to plain
+output.
 """
 
 from __future__ import annotations
@@ -48,12 +49,16 @@ def _one_hot_transposed(matmul, packed, cols: int) -> torch.Tensor:
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("shape", [(96, 512), (1000, 1280)])
 def test_kquant_decode_is_the_cpu_decode_bit_for_bit(kind: str, shape: tuple[int, int]) -> None:
-    from edgespec.kernels.triton_kquant import kquant_matmul
+    from edgespec.kernels.triton_kquant import kquant_dequantize_band, kquant_matmul
     rows, cols = shape
     cpu, gpu = _kquant(kind, rows, cols)
     ref = cpu.dequantize(torch.float32).t()
+    eye = torch.eye(cols, device=DEV)
     assert torch.equal(_one_hot_transposed(kquant_matmul, gpu, cols).cpu(), ref), "16-row launch"
-    assert torch.equal(kquant_matmul(gpu, torch.eye(cols, device=DEV)).cpu(), ref), "prefill launch"
+    assert torch.equal(kquant_matmul(gpu, eye).cpu(), ref), "prefill: decoded bands, cuBLAS"
+    assert torch.equal(kquant_matmul(gpu, eye, config={"DEQUANT": 0}).cpu(), ref), "prefill: fused 64-row tile"
+    band = kquant_dequantize_band(gpu, 3, rows - 5, torch.bfloat16)
+    assert torch.equal(band.cpu(), ref.t()[3:rows - 5].to(torch.bfloat16)), "bf16 band: one rounding"
 
 
 @pytest.mark.parametrize("kind", KINDS)
