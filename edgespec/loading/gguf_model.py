@@ -1,7 +1,7 @@
 """Load a llama-, qwen3- or qwen35-architecture GGUF natively: its Q4_0 / Q4_1 / Q8_0 and K-quant tensors stay
 in their blocks (qwen35: in the file's own value-head order, edgespec.loading.gguf_qwen35).
 
-The config and tokenizer come from :func:`edgespec.loading.gguf_demo.gguf_metadata_folder` (the same metadata
+The config and tokenizer come from :func:`edgespec.loading.gguf_meta.gguf_metadata_folder` (the same metadata
 reading as the fp32 conversion, without the weights); the tensors are read from the memory-mapped file:
 
 * quantized matrices become :class:`~edgespec.weights.base.PackedLinear` layers holding a
@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from edgespec.errors import CheckpointError, UnsupportedModelError
-from edgespec.loading.gguf_demo import (
+from edgespec.loading.gguf_meta import (
     GGUF_ARCHS,
     ROPE_PERMUTED_ARCHS,
     _hf_name,

@@ -19,9 +19,9 @@ pytest.importorskip("gguf")
 
 from gguf_qwen35_files import write_qwen35_gguf  # noqa: E402
 
+from edgespec.bench.shapes import tiny_config, write_random_checkpoint  # noqa: E402
 from edgespec.errors import CheckpointError  # noqa: E402
 from edgespec.loading.gguf_model import load_gguf_target  # noqa: E402
-from edgespec.loading.synthetic import tiny_config, write_random_checkpoint  # noqa: E402
 from edgespec.weights.base import PackedLinear  # noqa: E402
 
 
@@ -115,7 +115,7 @@ def test_qwen35_pre_tokenizer_keeps_combining_marks() -> None:
     """llama.cpp's "qwen35" split keeps a combining mark with its letters (Qwen2's splits it off)."""
     from tokenizers import Regex, pre_tokenizers
 
-    from edgespec.loading.gguf_demo import _SPLITS
+    from edgespec.loading.gguf_meta import _SPLITS
 
     word = "cafe\u0301 au lait"
     pieces = {pre: [p for p, _ in pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated")
