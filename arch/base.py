@@ -112,7 +112,11 @@ class ArchHooks:
         kernel = choose_quant_kernel(packed)
         if kernel is not None:
             prepare_for_kernel(packed)
-        return kernel
+            return kernel
+        # Formats read in their own layout by kernels of their own: GGUF K-quants, per-row FP8 (issue 38).
+        from edgespec.kernels.triton_fp8_row import choose_fp8_row_kernel
+        from edgespec.kernels.triton_kquant import choose_kquant_kernel
+        return choose_kquant_kernel(packed) or choose_fp8_row_kernel(packed)
 
     def choose_weight_kernels(self, *modules: torch.nn.Module) -> int:
         """Store :meth:`weight_kernel` in every packed weight of ``modules`` (the target, a drafter); returns how

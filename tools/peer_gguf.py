@@ -10,10 +10,11 @@
 ``--expert-ffn`` per layer, top ``--experts-used``, no shared expert) instead of a dense llama: the expert
 dimensions of Qwen3.5-35B-A3B without its Gated DeltaNet layers (llama.cpp's hybrid qwen35moe GGUF is not written
 here), for the MoE peer row. At that size the F16 file would be ~66 GB, so ``--qtype Q4_K`` writes every matrix as
-random Q4_K blocks directly (the output projection as Q6_K, as llama-quantize's Q4_K_M does; the router and norms
-F32): codes and 6-bit block scales random, each block's f16 scale and minimum set so the weights are ~N(0, 0.02)-
-sized. Decode speed does not depend on the values; the file is Q4_K_S-like (Q4_K_M also keeps attn_v and some
-ffn_down in Q6_K, a few % more bytes).
+random Q4_K super-blocks directly (the output projection as Q6_K; the router and norms F32), from
+:func:`edgespec.weights.gguf_kquants.random_kquant`. Decode speed does not depend on the values; the file is
+Q4_K_S-like. ``--qtype Q4_K_M`` (or ``--q4-k-m``) writes llama-quantize's Q4_K_M mix instead (output, and attn_v /
+ffn_down of the layers ``use_more_bits`` picks, in Q6_K; the rest Q4_K): the same bytes per token without the
+llama.cpp build, for edgespec's side alone (``python -m edgespec.bench.gguf_file``).
 
 The vocabulary is llama.cpp's "none" tokenizer with ``vocab_size`` dummy tokens: llama-bench draws random token
 ids, so no tokenizer is needed. Weights are N(0, 0.02) (norms 1), seeded.
@@ -23,36 +24,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
 
-# bytes per 256-weight block, and where its f16 scale (and Q4_K's minimum) sit
-_BLOCK = {"Q4_K": 144, "Q6_K": 210}
-
-
-def random_blocks(rng, shape: tuple[int, ...], qtype: str, gguf):
-    """``(bytes, quant type)`` of a random ``shape`` matrix as ``qtype`` blocks: random codes and sub-block scales,
-    the f16 super-block scale set so |w| stays ~0.02 (Q4_K: scale 0.02/15/63-ish and a matching minimum, so
-    codes centre near 0; Q6_K: codes are signed already)."""
-    if shape[-1] % 256:
-        raise SystemExit(f"--qtype {qtype}: the input width {shape[-1]} is not a multiple of 256")
-    blocks = int(np.prod(shape[:-1])) * (shape[-1] // 256)
-    raw = rng.integers(0, 256, size=(blocks, _BLOCK[qtype]), dtype=np.uint8)
-    if qtype == "Q4_K":
-        d = np.full(blocks, 0.04 / 15 / 32, dtype=np.float16)        # w = d * sc * q - dmin * m, sc and m < 64
-        raw[:, 0:2] = d.view(np.uint8).reshape(blocks, 2)
-        raw[:, 2:4] = (d * 7.5).astype(np.float16).view(np.uint8).reshape(blocks, 2)
-    else:
-        raw[:, 192:208] = rng.integers(-32, 32, size=(blocks, 16), dtype=np.int8).view(np.uint8)
-        raw[:, 208:210] = np.full(blocks, 0.02 / 32 / 16, dtype=np.float16).view(np.uint8).reshape(blocks, 2)
-    return raw.reshape(*shape[:-1], shape[-1] // 256 * _BLOCK[qtype]), getattr(gguf.GGMLQuantizationType, qtype)
-
 
 def add_tensor(w, gguf):
-    """``add(name, matrix)`` for an F16 array or a ``(bytes, quant type)`` pair from :func:`random_blocks`."""
+    """``add(name, matrix)`` for an F16 array or a ``(bytes, quant type name)`` pair of random K-quant blocks."""
     def add(name: str, t) -> None:
         if isinstance(t, tuple):
-            w.add_tensor(name, t[0], raw_dtype=t[1])
+            w.add_tensor(name, t[0], raw_dtype=getattr(gguf.GGMLQuantizationType, t[1]))
         else:
             w.add_tensor(name, t)
     return add
@@ -73,13 +54,18 @@ def main() -> int:
     ap.add_argument("--experts-used", type=int, default=8)
     ap.add_argument("--expert-ffn", type=int, default=512)
     ap.add_argument("--head-dim", type=int, default=0, help="attention head width (0: hidden / heads)")
-    ap.add_argument("--qtype", default="F16", choices=("F16", "Q4_K"), help="matrices as F16, or as random "
-                    "Q4_K blocks (output Q6_K) written directly")
+    ap.add_argument("--qtype", default="F16", choices=("F16", "Q4_K", "Q4_K_M"), help="matrices as F16, or as "
+                    "random Q4_K blocks (output Q6_K), or in the Q4_K_M mix, written directly")
+    ap.add_argument("--q4-k-m", action="store_true", help="the same as --qtype Q4_K_M")
     args = ap.parse_args()
+    if args.q4_k_m:
+        args.qtype = "Q4_K_M"
     if args.moe and not 0 < args.experts_used <= args.moe:
         ap.error(f"--experts-used {args.experts_used} must be 1..{args.moe}")
     sys.path.insert(0, args.gguf_py)
     import gguf
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # the checkout's edgespec, installed or not
+    from edgespec.weights.gguf_kquants import random_kquant
 
     h, hd = args.hidden, args.head_dim or args.hidden // args.heads
     rng = np.random.default_rng(0)
@@ -87,12 +73,22 @@ def main() -> int:
     def f16(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
 
-    def rand(*shape: int, qtype: str | None = None):
-        """A random matrix of ``shape`` (numpy order, input dim last) in ``--qtype`` (or ``qtype``)."""
+    def more_bits(layer: int) -> bool:     # llama.cpp's use_more_bits(i_layer, n_layers)
+        n = args.layers
+        return layer < n // 8 or layer >= 7 * n // 8 or (layer - n // 8) % 3 == 2
+
+    def rand(*shape: int, qtype: str | None = None, layer: int = -1, role: str = ""):
+        """A random matrix of ``shape`` (numpy order, input dim last) in ``--qtype`` (or ``qtype``); in the Q4_K_M
+        mix, ``role`` and ``layer`` pick Q6_K where llama-quantize does."""
         qtype = qtype or args.qtype
         if qtype == "F16":
             return f16(*shape)
-        return random_blocks(rng, shape, qtype, gguf)
+        if qtype == "Q4_K_M":
+            qtype = "Q6_K" if role in ("attn_v", "ffn_down") and more_bits(layer) else "Q4_K"
+        if shape[-1] % 256:
+            raise SystemExit(f"--qtype {qtype}: the input width {shape[-1]} is not a multiple of 256")
+        rows = int(np.prod(shape[:-1]))
+        return random_kquant(rows, shape[-1], qtype, rng).reshape(*shape[:-1], -1), qtype
 
     w = gguf.GGUFWriter(args.out, "qwen3moe" if args.moe else "llama")
     w.add_name("edgespec-peer-random")
@@ -111,7 +107,8 @@ def main() -> int:
         w.add_expert_feed_forward_length(args.expert_ffn)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(args.vocab)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if args.qtype == "F16" else gguf.LlamaFileType.MOSTLY_Q4_K_S)
+    w.add_file_type({"F16": gguf.LlamaFileType.MOSTLY_F16, "Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_S,
+                     "Q4_K_M": gguf.LlamaFileType.MOSTLY_Q4_K_M}[args.qtype])
     w.add_tokenizer_model("none")
     ones = np.ones(h, dtype=np.float32)
     add = add_tensor(w, gguf)
@@ -123,7 +120,7 @@ def main() -> int:
         w.add_tensor(p + "attn_norm.weight", ones)
         add(p + "attn_q.weight", rand(args.heads * hd, h))
         add(p + "attn_k.weight", rand(args.kv_heads * hd, h))
-        add(p + "attn_v.weight", rand(args.kv_heads * hd, h))
+        add(p + "attn_v.weight", rand(args.kv_heads * hd, h, layer=i, role="attn_v"))
         add(p + "attn_output.weight", rand(h, args.heads * hd))
         w.add_tensor(p + "ffn_norm.weight", ones)
         if args.moe:
@@ -137,7 +134,7 @@ def main() -> int:
             continue
         add(p + "ffn_gate.weight", rand(args.ffn, h))
         add(p + "ffn_up.weight", rand(args.ffn, h))
-        add(p + "ffn_down.weight", rand(h, args.ffn))
+        add(p + "ffn_down.weight", rand(h, args.ffn, layer=i, role="ffn_down"))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -12,7 +12,8 @@
 # hidden 3072, 28 layers, 24/8 heads, ffn 8192, vocab 49152; override with PEER_SHAPE="--hidden .. --layers ..".
 # The edgespec side, on the same shape: `edgespec bench formats` (the whole model: decode at context 128 as
 # llama-bench's tg128 ends there, through the arch hooks and a CUDA graph, and whole-model prefill of 512 / 2048
-# tokens) and tools/quant_bench.py (the linear stack of a step alone, an upper bound, printed as such).
+# tokens) and tools/quant_bench.py (the linear stack of a step alone, an upper bound, printed as such). The
+# Q4_K_M row also runs on the very file llama-bench reads: `python -m edgespec.bench.gguf_file` (row "gguf").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PEER=.peer
@@ -65,6 +66,12 @@ bench)
   done
   "$PY" -m edgespec.cli bench formats dense,fp8,int4,nvfp4 --format-shape ${PEER_FORMAT_SHAPE:-peer-llama} \
     --context 128 --format-prefill 512,2048 --out "$out/formats_peer.json" | tee "$out/edgespec_formats.txt"
+  if [ "${PEER_GGUF:-1}" = 1 ]; then     # the same Q4_K_M file on edgespec (K-quant Triton products); PEER_GGUF=0 skips
+    # edgespec reads GGUF metadata with gguf-py: llama.cpp's own copy where the GPU host has none installed
+    PYTHONPATH="$SRC/gguf-py${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m edgespec.bench.gguf_file \
+      --gguf "$MODELS/Q4_K_M.gguf" --context 128 --prefill 512,2048 --out "$out/gguf_Q4_K_M.json" \
+      | tee "$out/edgespec_gguf.txt"
+  fi
   if [ "${PEER_STACK:-1}" = 1 ]; then     # PEER_STACK=0 skips the linear-stack bound (saves device minutes)
     OUT=$out "$PY" tools/quant_bench.py --llama="$SHAPE" --shapes '' --formats int4,nvfp4,fp8_block \
       --prefill 512,2048 --prefill-shapes llama | tee "$out/edgespec_peer.txt"

@@ -73,7 +73,9 @@ def main() -> int:
     return 0
 
 
-WHOLE_PAIRS = (("f16", "dense"), ("Q8_0", "fp8"), ("Q4_0", "int4"), ("Q4_K_M", "int4"), ("Q4_K_M", "nvfp4"))
+# "gguf": edgespec on llama.cpp's own Q4_K_M file (python -m edgespec.bench.gguf_file -> gguf_Q4_K_M.json)
+WHOLE_PAIRS = (("f16", "dense"), ("Q8_0", "fp8"), ("Q4_0", "int4"), ("Q4_K_M", "int4"), ("Q4_K_M", "nvfp4"),
+               ("Q4_K_M", "gguf"))
 
 
 def whole_model(d: Path) -> None:
@@ -82,6 +84,8 @@ def whole_model(d: Path) -> None:
     if not f.exists():
         return
     rows = {r["format"]: r for r in json.loads(f.read_text())["rows"]}
+    if (d / "gguf_Q4_K_M.json").exists():
+        rows["gguf"] = json.loads((d / "gguf_Q4_K_M.json").read_text())
     print()
     print("whole model, both sides end to end (edgespec: bench formats, decode at context 128, CUDA graph)")
     print(f"{'llama.cpp':>9} {'tok/s':>8} {'pp512':>8} {'pp2048':>8} | {'edgespec':>8} {'tok/s':>8} {'pp512':>8} "
