@@ -54,22 +54,30 @@ build)
   ;;
 bench)
   mkdir -p "$MODELS"
-  [ -f "$MODELS/f16.gguf" ] || "$PY" tools/peer_gguf.py "$MODELS/f16.gguf" --gguf-py $SRC/gguf-py $SHAPE
-  for q in Q8_0 Q4_0 Q4_K_M; do
-    [ -f "$MODELS/$q.gguf" ] || $BUILD/bin/llama-quantize "$MODELS/f16.gguf" "$MODELS/$q.gguf" $q "$(nproc)" \
-      >/dev/null 2>&1
+  # PEER_QUANTS / PEER_FORMATS / PEER_PREFILL narrow a run to the rows it needs (device minutes are scarce);
+  # PEER_Q4KM_DIRECT=1 writes the Q4_K_M mix straight from tools/peer_gguf.py --q4-k-m (no F16 file, no quantize).
+  QUANTS=${PEER_QUANTS:-"f16 Q8_0 Q4_0 Q4_K_M"}
+  PREFILL=${PEER_PREFILL:-512,2048}
+  if [ "${PEER_Q4KM_DIRECT:-0}" = 1 ]; then
+    [ -f "$MODELS/Q4_K_M.gguf" ] || "$PY" tools/peer_gguf.py "$MODELS/Q4_K_M.gguf" --gguf-py $SRC/gguf-py --q4-k-m $SHAPE
+  else
+    [ -f "$MODELS/f16.gguf" ] || "$PY" tools/peer_gguf.py "$MODELS/f16.gguf" --gguf-py $SRC/gguf-py $SHAPE
+  fi
+  for q in $QUANTS; do
+    [ "$q" = f16 ] || [ -f "$MODELS/$q.gguf" ] || $BUILD/bin/llama-quantize "$MODELS/f16.gguf" "$MODELS/$q.gguf" $q \
+      "$(nproc)" >/dev/null 2>&1
   done
   out=${OUT:-$PEER}
-  for f in f16 Q8_0 Q4_0 Q4_K_M; do
-    $BUILD/bin/llama-bench -m "$MODELS/$f.gguf" -ngl 99 -fa 1 -p 512,2048 -n 128 -r 3 -o json 2>/dev/null \
+  for f in $QUANTS; do
+    $BUILD/bin/llama-bench -m "$MODELS/$f.gguf" -ngl 99 -fa 1 -p "$PREFILL" -n 128 -r 3 -o json 2>/dev/null \
       > "$out/llamacpp_$f.json"
   done
-  "$PY" -m edgespec.cli bench formats dense,fp8,int4,nvfp4 --format-shape ${PEER_FORMAT_SHAPE:-peer-llama} \
-    --context 128 --format-prefill 512,2048 --out "$out/formats_peer.json" | tee "$out/edgespec_formats.txt"
+  "$PY" -m edgespec.cli bench formats ${PEER_FORMATS:-dense,fp8,int4,nvfp4} --format-shape ${PEER_FORMAT_SHAPE:-peer-llama} \
+    --context 128 --format-prefill "$PREFILL" --out "$out/formats_peer.json" | tee "$out/edgespec_formats.txt"
   if [ "${PEER_GGUF:-1}" = 1 ]; then     # the same Q4_K_M file on edgespec (K-quant Triton products); PEER_GGUF=0 skips
     # edgespec reads GGUF metadata with gguf-py: llama.cpp's own copy where the GPU host has none installed
     PYTHONPATH="$SRC/gguf-py${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m edgespec.bench.gguf_file \
-      --gguf "$MODELS/Q4_K_M.gguf" --context 128 --prefill 512,2048 --out "$out/gguf_Q4_K_M.json" \
+      --gguf "$MODELS/Q4_K_M.gguf" --context 128 --prefill "$PREFILL" --out "$out/gguf_Q4_K_M.json" \
       | tee "$out/edgespec_gguf.txt"
   fi
   if [ "${PEER_STACK:-1}" = 1 ]; then     # PEER_STACK=0 skips the linear-stack bound (saves device minutes)
