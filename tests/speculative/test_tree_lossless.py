@@ -47,8 +47,8 @@ class OracleTree(Proposer):
     def propose(self, last_token: int, k: int) -> Draft | None:
         raise AssertionError("a tree session asks for trees")
 
-    def propose_tree(self, last_token: int, k: int, budget: int) -> DraftTree | None:
-        real = self.inner.propose_tree(last_token, k, budget)
+    def propose_tree(self, last_token: int, k: int, budget: int, chain_first: bool = False) -> DraftTree | None:
+        real = self.inner.propose_tree(last_token, k, budget, chain_first)
         if real is not None:
             assert real.size <= budget and real.max_depth <= k
             self.trees += 1
@@ -79,6 +79,7 @@ def test_greedy_tree_equals_plain_ngram(tiny_models, family, kv_fp8):
             oracle = OracleTree(NGramProposer(), plain, vocab, seed=n)
             session = SpecSession.with_defaults(model, select_hooks(arch, CPU), oracle, k=6, kv_fp8=kv_fp8,
                                                 max_len=256, draft_tree=8)
+            session.cycle_cost = None      # every node of the oracle's trees: its sibling accepts are the point
             out = session.generate(prompt, max_tokens=n, policy=StrictGreedy())
             assert out.token_ids == plain, arch
             tel = out.telemetry
@@ -104,6 +105,7 @@ def test_greedy_tree_equals_plain_dflash(tiny_models, drafters, family, kv_fp8):
         oracle = OracleTree(prop, plain, vocab, seed=len(arch))
         session = SpecSession.with_defaults(model, select_hooks(arch, CPU), oracle, kv_fp8=kv_fp8, max_len=128,
                                             draft_tree=12)
+        session.cycle_cost = None
         out = session.generate(prompt, max_tokens=n, policy=StrictGreedy())
         assert out.token_ids == plain, arch
         assert out.telemetry.tree_sibling_accepts > 0 and oracle.trees > 0
