@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from edgespec.arch.detect import select_hooks  # noqa: E402
 from edgespec.bench.formats import FORMATS, format_model  # noqa: E402
 from edgespec.bench.gpu import random_model, sm_clock_mhz, weight_bytes_per_token  # noqa: E402
 from edgespec.bench.sm_limit import limit_sms  # noqa: E402
@@ -168,11 +169,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         model = format_model(config_dict(**SHAPES[args.shape]), args.format, dev, torch.bfloat16, max_len)
     quantize_lm_head(model, args.lm_head)
+    # The packed products this GPU serves them with (a session's prepare does the same): without it, int4/FP8/NVFP4
+    # layers run their torch reference, a whole-matrix dequantize per call.
+    fast = select_hooks("auto", dev).choose_weight_kernels(model)
     bench = Bench(model, args.context, rows_list + [args.chain_rows], args.graphs)
     device = torch.cuda.get_device_name()
     mode = "CUDA graphs" if args.graphs else "eager"
     print(f"shape={args.shape} format={args.format} lm_head={args.lm_head} context={args.context} "
-          f"device={device} ({sm_count(dev)} SMs) ({mode}, bf16 activations)")
+          f"device={device} ({sm_count(dev)} SMs) ({mode}, bf16 activations, {fast} packed weights on fast kernels)")
     chain_base = bench.chain_ms(args.chain_rows, args.iters)
     print(f"chain verify of {args.chain_rows} rows: {chain_base:.2f} ms")
     print(f"{'rows':>5} {'chain ms':>9} {'tree ms':>8} {'tree/chain':>10} {f'tree/chain{args.chain_rows}':>13} "
