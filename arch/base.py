@@ -45,7 +45,7 @@ class ArchDefaults:
     # Tree sizing by cost (edgespec.speculative.tree_size): the prior of what one more verify row costs as a share
     # of a cycle's fixed cost, until the session has measured it; 0 = no sizing, every node of the budget is
     # verified (the GPU hooks: a byte-bound verify's extra rows cost little). On a CPU every row is arithmetic over
-    # all the weights: the demo on two cores, ~2.6 ms a row against ~18 ms of draft and fixed verify cost.
+    # all the weights, a fair share of the draft and fixed verify cost (docs/benchmarks.md, "Trees sized by cost").
     tree_row_cost: float = 0.15
     # A prefill that continues a non-empty cache (a follow-up turn resumed by prefix reuse) of at most this many
     # tokens goes through the captured verify forward in chunks of its rows instead of one eager forward: on a GPU
