@@ -2,8 +2,8 @@
 
 A cycle costs ``fixed + per_row * rows``: the draft and the forward's fixed part, plus every verify row. On a GPU
 the verify is bound by the weight bytes and extra rows cost little; on a CPU every row is a full pass of arithmetic
-over the weights (the demo on two cores: a 33-row verify costs about three times an 8-row one), so a 32-node tree
-raised AL 1.4x and halved tok/s. A node pays for its row only when its chance of being accepted is worth the row.
+over the weights, so a wide tree raises AL and still loses tok/s (docs/benchmarks.md, "Trees sized by cost"). A node
+pays for its row only when its chance of being accepted is worth the row.
 
 For a calibrated drafter the expected accepted depth of a tree is the sum of its nodes' joint probabilities (a
 node is on the accepted path exactly when its whole path is right), so the best tree of ``n`` nodes is the ``n``
