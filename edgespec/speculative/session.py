@@ -335,6 +335,13 @@ class SpecSession:
         """Verify ``last`` + every tree node in one forward, accept a path, keep only that path's rows and states.
         The proposer's commit sees the path's rows in order, as it would after a chain."""
         model, cache, device = self.model, self.cache, self.model.device
+        if tree.is_chain:
+            # A tree sized down to its chain verifies as one: the chain's forward (compiled on CPU, captured on a
+            # GPU) and rollback, and the same verdict (one-hot drafts on both rules).
+            cycle = self._verify(last, Draft(tree.tokens.to(device)), policy, None, tel)
+            tel.record_tree(tree.size, False)
+            self.tree_calibration.record(tree, cycle.verdict.accepted)
+            return cycle
         rows = torch.cat([torch.tensor([last]), tree.tokens]).to(device)
         with tel.stage("verify"):
             step = self.rollback.verify_tree(model, cache, rows, TreeMask.from_parents(tree.row_parents(), device),

@@ -132,6 +132,26 @@ def test_greedy_tree_equals_plain_mtp(tiny_models, kv_fp8):
         assert out.telemetry.tree_nodes > out.telemetry.tree_cycles
 
 
+def test_trees_sized_down_to_their_chain_verify_as_chains(tiny_models, drafters):  # noqa: F811
+    """Rows dearer than any node's chance: every DFlash tree is its chain, verified by the chain's forward (never
+    the tree forward), and the output is still plain decoding's."""
+    from edgespec.speculative.tree_size import CycleCost
+
+    model = tiny_models["qwen3_5"]
+    prompt = prompt_ids(model.config.vocab_size, n=21, seed=5)
+    plain = _plain(model, prompt, 18, False)
+    prop = load_dflash_checkpoint(drafters["qwen3_5"], model, window_size=8)
+    session = SpecSession.with_defaults(model, select_hooks("base", CPU), prop, max_len=128, draft_tree=12)
+    session.cycle_cost = CycleCost(prior=1.0, min_cycles=10**9)
+    tree_forwards = []
+    verify_tree = session.rollback.verify_tree
+    session.rollback.verify_tree = lambda *a, **kw: tree_forwards.append(1) or verify_tree(*a, **kw)
+    out = session.generate(prompt, max_tokens=18, policy=StrictGreedy())
+    assert out.token_ids == plain
+    assert out.telemetry.tree_cycles > 0 and not tree_forwards
+    assert out.telemetry.tree_nodes == out.telemetry.draft_tokens     # chains: every node drafted once
+
+
 @pytest.mark.parametrize("setting, match", [
     (0, "must be a whole number >= 1"),
     (64, "above the largest tree forward"),
