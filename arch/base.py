@@ -36,10 +36,17 @@ class ArchDefaults:
     # compute-heavy on a few cores), so drafting only as far as drafts are being accepted pays; on a GPU the
     # verify runs as a static graph of K+1 rows whatever is drafted, so shorter drafts would only lose tokens.
     adaptive_k: bool = True
-    # ``draft_tree: auto``: tree nodes whose path the drafter gives a lower joint probability are not verified. On a
-    # CPU each verify row costs a fair share of a decode step (docs/benchmarks.md, "CPU launch choices"), so a node
-    # pays only when its path has a fair chance; the GPU hooks set 0 (a byte-bound verify's extra rows cost little).
-    tree_min_joint: float = 0.1
+    # ``draft_tree: auto``: tree nodes whose path the drafter gives a lower joint probability are not verified
+    # (0: none dropped by a fixed floor; the CPU sizes its trees by cost instead, below).
+    tree_min_joint: float = 0.0
+    # ``draft_tree: auto``: the node budget when no profile chose one (``edgespec profile`` writes the budget it
+    # measured best as a number).
+    tree_budget: int = 16
+    # Tree sizing by cost (edgespec.speculative.tree_size): the prior of what one more verify row costs as a share
+    # of a cycle's fixed cost, until the session has measured it; 0 = no sizing, every node of the budget is
+    # verified (the GPU hooks: a byte-bound verify's extra rows cost little). On a CPU every row is arithmetic over
+    # all the weights, a fair share of the draft and fixed verify cost (docs/benchmarks.md, "Trees sized by cost").
+    tree_row_cost: float = 0.15
     # A prefill that continues a non-empty cache (a follow-up turn resumed by prefix reuse) of at most this many
     # tokens goes through the captured verify forward in chunks of its rows instead of one eager forward: on a GPU
     # an eager forward of a few dozen rows is bound by its hundreds of kernel launches, a graph replay is not.

@@ -175,3 +175,47 @@ def test_moe_projection(tmp_path, capsys) -> None:
     bad.write_text(json.dumps({"sms": 16}))
     assert proj.main(["--moe", str(bad)]) == 2
     assert "not a tools/moe_int4_bench.py model file" in capsys.readouterr().err
+
+
+def _tree_cost(tmp_path, chain_ms: float = 40.0) -> tuple:
+    data = {"shape": "qwen3.5-27b", "format": "int4", "lm_head": "int4", "device": "test GPU", "sms": 132,
+            "sm_clock_mhz": 3150, "graphs": True, "sm_limit": {"requested": 16, "granted": 16},
+            "chain_base_ms": chain_ms,
+            "trees": [{"rows": 33, "budget": 32, "tree_ms": 48.0, "commit_ms": 2.0, "tree_over_chain_base": 1.2},
+                      {"rows": 64, "budget": 63, "tree_ms": 60.0, "commit_ms": 2.0, "tree_over_chain_base": 1.5}]}
+    path = tmp_path / "tree16.json"
+    path.write_text(json.dumps(data))
+    return path, data
+
+
+def test_tree_cycle_projection(tmp_path, capsys) -> None:
+    """The DFlash chain cycle of --sm-runs with its verify scaled by the measured tree/chain ratio and its rollback
+    replaced by the commit, scaled like the verify."""
+    p16, d16 = _sm_run(tmp_path, 16, verify_ms=80.0, draft_ms=4.0)
+    p24, d24 = _sm_run(tmp_path, 24, verify_ms=40.0, draft_ms=2.0)
+    tree, _ = _tree_cost(tmp_path)
+    cycles = dict(proj.tree_cycles([str(tree)], [str(p16), str(p24)], clock_mhz=1575))
+    verify, draft = 320 / 3, 10.0             # the chain projection of test_measured_sm_projection
+    scale = verify / 40.0                      # Thor ms per measured chain-verify ms
+    (b32, ms32), (b63, ms63) = cycles.items()
+    assert "B=32" in b32 and "16 SMs" in b32 and "B=63" in b63
+    assert ms32 == pytest.approx(draft + verify * 1.2 + 2.0 * scale)
+    assert ms63 == pytest.approx(draft + verify * 1.5 + 2.0 * scale)
+    assert proj.main(["--sm-runs", str(p16), str(p24), "--tree-cost", str(tree), "--als", "4.57,8"]) == 0
+    out = capsys.readouterr().out
+    assert "Tree cycle on Thor" in out and f"{8.0 / ms63 * 1e3:.1f}" in out
+    assert proj.main(["--tree-cycle-ms", "40", "--als", "4,8"]) == 0
+    out = capsys.readouterr().out
+    assert "100.0" in out and "200.0" in out
+
+
+def test_tree_projection_bad_inputs(tmp_path, capsys) -> None:
+    tree, _ = _tree_cost(tmp_path)
+    assert proj.main(["--tree-cost", str(tree)]) == 2
+    assert "--tree-cost needs --sm-runs" in capsys.readouterr().err
+    p16, _ = _sm_run(tmp_path, 16, 80.0, 4.0)
+    p24, _ = _sm_run(tmp_path, 24, 40.0, 2.0)
+    assert proj.main(["--sm-runs", str(p16), str(p24), "--tree-cost", str(p16)]) == 2
+    assert "not a tools/tree_cost.py --json file" in capsys.readouterr().err
+    assert proj.main(["--tree-cycle-ms", "0"]) == 2
+    assert "must be positive" in capsys.readouterr().err
