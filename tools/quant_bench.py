@@ -409,6 +409,27 @@ def bench_prefill(shape: str, formats: list[str], rows_list: list[int], report: 
     report.setdefault("prefill", {})[shape] = out
 
 
+def apply_sm_limit(ap: argparse.ArgumentParser, n: int):
+    """Confine the process to a green context of ``n`` SMs (0: the whole chip, None returned) before anything else
+    runs on the GPU, printing the count granted; a count the device cannot give is a usage error of ``ap``."""
+    if not n:
+        return None
+    from edgespec.bench.sm_limit import limit_sms
+    try:
+        limit = limit_sms(n)
+    except (ValueError, RuntimeError) as e:
+        ap.error(str(e))
+    print(limit.describe(), flush=True)
+    return limit
+
+
+def write_report(report: dict, stem: str, limit) -> None:
+    """``report`` as $OUT/<stem>.json (<stem>_sm<N>.json on a green context of N SMs) when OUT is set."""
+    if os.environ.get("OUT"):
+        name = f"{stem}_sm{limit.granted}.json" if limit else f"{stem}.json"
+        Path(os.environ["OUT"], name).write_text(json.dumps(report, indent=2, default=str))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="qwen3.5-27b,qwen3.5-4b")
@@ -423,14 +444,7 @@ def main() -> int:
     ap.add_argument("--wide-sweep", action="store_true", help="also time launches of the 17..64-row tile")
     ap.add_argument("--sm-limit", type=int, default=0, help="run on a green context of this many SMs (Thor: 20)")
     args = ap.parse_args()
-    limit = None
-    if args.sm_limit:
-        from edgespec.bench.sm_limit import limit_sms
-        try:
-            limit = limit_sms(args.sm_limit)      # before anything else runs on the GPU
-        except (ValueError, RuntimeError) as e:
-            ap.error(str(e))
-        print(limit.describe(), flush=True)
+    limit = apply_sm_limit(ap, args.sm_limit)
     rows_list = tuple(int(r) for r in args.rows.split(",") if r)
     if 1 not in rows_list or 16 not in rows_list:
         ap.error("--rows must include 1 and 16 (the decode and the chain verify every ratio is taken against)")
@@ -450,9 +464,7 @@ def main() -> int:
         rows = [int(r) for r in args.prefill.split(",")]
         for shape in [s for s in args.prefill_shapes.split(",") if s]:
             bench_prefill(shape, formats, rows, report)
-    if os.environ.get("OUT"):
-        name = f"quant_bench_sm{limit.granted}.json" if limit else "quant_bench.json"
-        Path(os.environ["OUT"], name).write_text(json.dumps(report, indent=2, default=str))
+    write_report(report, "quant_bench", limit)
     return 0
 
 
