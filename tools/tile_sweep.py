@@ -8,7 +8,7 @@ Stack sweep (``--shape``): for each format and row count, the whole linear stack
 layer, as ``tools/quant_bench.py`` builds it) is timed as one CUDA graph under each launch of :data:`CANDIDATES`
 (every matrix the same launch; K splits by the launch's own rule; row counts where a format already streams
 above Thor's rate on 16 SMs are left out): the default of ``quant_config`` (the activation-major tiles of
-``edgespec.kernels.triton_quant_gemv``), and the weight-major tiles (``T``) and 16-row slices (``S``) of
+``edgespec.kernels.triton_quant_gemv``), and the weight-major tiles (``T``) of
 ``edgespec.kernels.triton_quant_wide`` at several ``BLOCK_N`` / warps / stages. ``NO_DECODE`` launches feed the
 raw words to the MMA (wrong values): their time is the tile without its dequantization, so ``decode share =
 1 - no_decode / full`` says whether a tile is bound by its decode or by the rest (MMA, activation tile, latency).
@@ -54,36 +54,27 @@ def _t(bn: int, warps: int = 4, stages: int = 3, **extra) -> dict:
     return {"T": 1, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages, **extra}
 
 
-def _s(bn: int, warps: int = 4, stages: int = 3, **extra) -> dict:
-    return {"S": 1, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages, **extra}
-
-
-# (label, launch or None for quant_config's default) per format and row count: the default, the weight-major tile
-# (T) and the 16-row slices (S); int4's launches use PDL like its default ones (NVFP4 and FP8 tiles measured slower
+# (label, launch or None for quant_config's default) per format and row count: the default, the activation-major
+# tile, the weight-major tile (T); int4's launches use PDL like its default ones (NVFP4 and FP8 tiles measured slower
 # with it)
 _I4 = {"PDL": 1}
-_OWN = ("activation-major", {"T": 0, "S": 0})      # triton_quant_gemv's own tile, where quant_config picks another
+_OWN = ("activation-major", {"T": 0})      # triton_quant_gemv's own tile, where quant_config picks another
 CANDIDATES: dict[str, dict[int, list[tuple[str, dict | None]]]] = {
     "int4": {
         16: [("default", None), ("T128w4", _t(128, **_I4)), ("T128w4 nodecode", _t(128, NO_DECODE=1, **_I4))],
-        32: [("default", None), ("T128w4", _t(128, **_I4)), ("S BN64w4", _s(64, **_I4)),
-             ("S BN128w4", _s(128, **_I4))],
-        64: [("default", None), _OWN, ("T128w4", _t(128, **_I4)), ("T64w4", _t(64, **_I4)), ("S BN64w4", _s(64, **_I4)),
-             ("S BN128w8", _s(128, 8, **_I4)), ("S BN64w8", _s(64, 8, **_I4)),
-             ("T128w4 nodecode", _t(128, NO_DECODE=1, **_I4))],
+        32: [("default", None), ("T128w4", _t(128, **_I4)), ("T64w4", _t(64, **_I4))],
+        64: [("default", None), _OWN, ("T128w4", _t(128, **_I4)), ("T64w4", _t(64, **_I4)),
+             ("T64w4 nodecode", _t(64, NO_DECODE=1, **_I4))],
     },
     "nvfp4": {
-        1: [("default", None), _OWN, ("T128w4", _t(128)), ("T64w4", _t(64)), ("S BN64w4", _s(64))],
-        16: [("default", None), _OWN, ("T128w4", _t(128)), ("T64w4", _t(64)), ("S BN64w4", _s(64)),
-             ("S BN128w4", _s(128)), ("T128w4 nodecode", _t(128, NO_DECODE=1))],
-        32: [("default", None), ("T128w4", _t(128)), ("T64w4", _t(64)), ("S BN64w4", _s(64))],
-        64: [("default", None), ("T128w4", _t(128)), ("T64w4", _t(64)), ("S BN64w4", _s(64)),
-             ("S BN128w8", _s(128, 8)), ("T128w4 nodecode", _t(128, NO_DECODE=1))],
+        1: [("default", None), _OWN, ("T128w4", _t(128)), ("T64w4", _t(64))],
+        16: [("default", None), _OWN, ("T128w4", _t(128)), ("T64w4", _t(64)), ("T64w4 nodecode", _t(64, NO_DECODE=1))],
+        32: [("default", None), _OWN, ("T128w4", _t(128)), ("T64w4", _t(64))],
+        64: [("default", None), _OWN, ("T128w4", _t(128)), ("T64w4", _t(64)), ("T64w4 nodecode", _t(64, NO_DECODE=1))],
     },
     "fp8_block": {
-        32: [("default", None), ("T64w4", _t(64)), ("S BN64w4", _s(64))],
-        64: [("default", None), _OWN, ("T128w4", _t(128)), ("T64w4", _t(64)), ("T64w8", _t(64, 8)),
-             ("S BN64w4", _s(64)), ("S BN64w8", _s(64, 8))],
+        32: [("default", None), _OWN, ("T64w4", _t(64))],
+        64: [("default", None), _OWN, ("T128w4", _t(128)), ("T64w4", _t(64))],
     },
 }
 CHECK_MATRIX = (1024, 5120)         # the launch checked against the reference before its stack is timed

@@ -603,15 +603,17 @@ def wave_splits(n_blocks: int, n_tiles: int, want: int, min_tiles: int = 4) -> i
     return min(reach) if reach else max(ok)
 
 
-# (format, row bucket: 1, 2..16 -> 16, 17..32 -> 32, 33..64 -> 64) -> the launch of edgespec.kernels.triton_quant_wide
-# that beat this module's tiles on the Qwen3.5-27B stack on a 16-SM green context (tools/tile_sweep.py --sm-limit
-# 16, H200 2026-11-26; docs/benchmarks.md): ``T`` the weight-major tile, ``S`` the 16-row slices.
+# (format, row bucket: 1, 2..16 -> 16, 17..32 -> 32, 33..64 -> 64) -> the weight-major tile of
+# edgespec.kernels.triton_quant_wide where it beat this module's tiles on the Qwen3.5-27B stack on a 16-SM green
+# context (tools/tile_sweep.py --sm-limit 16, H200 2026-11-26, docs/benchmarks.md): NVFP4 1/16/32/64 rows 71.5 /
+# 105.5 / 122.5 / 212.3 -> 63.3 / 64.1 / 75.1 / 89.7 ms, int4 64 rows 124.5 -> 94.4, block-FP8 64 rows 125.1 -> 91.9.
+# Elsewhere (int4 1..32 rows, FP8 1..32) the activation-major tiles stay: int4 16 rows 41.2 ms against 78.8.
 WIDE_LAUNCHES: dict[tuple[str, int], dict[str, int]] = {
     ("nvfp4", 1): {"T": 1, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "PDL": 0},
     ("nvfp4", 16): {"T": 1, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "PDL": 0},
-    ("nvfp4", 32): {"T": 1, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "PDL": 0},
-    ("nvfp4", 64): {"T": 1, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "PDL": 0},
-    ("int4", 64): {"T": 1, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "PDL": 1},
+    ("nvfp4", 32): {"T": 1, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "PDL": 0},
+    ("nvfp4", 64): {"T": 1, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "PDL": 0},
+    ("int4", 64): {"T": 1, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "PDL": 1},
     ("fp8_block", 64): {"T": 1, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "PDL": 0},
 }
 
@@ -703,8 +705,8 @@ def quant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
     if cfg.get("DEQUANT", int(M >= DEQUANT_GEMM_MIN_ROWS[fmt])):
         # prefill: dequantize a band of rows, multiply on the tensor cores (edgespec.kernels.triton_quant_prefill)
         return dequant_gemm(packed, x2, bias).reshape(*lead, N)
-    if (cfg.get("T", 0) or cfg.get("S", 0)) and M <= WIDE_MAX_ROWS:
-        # weight-major tiles and row slices: edgespec.kernels.triton_quant_wide
+    if cfg.get("T", 0) and M <= WIDE_MAX_ROWS:
+        # the weight-major tiles (weights the left MMA operand): edgespec.kernels.triton_quant_wide
         from edgespec.kernels.triton_quant_wide import wide_t_matmul
         y = wide_t_matmul(packed, x2, bias, cfg, sm_count(x.device))
         if y is not None:

@@ -181,141 +181,6 @@ def _fp8_t_kernel(x_ptr, w_ptr, s_ptr, part_ptr, b_ptr, y_ptr, M, N, tiles_per_s
     _finish_t(acc, part_ptr, b_ptr, y_ptr, m, n, M, N, pid_k, stride_ps, stride_pm, stride_ym, DIRECT, HAS_BIAS)
 
 
-# ---- activation-major row slices -------------------------------------------------------------------------------
-# The weight-major tiles above measured decode-light but latency-bound on Hopper (tools/tile_sweep.py: without the
-# decode the int4 64-row stack still took 92 ms on 16 SMs, the 16-row tile twice the mma.sync tile's time). The
-# slice kernels keep the 16-row mma.sync tile of ``triton_quant_gemv`` (weights the register-resident right operand,
-# no shared-memory round trip) and give it up to four 16-row slices of activations: the weight tile is decoded once
-# and multiplied ``SLICES`` times, each slice its own accumulator.
-
-
-@triton.jit
-def _slice_x(x_ptrs, m, M, j: tl.constexpr, stride_xm):
-    """Rows ``16 j .. 16 j + 15`` of the activation tile at ``x_ptrs`` (rows past M read as zeros)."""
-    return tl.load(x_ptrs + (16 * j) * stride_xm, mask=(m + 16 * j)[:, None] < M, other=0.0)
-
-
-@triton.jit
-def _int4_slices_kernel(x_ptr, q_ptr, s_ptr, z_ptr, part_ptr, b_ptr, y_ptr, M, N, tiles_per_split,
-                        stride_xm, stride_qn, stride_sn, stride_zn, stride_ps, stride_pm, stride_ym,
-                        GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SLICES: tl.constexpr, IS_BF16: tl.constexpr,
-                        DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
-    """int4, 1..64 rows as up to four 16-row slices over one pair-decoded weight tile per group (x in pair order,
-    host-permuted); each slice's group product scaled by the rows' scales."""
-    WORDS: tl.constexpr = GROUP // 8
-    pdl_wait(PDL)
-    pid_k, n, n_ok, m, lo_t = _pair_program(N, tiles_per_split, 16, BLOCK_N)
-    w_ptrs = q_ptr + n[:, None] * stride_qn + (lo_t * WORDS + tl.arange(0, WORDS))[None, :]
-    x_ptrs = x_ptr + m[:, None] * stride_xm + (lo_t * GROUP + tl.arange(0, GROUP))[None, :]
-    acc0 = tl.zeros([16, BLOCK_N], tl.float32)
-    acc1 = tl.zeros([16, BLOCK_N], tl.float32)
-    acc2 = tl.zeros([16, BLOCK_N], tl.float32)
-    acc3 = tl.zeros([16, BLOCK_N], tl.float32)
-    for i in range(0, tiles_per_split):
-        t = lo_t + i
-        words = tl.load(w_ptrs, mask=n_ok[:, None], other=0)
-        z = tl.load(z_ptr + n * stride_zn + t, mask=n_ok, other=0).to(tl.int32)
-        s = tl.load(s_ptr + n * stride_sn + t, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        wt = tl.trans(_int4_pair_tile(words, z, BLOCK_N, GROUP, IS_BF16))
-        acc0 += tl.dot(_slice_x(x_ptrs, m, M, 0, stride_xm), wt) * s
-        if SLICES > 1:
-            acc1 += tl.dot(_slice_x(x_ptrs, m, M, 1, stride_xm), wt) * s
-        if SLICES > 2:
-            acc2 += tl.dot(_slice_x(x_ptrs, m, M, 2, stride_xm), wt) * s
-            acc3 += tl.dot(_slice_x(x_ptrs, m, M, 3, stride_xm), wt) * s
-        w_ptrs += WORDS
-        x_ptrs += GROUP
-    pdl_release(PDL)
-    _finish_slices(acc0, acc1, acc2, acc3, part_ptr, b_ptr, y_ptr, m, n, M, N, pid_k, stride_ps, stride_pm,
-                   stride_ym, SLICES, DIRECT, HAS_BIAS)
-
-
-@triton.jit
-def _finish_slices(acc0, acc1, acc2, acc3, part_ptr, b_ptr, y_ptr, m, n, M, N, pid_k, stride_ps, stride_pm,
-                   stride_ym, SLICES: tl.constexpr, DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """Store each slice's ``[16, BLOCK_N]`` result at its rows."""
-    _finish(acc0, part_ptr, b_ptr, y_ptr, m, n, M, N, pid_k, stride_ps, stride_pm, stride_ym, True, DIRECT,
-            HAS_BIAS)
-    if SLICES > 1:
-        _finish(acc1, part_ptr, b_ptr, y_ptr, m + 16, n, M, N, pid_k, stride_ps, stride_pm, stride_ym, True,
-                DIRECT, HAS_BIAS)
-    if SLICES > 2:
-        _finish(acc2, part_ptr, b_ptr, y_ptr, m + 32, n, M, N, pid_k, stride_ps, stride_pm, stride_ym, True,
-                DIRECT, HAS_BIAS)
-        _finish(acc3, part_ptr, b_ptr, y_ptr, m + 48, n, M, N, pid_k, stride_ps, stride_pm, stride_ym, True,
-                DIRECT, HAS_BIAS)
-
-
-@triton.jit
-def _nvfp4_slices_kernel(x_ptr, q_ptr, s_ptr, scale2_ptr, part_ptr, b_ptr, y_ptr, M, N, tiles_per_split,
-                         stride_xm, stride_qn, stride_sn, stride_ps, stride_pm, stride_ym,
-                         BLOCK_N: tl.constexpr, SLICES: tl.constexpr, IS_BF16: tl.constexpr, DIRECT: tl.constexpr,
-                         HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
-    """nvfp4, 1..64 rows as up to four 16-row slices over one block-scaled weight tile per 128 inputs
-    (``_nvfp4_word_tile``), each slice accumulating in its mma; global scale and 2^SHIFT applied at the end."""
-    SHIFT: tl.constexpr = NVFP4_BF16_SHIFT if IS_BF16 else NVFP4_FP16_SHIFT
-    pdl_wait(PDL)
-    pid_k, n, n_ok, m, lo_t = _pair_program(N, tiles_per_split, 16, BLOCK_N)
-    w_ptrs = q_ptr + n[:, None] * stride_qn + (lo_t * 16 + tl.arange(0, 16))[None, :]
-    s_ptrs = s_ptr + n * stride_sn + lo_t
-    byte = (tl.arange(0, 8) * 8).to(tl.int64)
-    x_ptrs = x_ptr + m[:, None] * stride_xm + (lo_t * 128 + tl.arange(0, 128))[None, :]
-    acc0 = tl.zeros([16, BLOCK_N], tl.float32)
-    acc1 = tl.zeros([16, BLOCK_N], tl.float32)
-    acc2 = tl.zeros([16, BLOCK_N], tl.float32)
-    acc3 = tl.zeros([16, BLOCK_N], tl.float32)
-    for _ in range(0, tiles_per_split):
-        words = tl.reshape(tl.load(w_ptrs, mask=n_ok[:, None], other=0), [BLOCK_N, 8, 2])
-        s8 = tl.load(s_ptrs, mask=n_ok, other=0)
-        sc = ((s8[:, None] >> byte[None, :]) & 0xFF).to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        wt = tl.trans(_nvfp4_word_tile(words, sc * (2.0 ** SHIFT), BLOCK_N, IS_BF16, True))
-        acc0 = tl.dot(_slice_x(x_ptrs, m, M, 0, stride_xm), wt, acc0)
-        if SLICES > 1:
-            acc1 = tl.dot(_slice_x(x_ptrs, m, M, 1, stride_xm), wt, acc1)
-        if SLICES > 2:
-            acc2 = tl.dot(_slice_x(x_ptrs, m, M, 2, stride_xm), wt, acc2)
-            acc3 = tl.dot(_slice_x(x_ptrs, m, M, 3, stride_xm), wt, acc3)
-        w_ptrs += 16
-        s_ptrs += 1
-        x_ptrs += 128
-    g = tl.load(scale2_ptr) * (2.0 ** SHIFT)
-    pdl_release(PDL)
-    _finish_slices(acc0 * g, acc1 * g, acc2 * g, acc3 * g, part_ptr, b_ptr, y_ptr, m, n, M, N, pid_k, stride_ps,
-                   stride_pm, stride_ym, SLICES, DIRECT, HAS_BIAS)
-
-
-@triton.jit
-def _fp8_slices_kernel(x_ptr, w_ptr, s_ptr, part_ptr, b_ptr, y_ptr, M, N, tiles_per_split,
-                       stride_xm, stride_wn, stride_sn, stride_ps, stride_pm, stride_ym,
-                       BLOCK_N: tl.constexpr, SLICES: tl.constexpr, DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       PDL: tl.constexpr):
-    """block-FP8 (K a multiple of 128, ``BLOCK_N`` dividing 128), up to four 16-row slices per weight tile."""
-    pdl_wait(PDL)
-    pid_k, n, n_ok, m, lo_t = _pair_program(N, tiles_per_split, 16, BLOCK_N)
-    w_ptrs = w_ptr + n[:, None] * stride_wn + (lo_t * 128 + tl.arange(0, 128))[None, :]
-    x_ptrs = x_ptr + m[:, None] * stride_xm + (lo_t * 128 + tl.arange(0, 128))[None, :]
-    s_ptr_t = s_ptr + ((tl.program_id(0) * BLOCK_N) // 128) * stride_sn + lo_t
-    acc0 = tl.zeros([16, BLOCK_N], tl.float32)
-    acc1 = tl.zeros([16, BLOCK_N], tl.float32)
-    acc2 = tl.zeros([16, BLOCK_N], tl.float32)
-    acc3 = tl.zeros([16, BLOCK_N], tl.float32)
-    for i in range(0, tiles_per_split):
-        x0 = _slice_x(x_ptrs, m, M, 0, stride_xm)
-        wt = tl.trans(tl.load(w_ptrs, mask=n_ok[:, None], other=0.0).to(x0.dtype))
-        s = tl.load(s_ptr_t + i)
-        acc0 += tl.dot(x0, wt) * s
-        if SLICES > 1:
-            acc1 += tl.dot(_slice_x(x_ptrs, m, M, 1, stride_xm), wt) * s
-        if SLICES > 2:
-            acc2 += tl.dot(_slice_x(x_ptrs, m, M, 2, stride_xm), wt) * s
-            acc3 += tl.dot(_slice_x(x_ptrs, m, M, 3, stride_xm), wt) * s
-        w_ptrs += 128
-        x_ptrs += 128
-    pdl_release(PDL)
-    _finish_slices(acc0, acc1, acc2, acc3, part_ptr, b_ptr, y_ptr, m, n, M, N, pid_k, stride_ps, stride_pm,
-                   stride_ym, SLICES, DIRECT, HAS_BIAS)
-
-
 # ---- launch ---------------------------------------------------------------------------------------------------
 
 def t_tile_applies(packed, block_n: int) -> bool:
@@ -332,10 +197,10 @@ def t_tile_applies(packed, block_n: int) -> bool:
 
 def wide_t_matmul(packed, x2: torch.Tensor, bias: torch.Tensor | None, cfg: dict[str, int],
                   sms: int) -> torch.Tensor | None:
-    """``x2 [M, in] @ W^T (+ bias)`` for 1..64 rows through the weight-major tile of ``packed.format`` (or, with
-    ``S`` in ``cfg``, its row-slice kernel) with the launch ``cfg`` (``BLOCK_N``, ``num_warps``, ``num_stages``;
-    optional ``SPLIT_K``, ``WAVES``, ``PDL``, ``NO_DECODE``), or None where the tile does not take the matrix
-    (:func:`t_tile_applies`). The caller has checked ``x2`` (2-D, contiguous rows, bf16/fp16)."""
+    """``x2 [M, in] @ W^T (+ bias)`` for 1..64 rows through the weight-major tile of ``packed.format`` with the
+    launch ``cfg`` (``BLOCK_N``, ``num_warps``, ``num_stages``; optional ``SPLIT_K``, ``WAVES``, ``PDL``,
+    ``NO_DECODE``), or None where the tile does not take the matrix (:func:`t_tile_applies`). The caller has checked
+    ``x2`` (2-D, contiguous rows, bf16/fp16)."""
     fmt = packed.format
     M, K = x2.shape
     N = packed.out_features
@@ -360,11 +225,7 @@ def wide_t_matmul(packed, x2: torch.Tensor, bias: torch.Tensor | None, cfg: dict
     common = dict(BLOCK_M=block_m, BLOCK_N=block_n, DIRECT=direct, HAS_BIAS=bias is not None,
                   DEQUANT=not cfg.get("NO_DECODE", 0), PDL=bool(pdl), num_warps=cfg["num_warps"],
                   num_stages=cfg["num_stages"], **pdl)
-    is_bf16 = x2.dtype == torch.bfloat16
-    if cfg.get("S", 0):
-        _launch_slices(packed, x2, part, b, y, grid, per_split, ps, pm, is_bf16, common)
-    else:
-        _launch_t(packed, x2, part, b, y, grid, per_split, ps, pm, is_bf16, common)
+    _launch_t(packed, x2, part, b, y, grid, per_split, ps, pm, x2.dtype == torch.bfloat16, common)
     if not direct:
         _split_sum_kernel[(M, triton.cdiv(N, 1024))](
             part, bias if bias is not None else part, y, M, N, splits, part.stride(0), part.stride(1), y.stride(0),
@@ -394,29 +255,3 @@ def _launch_t(packed, x2, part, b, y, grid, per_split, ps, pm, is_bf16, common) 
                             y.stride(0), **common)
     else:
         raise ValueError(f"no weight-major tile for weight format {fmt!r}")
-
-
-def _launch_slices(packed, x2, part, b, y, grid, per_split, ps, pm, is_bf16, common) -> None:
-    """The row-slice kernel of ``packed.format`` (``S`` launches): ``ceil(M / 16)`` slices of 16 rows."""
-    fmt, M, N = packed.format, x2.shape[0], packed.out_features
-    args = {k: v for k, v in common.items() if k not in ("BLOCK_M", "DEQUANT")}
-    slices = {1: 1, 2: 2}.get(triton.cdiv(M, 16), 4)
-    if fmt == "int4":
-        xk = pair_order(x2)
-        q = packed.qweight.view(torch.int32)
-        _int4_slices_kernel[grid](xk, q, packed.scales, packed.zeros, part, b, y, M, N, per_split, xk.stride(0),
-                                  q.stride(0), packed.scales.stride(0), packed.zeros.stride(0), ps, pm, y.stride(0),
-                                  GROUP=packed.group_size, SLICES=slices, IS_BF16=is_bf16, **args)
-    elif fmt == "nvfp4":
-        xk = pair_order(x2)
-        q = packed.weight.view(torch.int32)
-        s = packed.weight_scale.view(torch.int64)
-        _nvfp4_slices_kernel[grid](xk, q, s, packed.weight_scale_2, part, b, y, M, N, per_split, xk.stride(0),
-                                   q.stride(0), s.stride(0), ps, pm, y.stride(0), SLICES=slices, IS_BF16=is_bf16,
-                                   **args)
-    elif fmt == "fp8_block":
-        w, s = packed.weight, packed.weight_scale_inv
-        _fp8_slices_kernel[grid](x2, w, s, part, b, y, M, N, per_split, x2.stride(0), w.stride(0), s.stride(0), ps,
-                                 pm, y.stride(0), SLICES=slices, **args)
-    else:
-        raise ValueError(f"no row-slice tile for weight format {fmt!r}")

@@ -25,7 +25,7 @@ FORMATS = ("int4", "nvfp4", "fp8_block")
 # int4 and nvfp4: the previous byte tile for 2..16 rows, and a wide pair tile
 PAIR_LAUNCHES = ({"SPLIT_K": 2, "DOT": 1, "PAIRS": 0}, {"SPLIT_K": 1, "DOT": 1, "PAIRS": 1, "BLOCK_N": 256})
 # the launches of this module's own tiles, where quant_config would pick a weight-major one (triton_quant_wide)
-OWN = {"T": 0, "S": 0}
+OWN = {"T": 0}
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -231,10 +231,9 @@ def test_nvfp4_pair_tile_every_code_and_scale(dtype: torch.dtype) -> None:
     p.weight.copy_(codes.repeat(n * k // 2 // 256).view(n, k // 2))
     scale_bits = torch.arange(n * k // 16, device=DEV, dtype=torch.int32) % 127        # e4m3 0x00..0x7E
     p.weight_scale.copy_(scale_bits.to(torch.uint8).view(torch.float8_e4m3fn).view(n, k // 16))
-    # the pair tile of this module, and the weight-major tile and row slices of triton_quant_wide (the same
-    # placement, block scales read as one int64 per row and tile)
-    for launch in ({"DOT": 1, "PAIRS": 1, **OWN}, {"T": 1, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-                   {"S": 1, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}):
+    # the pair tile of this module, and the weight-major tile of triton_quant_wide (the same placement, block
+    # scales read as one int64 per row and tile)
+    for launch in ({"DOT": 1, "PAIRS": 1, **OWN}, {"T": 1, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}):
         for rows in (2, 16, 40):
             x = torch.randn(rows, k, device=DEV, dtype=dtype)
             poison()

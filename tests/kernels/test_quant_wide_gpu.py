@@ -25,8 +25,7 @@ FORMATS = ("int4", "nvfp4", "fp8_block")
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_weight_major_tile_every_row_count(fmt: str, dtype: torch.dtype) -> None:
-    """1..64 rows through the weight-major tile (``T``) and the 16-row slices (``S``), with and without a bias and a
-    K split, ragged output widths, both activation types."""
+    """1..64 rows, with and without a bias and a K split, ragged output widths, both activation types."""
     from edgespec.kernels.triton_quant_gemv import quant_matmul
     torch.manual_seed(7)
     for n, k in ((640, 1024), (200, 384), (4096, 2048)):
@@ -35,8 +34,7 @@ def test_weight_major_tile_every_row_count(fmt: str, dtype: torch.dtype) -> None
         for rows in (1, 5, 16, 33, 64):
             x = torch.randn(rows, k, device=DEV, dtype=dtype)
             for b, cfg in ((bias, {"T": 1, "BLOCK_N": 64, "SPLIT_K": 3}),
-                           (None, {"T": 1, "BLOCK_N": 128, "num_warps": 8, "PDL": 1}),
-                           (bias, {"S": 1, "BLOCK_N": 64, "SPLIT_K": 2, "PDL": 1})):
+                           (None, {"T": 1, "BLOCK_N": 128, "num_warps": 8, "PDL": 1})):
                 launch = {"num_warps": 4, "num_stages": 3, **cfg}
                 poison()
                 out = quant_matmul(p, x, b, config=launch)
