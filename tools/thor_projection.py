@@ -216,6 +216,73 @@ def stack_table(paths: list[str], clock_mhz: float) -> int:
     return 0
 
 
+MTP_ALS = "2.43,2.87"      # FlashRT's MTP acceptance lengths on Thor (prose .. robot JSON plan)
+
+
+def moe_projection(paths: list[str], als: list[float], clock_mhz: float, k: int) -> dict:
+    """Plain decode and an MTP-class cycle (K drafts, a K+1-row verify) of an MoE target on Thor, from
+    ``tools/moe_int4_bench.py model --sm-limit`` files bracketing 20 SMs. Each forward: its time interpolated to 20
+    SMs x the clock ratio, or its bytes (routing as seen) at 259 GB/s if longer. A draft step is one MTP decoder
+    layer plus the output projection: its bytes are a decode's dense share per layer, k experts and the head, and
+    it is assumed to run at the projected decode's bytes per ms (the MTP head was not in the measured model)."""
+    runs = {}
+    for path in paths:
+        data = _load(path)
+        if not data.get("sm_limit") or "verify" not in data or "moe" not in data:
+            raise ValueError(f"{path}: not a tools/moe_int4_bench.py model file written with --sm-limit")
+        runs[int(data["sms"])] = data
+    sample = next(iter(runs.values()))
+    ratio = sample["sm_clock_mhz"] / clock_mhz
+    bw = {n: d["bandwidth_GBps"] * 1e9 for n, d in runs.items()}
+
+    def forward(key: str) -> dict:
+        ms = {n: (d["decode_ms"] if key == "decode" else d["verify"][key]["ms"]) for n, d in runs.items()}
+        limit = {n: (d["decode_limit_ms"] if key == "decode" else d["verify"][key]["limit_ms"])
+                 for n, d in runs.items()}
+        nbytes = sum(limit[n] / 1e3 * bw[n] for n in runs) / len(runs)      # the routing seen, averaged over runs
+        sm_ms = interpolate_ms(ms, THOR_SMS) * ratio
+        bytes_ms = nbytes / THOR_READ_BW * 1e3
+        union = {n: d["verify"][key]["expert_union"] for n, d in runs.items()} if key != "decode" else {}
+        return {"measured_ms": ms, "sm_ms": sm_ms, "bytes": nbytes, "bytes_ms": bytes_ms,
+                "ms": max(sm_ms, bytes_ms), "bound": "bytes" if bytes_ms >= sm_ms else "SMs", "union": union}
+
+    missing = [n for n, d in runs.items() if str(k + 1) not in d["verify"]]
+    if missing:
+        raise ValueError(f"--mtp-k {k}: no verify of {k + 1} rows in the {missing}-SM runs (measured: "
+                         f"{', '.join(sorted(sample['verify'], key=int))} rows)")
+    decode = forward("decode")
+    verify = forward(str(k + 1))
+    moe = sample["moe"]
+    head = sample["head_bytes"]
+    layer_dense = (decode["bytes"] - moe["layers"] * moe["top_k"] * moe["per_expert_MB"] * 1e6 - head) / moe["layers"]
+    draft_bytes = layer_dense + moe["top_k"] * moe["per_expert_MB"] * 1e6 + head
+    draft_ms = decode["ms"] * draft_bytes / decode["bytes"]
+    cycle = verify["ms"] + k * draft_ms
+    return {"decode": decode, "verify": verify, "k": k, "draft_bytes": draft_bytes, "draft_ms": draft_ms,
+            "cycle_ms": cycle, "plain_tok_s": 1e3 / decode["ms"], "tok_s": {al: al / cycle * 1e3 for al in als},
+            "clock_ratio": ratio, "sms": sorted(runs), "device": sample["device"]}
+
+
+def moe_table(paths: list[str], als: list[float], clock_mhz: float, k: int) -> int:
+    """Print :func:`moe_projection`."""
+    p = moe_projection(paths, als, clock_mhz, k)
+    print(f"Jetson AGX Thor PROJECTION of an MoE target from {p['sms']}-SM runs on {p['device']} "
+          f"(x{p['clock_ratio']:.3f} clock to {clock_mhz:.0f} MHz; bytes at {THOR_READ_BW / 1e9:.0f} GB/s; the "
+          "slower of the two)")
+    for name, f in (("decode (1 row)", p["decode"]), (f"verify ({k + 1} rows)", p["verify"])):
+        measured = ", ".join(f"{ms:.2f} ({n})" for n, ms in sorted(f["measured_ms"].items()))
+        union = ", ".join(f"{u:.1f} ({n})" for n, u in sorted(f["union"].items()))
+        print(f"  {name:<16} measured ms {measured}; Thor SMs {f['sm_ms']:.2f} ms, bytes {f['bytes'] / 1e9:.2f} GB = "
+              f"{f['bytes_ms']:.2f} ms -> {f['ms']:.2f} ms ({f['bound']})"
+              + (f"; expert union per layer assumed {union} of 256 (random weights: near-uniform routing overstates"
+                 " a trained router's union)" if union else ""))
+    print(f"  MTP draft step (assumed at the decode's bytes/ms): {p['draft_bytes'] / 1e9:.3f} GB = "
+          f"{p['draft_ms']:.2f} ms; cycle = verify + {k} drafts = {p['cycle_ms']:.2f} ms")
+    print(f"  plain decode {p['plain_tok_s']:.1f} tok/s; MTP-class K={k}: "
+          + ", ".join(f"AL {al:g}: {t:.1f} tok/s" for al, t in p["tok_s"].items()))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("files", nargs="*", help="cycle_bench.json files (full chip)")
@@ -228,7 +295,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stacks", nargs="+", default=[], help="quant_bench.json files written with --sm-limit: each "
                     "stack projected to Thor")
     ap.add_argument("--als", default=DEFAULT_ALS, help="acceptance lengths of the measured-SM table")
+    ap.add_argument("--moe", nargs="+", default=[], help="tools/moe_int4_bench.py model files written with "
+                    "--sm-limit (16 and 24): plain decode and an MTP-class cycle of the MoE target on Thor")
+    ap.add_argument("--mtp-als", default=MTP_ALS, help="with --moe: acceptance lengths of MTP-class drafting")
+    ap.add_argument("--mtp-k", type=int, default=3, help="with --moe: drafts per cycle")
     args = ap.parse_args(argv)
+    if args.moe:
+        try:
+            return moe_table(args.moe, [float(a) for a in args.mtp_als.split(",") if a], args.thor_clock_mhz,
+                             args.mtp_k)
+        except (ValueError, KeyError) as e:
+            print(f"thor_projection: {e}", file=sys.stderr)
+            return 2
     if args.sm_runs or args.stacks:
         try:
             als = [float(a) for a in args.als.split(",") if a]

@@ -129,6 +129,8 @@ class SpaceContext:
     longest_prompt: int                               # tokens
     values: Mapping[str, Sequence[Any]] = field(default_factory=dict)   # --values overrides per knob
     resolved_k: int | None = None                     # K the current best actually ran with
+    # MoE target: K values best first, predicted from AL x measured verify cost (edgespec.profile.k_choice)
+    k_predicted: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -180,9 +182,13 @@ def _plan_k(cur: Candidate, ctx: SpaceContext) -> GroupPlan:
     if cur["drafter"] == "none":
         return GroupPlan([cur], "no drafter: K does not apply")
     values = _vals(ctx, "num_draft_tokens", K_VALUES.get(cur["drafter"], (2, 4, 8)))
+    note = None
+    if ctx.k_predicted:
+        # MoE target: measure only the two best predicted K (the union a verify reads grows with K)
+        values, note = list(ctx.k_predicted[:2]), "MoE target: K from AL x measured verify cost (see notes)"
     # Skip the value the current best already ran with (K=None resolves to the drafter default).
     values = [k for k in values if k != ctx.resolved_k]
-    return GroupPlan(_variants(cur, [{"num_draft_tokens": k} for k in values]))
+    return GroupPlan(_variants(cur, [{"num_draft_tokens": k} for k in values]), note)
 
 
 def _plan_window(cur: Candidate, ctx: SpaceContext) -> GroupPlan:

@@ -141,3 +141,37 @@ def test_stack_projection(tmp_path, capsys) -> None:
     assert "1:  300 (100%)" in out and "16:  150 ( 58%)" in out
     assert proj.main(["--stacks", str(tmp_path / "none.json")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def _moe_run(tmp_path, sms, decode_ms, verify4_ms, name=None):
+    """A tools/moe_int4_bench.py model file: bandwidth 1000 GB/s, so limit ms x 1e9 = bytes."""
+    data = {"device": "test GPU", "sms": sms, "sm_clock_mhz": 1575, "sm_limit": sms, "bandwidth_GBps": 1000.0,
+            "decode_ms": decode_ms, "decode_limit_ms": 1.5, "head_bytes": 0.25e9,
+            "moe": {"layers": 40, "top_k": 8, "per_expert_MB": 1.5},
+            "verify": {"4": {"ms": verify4_ms, "limit_ms": 3.0, "expert_union": 28.0}}}
+    path = tmp_path / (name or f"moe{sms}.json")
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_moe_projection(tmp_path, capsys) -> None:
+    """Decode and a K=3 MTP-class cycle of an MoE target: times interpolated to 20 SMs (rate linear), against
+    bytes at 259 GB/s; the draft step's bytes are one layer's dense share, k experts and the head."""
+    files = [_moe_run(tmp_path, 16, 8.0, 16.0), _moe_run(tmp_path, 24, 6.0, 12.0)]
+    p = proj.moe_projection(files, [2.87], 1575, 3)
+    at20 = 1 / ((1 / 8.0 + 1 / 6.0) / 2)
+    assert p["decode"]["sm_ms"] == pytest.approx(at20) and p["decode"]["bound"] == "SMs"
+    assert p["decode"]["bytes"] == pytest.approx(1.5e9)
+    assert p["verify"]["sm_ms"] == pytest.approx(2 * at20) and p["verify"]["bytes_ms"] == pytest.approx(3e9 / 259e6)
+    layer_dense = (1.5e9 - 40 * 8 * 1.5e6 - 0.25e9) / 40
+    assert p["draft_bytes"] == pytest.approx(layer_dense + 8 * 1.5e6 + 0.25e9)
+    assert p["cycle_ms"] == pytest.approx(2 * at20 + 3 * at20 * p["draft_bytes"] / 1.5e9)
+    assert p["tok_s"][2.87] == pytest.approx(2.87 / p["cycle_ms"] * 1e3)
+    assert proj.main(["--moe", *files]) == 0
+    assert "expert union per layer assumed 28.0 (16), 28.0 (24)" in capsys.readouterr().out
+    assert proj.main(["--moe", *files, "--mtp-k", "1"]) == 2
+    assert "no verify of 2 rows" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"sms": 16}))
+    assert proj.main(["--moe", str(bad)]) == 2
+    assert "not a tools/moe_int4_bench.py model file" in capsys.readouterr().err
