@@ -5,7 +5,8 @@ one device call (issue 35).
                                [--rows 1,16,32,64] [--split-shape qwen3.5-4b --split-rows 1,16]
 
 Stack sweep (``--shape``): for each format and row count, the whole linear stack of the shape (every matrix of every
-layer, as ``tools/quant_bench.py`` builds it) is timed as one CUDA graph under each launch of :data:`CANDIDATES`
+layer: ``edgespec.bench.quant_stack.QuantStack``, as ``tools/quant_bench.py`` times it) is timed as one CUDA graph
+under each launch of :data:`CANDIDATES`
 (every matrix the same launch; K splits by the launch's own rule; row counts where a format already streams
 above Thor's rate on 16 SMs are left out): the default of ``quant_config`` (the activation-major tiles of
 ``edgespec.kernels.triton_quant_gemv``), and the weight-major tiles (``T``) of
@@ -30,21 +31,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quant_bench import (  # noqa: E402
-    DEV,
-    Stack,
-    apply_sm_limit,
-    copies_for,
-    matrix_counts,
-    measure_copy_bandwidth,
-    per_matrix_us,
-    random_packed,
-    rel_err,
-    write_report,
-)
-
+from edgespec.bench import quant_stack as qs  # noqa: E402
+from edgespec.bench.gpu import linear_shape_counts, measure_copy_bandwidth  # noqa: E402
 from edgespec.kernels import sm_count  # noqa: E402
 from edgespec.kernels.quant_ref import matmul_ref  # noqa: E402
 from edgespec.kernels.triton_quant_gemv import quant_config, quant_matmul  # noqa: E402
@@ -82,18 +71,18 @@ CHECK_MATRIX = (1024, 5120)         # the launch checked against the reference b
 
 def check_launch(fmt: str, cfg: dict | None, rows: int) -> float:
     """Relative error of ``cfg``'s product against the torch reference on one random matrix."""
-    p = random_packed(fmt, *CHECK_MATRIX)
-    x = torch.randn(rows, CHECK_MATRIX[1], device=DEV, dtype=torch.bfloat16)
-    return rel_err(quant_matmul(p, x, config=cfg), matmul_ref(p, x))
+    p = qs.random_packed(fmt, *CHECK_MATRIX)
+    x = torch.randn(rows, CHECK_MATRIX[1], device=qs.DEV, dtype=torch.bfloat16)
+    return qs.rel_err(quant_matmul(p, x, config=cfg), matmul_ref(p, x))
 
 
 def stack_sweep(shape: str, formats: list[str], rows_list: list[int], report: dict) -> None:
     """Every candidate launch of every format, the whole stack of ``shape`` at each row count."""
-    counts = matrix_counts(shape)
+    counts = linear_shape_counts(shape)
     out = report.setdefault("stacks", {}).setdefault(shape, {})
     for fmt in formats:
         torch.cuda.empty_cache()
-        stack = Stack(fmt, counts)
+        stack = qs.QuantStack(fmt, counts)
         res = out.setdefault(fmt, {"bytes": stack.nbytes, "runs": []})
         for rows in rows_list:
             for label, cfg in CANDIDATES[fmt].get(rows, []):
@@ -154,17 +143,17 @@ def family(fmt: str, rows: int, bn: int, split: int) -> list[tuple[str, dict]]:
 def split_sweep(shape: str, formats: list[str], rows_list: list[int], report: dict) -> None:
     """Per distinct matrix and row count: BLOCK_N x K splits of the default family and the T tile, each matrix
     timed alone from DRAM; then the stack with every matrix's best against the default launches."""
-    counts = matrix_counts(shape)
-    sms = sm_count(torch.device(DEV))
+    counts = linear_shape_counts(shape)
+    sms = sm_count(torch.device(qs.DEV))
     out = report.setdefault("splits", {}).setdefault(shape, {})
     for fmt in formats:
         best: dict = {}
         for n, k in counts:
-            one = random_packed(fmt, n, k)
-            items = [one] + [random_packed(fmt, n, k) for _ in range(copies_for(one.nbytes) - 1)]
+            one = qs.random_packed(fmt, n, k)
+            items = [one] + [qs.random_packed(fmt, n, k) for _ in range(qs.copies_for(one.nbytes) - 1)]
             n_tiles = k // 128
             for rows in rows_list:
-                x = torch.randn(rows, k, device=DEV, dtype=torch.bfloat16)
+                x = torch.randn(rows, k, device=qs.DEV, dtype=torch.bfloat16)
                 ref = matmul_ref(one, x)
                 auto = quant_config(fmt, n, k, rows, sms)
                 tried = [("default", None)] + [lc for bn in (64, 128) for d in divisors(n_tiles, 16)
@@ -172,9 +161,9 @@ def split_sweep(shape: str, formats: list[str], rows_list: list[int], report: di
                 results = []
                 for label, cfg in tried:
                     try:
-                        if rel_err(quant_matmul(one, x, config=cfg), ref) > 2e-2:
+                        if qs.rel_err(quant_matmul(one, x, config=cfg), ref) > 2e-2:
                             continue
-                        t = per_matrix_us(items, lambda p, c=cfg, x=x: quant_matmul(p, x, config=c))
+                        t = qs.per_matrix_us(items, lambda p, c=cfg, x=x: quant_matmul(p, x, config=c))
                     except Exception:  # noqa: S112 - a launch that does not fit this matrix
                         continue
                     results.append((t, label, cfg))
@@ -189,7 +178,7 @@ def split_sweep(shape: str, formats: list[str], rows_list: list[int], report: di
                                                                "config": cfg}
             del items, one
             torch.cuda.empty_cache()
-        stack = Stack(fmt, counts)
+        stack = qs.QuantStack(fmt, counts)
         bw = report["bandwidth_GBps"] * 1e9
         for rows in rows_list:
             stack.configs = {}
@@ -214,21 +203,21 @@ def main() -> int:
     ap.add_argument("--split-rows", default="1,16")
     ap.add_argument("--sm-limit", type=int, default=0, help="run on a green context of this many SMs")
     args = ap.parse_args()
-    limit = apply_sm_limit(ap, args.sm_limit)
+    limit = qs.apply_sm_limit(ap, args.sm_limit)
     formats = [f for f in args.formats.split(",") if f]
     unknown = [f for f in formats + args.split_formats.split(",") if f and f not in CANDIDATES]
     if unknown:
         ap.error(f"unknown formats {unknown}; known: {sorted(CANDIDATES)}")
-    bw = measure_copy_bandwidth()
+    bw = measure_copy_bandwidth(torch.device(qs.DEV))
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
-    report = {"device": torch.cuda.get_device_name(), "bandwidth_GBps": bw / 1e9, "sms": sm_count(torch.device(DEV)),
+    report = {"device": torch.cuda.get_device_name(), "bandwidth_GBps": bw / 1e9, "sms": sm_count(torch.device(qs.DEV)),
               "sm_limit": {"requested": limit.requested, "granted": limit.granted} if limit else None}
     if args.shape:
         stack_sweep(args.shape, formats, [int(r) for r in args.rows.split(",") if r], report)
     if args.split_shape:
         split_sweep(args.split_shape, [f for f in args.split_formats.split(",") if f],
                     [int(r) for r in args.split_rows.split(",") if r], report)
-    write_report(report, "tile_sweep", limit)
+    qs.write_report(report, "tile_sweep", limit)
     return 0
 
 
