@@ -30,11 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from edgespec.arch.detect import select_hooks  # noqa: E402
 from edgespec.bench.formats import FORMATS, format_model  # noqa: E402
 from edgespec.bench.gpu import random_model, sm_clock_mhz, weight_bytes_per_token  # noqa: E402
+from edgespec.bench.shapes import SHAPES, config_dict  # noqa: E402
 from edgespec.bench.sm_limit import limit_sms  # noqa: E402
 from edgespec.cache.state import StateMode  # noqa: E402
 from edgespec.kernels import sm_count  # noqa: E402
 from edgespec.kernels.tree import TreeMask  # noqa: E402
-from edgespec.loading.synthetic import SHAPES, config_dict  # noqa: E402
 from edgespec.weights.requantize import quantize_lm_head  # noqa: E402
 
 
