@@ -38,8 +38,8 @@ def test_drafts_what_an_earlier_output_continued():
     history = [1, 2, 3, 41, 42, 43]
     # the request alone has no earlier 41 42 43: n-gram has nothing, the suffix drafter has the cache
     assert _started(NGramProposer(max_match=3), history).propose(43, 4) is None
-    prop = _started(SuffixProposer(cache, max_depth=16, max_match=8), history)
-    assert prop.propose(43, 4).tokens.tolist() == [44, 45, 46]       # budget = 3 matched tokens
+    prop = _started(SuffixProposer(cache, max_depth=16, max_match=8, factor=1.0), history)
+    assert prop.propose(43, 4).tokens.tolist() == [44, 45, 46]       # budget = 1 x 3 matched tokens
     assert prop.propose(43, 2).tokens.tolist() == [44, 45]
     assert prop.proposals == 2 and prop.propose_s > 0
     assert _started(SuffixProposer(None, max_depth=16, max_match=8), history).propose(43, 4) is None
@@ -61,7 +61,7 @@ def test_committed_tokens_extend_the_request_trie():
     prop = _started(SuffixProposer(None, max_depth=8, max_match=4), [1, 2, 3])
     assert prop.propose(3, 4) is None
     prop.commit([4, 1, 2], 0, None)
-    assert prop.propose(2, 4).tokens.tolist() == [3, 4]
+    assert prop.propose(2, 4).tokens.tolist() == [3, 4, 1, 2]       # 2 matched tokens x factor 2
 
 
 def _plain(model, prompt, n, arch="base"):
