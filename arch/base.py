@@ -37,8 +37,8 @@ class ArchDefaults:
     # verify runs as a static graph of K+1 rows whatever is drafted, so shorter drafts would only lose tokens.
     adaptive_k: bool = True
     # ``draft_tree: auto``: tree nodes whose path the drafter gives a lower joint probability are not verified. On a
-    # CPU each verify row costs (the demo on two cores: ~4 ms a row against ~12 ms a decode step), so a node pays only
-    # when its path has a fair chance; the GPU hooks set 0 (a byte-bound verify's extra rows cost little).
+    # CPU each verify row costs a fair share of a decode step (docs/benchmarks.md, "CPU launch choices"), so a node
+    # pays only when its path has a fair chance; the GPU hooks set 0 (a byte-bound verify's extra rows cost little).
     tree_min_joint: float = 0.1
     # A prefill that continues a non-empty cache (a follow-up turn resumed by prefix reuse) of at most this many
     # tokens goes through the captured verify forward in chunks of its rows instead of one eager forward: on a GPU

@@ -44,7 +44,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from edgespec.loading.gguf_demo import convert_demo, convert_gguf
+    from edgespec.convert.gguf import convert_demo, convert_gguf
 
     if args.gguf:
         if not args.out:
@@ -92,7 +92,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_quantize(args: argparse.Namespace) -> int:
-    from edgespec.quantize import run_quantize
+    from edgespec.convert.quantize import run_quantize
 
     return run_quantize(args)
 
@@ -125,8 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="server log level")
     p.set_defaults(func=_cmd_serve)
 
-    p = sub.add_parser("bench", help="measure plain and speculative decoding on the bench prompts",
-                       parents=[run_settings])
+    p = sub.add_parser("bench", help="benchmarks: prompts (default), formats, shapes, session, multi-turn, peer",
+                       description="Benchmarks, one subcommand each (`edgespec bench MODE --help`); with none "
+                       "named, `prompts` runs.")
     from edgespec.bench.cli import add_bench_arguments
     add_bench_arguments(p)
     p.set_defaults(func=_cmd_bench)
@@ -148,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("quantize", help="quantize a bf16 checkpoint to int4 (AWQ), nvfp4 (ModelOpt) or fp8 (block)")
-    from edgespec.quantize import add_quantize_arguments
+    from edgespec.convert.quantize import add_quantize_arguments
     add_quantize_arguments(p)
     p.set_defaults(func=_cmd_quantize)
 
@@ -163,8 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv[:1] == ["bench"]:      # `edgespec bench` without a subcommand runs `prompts`
+            from edgespec.bench.cli import bench_argv
+            argv = ["bench", *bench_argv(argv[1:])]
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except EdgespecError as e:
         print(f"edgespec: error: {e}", file=sys.stderr)

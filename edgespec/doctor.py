@@ -96,8 +96,9 @@ def model_budget(model_dir: str, max_seq_len: int, device_name: str = "auto", dt
 
 def demo_model_status() -> str:
     """Whether the demo model is converted (``edgespec serve`` with model=demo starts at once) or will be."""
+    from edgespec.convert.gguf import DEMO_SUBDIR, cache_root, demo_gguf_path
     from edgespec.errors import CheckpointError
-    from edgespec.loading.gguf_demo import DEMO_SUBDIR, cache_root, demo_gguf_path, is_converted
+    from edgespec.loading.gguf_meta import is_converted
 
     folder = cache_root() / DEMO_SUBDIR
     try:

@@ -148,11 +148,12 @@ class Engine:
         device, dtype = plan.device, plan.dtype
         gguf = None
         if settings.model == "demo":
-            from edgespec.loading.gguf_demo import demo_gguf_path, ensure_demo_model
+            from edgespec.convert.gguf import demo_gguf_path, ensure_demo_model
             gguf = demo_gguf_path() if settings.gguf_weights == "packed" else None
             model_dir = ensure_demo_model() if gguf is None else None
         elif settings.model.endswith(".gguf"):
-            from edgespec.loading.gguf_demo import convert_gguf, gguf_metadata_folder
+            from edgespec.convert.gguf import convert_gguf
+            from edgespec.loading.gguf_meta import gguf_metadata_folder
             gguf = Path(settings.model).expanduser()
             if settings.gguf_weights == "fp32":
                 model_dir = convert_gguf(gguf, gguf_metadata_folder(gguf).with_name(gguf.stem + "-fp32"))

@@ -4,7 +4,7 @@
 ``ncu --clock-control none --kernel-name regex:"_attn_split_kernel|_fp8_decode_kernel" --launch-skip 3 --launch-count 1
 --section WarpStateStats --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis
 python lab/attn_one_call.py --kv fp8`` (``bash lab/lab_sweep.sh attn-ncu`` runs it for both caches). Each call
-is preceded by a write of 256 MB (``kernel_bench.evict_l2``), so the cache is read from HBM as in the flushed timing.
+is preceded by a write of 256 MB (``kernel_timing.evict_l2``), so the cache is read from HBM as in the flushed timing.
 """
 
 from __future__ import annotations
@@ -17,11 +17,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # kernel_bench, make_drafter
 
-from kernel_bench import evict_l2, make_cache  # noqa: E402
-
+from edgespec.bench.kernel_timing import evict_l2, make_cache  # noqa: E402
 from edgespec.kernels.triton_attention import cached_attention_triton  # noqa: E402
 
 N_Q, N_KV, HD, CTX = 24, 4, 256, 32768

@@ -2,9 +2,9 @@
 """Where the time of one decode attention goes that does not scale with the cache (27B heads; ``--heads``).
 
 0. The floor: a plain streaming read of as many bytes as the FP8 and the bf16 cache of 32768 keys hold, timed like
-   the attention (``kernel_bench.graph_us``, both flush modes). With the write flush, L2 starts full of dirty lines
+   the attention (``kernel_timing.graph_us``, both flush modes). With the write flush, L2 starts full of dirty lines
    that every read must first write back, so the floor there is far above bytes / bandwidth.
-1. Per call after an L2 flush (``kernel_bench.graph_us``, both flush modes), at ``--contexts`` keys (16, 4096
+1. Per call after an L2 flush (``kernel_timing.graph_us``, both flush modes), at ``--contexts`` keys (16, 4096
    and 32768): the bf16-KV and FP8-KV paths (the FP8 default, the Triton program, key-major V), and the FP8 path's
    merge launch alone. The 16-key figures are the fixed cost; the differences to 32k are the streaming cost.
    Then the same 32768-key calls with the merge launch left out (the split kernel alone): the merge's share.
@@ -17,11 +17,12 @@
 5. The target's figure, repeated: one call at 32k keys after each flush, ``--repeat`` times (fresh graphs each
    time), with the median and the range of each path and of the bf16 / FP8 ratio. Single runs of it have moved by
    up to 0.9 us between machine starts, which is 0.05 of the ratio.
-6. Head-major K and scales (``kernel_bench.head_major_twin``): the same rows with each KV head's keys contiguous,
+6. Head-major K and scales (``kernel_timing.head_major_twin``): the same rows with each KV head's keys contiguous,
    read through strides by the unchanged kernel, timed like section 4 beside the default layout.
 
 The FP8 / bf16 ratio the benchmarks page reports is one call inside a decode step instead
-(``edgespec bench --attn-in-place``, ``edgespec/bench/attn_in_place.py``); section 5 stays as the one-call figure.
+(``edgespec bench shapes --attn-in-place``, ``edgespec/bench/attn_in_place.py``); section 5 stays as the one-call
+figure.
 
 ``bash lab/lab_sweep.sh attn-probe`` on a CUDA machine (it installs the package first: ``edgespec.arch``);
 ``python lab/attn_overhead_probe.py --sections 5 --repeat 9`` for the target figure alone.
@@ -43,12 +44,9 @@ import triton.language as tl
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # kernel_bench, make_drafter
-
-from kernel_bench import graph_us, head_major_twin, make_cache  # noqa: E402
 
 from edgespec.arch.graphs import capture_graph  # noqa: E402
+from edgespec.bench.kernel_timing import graph_us, head_major_twin, make_cache  # noqa: E402
 from edgespec.kernels import attention_bytes, sm_count, triton_attention  # noqa: E402
 from edgespec.kernels.triton_attention import (  # noqa: E402
     attention_launch_config,

@@ -21,11 +21,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # kernel_bench, make_drafter
 
-from kernel_bench import evict_l2, make_cache  # noqa: E402
-
+from edgespec.bench.kernel_timing import evict_l2, make_cache  # noqa: E402
 from edgespec.kernels import gluon_attention_fp8 as g  # noqa: E402
 from edgespec.kernels import sm_count  # noqa: E402
 from edgespec.kernels.triton_attention import _LOG2E, _smem_per_sm, _split_buffers  # noqa: E402

@@ -17,19 +17,14 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # kernel_bench, make_drafter
-
-from make_drafter import write_dflash_drafter  # noqa: E402
-
 from edgespec.arch.detect import select_hooks  # noqa: E402
 from edgespec.bench.gpu import random_model  # noqa: E402
+from edgespec.bench.random_drafter import write_dflash_drafter  # noqa: E402
+from edgespec.bench.shapes import SHAPES, config_dict  # noqa: E402
 from edgespec.drafters import dflash  # noqa: E402
-from edgespec.loading.synthetic import SHAPES, config_dict  # noqa: E402
 from edgespec.speculative.acceptance import StrictGreedy  # noqa: E402
 from edgespec.speculative.session import SpecSession  # noqa: E402
 from edgespec.speculative.telemetry import RequestTelemetry  # noqa: E402

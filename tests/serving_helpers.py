@@ -26,7 +26,7 @@ from fastapi import FastAPI
 def write_tiny_chat_model(folder: str | Path, seed: int = 0, vocab_size: int = 272, hidden: int = 64,
                           layers: int = 2) -> Path:
     """Write a random tiny Llama + byte-level tokenizer + chat template into ``folder`` and return it."""
-    from edgespec.loading.synthetic import _byte_tokenizer, config_dict, write_chat_tokenizer, write_random_checkpoint
+    from edgespec.bench.shapes import _byte_tokenizer, config_dict, write_chat_tokenizer, write_random_checkpoint
 
     folder = Path(folder)
     tok = _byte_tokenizer()

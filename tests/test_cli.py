@@ -34,14 +34,16 @@ def test_bad_settings_exit_2_with_a_message(capsys):
 
 
 def test_bench_shape_sweep_rejects_bad_input_before_any_work(capsys):
-    assert main(["bench", "--shapes", "qwen3.5-4b,gpt-5"]) == 2
+    assert main(["bench", "shapes", "qwen3.5-4b,gpt-5"]) == 2
     assert "gpt-5" in capsys.readouterr().err
-    assert main(["bench", "--shapes", "qwen3.5-4b", "--kv", "int4"]) == 2
+    assert main(["bench", "shapes", "qwen3.5-4b", "--kv", "int4"]) == 2
     assert "int4" in capsys.readouterr().err
-    assert main(["bench", "--shapes", "qwen3.5-4b", "--kv", "none"]) == 2       # nothing left to measure
+    assert main(["bench", "shapes", "qwen3.5-4b", "--kv", "none"]) == 2       # nothing left to measure
     assert "--attn-in-place" in capsys.readouterr().err
+    assert main(["bench", "shapes", "qwen3.5-4b", "--device", "tpu"]) == 2
+    assert "--device 'tpu'" in capsys.readouterr().err
     import torch
 
     if not torch.cuda.is_available():
-        assert main(["bench", "--shapes", "qwen3.5-4b"]) == 2
+        assert main(["bench", "shapes", "qwen3.5-4b"]) == 2
         assert "CUDA" in capsys.readouterr().err

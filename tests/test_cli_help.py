@@ -19,9 +19,9 @@ def _help(capsys, *verb: str) -> str:
     return capsys.readouterr().out
 
 
-@pytest.mark.parametrize("verb", ["generate", "bench", "profile"])
+@pytest.mark.parametrize("verb", [("generate",), ("bench", "prompts"), ("bench", "session"), ("profile",)])
 def test_run_verbs_hide_the_server_flags(capsys, verb):
-    text = _help(capsys, verb)
+    text = _help(capsys, *verb)
     assert "--drafter {none,ngram,suffix,dflash,mtp}" in text and "--max-tokens" in text
     for flag in SERVER_FLAGS:
         assert flag not in text, f"{verb} --help lists {flag}"

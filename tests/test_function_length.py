@@ -13,8 +13,6 @@ FOLDERS = ("edgespec", "arch", "serving")
 MAX_LINES = 80
 # "path:function" -> why it is still long.
 LEFT_LONG = {
-    "edgespec/bench/cli.py:run_bench": "the bench flag soup; subcommands are their own step of issue 33 (point 8)",
-    "edgespec/kernels/triton_quant_gemv.py:quant_matmul": "kernel dispatch being rewritten by its own issue",
 }
 
 

@@ -90,9 +90,10 @@ ALLOWED_UPWARD: dict[tuple[str, str], str] = {
     ("edgespec.kernels", "edgespec.cache.kv"):
         "the attention, RoPE-write and CPU-step kernels take the KVCache object (its tensors, FP8 scales and "
         "block layout) instead of plain tensors",
-    ("edgespec.weights.gguf_native", "edgespec.kernels.options"):
-        "the compiled GGUF CPU step lives in weights/ although it serves the kernels: it reads the kernel "
-        "options (gguf_native, gguf_threads) like any kernel",
+    ("edgespec.weights.gguf", "edgespec.kernels.gguf_native"):
+        "a GGUF block weight's product on the CPU is the compiled kernel of kernels/gguf_cpu.c, called from its "
+        "own matmul: unlike the Triton products (given to a packed weight by the arch hooks as packed.kernel) it "
+        "must run for any caller, hooks or not (the native loader's checks, the fp32 GGUF tests)",
     ("edgespec.engine", "edgespec.distill.request_log"):
         "the engine writes the request log; the log's format lives with distill, its reader",
     ("edgespec.bench.session", "edgespec.distill.request_log"):

@@ -29,7 +29,7 @@ def test_every_python_package_of_the_tree_is_declared():
 
 def test_runtime_data_files_are_package_data():
     data = _setuptools()["package-data"]
-    assert "*.c" in data["edgespec.weights"] and (ROOT / "edgespec/weights/gguf_cpu.c").is_file()
+    assert "*.c" in data["edgespec.kernels"] and (ROOT / "edgespec/kernels/gguf_cpu.c").is_file()
     assert "*.yaml" in data["edgespec.data"]
     drafter = ROOT / "edgespec/data/drafters/smollm2-135m-dflash"
     assert {"*/*.json", "*/*.safetensors"} <= set(data["edgespec.data.drafters"])

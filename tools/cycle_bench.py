@@ -4,9 +4,9 @@
                                 [--drafter-weights model,int4] [--sm-limit 16]
 
 Builds the target shape with random weights on the GPU (``--format``: dense bf16, or fp8/nvfp4/int4 linear layers
-as ``edgespec bench --formats`` builds them) and a random 5-layer DFlash drafter of the published layout for it
-(tools/make_drafter.py), served once per ``--drafter-weights`` entry (the checkpoint's bf16, or quantized at load),
-then runs the session with ``stage_timing=device``. Random drafts are
+as ``edgespec bench formats`` builds them) and a random 5-layer DFlash drafter of the published layout for it
+(edgespec.bench.random_drafter), served once per ``--drafter-weights`` entry (the checkpoint's bf16, or quantized
+at load), then runs the session with ``stage_timing=device``. Random drafts are
 rejected, so every cycle verifies K+1 rows and rolls back: the worst case for cycle overheads. The same split is
 printed for the n-gram drafter. ``--sm-limit N`` runs it all on a green context of N SMs
 (``edgespec.bench.sm_limit``), made current before the model is built; the SM count actually granted is printed and
@@ -25,18 +25,15 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from make_drafter import write_dflash_drafter  # noqa: E402
-
 from edgespec.arch.detect import select_hooks  # noqa: E402
 from edgespec.bench.formats import FORMATS, format_model  # noqa: E402
 from edgespec.bench.gpu import random_model, sm_clock_mhz, weight_bytes_per_token  # noqa: E402
+from edgespec.bench.random_drafter import write_dflash_drafter  # noqa: E402
+from edgespec.bench.shapes import SHAPES, config_dict  # noqa: E402
 from edgespec.bench.sm_limit import limit_sms  # noqa: E402
 from edgespec.drafters.dflash import load_dflash_checkpoint  # noqa: E402
 from edgespec.drafters.ngram import NGramProposer  # noqa: E402
 from edgespec.kernels import sm_count  # noqa: E402
-from edgespec.loading.synthetic import SHAPES, config_dict  # noqa: E402
 from edgespec.memory import module_bytes  # noqa: E402
 from edgespec.speculative.acceptance import StrictGreedy  # noqa: E402
 from edgespec.speculative.session import SpecSession  # noqa: E402

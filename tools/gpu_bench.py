@@ -1,4 +1,4 @@
-"""One GPU run of the whole speed sweep (same as ``edgespec bench --shapes ...``).
+"""One GPU run of the whole speed sweep (same as ``edgespec bench shapes ...``).
 
     python tools/gpu_bench.py [--shapes smollm2-135m,qwen3.5-4b,...] [--compare-hf qwen3.5-4b] [--sweep-out DIR]
 

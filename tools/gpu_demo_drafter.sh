@@ -18,15 +18,15 @@ if [ -z "${CHECK_ONLY:-}" ]; then
   WORK=$WORK OUT=$OUT bash tools/gpu_distill_demo.sh --init "$SHIPPED" --prompts robot:3000 --samples-per-prompt 0 \
     --pack 8 --lr 3e-4 --warmup 50 "$@"
 else    # CHECK_ONLY=1: no training, only the checks (NEW: a drafter folder to check beside the shipped one)
-  GGUF=${GGUF:-$("$PY" -c "from edgespec.loading.gguf_demo import demo_gguf_path; print(demo_gguf_path())")}
-  "$PY" -c "import sys; from edgespec.loading.gguf_demo import convert_gguf; convert_gguf(sys.argv[1], sys.argv[2])" \
+  GGUF=${GGUF:-$("$PY" -c "from edgespec.convert.gguf import demo_gguf_path; print(demo_gguf_path())")}
+  "$PY" -c "import sys; from edgespec.convert.gguf import convert_gguf; convert_gguf(sys.argv[1], sys.argv[2])" \
     "$GGUF" "$WORK/target"
 fi
 for name in shipped new; do
   drafter=$SHIPPED; [ "$name" = new ] && drafter=$NEW
   for dtype in ${DTYPES:-bfloat16 float32}; do
     echo "== drafter $name ($drafter), target $dtype on the GPU"
-    "$PY" -m edgespec.cli bench --model "$WORK/target" --device cuda --dtype "$dtype" --drafter dflash \
+    "$PY" -m edgespec.cli bench prompts --model "$WORK/target" --device cuda --dtype "$dtype" --drafter dflash \
       --drafter-path "$drafter" --tokens 128 2>&1 | tail -16 | tee "$OUT/lossless_${name}_${dtype}.txt"
   done
 done

@@ -11,10 +11,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-GGUF=${GGUF:-$("$PY" -c "from edgespec.loading.gguf_demo import demo_gguf_path; print(demo_gguf_path())")}
+GGUF=${GGUF:-$("$PY" -c "from edgespec.convert.gguf import demo_gguf_path; print(demo_gguf_path())")}
 WORK=${WORK:-/tmp/edgespec-distill}
 OUT=${OUT:-.distill}
-"$PY" -c "import sys; from edgespec.loading.gguf_demo import convert_gguf; convert_gguf(sys.argv[1], sys.argv[2])" \
+"$PY" -c "import sys; from edgespec.convert.gguf import convert_gguf; convert_gguf(sys.argv[1], sys.argv[2])" \
   "$GGUF" "$WORK/target"
 "$PY" -m edgespec.cli distill --model "$WORK/target" --out "$OUT/drafter" --data "$WORK/data" \
   --prompts robot:4000 --samples-per-prompt 1 --temperature 0.7 --max-new-tokens 200 --gen-batch 256 \

@@ -25,7 +25,7 @@ for s in $stages; do
              2>&1 | tail -15 | tee "$OUT/tests.txt" ;;
     quant-tests) python3 -m pytest -q -p no:cacheprovider tests/weights/test_quant_session_gpu.py tests/kernels/test_quant_kernels_gpu.py \
              tests/speculative/test_gpu_session.py tests/speculative/test_deferred_gpu.py 2>&1 | tail -15 | tee "$OUT/quant_tests.txt" ;;
-    formats) for shape in qwen3.5-4b qwen3.5-27b; do python3 -m edgespec.cli bench --formats dense,fp8,nvfp4,int4 \
+    formats) for shape in qwen3.5-4b qwen3.5-27b; do python3 -m edgespec.cli bench formats dense,fp8,nvfp4,int4 \
              --format-shape $shape --context 1024 --device cuda 2>&1 | tail -6; done | tee "$OUT/formats.txt" ;;
     shapes27b) python3 tools/gpu_bench.py --shapes qwen3.5-27b --kv model --compare-hf none --sweep-out "$OUT" 2>&1 \
              | tee "$OUT/bench27b.txt" | tail -8 ;;
@@ -54,7 +54,7 @@ for s in $stages; do
              --sweep-out "$OUT" 2>&1 | tail -12 | tee "$OUT/gpu_bench.txt" ;;
     multiturn) for run in bfloat16:0 bfloat16:128 float32:128; do dt=${run%:*}; gp=${run#*:}; \
              for shape in smollm2-135m qwen3.5-0.8b; do echo "== $shape $dt graph_prefill_max=$gp"; \
-             EDGESPEC_GRAPH_PREFILL_MAX=$gp python3 -m edgespec.cli bench --multi-turn --random-model $shape --dtype $dt \
+             EDGESPEC_GRAPH_PREFILL_MAX=$gp python3 -m edgespec.cli bench multi-turn --random-model $shape --dtype $dt \
              --bench-tokenizer bench-tokenizer --tokens 16 --turns 4 --max-seq-len 4096 \
              --out "$OUT/multiturn_${shape}_${dt}_gp$gp.json"; done; done 2>&1 | tee "$OUT/multiturn.txt" ;;
     graph-prefill-tests) python3 -m pytest -q -p no:cacheprovider tests/cache/test_graph_prefill.py 2>&1 | tail -15 \

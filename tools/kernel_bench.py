@@ -28,7 +28,6 @@ Writes everything as JSON to ``$OUT/kernel_bench.json`` when ``OUT`` is set. Pri
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
@@ -47,6 +46,8 @@ sys.path.insert(0, str(ROOT))
 import triton  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
+from edgespec.bench import kernel_timing  # noqa: E402
+from edgespec.bench.kernel_timing import key_major_twin, make_cache  # noqa: E402
 from edgespec.cache.kv import KVCache  # noqa: E402
 from edgespec.kernels import attention_bytes  # noqa: E402
 from edgespec.kernels.attention import attention_ref, cached_attention  # noqa: E402
@@ -68,59 +69,15 @@ def bench_ms(fn: Callable[[], Any], quick: bool = False) -> float:
     return float(do_bench(fn, warmup=10 if quick else 25, rep=40 if quick else 100, return_mode="median"))
 
 
-_FLUSH: list[torch.Tensor] = []
 # How graph_us evicts L2 before each call: "write" zeroes a 256 MB buffer (L2 is left full of dirty lines, which
 # the timed kernel must write back as it reads: up to ~60 MB of extra traffic on an H200), "read" sums it (L2 is
 # left full of clean lines, as after the weight-streaming GEMVs that precede attention in a decode step).
 FLUSH_MODE = ["write"]
 
 
-def _flush_buffers() -> list[torch.Tensor]:
-    """The 256 MB buffer (> L2) that :func:`evict_l2` writes or reads, and the sink of its sum; made on first use."""
-    if not _FLUSH:
-        _FLUSH.append(torch.empty(64 << 20, dtype=torch.int32, device=DEV))
-        _FLUSH.append(torch.zeros((), dtype=torch.int64, device=DEV))
-    return _FLUSH
-
-
-def evict_l2(mode: str) -> None:
-    """Push the L2 cache's contents out: write 256 MB ("write": L2 left full of dirty lines) or read them ("read":
-    L2 left full of clean lines)."""
-    flush, sink = _flush_buffers()
-    if mode == "write":
-        flush.zero_()
-    else:
-        torch.sum(flush, dim=0, dtype=torch.int64, out=sink)
-
-
 def graph_us(fn: Callable[[], Any], reps: int = 10, rep_ms: int = 60, flush_mode: str | None = None) -> float:
-    """GPU microseconds per call, free of host launch overhead: ``reps`` calls, each after an L2 flush
-    (``flush_mode``, default ``FLUSH_MODE[0]``), are captured in one CUDA graph and timed by replay; a graph of
-    the flushes alone is timed and subtracted."""
-    mode = flush_mode or FLUSH_MODE[0]
-    if mode not in ("write", "read"):
-        raise ValueError(f"flush mode {mode!r}: 'write' or 'read'")
-    _flush_buffers()                                       # made on the current stream, before the side stream
-    evict = partial(evict_l2, mode)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):                          # compile and warm up outside the capture
-        evict()
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    work, flush_only = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-    with torch.cuda.graph(work):
-        for _ in range(reps):
-            evict()
-            fn()
-    with torch.cuda.graph(flush_only):
-        for _ in range(reps):
-            evict()
-    t_work = do_bench(work.replay, warmup=10, rep=rep_ms, return_mode="median")
-    t_flush = do_bench(flush_only.replay, warmup=10, rep=rep_ms, return_mode="median")
-    del work, flush_only
-    return max(t_work - t_flush, 0.0) / reps * 1e3
+    """:func:`edgespec.bench.kernel_timing.graph_us` with this run's ``--flush`` mode unless ``flush_mode``."""
+    return kernel_timing.graph_us(fn, reps, rep_ms, flush_mode or FLUSH_MODE[0])
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -172,44 +129,6 @@ class Table:
                          f"{opt(r['speedup'], '7.1f', 7)}x {r['GBps']:6.0f} "
                          f"{r['pct_copy']:5.0f}% {opt(r['rel_err'], '8.1e', 8)}")
         return "\n".join(lines)
-
-
-def make_cache(max_len: int, n_kv: int, hd: int, fp8: bool, v_block: int | None = None) -> KVCache:
-    """A bf16 or FP8 cache of random rows; ``v_block`` picks an FP8 cache's V layout (None: the default)."""
-    cache = KVCache(max_len, n_kv, hd, torch.bfloat16, DEV, fp8=fp8, v_block=v_block)
-    step = 8192                         # write in slices: quantising 32k rows at once needs a big fp32 temp
-    for s0 in range(0, max_len, step):
-        n = min(step, max_len - s0)
-        cache.write(s0, torch.randn(n, n_kv, hd, device=DEV, dtype=torch.bfloat16),
-                    torch.randn(n, n_kv, hd, device=DEV, dtype=torch.bfloat16))
-    return cache
-
-
-def key_major_twin(cache: KVCache) -> KVCache:
-    """A copy of an FP8 ``cache`` with the same rows and scales and a key-major V (the former layout)."""
-    twin = KVCache(cache.max_len, *cache.v_row_shape, cache.dtype, cache.k.device, fp8=True, v_block=0)
-    twin.k.copy_(cache.k)
-    twin.k_scale.copy_(cache.k_scale)
-    twin.v_scale.copy_(cache.v_scale)
-    twin.v.copy_(cache.v_rows(cache.max_len))
-    return twin
-
-
-def head_major_twin(cache: KVCache) -> KVCache:
-    """A copy of ``cache`` with the same rows whose K (and a key-major V) and scales are stored head-major: each KV
-    head's keys contiguous, so one key tile is one contiguous block (8 KB at hd 256 in FP8) instead of 32 rows strided
-    by the other heads. The tensors keep their ``[max_len, Hkv, ...]`` shape as strided views, which the attention
-    kernel reads through their strides: nothing else in the runtime stores this layout (a layout probe only)."""
-    twin = copy.copy(cache)                    # the same settings; every tensor is replaced below
-
-    def head_major(x: torch.Tensor) -> torch.Tensor:
-        return x.transpose(0, 1).contiguous().transpose(0, 1)
-
-    twin.k = head_major(cache.k)
-    twin.v = cache.v.clone() if cache.v_block else head_major(cache.v)
-    if cache.fp8:
-        twin.k_scale, twin.v_scale = head_major(cache.k_scale), head_major(cache.v_scale)
-    return twin
 
 
 def _attention_ref_from_cache(q: torch.Tensor, cache: KVCache, start: int, scale: float) -> torch.Tensor:

@@ -3,7 +3,7 @@
     python tools/make_bench_model.py qwen3.5-4b /tmp/q35-4b [--mtp] [--dtype bfloat16] [--tokenizer demo]
     python tools/make_bench_model.py --tokenizer-only bench-tokenizer    # the demo's BPE tokenizer files alone
 
-Shapes: edgespec.loading.synthetic.SHAPES, or tiny:FAMILY (a test shape). ``--tokenizer``: ``byte`` (default
+Shapes: edgespec.bench.shapes.SHAPES, or tiny:FAMILY (a test shape). ``--tokenizer``: ``byte`` (default
 for a model, a 261-id byte-level tokenizer), ``demo`` (the demo's SmolLM2 BPE tokenizer; needs the demo package) or
 a folder holding tokenizer.json. ``--tokenizer-only`` writes just the tokenizer files (the demo's by default): copy
 that folder to a machine without the demo package and name it with ``--tokenizer`` (or ``edgespec bench
@@ -17,7 +17,7 @@ import argparse
 import sys
 
 from edgespec.bench.random_model import copy_tokenizer, tokenizer_source, write_bench_model
-from edgespec.loading.synthetic import SHAPES, write_chat_tokenizer
+from edgespec.bench.shapes import SHAPES, write_chat_tokenizer
 
 
 def main() -> int:

@@ -9,7 +9,7 @@
 # .peer/ holds the stripped llama.cpp source (.peer/llama.cpp.tar.gz, ~10 MB: no docs/models/tests/examples or
 # non-CUDA/CPU backends) and, on the GPU host, the build and the GGUF files. Shape (the random llama):
 # hidden 3072, 28 layers, 24/8 heads, ffn 8192, vocab 49152; override with PEER_SHAPE="--hidden .. --layers ..".
-# The edgespec side, on the same shape: `edgespec bench --formats` (the whole model: decode at context 128 as
+# The edgespec side, on the same shape: `edgespec bench formats` (the whole model: decode at context 128 as
 # llama-bench's tg128 ends there, through the arch hooks and a CUDA graph, and whole-model prefill of 512 / 2048
 # tokens) and tools/quant_bench.py (the linear stack of a step alone, an upper bound, printed as such).
 set -euo pipefail
@@ -62,7 +62,7 @@ bench)
     $BUILD/bin/llama-bench -m "$MODELS/$f.gguf" -ngl 99 -fa 1 -p 512,2048 -n 128 -r 3 -o json 2>/dev/null \
       > "$out/llamacpp_$f.json"
   done
-  "$PY" -m edgespec.cli bench --formats dense,fp8,int4,nvfp4 --format-shape ${PEER_FORMAT_SHAPE:-peer-llama} \
+  "$PY" -m edgespec.cli bench formats dense,fp8,int4,nvfp4 --format-shape ${PEER_FORMAT_SHAPE:-peer-llama} \
     --context 128 --format-prefill 512,2048 --out "$out/formats_peer.json" | tee "$out/edgespec_formats.txt"
   if [ "${PEER_STACK:-1}" = 1 ]; then     # PEER_STACK=0 skips the linear-stack bound (saves device minutes)
     OUT=$out "$PY" tools/quant_bench.py --llama="$SHAPE" --shapes '' --formats int4,nvfp4,fp8_block \

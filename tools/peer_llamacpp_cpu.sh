@@ -27,5 +27,5 @@ if [ ! -x "$BENCH" ]; then
   nice -n 10 cmake --build "$PEER/llama.cpp-build" --target llama-bench -j 2 >/dev/null
 fi
 [ "${PEER_BUILD_ONLY:-0}" = 1 ] && { echo "built $BENCH"; exit 0; }
-GGUF=$("$PY" -c "from edgespec.loading.gguf_demo import demo_gguf_path; print(demo_gguf_path())")
-exec "$PY" -m edgespec.bench.peer_llamacpp --llama-bench "$BENCH" --gguf "$GGUF" --repeats "$REPEATS" --threads "$THREADS"
+GGUF=$("$PY" -c "from edgespec.convert.gguf import demo_gguf_path; print(demo_gguf_path())")
+exec "$PY" -m edgespec.cli bench peer --llama-bench "$BENCH" --gguf "$GGUF" --repeats "$REPEATS" --threads "$THREADS"

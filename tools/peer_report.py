@@ -64,13 +64,13 @@ WHOLE_PAIRS = (("f16", "dense"), ("Q8_0", "fp8"), ("Q4_0", "int4"), ("Q4_K_M", "
 
 
 def whole_model(d: Path) -> None:
-    """The end-to-end table: ``edgespec bench --formats`` (whole decode step, whole-model prefill) per format."""
+    """The end-to-end table: ``edgespec bench formats`` (whole decode step, whole-model prefill) per format."""
     f = d / "formats_peer.json"
     if not f.exists():
         return
     rows = {r["format"]: r for r in json.loads(f.read_text())["rows"]}
     print()
-    print("whole model, both sides end to end (edgespec: bench --formats, decode at context 128, CUDA graph)")
+    print("whole model, both sides end to end (edgespec: bench formats, decode at context 128, CUDA graph)")
     print(f"{'llama.cpp':>9} {'tok/s':>8} {'pp512':>8} {'pp2048':>8} | {'edgespec':>8} {'tok/s':>8} {'pp512':>8} "
           f"{'pp2048':>8} {'peak GB':>8} | decode x  pp512 x  pp2048 x")
     for theirs, mine in WHOLE_PAIRS:

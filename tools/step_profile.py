@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from edgespec.arch.detect import select_hooks  # noqa: E402
 from edgespec.bench.gpu import measure_copy_bandwidth, random_model, weight_bytes_per_token  # noqa: E402
@@ -117,10 +116,9 @@ def print_profile(res: dict, sequence: int) -> None:
 def profile_drafter(shape: str, bw: float, sequence: int) -> dict:
     """The DFlash draft graph (5-layer random drafter of the published layout, block 16, window 128) of ``shape``,
     replayed as a cycle runs it, next to the read limit of its weights (layers + the head it uses)."""
-    from make_drafter import write_dflash_drafter
-
+    from edgespec.bench.random_drafter import write_dflash_drafter
+    from edgespec.bench.shapes import SHAPES, config_dict
     from edgespec.drafters.dflash import load_dflash_checkpoint
-    from edgespec.loading.synthetic import SHAPES, config_dict
     from edgespec.speculative.acceptance import StrictGreedy
     device = torch.device("cuda")
     model = random_model(shape, device, torch.bfloat16, 2048)
@@ -155,7 +153,7 @@ def profile_drafter(shape: str, bw: float, sequence: int) -> dict:
 
 
 def profile_prefill(shape: str, fmt: str, tokens: int, sequence: int, host: bool = False) -> dict:
-    """One whole-model prefill of ``tokens`` tokens as ``edgespec bench --formats`` times it (the arch's prefill
+    """One whole-model prefill of ``tokens`` tokens as ``edgespec bench formats`` times it (the arch's prefill
     chunk, a fresh cache each time), its kernels grouped."""
     from edgespec.bench.formats import prefill_step, served_model, shape_config
     device = torch.device("cuda")

@@ -13,7 +13,7 @@ neighbours:
 - both timed interleaved (as served, left out, as served, ...) ``repeat`` times; the difference of the two step
   times over the attention layers is the cost of one call in place.
 
-``edgespec bench --shapes qwen3.5-27b --kv none --attn-in-place --context 32768`` prints it (``gpu.run_sweep``).
+``edgespec bench shapes qwen3.5-27b --kv none --attn-in-place --context 32768`` prints it (``gpu.run_sweep``).
 """
 
 from __future__ import annotations

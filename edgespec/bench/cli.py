@@ -1,228 +1,271 @@
-"""``edgespec bench``: plain vs speculative decoding on the bench prompts, optionally beside transformers.
+"""``edgespec bench``: one subcommand per benchmark, each with only the options it reads.
 
-For each prompt it runs edgespec plain and edgespec with the configured drafter (and with ``--compare-hf``,
-transformers' plain greedy ``generate`` and prompt-lookup generation on the same checkpoint, in the same process),
-after one warm-up, and prints decode tok/s and acceptance length. Decode speed counts the tokens after the first
-over the time after the first, for every runner alike.
+``prompts`` (the default: ``edgespec bench --drafter ngram`` runs it) times plain against speculative decoding on
+the bench prompts; ``formats`` compares weight formats on one random shape; ``shapes`` sweeps random-weight model
+shapes against the bandwidth limit; ``session`` replays a stream of robot requests through every drafter;
+``multi-turn`` times an agent conversation with and without prefix reuse; ``peer`` runs llama.cpp's llama-bench
+beside edgespec on one GGUF. Each mode is a parser function and a runner here; the runner imports the mode's
+module (which holds the measuring) when it runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
-import torch
+from edgespec.config import RUN_SECTIONS, Settings, load_settings, settings_parent
+from edgespec.errors import ConfigError
 
-from edgespec.bench.prompts import BenchPrompt, load_prompts
-from edgespec.config import load_settings
-from edgespec.speculative.parity import describe_divergence, tie_check
+DEFAULT_MODE = "prompts"
+# The mode flags of the one-parser bench, each now a subcommand: the old form gets an error naming the new one.
+OLD_MODE_FLAGS = {"--formats": "formats", "--shapes": "shapes", "--session": "session", "--multi-turn": "multi-turn"}
+
+
+def bench_argv(argv: Sequence[str]) -> list[str]:
+    """The words after ``edgespec bench`` as the subcommand parser reads them: ``prompts`` put first where no
+    subcommand is named (``bench --help`` stays the list of subcommands). An old mode flag is an error that says
+    which subcommand replaced it."""
+    argv = list(argv)
+    if argv[:1] and (argv[0] in _MODES or argv[0] in ("-h", "--help")):
+        return argv
+    for word in argv:
+        flag = word.split("=", 1)[0]
+        if flag in OLD_MODE_FLAGS:
+            raise ConfigError(f"`{flag}` is now `edgespec bench {OLD_MODE_FLAGS[flag]}`: run "
+                              f"`{_new_form(argv, word)}` (`edgespec bench --help` lists the subcommands)")
+    return [DEFAULT_MODE, *argv]
+
+
+def _new_form(argv: list[str], word: str) -> str:
+    """The old command line rewritten: the mode flag out, its subcommand (and the flag's value) first."""
+    flag, _, value = word.partition("=")
+    rest = list(argv)
+    at = rest.index(word)
+    del rest[at]
+    if not value and flag in ("--formats", "--shapes") and at < len(rest) and not rest[at].startswith("-"):
+        value = rest.pop(at)        # the comma list the flag took is the subcommand's positional argument
+    return " ".join(["edgespec bench", OLD_MODE_FLAGS[flag], *([value] if value else []), *rest])
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--shapes", help="GPU sweep over random-weight model shapes instead of the prompt benchmark "
-                   "(comma list of edgespec.loading.synthetic.SHAPES names)")
-    p.add_argument("--compare-hf-shapes", default="qwen3.5-4b", help="with --shapes: shapes also run in transformers")
-    p.add_argument("--context", type=int, default=512, help="with --shapes: KV context of decode and verify")
-    p.add_argument("--kv", default="model,fp8", help="with --shapes: KV formats (none: no decode sweep)")
-    p.add_argument("--attn-in-place", action="store_true", help="with --shapes: also time one attention call "
-                   "inside a decode step at --context, FP8 vs model-dtype KV (edgespec.bench.attn_in_place)")
-    p.add_argument("--sweep-out", default=".", help="with --shapes: folder for gpu_bench.json")
-    p.add_argument("--formats", help="weight-format comparison instead of the prompt benchmark: comma list of "
-                   "dense,fp8,nvfp4,int4 on one random shape (edgespec.bench.formats)")
-    p.add_argument("--format-shape", default="smollm2-135m", help="with --formats: a SHAPES name or tiny:FAMILY")
-    p.add_argument("--group-size", type=int, default=128, help="with --formats: int4 group size")
-    p.add_argument("--format-prefill", default="", help="with --formats: comma list of prompt lengths whose "
-                   "whole-model prefill rate is also timed (e.g. 512,2048)")
-    p.add_argument("--format-iters", type=int, default=10, help="with --formats: decode steps per timing")
-    p.add_argument("--format-verify-rows", type=int, default=16, help="with --formats: rows of the verify forward "
-                   "also timed (a speculative cycle's; 1: none)")
+    """The subcommands of ``edgespec bench`` on its parser ``p``."""
+    modes = p.add_subparsers(dest="bench_mode", metavar="MODE", required=True,
+                             title="subcommands (default: prompts)")
+    for name, (add, run, help_text) in _MODES.items():
+        sub = modes.add_parser(name, help=help_text, description=help_text,
+                               parents=[settings_parent(RUN_SECTIONS)] if name in _SETTINGS_MODES else [])
+        add(sub)
+        sub.set_defaults(bench_run=run)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run the chosen subcommand, on a green context of ``--sm-limit`` SMs where the mode takes one."""
+    if getattr(args, "sm_limit", 0):
+        from edgespec.bench.sm_limit import limit_sms
+        try:
+            print(limit_sms(args.sm_limit).describe(), flush=True)   # before anything else runs on the GPU
+        except (ValueError, RuntimeError) as e:
+            raise ConfigError(str(e)) from e
+    return args.bench_run(args)
+
+
+# ---- options several modes share ----
+
+def _add_sm_limit(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sm-limit", type=int, default=0, help="CUDA: run the whole benchmark on a green context of "
+                   "this many SMs (Thor has 20; Hopper grants multiples of 8), the granted count read back and "
+                   "printed")
+
+
+def _add_random_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--random-model", metavar="SHAPE", help="bench random weights of this SHAPES name instead of "
+                   "--model, written on first use into the cache (edgespec.bench.random_model)")
+    p.add_argument("--bench-tokenizer", default="demo", help="with --random-model: demo (the demo's BPE "
+                   "tokenizer), byte, or a folder with tokenizer.json (tools/make_bench_model.py --tokenizer-only)")
+
+
+def _add_out(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", help="write every figure as JSON here")
+
+
+def _bench_settings(args: argparse.Namespace) -> Settings:
+    """Settings from the config layers and flags, the model swapped for ``--random-model``'s when given."""
+    settings = load_settings(cli=args)
+    if args.random_model:
+        from edgespec.bench.random_model import bench_model
+        settings = settings.with_overrides(model=str(bench_model(args.random_model, args.bench_tokenizer)))
+    return settings
+
+
+def _speculative(settings: Settings) -> Settings:
+    """A drafter to measure: n-gram where the settings name none."""
+    return settings.with_overrides(drafter="ngram") if settings.drafter == "none" else settings
+
+
+# ---- prompts ----
+
+def _prompts_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", help="prompt set YAML (default: the packaged bench set)")
     p.add_argument("--tokens", type=int, default=128, help="max new tokens per prompt")
     p.add_argument("--repeats", type=int, default=1, help="timed runs per prompt (median reported)")
     p.add_argument("--compare-hf", action="store_true", help="also run transformers plain and prompt lookup")
     p.add_argument("--hf-lookup-tokens", type=int, default=10, help="transformers prompt_lookup_num_tokens")
-    p.add_argument("--out", help="write every figure as JSON here")
-    p.add_argument("--multi-turn", action="store_true", help="agent conversation: time to first token per turn with "
-                   "and without prefix reuse")
-    p.add_argument("--turns", type=int, default=4, help="with --multi-turn: conversation turns")
-    p.add_argument("--history-tokens", type=int, default=3000, help="with --multi-turn: tokens of history in turn 0")
+    _add_out(p)
     p.add_argument("--tree", metavar="BUDGET", help="also run the drafter with tree verification of this node budget "
                    "(or auto), beside its chain, per prompt")
-    p.add_argument("--random-model", metavar="SHAPE", help="bench random weights of this SHAPES name instead of "
-                   "--model, written on first use into the cache (edgespec.bench.random_model)")
-    p.add_argument("--sm-limit", type=int, default=0, help="CUDA: run every mode on a green context of this many SMs "
-                   "(Thor has 20; Hopper grants multiples of 8), the granted count read back and printed")
-    p.add_argument("--bench-tokenizer", default="demo", help="with --random-model: demo (the demo's BPE "
-                   "tokenizer), byte, or a folder with tokenizer.json (tools/make_bench_model.py --tokenizer-only)")
-    from edgespec.bench.session import add_session_arguments
-    add_session_arguments(p)
+    _add_random_model(p)
+    _add_sm_limit(p)
 
 
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2]
+def _run_prompts(args: argparse.Namespace) -> int:
+    import torch
 
-
-def _run_edgespec(engine, ids: list[int], tokens: int, k: int | None, tree: int | None = None) -> dict[str, Any]:
-    from edgespec.energy import EnergySpan
-    from edgespec.speculative.acceptance import StrictGreedy
-
-    budget, engine.session.tree_budget = engine.session.tree_budget, tree      # chain (None) or tree, this run
-    span = EnergySpan(engine.energy)     # None on CPU: no energy figures
-    try:
-        res = engine.session.generate(ids, max_tokens=tokens, policy=StrictGreedy(),
-                                      stop_ids=engine.tokenizer.stop_token_ids, k=k)
-    finally:
-        engine.session.tree_budget = budget
-    used = span.stop()
-    t = res.telemetry
-    out = {"tokens": res.token_ids, "tok_s": t.decode_tok_s, "al": t.acceptance_length, "telemetry": t.to_dict()}
-    if used is not None:
-        out.update(joules_per_token=used.per_token(len(res.token_ids)), avg_watts=used.watts)
-    return out
-
-
-@contextmanager
-def _torch_threads(n: int) -> Iterator[None]:
-    """Run transformers with torch's usual intra-op threads (edgespec's CPU path runs torch single-threaded and
-    lets OpenBLAS use the cores; see edgespec.kernels.linear), so the peer gets the setup it is tuned for."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _run_hf(model, ids: list[int], tokens: int, eos: list[int], lookup: int | None,
-            threads: int) -> dict[str, Any]:
-    inp = torch.tensor([ids])
-    kw: dict[str, Any] = dict(do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
-    if lookup:
-        kw["prompt_lookup_num_tokens"] = lookup
-    with torch.inference_mode(), _torch_threads(threads):
-        t0 = time.perf_counter()
-        model.generate(inp, max_new_tokens=1, min_new_tokens=1, **kw)
-        t_first = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        out = model.generate(inp, max_new_tokens=tokens, **kw)
-        t_all = time.perf_counter() - t0
-    new = out[0, len(ids):].tolist()
-    n = len(new)
-    while new and new[-1] in eos:      # transformers keeps the stop token; edgespec drops it
-        new.pop()
-    return {"tokens": new, "tok_s": (n - 1) / max(t_all - t_first, 1e-9) if n > 1 else 0.0}
-
-
-def run_bench(args: argparse.Namespace) -> int:
-    from edgespec.engine import Engine
-
-    if getattr(args, "sm_limit", 0):
-        from edgespec.bench.sm_limit import limit_sms
-        from edgespec.errors import ConfigError
-        try:
-            print(limit_sms(args.sm_limit).describe(), flush=True)   # before anything else runs on the GPU
-        except (ValueError, RuntimeError) as e:
-            raise ConfigError(str(e)) from e
-    if args.formats:
-        from edgespec.bench.formats import run_format_bench
-
-        return run_format_bench(args)
-    if args.shapes:
-        from edgespec.bench.gpu import run_sweep
-
-        args.compare_hf = args.compare_hf_shapes
-        args.no_graphs = False
-        return run_sweep(args)
+    from edgespec.bench.prompt_bench import run_prompt_bench
 
     hf_threads = torch.get_num_threads()   # torch's default, before the engine configures its CPU path
-    settings = load_settings(cli=args)
-    if args.random_model:
-        from edgespec.bench.random_model import bench_model
-        settings = settings.with_overrides(model=str(bench_model(args.random_model, args.bench_tokenizer)))
-    if args.session:
-        from edgespec.bench.session import run_session
-        run_session(args, settings)
-        return 0
-    if settings.drafter == "none":
-        settings = settings.with_overrides(drafter="ngram")
+    settings = _speculative(_bench_settings(args))
     if args.tree:
         settings = settings.with_overrides(draft_tree=args.tree)
-    engine = Engine.from_settings(settings)
-    tree = engine.session.tree_budget
-    if args.multi_turn:
-        from edgespec.bench.multiturn import run_multi_turn
+    return run_prompt_bench(args, settings, hf_threads)
 
-        figures = run_multi_turn(engine, args)
-        if args.out:
-            Path(args.out).write_text(json.dumps(figures, indent=2))
-        return 0
-    prompts = load_prompts(args.prompts)
-    hf = None
-    if args.compare_hf:
-        from transformers import AutoModelForCausalLM
-        hf = AutoModelForCausalLM.from_pretrained(engine.model_dir, dtype=engine.model.dtype).eval()
-    eos = engine.tokenizer.stop_token_ids
-    rows = []
-    header = f"{'prompt':<26} {'runner':<22} {'tok/s':>8} {'AL':>6} {'tokens':>6} same-as-plain"
-    print(f"device={engine.device} threads={torch.get_num_threads()} hf_threads={hf_threads} "
-          f"model={engine.model_dir.name} drafter={settings.drafter} K={engine.session.k}")
-    print(header)
-    for pr in prompts:
-        ids = engine.tokenizer.encode_chat([{"role": "user", "content": pr.user}], enable_thinking=pr.thinking)
-        runners = {
-            "edgespec plain": lambda ids=ids: _run_edgespec(engine, ids, args.tokens, 0),
-            f"edgespec {settings.drafter}": lambda ids=ids: _run_edgespec(engine, ids, args.tokens, None),
-        }
-        if tree:
-            runners[f"edgespec {settings.drafter} tree{tree}"] = lambda ids=ids: _run_edgespec(
-                engine, ids, args.tokens, None, tree)
-        if hf is not None:
-            runners["hf plain"] = lambda ids=ids: _run_hf(hf, ids, args.tokens, eos, None, hf_threads)
-            runners["hf prompt-lookup"] = lambda ids=ids: _run_hf(hf, ids, args.tokens, eos, args.hf_lookup_tokens,
-                                                                 hf_threads)
-        plain_tokens = None
-        for name, fn in runners.items():
-            fn()  # warm-up
-            runs = [fn() for _ in range(max(1, args.repeats))]
-            best = runs[0]
-            tok_s = _median([r["tok_s"] for r in runs])
-            if plain_tokens is None:
-                plain_tokens = best["tokens"]
-            same = best["tokens"] == plain_tokens
-            row = {"prompt": pr.id, "runner": name, "tok_s": round(tok_s, 2), "al": best.get("al"),
-                   "tokens": len(best["tokens"]), "same_as_plain": same, "telemetry": best.get("telemetry")}
-            verdict = str(same)
-            if not same and name.startswith("edgespec") and engine.model.dtype != torch.float32:
-                row.update(tie_check(engine.model, ids, plain_tokens, best["tokens"], engine.session.kv_fp8))
-                verdict = f"False: {describe_divergence(row)}"
-            if best.get("joules_per_token") is not None:
-                row.update(joules_per_token=best["joules_per_token"], avg_watts=best["avg_watts"])
-                verdict += f"  {best['joules_per_token']:.4f} J/token {best['avg_watts']:.0f} W"
-            rows.append(row)
-            al = f"{row['al']:.2f}" if row["al"] is not None else "-"
-            print(f"{pr.id:<26} {name:<22} {tok_s:>8.1f} {al:>6} {len(best['tokens']):>6} {verdict}", flush=True)
-    from edgespec.memory import format_bytes, peak_bytes
-    budget = engine.model.memory_budget
-    peak = peak_bytes(engine.device)
-    print(f"memory budget: {budget.summary() if budget else 'n/a'}")
-    kind = "CUDA allocator" if engine.device.type == "cuda" else "process peak RSS"
-    print(f"measured peak: {format_bytes(peak)} ({kind})")
-    if args.out:
-        meta = {"device": str(engine.device), "cpu": platform.processor() or platform.machine(),
-                "threads": torch.get_num_threads(), "hf_threads": hf_threads, "torch": torch.__version__,
-                "model": str(engine.model_dir),
-                "settings": {"drafter": settings.drafter, "k": engine.session.k, "dtype": str(engine.model.dtype)},
-                "tokens": args.tokens, "repeats": args.repeats, "peak_memory_bytes": peak,
-                "memory_budget": budget.to_dict() if budget else None}
-        Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+
+# ---- formats ----
+
+def _formats_arguments(p: argparse.ArgumentParser) -> None:
+    from edgespec.bench.formats import FORMATS
+
+    p.add_argument("formats", nargs="?", default=",".join(FORMATS),
+                   help=f"comma list of {', '.join(FORMATS)} (default: all)")
+    p.add_argument("--format-shape", default="smollm2-135m", help="a SHAPES name or tiny:FAMILY")
+    p.add_argument("--group-size", type=int, default=128, help="int4 group size")
+    p.add_argument("--context", type=int, default=512, help="KV context of decode and verify")
+    p.add_argument("--format-prefill", default="", help="comma list of prompt lengths whose whole-model prefill "
+                   "rate is also timed (e.g. 512,2048)")
+    p.add_argument("--format-iters", type=int, default=10, help="decode steps per timing")
+    p.add_argument("--format-verify-rows", type=int, default=16, help="rows of the verify forward also timed (a "
+                   "speculative cycle's; 1: none)")
+    p.add_argument("--device", default="auto", help="auto (CUDA where present), cuda, cuda:N or cpu")
+    _add_out(p)
+    _add_sm_limit(p)
+
+
+def _run_formats(args: argparse.Namespace) -> int:
+    from edgespec.bench.formats import run_format_bench
+
+    return run_format_bench(args)
+
+
+# ---- shapes ----
+
+def _shapes_arguments(p: argparse.ArgumentParser) -> None:
+    from edgespec.arch.rollback import ROLLBACK_STRATEGIES
+    from edgespec.bench.gpu import DEFAULT_SHAPES
+
+    p.add_argument("shapes", nargs="?", default=DEFAULT_SHAPES, help="comma list of "
+                   "edgespec.bench.shapes.SHAPES names, or tiny:FAMILY test shapes (default: %(default)s)")
+    p.add_argument("--compare-hf-shapes", dest="compare_hf", default="qwen3.5-4b", metavar="SHAPES",
+                   help="shapes also run in transformers (comma list; none: no transformers run)")
+    p.add_argument("--context", type=int, default=512, help="KV context of decode and verify")
+    p.add_argument("--kv", default="model,fp8", help="KV formats (none: no decode sweep)")
+    p.add_argument("--attn-in-place", action="store_true", help="also time one attention call inside a decode step "
+                   "at --context, FP8 vs model-dtype KV (edgespec.bench.attn_in_place)")
+    p.add_argument("--rollback", choices=ROLLBACK_STRATEGIES,
+                   help="verify rollback strategy (default: the arch default, as served)")
+    p.add_argument("--no-graphs", action="store_true", help="time eager forwards instead of CUDA graph replays")
+    p.add_argument("--device", default="auto", help="auto or cuda (the GPU sweep); cpu runs the same steps on the "
+                   "host clock, eager, in fp32 (a smoke run: CPU figures say nothing of a GPU)")
+    p.add_argument("--sweep-out", default=".", help="folder for gpu_bench.json")
+    _add_sm_limit(p)
+
+
+def _run_shapes(args: argparse.Namespace) -> int:
+    from edgespec.bench.gpu import run_sweep
+
+    return run_sweep(args)
+
+
+# ---- session ----
+
+def _session_arguments(p: argparse.ArgumentParser) -> None:
+    from edgespec.bench.session import add_session_arguments
+
+    p.add_argument("--tokens", type=int, default=128, help="max new tokens per request")
+    add_session_arguments(p)
+    _add_out(p)
+    _add_random_model(p)
+    _add_sm_limit(p)
+
+
+def _run_session(args: argparse.Namespace) -> int:
+    from edgespec.bench.session import run_session
+
+    run_session(args, _bench_settings(args))
     return 0
 
 
-__all__ = ["BenchPrompt", "add_bench_arguments", "run_bench"]
+# ---- multi-turn ----
+
+def _multi_turn_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--turns", type=int, default=4, help="conversation turns")
+    p.add_argument("--history-tokens", type=int, default=3000, help="tokens of history in turn 0")
+    p.add_argument("--tokens", type=int, default=128, help="max new tokens per answer")
+    p.add_argument("--prompts", help="prompt set YAML the history is built from (default: the packaged bench set)")
+    _add_out(p)
+    _add_random_model(p)
+    _add_sm_limit(p)
+
+
+def _run_multi_turn(args: argparse.Namespace) -> int:
+    import json
+
+    from edgespec.bench.multiturn import run_multi_turn
+    from edgespec.engine import Engine
+
+    figures = run_multi_turn(Engine.from_settings(_speculative(_bench_settings(args))), args)
+    if args.out:
+        Path(args.out).write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+# ---- peer ----
+
+def _peer_arguments(p: argparse.ArgumentParser) -> None:
+    import os
+
+    p.add_argument("--llama-bench", required=True, help="path of the llama-bench binary "
+                   "(tools/peer_llamacpp_cpu.sh builds one)")
+    p.add_argument("--gguf", required=True, type=Path, help="the GGUF both sides run")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats (medians reported)")
+    p.add_argument("--prompt", type=int, default=64, help="prompt tokens of the prefill comparison")
+    p.add_argument("--tokens", type=int, default=128, help="decode tokens")
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                   help="threads of llama.cpp and of edgespec's GGUF products alike")
+    _add_out(p)
+
+
+def _run_peer(args: argparse.Namespace) -> int:
+    from edgespec.bench.peer_llamacpp import run_peer
+
+    return run_peer(args)
+
+
+Adder = Callable[[argparse.ArgumentParser], None]
+Runner = Callable[[argparse.Namespace], int]
+_MODES: dict[str, tuple[Adder, Runner, str]] = {
+    "prompts": (_prompts_arguments, _run_prompts, "plain vs speculative decoding on the bench prompts, per prompt "
+                "(optionally beside transformers): decode tok/s, acceptance length, same-as-plain"),
+    "formats": (_formats_arguments, _run_formats, "weight formats (dense, fp8, nvfp4, int4) on one random model "
+                "shape: bytes read per token, peak memory, decode, verify and prefill speed"),
+    "shapes": (_shapes_arguments, _run_shapes, "random-weight model shapes: decode, verify, rollback and prefill "
+               "next to the bandwidth limit; writes gpu_bench.json (a GPU sweep)"),
+    "session": (_session_arguments, _run_session, "a stream of robot requests through one model: AL and tok/s per "
+                "drafter, first requests and steady state (edgespec.bench.session)"),
+    "multi-turn": (_multi_turn_arguments, _run_multi_turn, "an agent conversation: time to first token per turn "
+                   "with and without prefix reuse (edgespec.bench.multiturn)"),
+    "peer": (_peer_arguments, _run_peer, "edgespec against llama.cpp's llama-bench on the same GGUF, on this CPU, "
+             "interleaved (edgespec.bench.peer_llamacpp)"),
+}
+_SETTINGS_MODES = ("prompts", "session", "multi-turn")    # the modes that build an engine from Settings
+
+__all__ = ["add_bench_arguments", "bench_argv", "run_bench"]

@@ -1,4 +1,4 @@
-"""Weight-format comparison (``edgespec bench --formats dense,fp8,nvfp4,int4``): the same random model shape
+"""Weight-format comparison (``edgespec bench formats dense,fp8,nvfp4,int4``): the same random model shape
 served in each format, with its weight bytes read per decode step, its peak memory and its measured decode speed.
 
 Batch-1 decode reads every weight once per token, so the bytes per token set the speed limit of a
@@ -25,11 +25,10 @@ import torch
 from edgespec.arch.base import ArchHooks
 from edgespec.arch.detect import select_hooks
 from edgespec.arch.rollback import rollback_strategy
-from edgespec.bench.gpu import THOR_BW, fill_random_, time_cuda, weight_bytes_per_token
+from edgespec.bench.gpu import THOR_BW, fill_random_, shape_config, time_cuda, weight_bytes_per_token
 from edgespec.cache.model_cache import ModelCache
 from edgespec.errors import ConfigError
 from edgespec.loading.hf_config import parse_config
-from edgespec.loading.synthetic import SHAPES, TINY_SHAPES, config_dict, tiny_config
 from edgespec.memory import module_bytes, peak_bytes, plan_budget
 from edgespec.models.decoder import TargetModel
 from edgespec.models.layers import Linear
@@ -40,16 +39,6 @@ from edgespec.weights.nvfp4 import NVFP4Weight
 from edgespec.weights.requantize import quantize_weight
 
 FORMATS = ("dense", "fp8", "nvfp4", "int4")
-
-
-def shape_config(shape: str) -> dict[str, Any]:
-    """A :data:`SHAPES` name, or ``tiny:FAMILY`` for one of the test shapes."""
-    if shape.startswith("tiny:") and shape[5:] in TINY_SHAPES:
-        return tiny_config(shape[5:])
-    if shape in SHAPES:
-        return config_dict(**SHAPES[shape])
-    raise ConfigError(f"unknown shape {shape!r}; known: {', '.join(sorted(SHAPES))}, "
-                      + ", ".join(f"tiny:{f}" for f in TINY_SHAPES))
 
 
 def _packed_for(fmt: str, out_f: int, in_f: int, dtype: torch.dtype, group: int) -> PackedWeight | None:
@@ -217,7 +206,7 @@ def decode_energy(step: Callable[[], None], device: torch.device, seconds: float
 
 
 def run_format_bench(args: argparse.Namespace) -> int:
-    """Entry of ``edgespec bench --formats``: one row per format, same shape, table last."""
+    """Entry of ``edgespec bench formats``: one row per format, same shape, table last."""
     formats = [f for f in args.formats.split(",") if f]
     bad = [f for f in formats if f not in FORMATS]
     if bad:

@@ -25,12 +25,12 @@ from edgespec.arch.base import ArchHooks
 from edgespec.arch.detect import select_hooks
 from edgespec.bench.attn_in_place import compare_in_place, format_in_place
 from edgespec.bench.moe import ExpertBytes, expert_bytes
+from edgespec.bench.shapes import SHAPES, TINY_SHAPES, config_dict, tiny_config
 from edgespec.bench.timing import time_cuda
 from edgespec.config import MAX_DRAFT_TOKENS
 from edgespec.errors import ConfigError
 from edgespec.loading.checkpoint import build_empty
 from edgespec.loading.hf_config import parse_config
-from edgespec.loading.synthetic import SHAPES, config_dict
 from edgespec.memory import peak_bytes, plan_budget
 from edgespec.models.decoder import TargetModel
 from edgespec.models.moe import RoutingLog, attach_routing_log
@@ -68,10 +68,21 @@ def sm_clock_mhz(device: torch.device | None = None) -> int | None:
         return None
 
 
+def shape_config(shape: str) -> dict[str, Any]:
+    """A :data:`SHAPES` name, or ``tiny:FAMILY`` for one of the test shapes."""
+    if shape.startswith("tiny:") and shape[5:] in TINY_SHAPES:
+        return tiny_config(shape[5:])
+    if shape in SHAPES:
+        return config_dict(**SHAPES[shape])
+    raise ConfigError(f"unknown shape {shape!r}; known: {', '.join(sorted(SHAPES))}, "
+                      + ", ".join(f"tiny:{f}" for f in TINY_SHAPES))
+
+
 def random_model(shape: str, device: torch.device, dtype: torch.dtype, max_len: int) -> TargetModel:
-    """A model of a published shape with N(0, 0.02) weights, built directly on ``device``: merged on the meta
-    device and allocated once in ``dtype`` (peak memory = the weights), after the memory budget said it fits."""
-    cfg = parse_config(config_dict(**SHAPES[shape]))
+    """A model of a published shape (or ``tiny:FAMILY``) with N(0, 0.02) weights, built directly on ``device``:
+    merged on the meta device and allocated once in ``dtype`` (peak memory = the weights), after the memory budget
+    said it fits."""
+    cfg = parse_config(shape_config(shape))
 
     def budget(weights: int, packed: bool):
         return plan_budget(cfg, weights, device, dtype, max_len, packed=packed)
@@ -298,7 +309,7 @@ def bench_hf(shape: str, device: torch.device, dtype: torch.dtype, context: int,
     """transformers' own decode speed on the same shape (random weights), for the peer column."""
     import transformers
 
-    cfg_dict = config_dict(**SHAPES[shape])
+    cfg_dict = shape_config(shape)
     cfg = transformers.AutoConfig.for_model(**cfg_dict)
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
@@ -332,30 +343,43 @@ def add_sweep_arguments(ap: argparse.ArgumentParser) -> None:
                     help="also time one attention call inside a decode step at --context, FP8 vs model-dtype KV")
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--rollback", default=None, help="verify rollback strategy (default: the arch default)")
+    ap.add_argument("--device", default="auto", help="auto or cuda; cpu: a smoke run on the host clock, eager, fp32")
     ap.add_argument("--sweep-out", default=os.environ.get("OUT", "."), help="folder for gpu_bench.json")
+
+
+def sweep_device(name: str) -> tuple[torch.device, torch.dtype]:
+    """The sweep's device and dtype: CUDA in bf16 (``auto`` needs CUDA: the sweep measures GPU bandwidth and CUDA
+    graphs), or ``cpu`` in fp32 for a smoke run of the same steps."""
+    if name == "cpu":
+        return torch.device("cpu"), torch.float32
+    if name != "auto" and not name.startswith("cuda"):
+        raise ConfigError(f"--device {name!r}: the shape sweep runs on auto, cuda, cuda:N or cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("the shape sweep measures GPU bandwidth and CUDA graphs: it needs a CUDA device "
+                          "(--device cpu: a smoke run of the same steps on the host clock)")
+    return torch.device("cuda" if name == "auto" else name), torch.bfloat16
 
 
 def run_sweep(args: argparse.Namespace) -> int:
     """Every shape x KV format: decode / verify / rollback / prefill vs the limit; table last, JSON to a file."""
     shapes = [s for s in args.shapes.split(",") if s]
-    unknown = [s for s in shapes if s not in SHAPES]
-    if unknown:
-        raise ConfigError(f"unknown shape(s) {', '.join(unknown)}; known: {', '.join(sorted(SHAPES))}")
+    for shape in shapes:
+        shape_config(shape)         # an unknown name is an error naming it, before any work
     kvs = [] if args.kv == "none" else [k for k in args.kv.split(",") if k]
     in_place = args.attn_in_place
     if (not kvs and not in_place) or any(k not in ("model", "fp8") for k in kvs):
         raise ConfigError(f"--kv {args.kv!r}: give model and/or fp8, comma-separated (none: with --attn-in-place)")
-    if not torch.cuda.is_available():
-        raise ConfigError("the shape sweep measures GPU bandwidth and CUDA graphs: it needs a CUDA device")
-    device = torch.device("cuda")
+    device, dtype = sweep_device(args.device)
     bw = measure_copy_bandwidth(device)
-    print(f"device {torch.cuda.get_device_name(device)}  copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"device {name}  copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
     results = []
     for shape in shapes:
         for kv in kvs:
             try:
-                r = bench_shape(shape, device=device, kv_fp8=kv == "fp8", context=args.context,
-                                graphs=not args.no_graphs, bandwidth=bw, rollback=args.rollback,
+                r = bench_shape(shape, device=device, dtype=dtype, kv_fp8=kv == "fp8", context=args.context,
+                                graphs=not args.no_graphs and device.type == "cuda", bandwidth=bw,
+                                rollback=args.rollback,
                                 verify_rows=(2, 4, 8, 16) if kv == "model" else (16,),
                                 prefill_lengths=(512, 2048) if kv == "model" else ())
             except Exception as e:  # one shape failing (e.g. out of memory) must not lose the others
@@ -403,7 +427,12 @@ def run_sweep(args: argparse.Namespace) -> int:
         print(f"\none attention call inside a decode step (edgespec.bench.attn_in_place), {args.context} keys")
         for shape, r in attn.items():
             print("\n".join(format_in_place(shape, r, bw) if "error" not in r else [f"{shape:<14} ERROR {r['error']}"]))
-    return 0
+    # One shape failing does not stop the others, but the sweep says so in its exit status: scripts and tests
+    # must not read a table of ERROR rows as a measurement.
+    failed = [f"{r['shape']} ({r['kv']})" for r in results if "error" in r]
+    if failed:
+        print(f"\n{len(failed)} of {len(results)} shape runs failed: {', '.join(failed)}")
+    return 1 if failed else 0
 
 
 def attention_in_place_sweep(shapes: list[str], context: int, device: torch.device, bw: float) -> dict[str, Any]:
@@ -427,7 +456,7 @@ def linear_shape_counts(shape: str) -> Counter:
     """``(N, K) -> uses per decode step`` of a :data:`SHAPES` model as served (projections merged, lm_head
     included; built on the meta device, so it costs no memory): the matrix mix the GEMV and packed-product benches
     time."""
-    cfg = parse_config(config_dict(**SHAPES[shape]))
+    cfg = parse_config(shape_config(shape))
     with torch.device("meta"):
         model = TargetModel(cfg, max_positions=16).merge_projections()
     counts: Counter = Counter()

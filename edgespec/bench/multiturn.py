@@ -1,4 +1,4 @@
-"""``edgespec bench --multi-turn``: an agent conversation, time to first token per turn with and without prefix reuse.
+"""``edgespec bench multi-turn``: an agent conversation, time to first token per turn with and without prefix reuse.
 
 Two engines share one loaded model (each has its own cache): one resumes every turn from its cached prefix, the
 other prefills the whole conversation each time, as every request did before prefix reuse. Each turn runs on both,

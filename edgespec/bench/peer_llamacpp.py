@@ -1,4 +1,5 @@
-"""edgespec against llama.cpp on the same GGUF, on this CPU, interleaved (run by ``tools/peer_llamacpp_cpu.sh``).
+"""``edgespec bench peer``: edgespec against llama.cpp on the same GGUF, on this CPU, interleaved
+(``tools/peer_llamacpp_cpu.sh`` builds llama-bench and runs it).
 
 Each repeat runs ``llama-bench`` (prompt ``pp`` and decode ``tg`` speed) and then edgespec on the same file:
 prefill of a prompt of the same length, plain greedy decode and n-gram speculative decode of the robot
@@ -71,27 +72,22 @@ def edgespec_run(engine, prompt_len: int, tokens: int) -> dict[str, float]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--llama-bench", required=True, help="path of the llama-bench binary")
-    p.add_argument("--gguf", required=True, type=Path)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--prompt", type=int, default=64, help="prompt tokens of the prefill comparison")
-    p.add_argument("--tokens", type=int, default=128, help="decode tokens")
-    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
-                   help="threads of llama.cpp and of edgespec's GGUF products alike")
-    p.add_argument("--out", help="write every figure as JSON here")
-    args = p.parse_args(argv)
+def _check_inputs(args: argparse.Namespace) -> None:
+    """The GGUF and the llama-bench binary exist (and the counts are positive) before anything is loaded."""
+    from edgespec.errors import ConfigError
 
-    from edgespec.config import Settings
-    from edgespec.engine import Engine
-    from edgespec.weights.base import is_packed
+    if not Path(args.gguf).is_file():
+        raise ConfigError(f"--gguf {args.gguf}: no such file")
+    if not (Path(args.llama_bench).is_file() and os.access(args.llama_bench, os.X_OK)):
+        raise ConfigError(f"--llama-bench {args.llama_bench}: no executable there (tools/peer_llamacpp_cpu.sh "
+                          "builds one)")
+    for flag in ("repeats", "prompt", "tokens", "threads"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag} {getattr(args, flag)} must be 1 or more")
 
-    # Both sides run the same thread count: edgespec's GGUF products take it as their kernel option.
-    engine = Engine.from_settings(Settings(model=str(args.gguf), drafter="ngram", max_seq_len=1024,
-                                           gguf_threads=args.threads))
-    step_bytes = sum(m.nbytes for m in engine.model.modules() if is_packed(m))
-    step_bytes += sum(p.numel() * p.element_size() for p in engine.model.parameters())
+
+def _interleaved_runs(args: argparse.Namespace, engine) -> list[dict[str, Any]]:
+    """Warm-up of both sides, then ``--repeats`` rounds of llama-bench followed by edgespec, each printed."""
     edgespec_run(engine, args.prompt, 16)   # warm-up (first products, page cache)
     llama_bench(args.llama_bench, args.gguf, 8, 8, args.threads)
     runs: list[dict[str, Any]] = []
@@ -102,8 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         runs.append({"llama.cpp": lc, "edgespec": es, "load1": [load1, os.getloadavg()[0]]})
         print(f"repeat {r + 1}: llama.cpp {json.dumps({k: round(v, 1) for k, v in lc.items()})} | edgespec "
               f"{json.dumps({k: round(v, 2) for k, v in es.items()})} | load {load1:.2f}", flush=True)
-    bw = read_bandwidth_gbs()
+    return runs
 
+
+def _summary(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the repeats, printed against llama.cpp with the targets of issue 24 (met or MISSED)."""
     def med(side: str, key: str) -> float:
         return median(run[side][key] for run in runs)
 
@@ -125,10 +124,29 @@ def main(argv: list[str] | None = None) -> int:
             extra = f" AL {med('edgespec', pid + '/al'):.2f}" if name == "ngram" else ""
             print(f"{label:34} {v:>8.1f} {v / lc_tg:>12.2f}x >= {target:.2f}x "
                   f"{'met' if v >= target * lc_tg else 'MISSED'}{extra}")
+    return summary
+
+
+def run_peer(args: argparse.Namespace) -> int:
+    """Entry of ``edgespec bench peer``: the interleaved runs, the medians against llama.cpp, the bandwidth limit
+    of one decode step and the peak RSS; every figure to ``--out`` as JSON."""
+    from edgespec.config import Settings
+    from edgespec.engine import Engine
+    from edgespec.weights.base import is_packed
+
+    _check_inputs(args)
+    # Both sides run the same thread count: edgespec's GGUF products take it as their kernel option.
+    engine = Engine.from_settings(Settings(model=str(args.gguf), drafter="ngram", max_seq_len=1024,
+                                           gguf_threads=args.threads))
+    step_bytes = sum(m.nbytes for m in engine.model.modules() if is_packed(m))
+    step_bytes += sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    runs = _interleaved_runs(args, engine)
+    bw = read_bandwidth_gbs()
+    summary = _summary(args, runs)
     limit = bw * 1e9 / step_bytes
     print(f"\nbytes one decode step reads (packed weights + dense parameters): {step_bytes / 1e6:.1f} MB; "
           f"read bandwidth (numpy sum of 256 MiB) {bw:.1f} GB/s -> bandwidth limit {limit:.0f} tok/s; "
-          f"llama.cpp decode at {lc_tg / limit:.0%} of it")
+          f"llama.cpp decode at {summary['llama.cpp']['tg'] / limit:.0%} of it")
     import resource
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"edgespec peak RSS {rss:.0f} MiB (process: torch, tokenizer, model, caches)")
@@ -136,7 +154,3 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(json.dumps({"runs": runs, "medians": summary, "bandwidth_gbs": bw,
                                               "step_bytes": step_bytes, "threads": args.threads}, indent=2))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -2,7 +2,7 @@
 
 Time to first token of a chat turn depends on how many tokens the turn adds, which a byte-level tokenizer inflates
 about fourfold; a speed figure of a model shape only needs the shape. :func:`bench_model` therefore writes random
-weights of a :data:`~edgespec.loading.synthetic.SHAPES` entry next to the demo's SmolLM2 BPE tokenizer (or any
+weights of a :data:`~edgespec.bench.shapes.SHAPES` entry next to the demo's SmolLM2 BPE tokenizer (or any
 folder's tokenizer files), so the same command measures the same scenario on this CPU and on a GPU machine that
 cannot download anything: the weights are generated where they run, only the tokenizer files (about 3.4 MB) travel.
 
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
+from edgespec.bench.shapes import write_chat_tokenizer, write_random_checkpoint
 from edgespec.errors import CheckpointError, ConfigError
-from edgespec.loading.synthetic import write_chat_tokenizer, write_random_checkpoint
 
 # The files that carry a tokenizer and its chat use (ChatTokenizer.from_folder reads these).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
@@ -31,7 +31,8 @@ _MARKER = ".edgespec-bench-model.json"
 def demo_tokenizer_folder() -> Path:
     """The demo model's tokenizer files (SmolLM2 BPE, 49152 ids), read from the embedded GGUF's metadata."""
     try:
-        from edgespec.loading.gguf_demo import demo_gguf_path, gguf_metadata_folder
+        from edgespec.convert.gguf import demo_gguf_path
+        from edgespec.loading.gguf_meta import gguf_metadata_folder
 
         return gguf_metadata_folder(demo_gguf_path())
     except (CheckpointError, ImportError) as exc:
@@ -70,7 +71,7 @@ def write_bench_model(shape: str, out: str | Path, tokenizer: str = "demo", dtyp
                       mtp: bool = False, seed: int = 0) -> Path:
     """Write random weights of ``shape`` (a SHAPES name or ``tiny:FAMILY``) and the ``tokenizer``'s files (see
     :func:`tokenizer_source`) into ``out``."""
-    from edgespec.bench.formats import shape_config
+    from edgespec.bench.gpu import shape_config
 
     cfg = shape_config(shape)
     out = Path(out)
@@ -97,11 +98,11 @@ def write_bench_model(shape: str, out: str | Path, tokenizer: str = "demo", dtyp
 def bench_model(shape: str, tokenizer: str = "demo", dtype: str = "bfloat16", root: str | Path | None = None,
                 mtp: bool = False) -> Path:
     """A cached random-weight checkpoint of ``shape`` with ``tokenizer``: written on first use, reused after."""
-    from edgespec.loading.gguf_demo import cache_root
+    from edgespec.paths import cache_root
 
     src = tokenizer_source(tokenizer)
     digest = "byte" if src is None else hashlib.sha256((src / "tokenizer.json").read_bytes()).hexdigest()[:12]
-    from edgespec.bench.formats import shape_config
+    from edgespec.bench.gpu import shape_config
 
     key = {"shape": shape, "tokenizer": digest, "dtype": dtype, "mtp": mtp, "config": shape_config(shape)}
     base = Path(root) if root is not None else cache_root() / "bench-models"

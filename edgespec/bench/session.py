@@ -1,4 +1,4 @@
-"""``edgespec bench --session``: a stream of robot requests through one loaded model, AL and tok/s per drafter.
+"""``edgespec bench session``: a stream of robot requests through one loaded model, AL and tok/s per drafter.
 
 A per-prompt bench measures each request alone; a deployment serves a stream, and a drafter that learns from
 earlier outputs (``suffix``) only shows its worth there. Every drafter gets its own engine on the same loaded
@@ -37,16 +37,15 @@ CLIENT = "session-bench"      # one client: the whole stream shares one suffix-c
 
 
 def add_session_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--session", action="store_true", help="replay a stream of robot requests through one model: "
-                   "AL and tok/s per drafter, first requests and steady state (edgespec.bench.session)")
+    """The options of ``edgespec bench session`` that say which stream and which drafters."""
     p.add_argument("--session-drafters", default="ngram,suffix,dflash,dflash+suffix",
-                   help=f"with --session: comma list of {', '.join(d for d in DRAFTERS if d != 'plain')} (plain "
+                   help=f"comma list of {', '.join(d for d in DRAFTERS if d != 'plain')} (plain "
                    "always runs: the speed baseline and the output every drafter must equal)")
-    p.add_argument("--session-requests", type=int, default=24, help="with --session: generated requests")
-    p.add_argument("--session-seed", type=int, default=0, help="with --session: seed of the generated stream")
-    p.add_argument("--session-first", type=int, default=4, help="with --session: requests counted as 'first' "
+    p.add_argument("--session-requests", type=int, default=24, help="generated requests")
+    p.add_argument("--session-seed", type=int, default=0, help="seed of the generated stream")
+    p.add_argument("--session-first", type=int, default=4, help="requests counted as 'first' "
                    "(the rest is steady state)")
-    p.add_argument("--session-log", help="with --session: replay this request log's prompts instead")
+    p.add_argument("--session-log", help="replay this request log's prompts instead")
 
 
 @dataclass

@@ -68,8 +68,8 @@ class PendingRows:
 class GDNStateBank:
     """Every GDN layer's state and slots in four stacked tensors (layer-major, so each layer's views are
     contiguous for the kernels). Saving or restoring a slot for all layers is then one copy per tensor kind at
-    copy bandwidth: per-layer or multi-tensor ``_foreach_copy_`` copies ran 5-7x slower than a single copy on an
-    H200 (0.54 ms instead of ~0.08 ms for the 151 MB of Qwen3.5-27B state)."""
+    copy bandwidth, where per-layer or multi-tensor ``_foreach_copy_`` copies ran several times slower
+    (docs/benchmarks.md, "Design figures")."""
 
     def __init__(self, n_layers: int, conv_dim: int, conv_kernel: int, n_v_heads: int, k_head_dim: int,
                  v_head_dim: int, dtype: torch.dtype, device: torch.device | str, checkpoint_slots: int = 1,
@@ -122,7 +122,7 @@ class GDNStateBank:
 
         With :attr:`graph_commits` (set by the arch hooks when the session runs CUDA graphs) each row count's commit
         is captured once, at its first use, and replayed after that: eagerly it is a handful of launches, whose host
-        cost in the accept stage was comparable to the GPU work (0.1 ms on Qwen3.5-27B)."""
+        cost in the accept stage was comparable to the GPU work (docs/benchmarks.md, "Design figures")."""
         if not 0 <= n <= self.defer_rows:
             raise ValueError(f"cannot advance by {n} rows: a deferred forward keeps at most {self.defer_rows}")
         if n == 0:

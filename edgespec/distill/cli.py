@@ -416,7 +416,7 @@ def run_distill(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads or 1)
     rank, world = init_distributed(device)
     if args.model == "demo":
-        from edgespec.loading.gguf_demo import ensure_demo_model
+        from edgespec.convert.gguf import ensure_demo_model
         model_dir = ensure_demo_model()
     else:
         model_dir = Path(args.model).expanduser()

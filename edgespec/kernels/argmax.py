@@ -97,7 +97,7 @@ def greedy_verdict(logits: torch.Tensor, tokens: torch.Tensor, out: torch.Tensor
 
 def row_argmax(x: torch.Tensor) -> torch.Tensor:
     """``x.argmax(-1)`` of ``x [R, V]`` as int64 ``[R]`` (same ties and NaN rule), through :func:`greedy_verdict`'s
-    kernels: on CUDA a reduction spread over ~2 programs per SM instead of torch's one block per row (the DFlash
-    draft graph's argmax over ``15 x 248k`` scores: 13.7 us as a torch reduction on an H200)."""
+    kernels: on CUDA a reduction spread over ~2 programs per SM instead of torch's one block per row, which leaves
+    most of the chip idle on the DFlash draft graph's few long rows (docs/benchmarks.md, "Design figures")."""
     tokens = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)   # unused by the argmax half
     return greedy_verdict(x, tokens)[1:]

@@ -48,8 +48,8 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: 
     """Causal attention of the rows ``start .. start+T-1`` over ``k, v [start+T, Hkv, hd]`` through torch's fused
     SDPA (flash or memory-efficient kernels on CUDA): no ``[T, L]`` score matrix in memory.
 
-    Why: :func:`attention_ref` materialises fp32 scores, a mask and their copies; in a 2048-token prefill of a
-    3B llama on an H100 those copies and the softmax were 60% of the GPU time (tools/step_profile.py --prefill).
+    Why: :func:`attention_ref` materialises fp32 scores, a mask and their copies, which dominated the GPU time of a
+    long prefill (tools/step_profile.py --prefill; docs/benchmarks.md, "Design figures (H100)").
     A fresh prompt (``start == 0``) takes the plain causal mask; a later chunk or a resumed turn the lower-right
     aligned one (row i sees keys ``0 .. start+i``). KV heads are repeated to the query heads first (a copy of
     ``2 x L x Hq x hd`` elements, small next to the scores it replaces; not every SDPA kernel takes grouped heads).

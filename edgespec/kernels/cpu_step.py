@@ -1,4 +1,4 @@
-"""Compiled fp32 CPU versions of the small per-layer steps (``gguf_cpu.c``, built by ``edgespec.weights.gguf_native``).
+"""Compiled fp32 CPU versions of the small per-layer steps (``gguf_cpu.c``, built by ``edgespec.kernels.gguf_native``).
 
 On a small CPU a batch-1 decode step of the demo model runs ~400 torch operations besides its products, each a
 few microseconds of dispatch for a few hundred floats of work. The residual add + RMSNorm (6 operations),
@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 
 from edgespec.cache.kv import KVCache
+from edgespec.kernels import gguf_native
 from edgespec.kernels.linear import ROWS_MAX
-from edgespec.weights import gguf_native
 
 _MAX_HEAD_DIM = 512   # the C attention keeps one rotated query head on its stack
 

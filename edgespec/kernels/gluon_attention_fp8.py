@@ -27,15 +27,12 @@ written out:
 - The query is loaded before the ring's first copies are issued (a barrier keeps the compiler from sinking it), so
   it does not queue behind them; it is converted after them.
 
-Default launch (``GLUON_DECODE``): one warp per program on 32-key tiles, four programs per SM, one wave. Measured
-(H200, 27B heads, 32k keys): one call 29.3-30.2 us after a write flush and 24.2-25.0 us after a read flush,
-24.4-24.6 us per call over 16 back-to-back calls; the Triton program on the same machine starts 30.2 / 25.3-25.5 /
-25.8-25.9 us. Its loop is 777 instructions per 32 keys (the Triton program: 2 x 873). Still 7 us above a plain
-streaming read of the same bytes: the first tile lands 4-9 us after the start (all programs ask at once) and
-programs finish 5 us apart (``lab/attn_trace.py``); claiming tiles dynamically from a counter to even that out was
-slower (35 us), and so was a ramped ring start (31 us). The 32-key blocks are dealt out evenly (``BALANCE``:
-no split left empty, every SM four busy programs; 29.0-29.8 against 29.8-30.0 us, loop 782 instructions); merging
-the splits inside this launch behind a per-KV-head barrier was slower (32.3 us).
+Default launch (``GLUON_DECODE``): one warp per program on 32-key tiles, four programs per SM, one wave; from 8192
+keys it runs level with or ahead of the Triton program. What it still spends above a plain streaming read of the same
+bytes is the start (every program asks for its first tile at once) and uneven finishes (``lab/attn_trace.py``);
+evening them out (tiles claimed from a counter, a ramped ring start, the merge inside this launch behind a per-KV-head
+barrier) was slower. The 32-key blocks are dealt out evenly (``BALANCE``: no split left empty, every SM four busy
+programs). Figures: docs/benchmarks.md, "Kernel launch choices"; the experiments: docs/notes/attention-experiments.md.
 
 The scales follow the Triton program's "tile" rule (``V_SCALE_TILE``): the k scale multiplies the logits, and each
 warp folds ``v_scale / vmax`` (its tile's largest v scale) into the probabilities and carries ``vmax`` in its
@@ -174,7 +171,8 @@ def _fp8_decode_kernel(
         # Every split gets the same number of 32-key V blocks, give or take one, so every program (and every SM)
         # has work: whole-tile chunks left the last splits empty (32768 keys over 132 splits: 128 splits of 8 tiles,
         # 4 empty) and 4 SMs with next to nothing. Whole blocks: a split starting mid-block would read half of each
-        # 32-byte V row, and its neighbour the same sectors again (16-key units measured 31-32 us against 30).
+        # 32-byte V row, and its neighbour the same sectors again (figures: docs/benchmarks.md, "Kernel launch
+        # choices").
         units = gl.cdiv(L, _V_BLOCK)
         per = units // n_splits
         extra = units % n_splits
@@ -304,13 +302,10 @@ def _fp8_decode_kernel(
 
 
 # Launch of the Gluon decode program (``config`` keys of cached_attention_triton): warps per program, keys per warp per
-# iteration, copy stages; ``waves`` (programs per SM) follows from shared memory. Measured on an H200 (27B heads, 32k
-# keys, us: write flush / read flush / per call of 16 back to back; lab/attn_overhead_probe.py): one warp on 32 keys
-# 29.3-30.2 / 24.2-25.0 / 24.4-24.6 (the Triton program: 30.2 / 25.3-25.5 / 25.8-25.9); two warps on 32 keys each
-# 30.2-30.5 / 24.3-25.0 / 24.6-24.7; four 31.9 / 26.6 / 26.3; warps on 16 keys each 35-45 (their per-tile costs); 2 or 4
-# stages 30.8 / 25.4 and 30.8 / 24.5. ``BALANCE`` 1: the key range dealt out in whole 32-key blocks, 8 or 7 per split at
-# 32k keys (0: whole tiles per split, rounded up, which left the last splits empty), four pairs: 29.0-29.8 / 23.9-24.2 /
-# 24.2 against 29.8-30.0 / 24.2-24.4 / 24.3. 16-key units were slower (31-32 us: half of a V block's 32-byte rows each).
+# iteration, copy stages; ``waves`` (programs per SM) follows from shared memory. One warp on 32 keys and 3 stages won
+# the sweep of lab/attn_overhead_probe.py over warps, keys per warp and stages; ``BALANCE`` 1 deals the key range out in
+# whole 32-key blocks (0: whole tiles per split, rounded up, which left the last splits empty). Figures:
+# docs/benchmarks.md, "Kernel launch choices".
 GLUON_DECODE: dict[str, int] = {"num_warps": 1, "BLOCK_W": 32, "num_stages": 3, "BALANCE": 1}
 # The config keys this program takes: its launch's, and the programs per SM and split count the rule derives.
 GLUON_KEYS = frozenset({*GLUON_DECODE, "waves", "n_splits"})

@@ -3,10 +3,9 @@ weights at DRAM speed. (The GPU side is described in ``edgespec.kernels.triton_g
 
 A batch-1 forward on CPU is a chain of matrix-vector products: it should cost the bytes of the weights over the
 memory bandwidth. torch's fp32 CPU matmul goes through MKL, which on the AMD (AVX2) CPUs we run CI and the demo on
-streams only 8-14 GB/s for one row and 4-8 GB/s for 2-11 rows, against ~30 GB/s the same cores read with a plain
-reduction. The OpenBLAS that numpy bundles runs the same one-row product at roughly twice that, 17-30 GB/s
-depending on the shape and the machine's load (``tools/cpu_matmul_bench.py`` prints the comparison). So on CPU
-in fp32:
+streams well below what the same cores read with a plain reduction; the OpenBLAS that numpy bundles runs the same
+one-row product about twice as fast (``tools/cpu_matmul_bench.py`` prints the comparison; figures:
+docs/benchmarks.md, "CPU launch choices"). So on CPU in fp32:
 
 * up to :data:`ROWS_MAX` rows (decode and short verifies) run as one OpenBLAS GEMV per row over blocks of the
   weight small enough to stay in the last-level cache, so the weight comes from DRAM once per forward however many
@@ -14,22 +13,28 @@ in fp32:
   plain decode step of the same token (speculative output equals plain output bit for bit on this path);
 * more rows (prefill, long verifies) run as one OpenBLAS GEMM.
 
-OpenBLAS runs its own threads. Two thread pools spinning on two cores fight (a forward got 8x slower in our
-measurements), so the BLAS path is taken only while torch's intra-op pool is single-threaded:
+OpenBLAS runs its own threads. Two thread pools spinning on two cores fight (a forward many times slower), so the
+BLAS path is taken only while torch's intra-op pool is single-threaded:
 :func:`configure_cpu` sets that up, and anything that raises torch's thread count again falls back to torch's
 matmul automatically. :func:`linear_ref` is the torch reference the tests compare against.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NamedTuple
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from edgespec.kernels import sm_count, triton_available
-from edgespec.weights.base import is_packed
+from edgespec.kernels.options import KernelOptions, active
+from edgespec.weights.base import is_packed, known_format
 
-# Up to this many rows, one GEMV per row beats a GEMM on small-M shapes (measured on a 2-core EPYC, AVX2).
+# Up to this many rows, one GEMV per row beats a GEMM on small-M shapes (docs/benchmarks.md, "CPU launch choices").
 ROWS_MAX = 8
 # Weight block of a multi-row GEMV pass: stays in cache while every row reads it.
 BLOCK_BYTES = 4 << 20
@@ -41,7 +46,7 @@ _blas_limit = None     # threadpoolctl's limiter while the BLAS path is on (rest
 def configure_cpu(enabled: bool = True, own_pool: bool = False) -> None:
     """Route fp32 CPU linears through OpenBLAS (``enabled``) and make torch's intra-op pool single-threaded so the
     two pools never compete for the cores. ``own_pool``: the model's products run on edgespec's own thread pool
-    (packed GGUF weights, ``edgespec.weights.gguf_native``), so OpenBLAS keeps to one thread; otherwise OpenBLAS
+    (packed GGUF weights, ``edgespec.kernels.gguf_native``), so OpenBLAS keeps to one thread; otherwise OpenBLAS
     has its own thread count back. ``enabled=False`` restores torch's matmul (thread count untouched)."""
     global _enabled, _blas_limit
     _enabled = enabled
@@ -53,8 +58,9 @@ def configure_cpu(enabled: bool = True, own_pool: bool = False) -> None:
     if enabled and own_pool:
         # OpenBLAS's own workers spin after each call. Beside the GGUF product's pool (which already uses the
         # other cores) they oversubscribe the CPU: a BLAS call then waits a scheduler time slice for a worker
-        # that was descheduled, 13-27 ms for a 16-row product that takes 0.5-1 ms alone (a DFlash cycle of the
-        # CPU demo: drafter layers on BLAS, verify on the GGUF pool). One BLAS thread per process avoids it.
+        # that was descheduled, many times the product's own time (a DFlash cycle of the CPU demo: drafter layers
+        # on BLAS, verify on the GGUF pool; docs/benchmarks.md, "CPU launch choices"). One BLAS thread per
+        # process avoids it.
         from threadpoolctl import threadpool_limits
         if _blas_limit is None:
             _blas_limit = threadpool_limits(1, user_api="blas")
@@ -70,22 +76,82 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     return F.linear(x, weight, bias)
 
 
+# The products linear() runs, by name: what linear_route returns and a RouteLog counts.
+ROUTES = ("packed", "gemv", "skinny", "cublas", "blas", "torch")
+# Rows of the skinny GEMM's one 16-row tile (edgespec.kernels.triton_gemv): more rows go to cuBLAS.
+SKINNY_MAX_ROWS = 16
+
+
+class RouteFacts(NamedTuple):
+    """What :func:`linear_route` reads besides the rows, the format and the shape: where the call runs and what is
+    in force there. :func:`linear` reads them off its tensors for every call (a tuple: cheap to build on the
+    decode path); a test states them."""
+
+    cuda: bool                   # the input lives on a CUDA device
+    triton: bool = False         # the Triton kernels can run there (Triton imports, CUDA present)
+    sms: int = 132               # multiprocessors of that device (the skinny GEMM's width rule)
+    cpu_blas: bool = False       # fp32 CPU linears take OpenBLAS now (configure_cpu; torch single-threaded)
+    grad: bool = False           # autograd records the call: only torch's products have a backward
+    row_major: bool = True       # the weight's rows are contiguous, as the Triton kernels read them
+    options: KernelOptions = KernelOptions()
+
+
+def skinny_pays(N: int, sm_count: int, options: KernelOptions | None = None) -> bool:
+    """Whether :func:`linear` sends 2-16 rows on a matrix of output width ``N`` to the skinny GEMM rather than
+    cuBLAS: always, unless the ``skinny`` kernel option is ``wide`` (``EDGESPEC_SKINNY=wide``, a tuning override for
+    A/B runs; ``options``: those in force unless given) keeps the narrow matrices (fewer 64-row blocks than SMs) on
+    cuBLAS.
+
+    Why always: taken one at a time, cuBLAS and the skinny GEMM are about level on narrow matrices, but the cuBLAS
+    kernels do not take part in programmatic dependent launch: each one stops the overlap of a kernel's start
+    with its predecessor's tail that every Triton kernel of a step has (figures: docs/benchmarks.md, "Kernel
+    launch choices")."""
+    return (options or active()).skinny == "all" or -(-N // 64) >= sm_count
+
+
+def linear_route(rows: int, fmt: str, shape: tuple[int, int], facts: RouteFacts) -> str:
+    """The product :func:`linear` runs (one of :data:`ROUTES`) for ``rows`` input rows against a weight of
+    ``shape`` ``[out, in]`` and format ``fmt``: a packed format's name (the weight computes its own product:
+    ``packed``), or for a dense weight the dtype name input and weight share (``bfloat16``, ``float16``,
+    ``float32``, ...; ``mixed`` when they differ).
+
+    On CUDA one bf16/fp16 row takes the Triton GEMV (``gemv``), 2-16 rows the skinny GEMM where
+    :func:`skinny_pays` (``skinny``), anything else ``cublas`` (torch's CUDA product); on the CPU fp32 takes
+    OpenBLAS while it is active (``blas``), anything else ``torch``. Gradients, a strided weight or no Triton always
+    leave the Triton kernels out."""
+    if rows < 0 or len(shape) != 2 or min(shape) < 0:
+        raise ValueError(f"linear route of {rows} rows against a weight of shape {tuple(shape)}: give rows >= 0 "
+                         "and an [out, in] shape")
+    if known_format(fmt):                   # before the dtypes: torch has an int4 dtype too
+        return "packed"
+    if not (fmt == "mixed" or isinstance(getattr(torch, fmt, None), torch.dtype)):
+        raise ValueError(f"linear route of format {fmt!r}: neither a packed weight format nor a torch dtype")
+    if facts.cuda:
+        triton_ok = facts.triton and not facts.options.no_triton and facts.row_major and not facts.grad
+        if triton_ok and fmt in ("bfloat16", "float16") and 1 <= rows <= SKINNY_MAX_ROWS:
+            if rows == 1:
+                return "gemv"
+            if skinny_pays(shape[0], facts.sms, facts.options):
+                return "skinny"
+        return "cublas"
+    return "blas" if fmt == "float32" and facts.cpu_blas and not facts.grad else "torch"
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x [..., in] @ weight[out, in]^T (+ bias)``: on CUDA one bf16/fp16 row goes to the Triton GEMV and 2-16
-    rows to the skinny GEMM (``edgespec.kernels.triton_gemv``; :func:`~edgespec.kernels.triton_gemv.skinny_pays`
-    says why not cuBLAS), on CPU fp32 to OpenBLAS when active; everything else to torch. A packed weight
-    (:class:`edgespec.weights.PackedWeight`) computes its own product."""
-    if is_packed(weight):
+    """``x [..., in] @ weight[out, in]^T (+ bias)`` by the product :func:`linear_route` names: on CUDA one
+    bf16/fp16 row goes to the Triton GEMV and 2-16 rows to the skinny GEMM (``edgespec.kernels.triton_gemv``;
+    :func:`skinny_pays` says why not cuBLAS), on CPU fp32 to OpenBLAS when active; everything else to torch. A
+    packed weight (:class:`edgespec.weights.PackedWeight`) computes its own product."""
+    route = _route_of(x, weight)
+    if _route_log is not None:
+        _route_log[route] += 1
+    if route == "packed":
         return weight.matmul(x, bias)
-    if x.is_cuda:
-        route = _triton_route(x, weight)
-        if route is not None:
-            from edgespec.kernels.triton_gemv import gemv_triton, skinny_gemm_triton
-            product = gemv_triton if route == "gemv" else skinny_gemm_triton
-            return product(x.reshape(-1, x.shape[-1]), weight, bias).reshape(*x.shape[:-1], weight.shape[0])
-        return F.linear(x, weight, bias)
-    if (weight.dtype != torch.float32 or x.dtype != torch.float32
-            or torch.is_grad_enabled() or not cpu_blas_active()):
+    if route in ("gemv", "skinny"):
+        from edgespec.kernels.triton_gemv import gemv_triton, skinny_gemm_triton
+        product = gemv_triton if route == "gemv" else skinny_gemm_triton
+        return product(x.reshape(-1, x.shape[-1]), weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+    if route != "blas":
         return F.linear(x, weight, bias)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
@@ -95,17 +161,36 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out.reshape(*lead, weight.shape[0])
 
 
-def _triton_route(x: torch.Tensor, weight: torch.Tensor) -> str | None:
-    """The Triton product :func:`linear` runs for a CUDA input ``x [..., in]``: ``"gemv"`` (one bf16/fp16 row),
-    ``"skinny"`` (2-16 rows, where :func:`~edgespec.kernels.triton_gemv.skinny_pays`) or None (torch)."""
+def _route_of(x: torch.Tensor, weight: torch.Tensor) -> str:
+    """:func:`linear_route` with the rows, format, shape and facts of this call's tensors."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if not (1 <= rows <= 16 and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
-            and weight.stride(-1) == 1 and not torch.is_grad_enabled() and triton_available()):
-        return None
-    if rows == 1:
-        return "gemv"
-    from edgespec.kernels.triton_gemv import skinny_pays
-    return "skinny" if skinny_pays(weight.shape[0], sm_count(x.device)) else None
+    if is_packed(weight):
+        return linear_route(rows, weight.format, (weight.out_features, weight.in_features), RouteFacts(x.is_cuda))
+    fmt = _DTYPE_NAMES.get(weight.dtype) or str(weight.dtype).removeprefix("torch.")
+    if weight.dtype != x.dtype:
+        fmt = "mixed"
+    cuda = x.is_cuda
+    facts = RouteFacts(cuda, cuda and triton_available(), sm_count(x.device) if cuda else 0,
+                       not cuda and cpu_blas_active(), torch.is_grad_enabled(), weight.stride(-1) == 1, active())
+    return linear_route(rows, fmt, weight.shape, facts)
+
+
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+_route_log: Counter[str] | None = None     # counts of the routes taken while a route_log() block runs
+
+
+@contextmanager
+def route_log() -> Iterator[Counter[str]]:
+    """Count the products :func:`linear` runs inside the block by route name (a test or a probe checks which
+    product really ran, with no mock); nothing is counted outside such a block."""
+    global _route_log
+    outer, _route_log = _route_log, Counter()
+    try:
+        yield _route_log
+    finally:
+        _route_log = outer
 
 
 def blas_matmul_t(x: np.ndarray, w: np.ndarray) -> np.ndarray:

@@ -1,8 +1,8 @@
 """The attention prologue: split the merged q/k/v projection, per-head q/k RMSNorm, NeoX RoPE, KV-cache write.
 
 Between the qkv GEMV and the attention kernel a layer used to run ~19 small torch kernels (the gated q/gate
-split copy, two norms, rotate-half with its cats and products, the cache scatter and the FP8 quantisation): on a
-Qwen3.5-4B decode step on an H200 about 26 us per full-attention layer, all launches and latency.
+split copy, two norms, rotate-half with its cats and products, the cache scatter and the FP8 quantisation), all
+launches and latency (docs/benchmarks.md, "Design figures").
 :func:`qk_norm_rope_write` does it in one Triton launch on CUDA (:mod:`edgespec.kernels.triton_rope`).
 
 The torch reference below is composed from the pieces the model used before the fusion (``rms_norm_ref``, the

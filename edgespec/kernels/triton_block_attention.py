@@ -10,8 +10,8 @@ attention (:func:`edgespec.kernels.triton_attention._attn_combine_kernel`, same 
 ``n_splits == 1`` a single launch writes the output directly (the original form, kept for comparison).
 
 Why the split: one program per query head is only Hq programs (24 on the Qwen3.5-27B drafter, Hq=24, Hkv=4,
-hd=256, W=128, T=16) on a 132-SM H200, each streaming 144 keys in five dependent 32-key tiles: measured 20 us per
-layer, pure latency with most of the chip idle. Split, every program runs about one tile; the merge reads
+hd=256, W=128, T=16) on a 132-SM GPU, each streaming 144 keys in five dependent 32-key tiles: pure latency with
+most of the chip idle. Split, every program runs about one tile; the merge reads
 ``n_splits * T * Hq * hd`` floats, which stay in L2 (``tools/block_attn_bench.py`` times every split count and
 tile choice).
 Default split count (:func:`default_block_splits`): enough programs to cover the SMs once,
@@ -22,8 +22,8 @@ widened to float32 (:class:`~edgespec.drafters.window.FeatureWindow`), so narrow
 exact, and ``q . k`` is a bf16/fp16 product with float32 accumulation, the reference's float32 product up to the
 summation order. The probabilities are float32: ``p V`` runs as two products, ``p_hi V + p_lo V`` with
 ``p_hi = bf16(p)`` and ``p_lo = bf16(p - p_hi)`` (16 significant bits, against float32's 24; the output is rounded
-to 8). A first version ran IEEE float32 products on the FMA units: 381 us per layer on an H200, against ~32 us for
-the seven launches of the reference (tools/step_profile.py --drafter).
+to 8). A first version ran IEEE float32 products on the FMA units, an order of magnitude slower than the seven
+launches of the reference (tools/step_profile.py --drafter; figures: docs/benchmarks.md, "Design figures").
 
 CUDA graphs: nothing is read back to the host; the scratch partials come from ``torch.empty`` per call and the
 grid depends only on the shapes.

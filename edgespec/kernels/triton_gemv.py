@@ -2,14 +2,14 @@
 skinny GEMM for 2-16 rows (verify, DFlash blocks).
 
 A decode step is a chain of GEMVs whose cost should be the weight bytes over the memory bandwidth. cuBLAS picks
-GEMM tiles for them (M padded to 8) and splits K with a separate reduction kernel on the narrow matrices; on an
-H200 the Qwen3.5-4B decode's matrices stream at ~80% of copy bandwidth that way (tools/step_profile.py).
+GEMM tiles for them (M padded to 8) and splits K with a separate reduction kernel on the narrow matrices, well
+short of copy bandwidth (tools/step_profile.py; docs/benchmarks.md, "Design figures").
 
 Here each program owns ``BLOCK_N`` output rows and walks the whole K extent in ``BLOCK_K`` slices: every weight
 element is read once, coalesced along K, multiplied by the broadcast input slice and accumulated in fp32 per
 row; no split-K, so no second kernel and no partial sums in memory. The input vector is tiny and stays in cache.
 Verify rows go through :func:`skinny_gemm_triton`: the same weight streaming with the rows as one 16-row
-tensor-core tile (cuBLAS's 16-row kernels ran ~10% slower than its own one-row ones on the Qwen3.5-4B shape).
+tensor-core tile (cuBLAS's 16-row kernels ran slower than its own one-row ones).
 Contract: :func:`edgespec.kernels.linear.linear_ref` (fp32 accumulation, output in x's dtype).
 """
 
@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from edgespec.kernels import sm_count
-from edgespec.kernels.options import KernelOptions, active
+from edgespec.kernels.linear import SKINNY_MAX_ROWS
 from edgespec.kernels.triton_pdl import pdl_enter, pdl_launch, pdl_release, pdl_wait
 
 
@@ -92,22 +92,7 @@ def _launch_config(default: dict[str, int], config: dict[str, int] | None) -> di
 
 
 # ---- a few rows (verify, DFlash blocks): tensor-core tiles over a 16-row block -----------------------------------
-
-SKINNY_MAX_ROWS = 16
-
-
-def skinny_pays(N: int, sm_count: int, options: KernelOptions | None = None) -> bool:
-    """Whether :func:`edgespec.kernels.linear.linear` sends 2-16 rows on a matrix of output width ``N`` to the
-    skinny GEMM rather than cuBLAS: always, unless the ``skinny`` kernel option is ``wide`` (``EDGESPEC_SKINNY=wide``,
-    a tuning override for A/B runs; ``options``: those in force unless given) keeps the narrow matrices (fewer
-    64-row blocks than SMs) on cuBLAS.
-
-    Why always: taken one at a time, cuBLAS and the skinny GEMM are about level on narrow matrices, but the cuBLAS
-    kernels do not take part in programmatic dependent launch: each one stops the overlap of a kernel's start
-    with its predecessor's tail that every Triton kernel of a step has (figures: docs/benchmarks.md, "Kernel
-    launch choices")."""
-    return (options or active()).skinny == "all" or triton.cdiv(N, 64) >= sm_count
-
+# (which matrices take it rather than cuBLAS: edgespec.kernels.linear.linear_route / skinny_pays)
 
 @triton.jit
 def _skinny_kernel(x_ptr, w_ptr, part_ptr, b_ptr, y_ptr, M, N, K, k_per_split, stride_xm,
@@ -157,8 +142,7 @@ def skinny_config(N: int, K: int, sm_count: int) -> dict[str, int]:
     """64 weight rows per program, 32 on tiny matrices (under 4 M elements: a handful of programs would each wait
     out the whole latency chain alone); narrow matrices (fewer row blocks than SMs) split K about until there is
     one program per SM, keeping at least 384 K elements per split. Chosen from tools/gemv_bench.py --sweep-rows
-    on an H200 (16 rows): e.g. 2560x9216 15.0 us with 3 splits against 17.0 us with 7, SmolLM2's 576x1536
-    3.5 us with 32-row tiles and 4 splits against 5.4 us with 64-row tiles and none."""
+    (16 rows; figures: docs/benchmarks.md, "Design figures")."""
     block_n, block_k = (32 if N * K < (4 << 20) else 64), 128
     n_blocks = triton.cdiv(N, block_n)
     splits = 1 if n_blocks >= sm_count else max(1, min(round(sm_count / n_blocks), K // 384))

@@ -68,8 +68,8 @@ def _down_kernel(act_ptr, w_ptr, ids_ptr, scale_ptr, y_ptr, H, I, stride_we, str
 
 def _block_n(pairs: int, n: int, sms: int) -> int:
     """Output columns per program: 16, halved down to 2 until the launch has ~4 programs per SM (a one-row
-    decode has only k pairs: with 16 columns its 8 x 32 programs left the chip latency bound, 5% of the byte
-    limit on an H200)."""
+    decode has only k pairs: with 16 columns its 8 x 32 programs left the chip latency bound; docs/benchmarks.md,
+    "Design figures")."""
     bn = 16
     while bn > 2 and pairs * triton.cdiv(n, bn) < 4 * sms:
         bn //= 2

@@ -28,6 +28,8 @@ classes' ``matmul_ref`` reads the very same tensors.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -604,10 +606,9 @@ def quant_config(fmt: str, N: int, K: int, M: int, sms: int) -> dict[str, int]:
     if M > MAX_ROWS:
         # 17..64 rows: one row block of 32 or 64 rows, so a weight tile is decoded once for all of them; wider
         # weight blocks than at 16 rows, because every program reads the whole activation block from L2 once per
-        # tile (at 64 rows and 64 weight rows that is as many L2 bytes as weight bytes)
-        # (tools/quant_bench.py --wide-sweep --sm-limit 16, 27B stack, H200 2026-11-26: 4 warps beat 8 by 20-35%;
-        # at 64 rows x permuted once on the host (XPAIR) saves 23% (int4) and 18% (nvfp4), and 64 weight rows
-        # beat 128 there; at 32 rows it pays for nvfp4 only)
+        # tile (at 64 rows and 64 weight rows that is as many L2 bytes as weight bytes). Warps, block widths and
+        # where x is permuted once on the host (XPAIR) are the winners of tools/quant_bench.py --wide-sweep
+        # (figures: docs/benchmarks.md, "Kernel launch choices")
         block_m = max(32, triton.next_power_of_2(M))
         block_n, x_pair = {("int4", 32): (128, 0), ("int4", 64): (64, 1), ("nvfp4", 32): (128, 1),
                            ("nvfp4", 64): (64, 1), ("fp8_block", 32): (64, 0), ("fp8_block", 64): (128, 0)}[
@@ -620,23 +621,23 @@ def quant_config(fmt: str, N: int, K: int, M: int, sms: int) -> dict[str, int]:
         # (``_int4_pair_dot_kernel``, ``_nvfp4_pair_dot_kernel``); the int4 lm_head asks L2 for its first lines
         # before the PDL wait
         block_n, warps, stages, waves = (64 if N <= 8192 else 128), 4, 3, 4
-        # nvfp4 2..16 rows: x permuted once on the host (XPAIR): 7% on the 27B stack on a 16-SM context (H200)
+        # nvfp4 2..16 rows: x permuted once on the host (XPAIR) rather than in every program, which won there
         cfg = {"BLOCK_M": 16, "DOT": 1, "PAIRS": 1, "PREFETCH": 4 if N >= 65536 else 0, "num_warps": warps,
                "num_stages": stages, "XPAIR": int(fmt == "nvfp4" and M > 1)}
     elif M == 1 and fmt != "fp8_block":
         block_n, warps, stages, waves = {"int4": (64, 4, 3, 4), "nvfp4": (32, 4, 4, 4)}[fmt]
         cfg = {"BLOCK_M": 16, "DOT": 0, "num_warps": warps, "num_stages": stages, "H2": int(fmt == "int4")}
     else:
-        # fp8: one row rides the 16-row tensor-core tile too (it won on 4 of the 6 Qwen3.5-27B matrices), so a
-        # decode row and a verify row take the same launch
+        # fp8: one row rides the 16-row tensor-core tile too (it won the per-matrix sweep on most 27B matrices), so
+        # a decode row and a verify row take the same launch
         block_n, warps, stages, waves = (128, 4, 3, 2) if fmt != "fp8_block" else (32, 4, 4, 4)
         cfg = {"BLOCK_M": 16, "DOT": 1, "num_warps": warps, "num_stages": stages}
     n_blocks = triton.cdiv(N, block_n)
     n_tiles = triton.cdiv(K, 128)
     want = waves * sms
     splits = 1 if n_blocks >= want // 2 else max(1, min(triton.cdiv(want, n_blocks), n_tiles // 4))
-    # PDL (where the device has it) measured on the H200 stacks: int4 2-8% faster at 1 and 16 rows; the 16-row
-    # tiles of block-FP8 and NVFP4 16% and 32% slower on the 27B stack, so those launch without it
+    # PDL (where the device has it) for int4 only: it made the int4 products faster and the 16-row tiles of
+    # block-FP8 and NVFP4 slower (figures: docs/benchmarks.md, "Kernel launch choices")
     return {**cfg, "BLOCK_N": block_n, "SPLIT_K": splits, "PDL": int(fmt == "int4")}
 
 
@@ -671,6 +672,43 @@ def quant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
     if cfg.get("DEQUANT", int(M >= DEQUANT_GEMM_MIN_ROWS[fmt])):
         # prefill: dequantize a band of rows, multiply on the tensor cores (edgespec.kernels.triton_quant_prefill)
         return dequant_gemm(packed, x2, bias).reshape(*lead, N)
+    tiling = _tiling(packed, M, cfg)
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    part = y if tiling.direct else torch.empty((tiling.splits, M, N), dtype=torch.float32, device=x.device)
+    # PDL (SM90+): the next launch is scheduled while this one drains; every kernel waits for its predecessor first
+    pdl = pdl_launch(x.device) if cfg.get("PDL", 0) else {}
+    _launch_fused(packed, x2, bias, cfg, tiling, part, y, pdl)
+    if not tiling.direct:
+        _split_sum_kernel[(M, triton.cdiv(N, 1024))](
+            part, bias if bias is not None else part, y, M, N, tiling.splits, part.stride(0), part.stride(1),
+            y.stride(0), HAS_BIAS=bias is not None, SPLITS_P2=max(2, triton.next_power_of_2(tiling.splits)),
+            BLOCK=1024, num_warps=4, PDL=bool(pdl), **pdl)
+    return y.reshape(*lead, N)
+
+
+@dataclass(frozen=True)
+class _Tiling:
+    """How one fused product of :func:`quant_matmul` is cut: row and column blocks, K tiles and their split."""
+
+    many: bool          # more than WIDE_MAX_ROWS rows: the many-row launch (row blocks on the grid)
+    block_m: int
+    block_n: int
+    tile: int           # K elements per scale tile (the int4 group, else 128)
+    n_tiles: int
+    splits: int         # K split across programs (1: each program writes its output directly)
+    per_split: int
+
+    @property
+    def direct(self) -> bool:
+        return self.splits == 1
+
+    def grid(self, M: int, N: int) -> tuple[int, int]:
+        return (triton.cdiv(N, self.block_n) * (triton.cdiv(M, self.block_m) if self.many else 1), self.splits)
+
+
+def _tiling(packed, M: int, cfg: dict[str, int]) -> _Tiling:
+    """The tiling of a fused product of ``M`` rows; sets ``cfg``'s ``DOT`` (tensor-core dot above one row) and
+    ``SPLIT_K`` (none for many rows) in place, as the launch reads them."""
     many = M > WIDE_MAX_ROWS
     # 1..16 rows: one 16-row tile; 17..64: one row block of 32 or 64 (never fewer rows than M: one weight read)
     block_m = cfg["BLOCK_M"] if many else 16 if M <= MAX_ROWS else max(cfg["BLOCK_M"], triton.next_power_of_2(M))
@@ -679,32 +717,34 @@ def quant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
     if many:
         cfg["SPLIT_K"] = 1
     block_n = cfg["BLOCK_N"]
-    if fmt == "fp8_block" and 128 % block_n:
+    if packed.format == "fp8_block" and 128 % block_n:
         raise ValueError(f"fp8_block product: BLOCK_N {block_n} must divide the 128-row scale block")
-    tile = 128 if fmt != "int4" else packed.group_size
-    n_tiles = triton.cdiv(K, tile)
+    tile = 128 if packed.format != "int4" else packed.group_size
+    n_tiles = triton.cdiv(packed.in_features, tile)
     splits = max(d for d in range(1, min(cfg["SPLIT_K"], n_tiles) + 1) if n_tiles % d == 0)
-    per_split = n_tiles // splits
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    direct = splits == 1
-    part = y if direct else torch.empty((splits, M, N), dtype=torch.float32, device=x.device)
+    return _Tiling(many, block_m, block_n, tile, n_tiles, splits, n_tiles // splits)
+
+
+def _launch_fused(packed, x2: torch.Tensor, bias: torch.Tensor | None, cfg: dict[str, int], t: _Tiling,
+                  part: torch.Tensor, y: torch.Tensor, pdl: dict) -> None:
+    """Launch the format's fused kernel: into ``y`` directly, or per K split into ``part`` (summed after)."""
+    fmt, direct, tile, n_tiles, per_split = packed.format, t.direct, t.tile, t.n_tiles, t.per_split
+    M, N, K = x2.shape[0], packed.out_features, packed.in_features
     b = bias if bias is not None else y
-    grid = (triton.cdiv(N, block_n) * (triton.cdiv(M, block_m) if many else 1), splits)
-    # PDL (SM90+): the next launch is scheduled while this one drains; every kernel waits for its predecessor first
-    pdl = pdl_launch(x.device) if cfg.get("PDL", 0) else {}
+    grid = t.grid(M, N)
     launch = dict(PDL=bool(pdl), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl)
-    common = dict(BLOCK_M=block_m, BLOCK_N=block_n, DOT=bool(cfg["DOT"]), DIRECT=direct, HAS_BIAS=bias is not None,
-                  M_FAST=many, **launch)
+    common = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, DOT=bool(cfg["DOT"]), DIRECT=direct,
+                  HAS_BIAS=bias is not None, M_FAST=t.many, **launch)
     ps, pm = (part.stride(0), part.stride(1)) if not direct else (0, 0)
-    pairs = fmt in ("int4", "nvfp4") and cfg["DOT"] and cfg.get("PAIRS", 0) and not many
+    pairs = fmt in ("int4", "nvfp4") and cfg["DOT"] and cfg.get("PAIRS", 0) and not t.many
     x_paired = bool(pairs and cfg.get("XPAIR", 0))
     xk = pair_order(x2) if x_paired else x2
     if fmt == "int4" and pairs:
         q, s, z = packed.qweight, packed.scales, packed.zeros
         qw = q.view(torch.int32)                 # 8 codes per word: rows of in/2 bytes are whole words
         _int4_pair_dot_kernel[grid](xk, qw, s, z, part, b, y, M, N, n_tiles, per_split, xk.stride(0), qw.stride(0),
-                                    s.stride(0), z.stride(0), ps, pm, y.stride(0), GROUP=tile, BLOCK_M=block_m,
-                                    BLOCK_N=block_n, IS_BF16=x2.dtype == torch.bfloat16, DIRECT=direct,
+                                    s.stride(0), z.stride(0), ps, pm, y.stride(0), GROUP=tile, BLOCK_M=t.block_m,
+                                    BLOCK_N=t.block_n, IS_BF16=x2.dtype == torch.bfloat16, DIRECT=direct,
                                     HAS_BIAS=bias is not None, PREFETCH=cfg.get("PREFETCH", 0) if pdl else 0,
                                     X_PAIRED=x_paired, **launch)
     elif fmt == "int4" and M == 1 and not cfg["DOT"] and cfg.get("WORDS", 1):
@@ -712,8 +752,8 @@ def quant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
         qw = q.view(torch.int32)                 # 8 codes per word: rows of in/2 bytes are whole words
         kern = _int4_gemv_h2_kernel if cfg.get("H2", 0) else _int4_gemv_kernel
         kern[grid](x2, qw, s, z, part, b, y, M, N, n_tiles, per_split, qw.stride(0), s.stride(0),
-                                z.stride(0), ps, GROUP=tile, BLOCK_N=block_n, DIRECT=direct,
-                                HAS_BIAS=bias is not None, **launch)
+                   z.stride(0), ps, GROUP=tile, BLOCK_N=t.block_n, DIRECT=direct, HAS_BIAS=bias is not None,
+                   **launch)
     elif fmt == "int4":
         q, s, z = packed.qweight, packed.scales, packed.zeros
         _int4_kernel[grid](x2, q, s, z, part, b, y, M, N, n_tiles, per_split, x2.stride(0), q.stride(0),
@@ -722,9 +762,9 @@ def quant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
         qw = packed.weight.view(torch.int32)     # 8 codes per word: rows of in/2 bytes are whole words
         s = packed.weight_scale
         _nvfp4_pair_dot_kernel[grid](xk, qw, s, packed.weight_scale_2, part, b, y, M, N, n_tiles, per_split,
-                                     xk.stride(0), qw.stride(0), s.stride(0), ps, pm, y.stride(0), BLOCK_M=block_m,
-                                     BLOCK_N=block_n, IS_BF16=x2.dtype == torch.bfloat16, DIRECT=direct,
-                                     HAS_BIAS=bias is not None, X_PAIRED=x_paired, **launch)
+                                     xk.stride(0), qw.stride(0), s.stride(0), ps, pm, y.stride(0),
+                                     BLOCK_M=t.block_m, BLOCK_N=t.block_n, IS_BF16=x2.dtype == torch.bfloat16,
+                                     DIRECT=direct, HAS_BIAS=bias is not None, X_PAIRED=x_paired, **launch)
     elif fmt == "nvfp4":
         q, s = packed.weight, packed.weight_scale
         _nvfp4_kernel[grid](x2, q, s, packed.weight_scale_2, part, b, y, M, N, n_tiles, per_split, x2.stride(0),
@@ -735,12 +775,6 @@ def quant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
                                 s.stride(0), ps, pm, y.stride(0), EVEN_K=K % 128 == 0, **common)
     else:
         raise ValueError(f"no Triton product for weight format {fmt!r}")
-    if not direct:
-        _split_sum_kernel[(M, triton.cdiv(N, 1024))](
-            part, bias if bias is not None else part, y, M, N, splits, part.stride(0), part.stride(1), y.stride(0),
-            HAS_BIAS=bias is not None, SPLITS_P2=max(2, triton.next_power_of_2(splits)), BLOCK=1024, num_warps=4,
-            PDL=bool(pdl), **pdl)
-    return y.reshape(*lead, N)
 
 
 def quant_kernel(packed, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

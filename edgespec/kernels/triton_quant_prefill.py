@@ -4,10 +4,9 @@ activation dtype, and a tensor-core GEMM (cuBLAS, through ``torch.nn.functional.
 Why not one fused kernel: at prefill sizes the product is bound by tensor-core arithmetic, not by weight bytes.
 The fused decode kernels of ``edgespec.kernels.triton_quant_gemv`` redo the dequantization for every 64-row block
 of activations and split each 128-input tile into even/odd halves (strided activation loads), so at 512 rows they
-ran at a third of llama.cpp's quantized prefill (H100, docs/benchmarks.md). Dequantizing once per call costs
-~2.5 extra bytes per weight (read the packed band, write it in bf16), which a long GEMM hides: the band is then
-multiplied by cuBLAS at the dense rate (the peer llama's linear stack at 512 rows: int4 8.9 ms against 84 ms fused
-and 4.4 ms for bf16 cuBLAS on dense weights). The band is bounded (:data:`BAND_ELEMENTS`), so the extra
+ran well behind llama.cpp's quantized prefill. Dequantizing once per call costs ~2.5 extra bytes per weight (read
+the packed band, write it in bf16), which a long GEMM hides: the band is then multiplied by cuBLAS at the dense
+rate (figures: docs/benchmarks.md, "Design figures (H100)"). The band is bounded (:data:`BAND_ELEMENTS`), so the extra
 memory is at most 128 MiB, never a second copy of the weights.
 
 Each dequantization computes exactly what the format's ``dequantize_rows`` does (fp32 arithmetic, then one rounding

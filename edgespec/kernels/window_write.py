@@ -8,8 +8,8 @@ slot ``p % capacity``. An append of ``r`` rows at a device-held start position `
 * the positions themselves into ``pos_out[slot]``.
 
 The reference does it the way the window always did (an ``arange``, a modulo, four ``index_copy_`` and their casts):
-about ten launches and 31 us per one-row append of the Qwen3.5-27B drafter on an H200
-(``tools/step_profile.py --drafter``), more than a fifth of the append. On CUDA one Triton launch does it
+about ten launches per one-row append of the drafter, a large share of the append (``tools/step_profile.py
+--drafter``; docs/benchmarks.md, "Design figures"). On CUDA one Triton launch does it
 (:mod:`edgespec.kernels.triton_window_write`). The writes are exact copies either way (widening is exact).
 """
 

@@ -1,6 +1,6 @@
 """Load a llama- or qwen3-architecture GGUF natively: its Q4_0 / Q4_1 / Q8_0 tensors stay in their blocks.
 
-The config and tokenizer come from :func:`edgespec.loading.gguf_demo.gguf_metadata_folder` (the same metadata
+The config and tokenizer come from :func:`edgespec.loading.gguf_meta.gguf_metadata_folder` (the same metadata
 reading as the fp32 conversion, without the weights); the tensors are read from the memory-mapped file:
 
 * quantized matrices become :class:`~edgespec.weights.base.PackedLinear` layers holding a
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from edgespec.errors import CheckpointError, UnsupportedModelError
-from edgespec.loading.gguf_demo import ROPE_PERMUTED_ARCHS, _hf_name, _unpermute_rows, gguf_metadata_folder
+from edgespec.loading.gguf_meta import ROPE_PERMUTED_ARCHS, _hf_name, _unpermute_rows, gguf_metadata_folder
 from edgespec.loading.hf_config import load_config
 from edgespec.models.decoder import TargetModel
 from edgespec.models.layers import RotaryEmbedding

@@ -1,8 +1,8 @@
 """Tokenise a growing conversation by re-encoding only what changed since the last request.
 
 Every request of a multi-turn chat re-sends the whole conversation, and encoding its rendered text costs time in
-proportion to all of it (about 4 ms for a 3k-token history on one CPU core): with prefix reuse the rest of a
-follow-up turn scales with its new tokens, so this would be the largest cost left on a GPU.
+proportion to all of it (docs/benchmarks.md, "CPU launch choices"): with prefix reuse the rest of a follow-up turn
+scales with its new tokens, so this would be the largest cost left on a GPU.
 
 Why a piece can be re-encoded alone: the ``tokenizers`` pipeline first cuts the text at every added special token
 (``normalized: false``), then normalises and pre-tokenises each piece on its own. So the ids of the text before a

@@ -3,7 +3,7 @@
 Modules: :mod:`~edgespec.profile.space` (knobs, candidate values, groups), :mod:`~edgespec.profile.measure`
 (one candidate on one prompt), :mod:`~edgespec.profile.search` (coordinate descent within a budget),
 :mod:`~edgespec.profile.results` (the resumable JSONL), :mod:`~edgespec.profile.report` (YAML, JSON, Markdown,
-PNG), :mod:`~edgespec.profile.progress` (the stderr bar), :mod:`~edgespec.profile.cli` (the command).
+PNG), :mod:`~edgespec.profile.cli` (the command); the stderr bar is :mod:`edgespec.progress`.
 See ``docs/profile.md``.
 """
 

@@ -131,7 +131,7 @@ def _run_meta(bench: Bench, options: ProfileOptions, cases: list[PromptCase], st
     import torch
 
     from edgespec.profile import report
-    from edgespec.profile.progress import format_duration
+    from edgespec.progress import format_duration
 
     meta: dict[str, Any] = {
         "date": report.now(), "model": str(bench.model_dir), "model_name": bench.model_dir.name,
@@ -185,9 +185,9 @@ def run_profile(args: argparse.Namespace) -> int:
     from edgespec.bench.prompts import load_prompts
     from edgespec.profile import report
     from edgespec.profile.measure import Bench
-    from edgespec.profile.progress import Progress
     from edgespec.profile.results import ResultStore
     from edgespec.profile.search import ProfileOptions, Profiler
+    from edgespec.progress import Progress
 
     started = time.monotonic()
     say = _stderr

@@ -17,10 +17,10 @@ from typing import Any
 from edgespec.config import Settings, dump_yaml
 from edgespec.errors import EdgespecError
 from edgespec.profile.measure import PromptCase, first_diff
-from edgespec.profile.progress import format_duration
 from edgespec.profile.results import ResultStore
 from edgespec.profile.search import CandidateResult, SearchOutcome
 from edgespec.profile.space import candidate_key, describe
+from edgespec.progress import format_duration
 
 TUNED_YAML = "tuned.yaml"
 RESULTS_JSONL = "results.jsonl"

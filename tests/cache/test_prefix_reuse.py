@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from _tools import load_tool
 
+from edgespec.bench.random_drafter import write_dflash_drafter
+from edgespec.bench.shapes import tiny_config, write_chat_tokenizer, write_random_checkpoint
 from edgespec.cache.prefix import PrefixCache, common_prefix
 from edgespec.config import Settings
 from edgespec.engine import Engine, Request
-from edgespec.loading.synthetic import tiny_config, write_chat_tokenizer, write_random_checkpoint
 from edgespec.speculative.acceptance import StrictGreedy
 
 SYSTEM = {"role": "system", "content": "You drive a robot arm on a kitchen table. Answer briefly. " * 3}
@@ -26,7 +26,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for fam in ("llama", "qwen3_5"):
         folder = write_random_checkpoint(root / fam, tiny_config(fam, vocab_size=272), seed=3)
         out[fam] = write_chat_tokenizer(folder)
-    out["dflash"] = load_tool("make_drafter").write_dflash_drafter(
+    out["dflash"] = write_dflash_drafter(
         root / "dflash", out["qwen3_5"], seed=1, num_layers=2, block_size=5, target_layer_ids=[1, 3, 5])
     return out
 

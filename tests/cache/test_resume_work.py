@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from edgespec.bench.shapes import tiny_config, write_chat_tokenizer, write_random_checkpoint
 from edgespec.config import Settings
 from edgespec.engine import Engine, Request
-from edgespec.loading.synthetic import tiny_config, write_chat_tokenizer, write_random_checkpoint
 
 FOLLOW_UPS = ["pick the red block and put it in the bin", "now park the arm and say so"]
 

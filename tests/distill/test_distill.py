@@ -10,15 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from _tools import load_tool
 
+from edgespec.bench.shapes import tiny_config, write_chat_tokenizer, write_random_checkpoint
 from edgespec.distill.batched import generate_batch, supports_batched
 from edgespec.distill.data import generate_one, load_data
 from edgespec.distill.objective import BlockObjective, accepted_lengths, block_mask, make_blocks
 from edgespec.distill.workload import bench_prompt_texts, load_prompt_file, robot_prompts
 from edgespec.errors import CheckpointError, ConfigError
 from edgespec.loading.checkpoint import load_target
-from edgespec.loading.synthetic import tiny_config, write_chat_tokenizer, write_random_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +85,7 @@ def test_accepted_lengths_counts_the_leading_matches() -> None:
 @pytest.mark.parametrize("window", [None, 6])
 def test_objective_equals_the_proposer_block_forward(tiny_checkpoints, tmp_path, window) -> None:
     """The training forward of one block (context = features of positions < anchor) is the proposer's draft."""
-    write_dflash_drafter = load_tool("make_drafter").write_dflash_drafter
+    from edgespec.bench.random_drafter import write_dflash_drafter
     from edgespec.drafters.dflash import load_dflash_checkpoint
 
     target = load_target(tiny_checkpoints["qwen3"], max_positions=256)

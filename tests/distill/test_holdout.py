@@ -10,11 +10,11 @@ import pytest
 import torch
 from test_distill import _common, _distill
 
+from edgespec.bench.shapes import tiny_config, write_chat_tokenizer, write_random_checkpoint
 from edgespec.distill import holdout
 from edgespec.distill.data import Sequence_
 from edgespec.distill.holdout import held_groups, prompt_key, split, template_of
 from edgespec.errors import ConfigError
-from edgespec.loading.synthetic import tiny_config, write_chat_tokenizer, write_random_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _tools import load_tool
 
+from edgespec.bench import random_drafter as make_drafter
 from edgespec.distill.objective import BlockObjective, make_blocks, pack_blocks
 from edgespec.loading.checkpoint import load_target
-
-make_drafter = load_tool("make_drafter")
 
 
 @pytest.mark.parametrize("window", [None, 5])

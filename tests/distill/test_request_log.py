@@ -6,13 +6,13 @@ import json
 
 import pytest
 
+from edgespec.bench.shapes import tiny_config, write_chat_tokenizer, write_random_checkpoint
 from edgespec.config import Settings
 from edgespec.distill.data import load_data
 from edgespec.distill.request_log import RequestLog, log_data, read_log
 from edgespec.engine import Engine, Request
 from edgespec.errors import ConfigError
 from edgespec.loading.checkpoint import load_target
-from edgespec.loading.synthetic import tiny_config, write_chat_tokenizer, write_random_checkpoint
 
 
 def test_rotation_keeps_the_file_bounded(tmp_path) -> None:

@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from _devices import DEVICES
 from _plans import dflash_from, proposer_from
-from _tools import load_tool
 from safetensors.torch import load_file, save_file
 
 from edgespec.arch.detect import select_hooks
 from edgespec.arch.rollback import ROLLBACK_STRATEGIES
+from edgespec.bench import random_drafter as make_drafter
 from edgespec.config import Settings
 from edgespec.drafters.base import Draft, Proposer
 from edgespec.drafters.dflash import (
@@ -45,7 +45,6 @@ from edgespec.speculative.acceptance import StrictGreedy
 from edgespec.speculative.session import SpecSession
 
 CPU = torch.device("cpu")
-make_drafter = load_tool("make_drafter")
 
 
 # ---- shared helpers (also used by test_mtp.py) ----------------------------------------------------------------

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 from _plans import proposer_from
 
+from edgespec.bench.random_drafter import write_dflash_drafter
 from edgespec.config import Settings
 from edgespec.drafters.dflash import WindowTooSmallError, load_dflash_checkpoint
 from edgespec.errors import ConfigError
 from edgespec.loading.checkpoint import load_target
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from make_drafter import write_dflash_drafter  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ import itertools
 import pytest
 import torch
 from _plans import proposer_from
-from _tools import load_tool
 
 from edgespec.arch.detect import select_hooks
 from edgespec.arch.rollback import ROLLBACK_STRATEGIES
+from edgespec.bench import random_drafter as make_drafter
 from edgespec.config import Settings
 from edgespec.drafters.dflash import DFlashProposer, load_dflash_checkpoint
 from edgespec.drafters.lookup import LookupFirstProposer
@@ -19,7 +19,6 @@ from edgespec.speculative.acceptance import StrictGreedy
 from edgespec.speculative.session import SpecSession
 
 CPU = torch.device("cpu")
-make_drafter = load_tool("make_drafter")
 
 
 @pytest.fixture(scope="module")

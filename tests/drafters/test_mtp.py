@@ -13,12 +13,12 @@ from test_dflash import MixedProposer, make_drafter, plain_greedy, prompt_ids
 
 from edgespec.arch.detect import select_hooks
 from edgespec.arch.rollback import ROLLBACK_STRATEGIES
+from edgespec.bench.shapes import tiny_config, write_random_checkpoint
 from edgespec.cache.kv import KVCache
 from edgespec.config import Settings
 from edgespec.drafters.mtp import MTPProposer
 from edgespec.errors import ConfigError
 from edgespec.loading.checkpoint import load_target
-from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 from edgespec.speculative.acceptance import StrictGreedy
 from edgespec.speculative.session import SpecSession
 

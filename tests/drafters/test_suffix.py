@@ -9,10 +9,10 @@ import itertools
 import pytest
 import torch
 from _plans import proposer_from
-from _tools import load_tool
 
 from edgespec.arch.detect import select_hooks
 from edgespec.arch.rollback import ROLLBACK_STRATEGIES
+from edgespec.bench import random_drafter as make_drafter
 from edgespec.config import Settings
 from edgespec.drafters.lookup import LookupFirstProposer
 from edgespec.drafters.ngram import NGramProposer
@@ -23,7 +23,6 @@ from edgespec.speculative.acceptance import StrictGreedy
 from edgespec.speculative.session import SpecSession
 
 CPU = torch.device("cpu")
-make_drafter = load_tool("make_drafter")
 
 
 def _started(prop, history: list[int]):
@@ -135,8 +134,8 @@ def test_settings_build_it_and_name_bad_values(tiny_models, tmp_path):
 def test_engine_feeds_the_cache_per_client(tmp_path):
     """Through the engine: every completion lands in its client's partition, a repeated request drafts from its
     earlier answer (AL up), another client's request does not, and the answers equal plain decoding."""
+    from edgespec.bench.shapes import tiny_config, write_chat_tokenizer, write_random_checkpoint
     from edgespec.engine import Engine, Request
-    from edgespec.loading.synthetic import tiny_config, write_chat_tokenizer, write_random_checkpoint
 
     folder = write_chat_tokenizer(write_random_checkpoint(tmp_path / "m", tiny_config("llama", vocab_size=272),
                                                           seed=3))

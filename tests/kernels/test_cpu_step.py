@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from edgespec.cache.kv import KVCache
+from edgespec.kernels import gguf_native
 from edgespec.kernels.activation import silu_mul_ref
 from edgespec.kernels.attention import attention_ref
 from edgespec.kernels.cpu_step import add_rms_norm_cpu, llama_attention_cpu, silu_mul_cpu
 from edgespec.kernels.norm import add_rms_norm_ref, rms_norm_ref
 from edgespec.kernels.rope import rope_ref, split_qkv
-from edgespec.weights import gguf_native
 
 pytestmark = pytest.mark.skipif(gguf_native.library() is None, reason="the compiled helpers cannot be built here")
 

@@ -393,16 +393,25 @@ def test_skinny_gemm_matches_reference(m, n, k, bias) -> None:
 @pytest.mark.parametrize("n_out", [3000, 20000])
 def test_linear_dispatch(n_out: int) -> None:
     """``linear``: one bf16 row (any leading dims) takes the GEMV; 2-16 rows the skinny GEMM (K split on the narrow
-    matrix); more rows cuBLAS. All match the reference."""
-    from edgespec.kernels.linear import linear, linear_ref
+    matrix); more rows cuBLAS. ``route_log`` shows each call took the route named (the one ``linear_route`` gives
+    for the device's real facts), and all match the reference."""
+    from edgespec.kernels import sm_count, triton_available
+    from edgespec.kernels.linear import RouteFacts, linear, linear_ref, linear_route, route_log, skinny_pays
+    from edgespec.kernels.options import active
     w = torch.randn(n_out, 1024, device=DEV, dtype=torch.bfloat16) * 0.05
     b = torch.randn(n_out, device=DEV, dtype=torch.bfloat16)
+    facts = RouteFacts(cuda=True, triton=triton_available(), sms=sm_count(w.device), options=active())
+    skinny = "skinny" if skinny_pays(n_out, facts.sms) else "cublas"
+    cases = [((1, 1024), "gemv"), ((1, 1, 1024), "gemv"), ((1024,), "gemv"), ((5, 1024), skinny),
+             ((2, 8, 1024), skinny), ((17, 1024), "cublas"), ((40, 1024), "cublas")]
     with torch.inference_mode():
-        for x in (torch.randn(1, 1024, device=DEV), torch.randn(1, 1, 1024, device=DEV), torch.randn(1024, device=DEV),
-                  torch.randn(5, 1024, device=DEV), torch.randn(2, 8, 1024, device=DEV),
-                  torch.randn(40, 1024, device=DEV)):
-            x = x.to(torch.bfloat16)
-            out = linear(x, w, b)
+        for shape, route in cases:
+            x = torch.randn(*shape, device=DEV).to(torch.bfloat16)
+            rows = x.numel() // 1024
+            assert linear_route(rows, "bfloat16", tuple(w.shape), facts) == route, shape
+            with route_log() as log:
+                out = linear(x, w, b)
+            assert log == {route: 1}, (shape, dict(log))
             ref = linear_ref(x.float(), w.float(), b.float())
             assert out.shape == ref.shape and rel_err(out, ref) < 1e-2
 
@@ -675,7 +684,8 @@ def test_fp8_v_layouts_give_the_same_attention(T: int, start: int) -> None:
     blocked = make_cache(start + T + 50, n_kv, hd, start + T, torch.bfloat16, True)
     junk = 300.0 * torch.randn(20, n_kv, hd, device=DEV, dtype=torch.bfloat16)    # rows of a rolled-back draft
     blocked.write(start + T, junk, junk)
-    rows = load_tool("kernel_bench").key_major_twin(blocked)
+    from edgespec.bench.kernel_timing import key_major_twin
+    rows = key_major_twin(blocked)
     q = torch.randn(T, n_q, hd, device=DEV, dtype=torch.bfloat16)
     ref = attention_oracle(q, blocked, start, hd ** -0.5)
     a = cached_attention_triton(q, blocked, start, hd ** -0.5)

@@ -240,9 +240,8 @@ def test_skinny_routing_override_is_checked() -> None:
     """EDGESPEC_SKINNY (an A/B override of which 2-16-row products skip cuBLAS): ``all`` (the default) sends every
     matrix to the skinny GEMM, ``wide`` only those with at least one 64-row block per SM; anything else is refused
     by name rather than silently taken as the default."""
-    pytest.importorskip("triton")
+    from edgespec.kernels.linear import skinny_pays
     from edgespec.kernels.options import KernelOptions
-    from edgespec.kernels.triton_gemv import skinny_pays
 
     def env(mode: str | None) -> KernelOptions:
         return KernelOptions.from_environ({} if mode is None else {"EDGESPEC_SKINNY": mode})

@@ -91,9 +91,9 @@ def test_disabled_by_default_and_by_setting():
 
 
 def test_engine_turns_it_on_for_fp32_cpu_only(tiny_checkpoints, tmp_path):
+    from edgespec.bench.shapes import write_chat_tokenizer
     from edgespec.config import load_settings
     from edgespec.engine import Engine
-    from edgespec.loading.synthetic import write_chat_tokenizer
 
     folder = shutil.copytree(tiny_checkpoints["llama"], tmp_path / "llama")
     write_chat_tokenizer(folder)

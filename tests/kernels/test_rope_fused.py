@@ -99,7 +99,7 @@ def test_attention_forward_unchanged(family, partial, dtype, fp8, graph_pos, mer
     attn = _random_layer(cfg, dtype, merged)
     rope = RotaryEmbedding(cfg, 128)
     max_len = 64
-    from edgespec.weights import gguf_native
+    from edgespec.kernels import gguf_native
     compiled = (family == "llama" and dtype == torch.float32 and not fp8 and not graph_pos
                 and gguf_native.library() is not None)
     with torch.inference_mode():

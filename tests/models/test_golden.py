@@ -13,9 +13,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from edgespec.bench.shapes import TINY_SHAPES, tiny_config, write_random_checkpoint  # noqa: E402
 from edgespec.cache.state import StateMode  # noqa: E402
 from edgespec.loading.checkpoint import load_target  # noqa: E402
-from edgespec.loading.synthetic import TINY_SHAPES, tiny_config, write_random_checkpoint  # noqa: E402
 
 TOL = 1e-4
 

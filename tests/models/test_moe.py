@@ -18,6 +18,7 @@ from test_spec_lossless import OracleProposer
 
 from edgespec.arch.detect import select_hooks
 from edgespec.arch.rollback import ROLLBACK_STRATEGIES
+from edgespec.bench.shapes import tiny_config, write_random_checkpoint
 from edgespec.drafters.dflash import load_dflash_checkpoint
 from edgespec.drafters.mtp import MTPProposer
 from edgespec.drafters.ngram import NGramProposer
@@ -32,7 +33,6 @@ from edgespec.kernels.moe import (
 )
 from edgespec.loading.checkpoint import load_target
 from edgespec.loading.hf_config import parse_config
-from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 from edgespec.loading.weights import checkpoint_bytes
 from edgespec.memory import MemoryBudgetError
 from edgespec.models.moe import RouterLinear, SparseMoE, attach_routing_log
@@ -346,7 +346,7 @@ def test_bench_shape_reports_moe_bytes_from_routing(monkeypatch):
     """The shape bench of an MoE model: decode limit from k experts per layer, each verify's limit from the union
     its routing touched (CPU, a small MoE shape; the figures are checked for consistency, not speed)."""
     from edgespec.bench import gpu
-    from edgespec.loading.synthetic import SHAPES, TINY_SHAPES
+    from edgespec.bench.shapes import SHAPES, TINY_SHAPES
 
     monkeypatch.setitem(SHAPES, "tiny-moe", dict(TINY_SHAPES[FAMILY], mtp_num_hidden_layers=0))
     from edgespec.bench.timing import time_cuda

@@ -78,8 +78,8 @@ def test_tree_forward_cuda(tmp_path, family, kv_fp8):
     tree runs other kernels than the chain); whether that is rounding alone is not settled yet."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
+    from edgespec.bench.shapes import tiny_config, write_random_checkpoint
     from edgespec.loading.checkpoint import load_target
-    from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 
     model = load_target(write_random_checkpoint(tmp_path / "m", tiny_config(family, head_dim=64), seed=4),
                         device="cuda", max_positions=512)

@@ -8,10 +8,10 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from edgespec.bench.shapes import tiny_config, write_random_checkpoint  # noqa: E402
 from edgespec.drafters.dflash_net import parse_dflash_config  # noqa: E402
 from edgespec.loading.checkpoint import load_target  # noqa: E402
 from edgespec.loading.hf_config import parse_config  # noqa: E402
-from edgespec.loading.synthetic import tiny_config, write_random_checkpoint  # noqa: E402
 from edgespec.models.layers import RotaryEmbedding  # noqa: E402
 
 YARN = [

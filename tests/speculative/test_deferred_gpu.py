@@ -122,8 +122,8 @@ def test_graph_deferred_commit_equals_checkpoint(tmp_path, arch) -> None:
     replayed from its CUDA graph (second pass)."""
     from edgespec.arch.detect import select_hooks
     from edgespec.arch.rollback import Checkpoint, Deferred
+    from edgespec.bench.shapes import tiny_config, write_random_checkpoint
     from edgespec.loading.checkpoint import load_target
-    from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 
     cfg = tiny_config("qwen3_5", head_dim=64, num_attention_heads=4, num_key_value_heads=2)
     model = load_target(write_random_checkpoint(tmp_path / "m", cfg, seed=4), dtype=torch.bfloat16, device=DEV,

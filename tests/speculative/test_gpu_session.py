@@ -14,9 +14,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
 def test_graph_spec_equals_plain_on_cuda(tmp_path, family, dtype):
     from edgespec.arch.detect import select_hooks
+    from edgespec.bench.shapes import tiny_config, write_random_checkpoint
     from edgespec.drafters.ngram import NGramProposer
     from edgespec.loading.checkpoint import load_target
-    from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
     from edgespec.speculative.acceptance import StrictGreedy
     from edgespec.speculative.parity import lossless
     from edgespec.speculative.session import SpecSession
@@ -45,9 +45,9 @@ def test_fp8_decode_over_a_long_cache_runs_the_gluon_program_losslessly(tmp_path
     the cache: edgespec.kernels.triton_attention.GLUON_MIN_KEYS); greedy output equals the eager session's, whose
     short grids take the Triton program."""
     from edgespec.arch.detect import select_hooks
+    from edgespec.bench.shapes import tiny_config, write_random_checkpoint
     from edgespec.kernels import triton_attention
     from edgespec.loading.checkpoint import load_target
-    from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
     from edgespec.speculative.acceptance import StrictGreedy
     from edgespec.speculative.parity import lossless
     from edgespec.speculative.session import SpecSession

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from edgespec.arch.base import ArchHooks
+from edgespec.bench.shapes import tiny_config, write_random_checkpoint
 from edgespec.loading.checkpoint import load_target
-from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 from edgespec.speculative.acceptance import StrictGreedy
 from edgespec.speculative.parity import describe_divergence, lossless, stream_regrets, tie_check
 from edgespec.speculative.session import SpecSession

@@ -154,8 +154,8 @@ def test_greedy_tree_equals_plain_cuda(tmp_path, kv_fp8):
     verify): greedy tree output equals plain output, through sibling accepts."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
+    from edgespec.bench.shapes import tiny_config, write_random_checkpoint
     from edgespec.loading.checkpoint import load_target
-    from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 
     model = load_target(write_random_checkpoint(tmp_path / "m", tiny_config("qwen3_5", head_dim=64), seed=4),
                         device="cuda", max_positions=512)

@@ -38,7 +38,7 @@ CASES = [("llama", s) for s in SCHEMES] + [("qwen3_5", "int4-g64-asym"), ("qwen3
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
+    from edgespec.bench.shapes import tiny_config, write_random_checkpoint
 
     root = tmp_path_factory.mktemp("ct")
     dense = {f: write_random_checkpoint(root / f, tiny_config(f, **SHAPE), seed=5) for f in ("llama", "qwen3_5")}
@@ -142,8 +142,8 @@ def test_load_holds_the_packed_weights_not_a_dense_copy(tmp_path):
     staging buffer and one layer's repack, far below the dense model."""
     from test_load_memory import MiB, _measure
 
+    from edgespec.bench.shapes import config_dict, write_random_checkpoint
     from edgespec.loading.safetensors_io import STAGING_BYTES
-    from edgespec.loading.synthetic import config_dict, write_random_checkpoint
 
     cfg = config_dict(model_type="llama", vocab_size=8192, hidden_size=1024, intermediate_size=2816,
                       num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8, tie_word_embeddings=True)

@@ -15,11 +15,11 @@ import pytest
 import torch
 from gguf_files import write_tiny_gguf
 
+from edgespec.convert.gguf import convert_gguf
 from edgespec.errors import UnsupportedModelError
+from edgespec.kernels import gguf_native
 from edgespec.loading.checkpoint import load_target
-from edgespec.loading.gguf_demo import convert_gguf
 from edgespec.loading.gguf_model import PackedEmbedding, load_gguf_target
-from edgespec.weights import gguf_native
 from edgespec.weights.base import PackedLinear, weight_format
 from edgespec.weights.gguf_kquants import K_FORMATS, Q4_KWeight, random_kquant
 

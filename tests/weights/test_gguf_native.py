@@ -13,12 +13,12 @@ import pytest
 import torch
 from gguf_files import write_tiny_gguf
 
+from edgespec.convert.gguf import convert_gguf
 from edgespec.errors import CheckpointError, UnsupportedModelError
+from edgespec.kernels import gguf_native
 from edgespec.loading.checkpoint import load_target
-from edgespec.loading.gguf_demo import convert_gguf
 from edgespec.loading.gguf_model import PackedEmbedding, load_gguf_target
 from edgespec.memory import module_bytes
-from edgespec.weights import gguf_native
 from edgespec.weights.base import PackedLinear, weight_format
 from edgespec.weights.gguf import GGML_FORMATS, Q4_0Weight, Q4_1Weight, Q8_0Weight
 

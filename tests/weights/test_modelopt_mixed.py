@@ -16,10 +16,10 @@ from test_dflash import plain_greedy, prompt_ids
 from test_spec_lossless import OracleProposer
 
 from edgespec.arch.detect import select_hooks
+from edgespec.bench.shapes import tiny_config, write_random_checkpoint
 from edgespec.drafters.ngram import NGramProposer
 from edgespec.errors import CheckpointError, UnsupportedModelError
 from edgespec.loading.checkpoint import load_target
-from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 from edgespec.models.layers import Linear
 from edgespec.speculative.acceptance import StrictGreedy
 from edgespec.speculative.session import SpecSession
@@ -103,9 +103,9 @@ def test_quantized_layer_missing_from_quantized_layers_is_refused(mixed, tmp_pat
 
 def test_engine_serves_the_fp8_kv_cache_the_checkpoint_asks_for(mixed, tmp_path):
     """kv_dtype auto follows kv_cache_quant_algo FP8 (own per-token scales); an explicit kv_dtype wins."""
+    from edgespec.bench.shapes import write_chat_tokenizer
     from edgespec.config import Settings
     from edgespec.engine import Engine
-    from edgespec.loading.synthetic import write_chat_tokenizer
 
     folder = write_chat_tokenizer(shutil.copytree(mixed["llama"][0], tmp_path / "m"))
     for kv, want in (("auto", True), ("model", False)):

@@ -11,9 +11,9 @@ from quant_layouts import write_modelopt_mixed
 from test_dflash import prompt_ids
 
 from edgespec.arch.detect import select_hooks
+from edgespec.bench.shapes import tiny_config, write_random_checkpoint
 from edgespec.drafters.ngram import NGramProposer
 from edgespec.loading.checkpoint import load_target
-from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 from edgespec.speculative.acceptance import StrictGreedy
 from edgespec.speculative.parity import lossless
 from edgespec.speculative.session import SpecSession

@@ -17,9 +17,9 @@ from test_dflash import prompt_ids
 from test_spec_lossless import OracleProposer
 
 from edgespec.arch.detect import select_hooks
+from edgespec.bench.shapes import tiny_config, write_random_checkpoint
 from edgespec.drafters.ngram import NGramProposer
 from edgespec.loading.checkpoint import load_target
-from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 from edgespec.speculative.acceptance import StrictGreedy
 from edgespec.speculative.parity import lossless
 from edgespec.speculative.session import SpecSession
@@ -120,10 +120,9 @@ def test_kernel_logits_match_the_reference_product(folders, fmt):
 def test_quantized_dflash_drafter_on_a_quantized_target(folders, tmp_path, drafter_weights):
     """``drafter_weights``: a DFlash drafter quantized at load runs its packed layers on the Triton products (inside
     the proposer's CUDA graphs) and the output stays lossless on an int4 (AWQ) target."""
-    from _tools import load_tool
 
+    from edgespec.bench import random_drafter as make_drafter
     from edgespec.drafters.dflash import load_dflash_checkpoint
-    make_drafter = load_tool("make_drafter")
 
     model = load_target(folders["qwen3_5", "awq"][0], dtype=torch.bfloat16, device=CUDA, max_positions=512)
     folder = make_drafter.write_dflash_drafter(tmp_path / "d", tiny_config("qwen3_5", **WIDE), seed=4, num_layers=2,

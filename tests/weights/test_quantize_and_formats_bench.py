@@ -1,5 +1,5 @@
 """``edgespec quantize`` writes checkpoints in the public layouts that load back close to the original, and
-``edgespec bench --formats`` prints one row per format with the bytes each reads per token."""
+``edgespec bench formats`` prints one row per format with the bytes each reads per token."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
+from edgespec.bench.shapes import tiny_config, write_chat_tokenizer, write_random_checkpoint
 from edgespec.cli import main
 from edgespec.errors import ConfigError
 from edgespec.loading.checkpoint import load_target
-from edgespec.loading.synthetic import tiny_config, write_chat_tokenizer, write_random_checkpoint
 from edgespec.weights.base import PackedLinear
 
 # Mean cosine similarity of the logits of a 12-token prompt, quantized vs original, on the tiny random llama
@@ -78,7 +78,7 @@ def test_quantize_bad_input(source, tmp_path):
 
 
 def test_format_bench_table(capsys):
-    assert main(["bench", "--formats", "dense,fp8,nvfp4,int4", "--format-shape", "tiny:llama", "--group-size",
+    assert main(["bench", "formats", "dense,fp8,nvfp4,int4", "--format-shape", "tiny:llama", "--group-size",
                  "32", "--context", "16", "--format-iters", "2", "--format-prefill", "8,24"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     by = {r["format"]: r for r in rows}

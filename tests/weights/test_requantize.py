@@ -11,10 +11,10 @@ from test_spec_lossless import OracleProposer
 
 from edgespec.arch.detect import select_hooks
 from edgespec.bench.gpu import weight_bytes_per_token
+from edgespec.bench.shapes import tiny_config, write_random_checkpoint
 from edgespec.config import load_settings
 from edgespec.errors import ConfigError
 from edgespec.loading.checkpoint import load_target
-from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 from edgespec.speculative.acceptance import StrictGreedy
 from edgespec.speculative.session import SpecSession
 from edgespec.weights import PackedLinear

@@ -19,13 +19,13 @@ from test_dflash import MixedProposer, make_drafter, plain_greedy, prompt_ids
 from test_spec_lossless import OracleProposer
 
 from edgespec.arch.detect import select_hooks
+from edgespec.bench.shapes import tiny_config, write_random_checkpoint
 from edgespec.drafters.dflash import load_dflash_checkpoint
 from edgespec.drafters.mtp import MTPProposer
 from edgespec.drafters.ngram import NGramProposer
 from edgespec.errors import CheckpointError, UnsupportedModelError
 from edgespec.loading.checkpoint import load_target
 from edgespec.loading.quant_config import parse_quant_config
-from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 from edgespec.speculative.acceptance import StrictGreedy
 from edgespec.speculative.session import SpecSession
 from edgespec.weights import PackedLinear, weight_format

