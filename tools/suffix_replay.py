@@ -3,7 +3,7 @@
     python tools/suffix_replay.py collect --seed 1 --requests 24 --tokens 128 --out stream1.json   # the demo, CPU
     python tools/suffix_replay.py run stream1.json --drafter suffix --log proposals.txt          # milliseconds
 
-``run`` prints AL per request and for the first / steady requests (as ``edgespec bench --session`` splits them);
+``run`` prints AL per request and for the first / steady requests (as ``edgespec bench session`` splits them);
 ``--log`` writes every cycle: the position, the draft, how much of it was accepted and the tokens that came
 (edgespec.bench.replay). Tune on a stream of another seed than the one the figures are measured on.
 """
