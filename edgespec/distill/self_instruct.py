@@ -49,7 +49,7 @@ def query_prefix(tokenizer: ChatTokenizer, system: str | None = None, opener: st
     its first words ``opener``), and the ids that end that turn (the template's token right after the user's
     words when it is a special token, else the tokenizer's stop ids). With ``system``, a system turn comes first.
 
-    >>> from edgespec.loading.synthetic import write_chat_tokenizer   # ChatML; end of turn first, then stop ids
+    >>> from edgespec.bench.shapes import write_chat_tokenizer   # ChatML; end of turn first, then stop ids
     >>> import tempfile; tok = ChatTokenizer.from_folder(write_chat_tokenizer(tempfile.mkdtemp()))
     >>> prefix, ends = query_prefix(tok)
     >>> tok.decode(prefix, skip_special_tokens=False), tok.decode(ends, skip_special_tokens=False)

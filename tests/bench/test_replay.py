@@ -9,12 +9,12 @@ import pytest
 
 from edgespec.bench import replay as rp
 from edgespec.bench.replay import Recorded, collect, load_stream, replay, save_stream, token_proposer
+from edgespec.bench.shapes import tiny_config, write_chat_tokenizer, write_random_checkpoint
 from edgespec.config import Settings
 from edgespec.drafters.ngram import NGramProposer
 from edgespec.drafters.suffix import SuffixProposer
 from edgespec.engine import Engine, Request
 from edgespec.errors import ConfigError
-from edgespec.loading.synthetic import tiny_config, write_chat_tokenizer, write_random_checkpoint
 from edgespec.speculative.session import adapts
 
 TEXTS = ["move box 1 to shelf 2", "move box 3 to shelf 1", "report arm 4", "move box 1 to shelf 2 and report"]

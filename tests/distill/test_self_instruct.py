@@ -10,12 +10,12 @@ import pytest
 import torch
 from test_distill import _common, _distill
 
+from edgespec.bench.shapes import tiny_config, write_chat_tokenizer, write_random_checkpoint
 from edgespec.distill import self_instruct as si
 from edgespec.distill.batched import generate_batch
 from edgespec.distill.self_instruct import parse_sources, query_prefix, self_instruct
 from edgespec.errors import ConfigError
 from edgespec.loading.checkpoint import load_target
-from edgespec.loading.synthetic import tiny_config, write_chat_tokenizer, write_random_checkpoint
 from edgespec.loading.tokenizer import ChatTokenizer
 
 

@@ -48,16 +48,17 @@ def test_the_most_frequent_continuation_beats_the_latest():
     cache = SuffixCache(1 << 20, 16, 100)
     for out in ([7, 8, 9, 10, 11], [7, 8, 9, 10, 11], [7, 8, 9, 20, 21]):
         cache.add(out)
-    prop = _started(SuffixProposer(cache, max_depth=16, max_match=8), [5, 7, 8, 9])
+    prop = _started(SuffixProposer(cache, max_depth=16, max_match=8, factor=1.0, min_prob=0.1), [5, 7, 8, 9])
     assert prop.propose(9, 8).tokens.tolist() == [10, 11]
     assert prop.branches(8) == [([10, 11], 2), ([20, 21], 1)]
     # the request's own history counts too: after 7 8 9 it wrote 20 21 twice itself
-    prop = _started(SuffixProposer(cache, max_depth=16, max_match=8), [7, 8, 9, 20, 21, 7, 8, 9, 20, 21, 7, 8, 9])
+    prop = _started(SuffixProposer(cache, max_depth=16, max_match=8, factor=1.0, min_prob=0.1),
+                    [7, 8, 9, 20, 21, 7, 8, 9, 20, 21, 7, 8, 9])
     assert prop.propose(9, 2).tokens.tolist() == [20, 21]
 
 
 def test_committed_tokens_extend_the_request_trie():
-    prop = _started(SuffixProposer(None, max_depth=8, max_match=4), [1, 2, 3])
+    prop = _started(SuffixProposer(None, max_depth=8, max_match=4, factor=2.0), [1, 2, 3])
     assert prop.propose(3, 4) is None
     prop.commit([4, 1, 2], 0, None)
     assert prop.propose(2, 4).tokens.tolist() == [3, 4, 1, 2]       # 2 matched tokens x factor 2
