@@ -162,7 +162,9 @@ def token_proposer(settings, vocab_size: int) -> tuple[Proposer, int]:
 
 
 def collect(engine, texts: Sequence[str], max_tokens: int) -> list[Recorded]:
-    """The plain engine's greedy outputs of ``texts`` (one user message each)."""
+    """The plain engine's greedy outputs of ``texts`` (one user message each). A request that stopped records the
+    tokenizer's first stop id as its last token (the completion drops the stop token; targets with several stop
+    ids may have ended on another, which only the replay's final cycle would see)."""
     from edgespec.engine import Request
 
     stream = []

@@ -165,6 +165,26 @@ def save_drafter(folder: Path, drafter: DFlashDraftModel, target_cfg: Any, info:
     (folder / "distill.json").write_text(json.dumps(info, indent=2))
 
 
+class HeldOutLog:
+    """Every held-out estimate of a run as ``[step, epoch, AL]``, and with ``best_dir`` the drafter of the best
+    estimate so far written there (``--keep-best``). With a held-out set worded unlike the training prompts, the
+    best point is where generality peaked, which later steps (fitting the training prompts harder) can pass by. A
+    resumed run starts a new log."""
+
+    def __init__(self, best_dir: Path | None) -> None:
+        self.best_dir, self.best = best_dir, -math.inf
+        self.history: list[list[float]] = []
+
+    def record(self, al: float, step: int, epoch: int, drafter: DFlashDraftModel, target_cfg: Any,
+               info: dict[str, Any]) -> None:
+        self.history.append([step, epoch, round(al, 4)])
+        if al > self.best:
+            self.best = al
+            if self.best_dir is not None:
+                save_drafter(self.best_dir, drafter, target_cfg,
+                             dict(info, step=step, epoch=epoch, held_out_al=al, held_out_history=self.history))
+
+
 def lr_at(opts: TrainOptions, step: int) -> float:
     """Learning rate of ``step``: linear warm-up, then cosine decay to a tenth of ``opts.lr``."""
     if step < opts.warmup:
@@ -258,27 +278,20 @@ def train(objective: BlockObjective, train_seqs: Sequence[Sequence_], held_out: 
     sampler = DistributedSampler(range(len(train_seqs)), num_replicas=world, rank=rank, shuffle=True,
                                  seed=opts.seed, drop_last=False)
 
-    history: list[list[float]] = []           # [step, epoch, held-out AL] of every evaluation
-    best = [-math.inf]
+    log = HeldOutLog(out / "best" if opts.keep_best and rank == 0 else None)
 
     def evaluate() -> float:
         drafter.eval()
         al = estimate_acceptance(objective, held_out, device=device) if held_out else float("nan")
         drafter.train()
-        history.append([step, epoch, round(al, 4)])
-        if opts.keep_best and rank == 0 and al > best[0]:
-            # The held-out set is worded unlike the training prompts: its best point is where generality
-            # peaked, which later steps (fitting the training prompts harder) can pass by.
-            best[0] = al
-            save_drafter(out / "best", drafter, target_cfg, dict(info, step=step, epoch=epoch, held_out_al=al,
-                                                                 held_out_history=history))
+        log.record(al, step, epoch, drafter, target_cfg, info)
         return al
 
     def save(final: bool = False) -> None:
         if rank != 0:
             return
         info_now = dict(info, step=step, held_out_al=last_al, held_out_al_start=first_al, loss=last_loss,
-                        held_out_history=history)
+                        held_out_history=log.history)
         save_drafter(out, drafter, target_cfg, info_now)
         tmp = out / "train_state.pt.tmp"
         torch.save({"drafter": drafter.state_dict(), "optim": optim.state_dict(), "step": step,
@@ -326,4 +339,4 @@ def train(objective: BlockObjective, train_seqs: Sequence[Sequence_], held_out: 
     if world > 1:
         dist.barrier()
     return {"steps": step, "loss": last_loss, "held_out_al": last_al, "held_out_al_start": first_al,
-            "held_out_history": history, "best_held_out_al": best[0] if opts.keep_best else None}
+            "held_out_history": log.history, "best_held_out_al": log.best if opts.keep_best else None}
