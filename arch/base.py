@@ -36,10 +36,17 @@ class ArchDefaults:
     # compute-heavy on a few cores), so drafting only as far as drafts are being accepted pays; on a GPU the
     # verify runs as a static graph of K+1 rows whatever is drafted, so shorter drafts would only lose tokens.
     adaptive_k: bool = True
-    # ``draft_tree: auto``: tree nodes whose path the drafter gives a lower joint probability are not verified. On a
-    # CPU each verify row costs a fair share of a decode step (docs/benchmarks.md, "CPU launch choices"), so a node
-    # pays only when its path has a fair chance; the GPU hooks set 0 (a byte-bound verify's extra rows cost little).
-    tree_min_joint: float = 0.1
+    # ``draft_tree: auto``: tree nodes whose path the drafter gives a lower joint probability are not verified
+    # (0: none dropped by a fixed floor; the CPU sizes its trees by cost instead, below).
+    tree_min_joint: float = 0.0
+    # ``draft_tree: auto``: the node budget when no profile chose one (``edgespec profile`` writes the budget it
+    # measured best as a number).
+    tree_budget: int = 16
+    # Tree sizing by cost (edgespec.speculative.tree_size): the prior of what one more verify row costs as a share
+    # of a cycle's fixed cost, until the session has measured it; 0 = no sizing, every node of the budget is
+    # verified (the GPU hooks: a byte-bound verify's extra rows cost little). On a CPU every row is arithmetic over
+    # all the weights, a fair share of the draft and fixed verify cost (docs/benchmarks.md, "Trees sized by cost").
+    tree_row_cost: float = 0.15
     # A prefill that continues a non-empty cache (a follow-up turn resumed by prefix reuse) of at most this many
     # tokens goes through the captured verify forward in chunks of its rows instead of one eager forward: on a GPU
     # an eager forward of a few dozen rows is bound by its hundreds of kernel launches, a graph replay is not.
@@ -85,9 +92,9 @@ class ArchHooks:
         is on CUDA. Leaves the cache reset. Without ``graphs`` stages run eagerly."""
         self.static.clear()
         self.graph_prefill_max = graph_prefill_max
-        # MoE layers run as graphs only with every expert stacked (device-side ids, edgespec.kernels.triton_moe);
-        # packed experts are grouped on the host (edgespec.kernels.moe) and run eagerly.
-        graphs = graphs and all(b.w13 is not None for b in moe_blocks(model))
+        # MoE layers run as graphs only with every expert stacked (device-side ids, edgespec.kernels.triton_moe and
+        # triton_moe_int4); other packed experts are grouped on the host (edgespec.kernels.moe) and run eagerly.
+        graphs = graphs and all(b.device_routed for b in moe_blocks(model))
         self.choose_weight_kernels(model)   # before any capture: graphs record the chosen products
         if cache.states is not None:
             cache.states.graph_commits = graphs and model.device.type == "cuda"
@@ -112,7 +119,11 @@ class ArchHooks:
         kernel = choose_quant_kernel(packed)
         if kernel is not None:
             prepare_for_kernel(packed)
-        return kernel
+            return kernel
+        # Formats read in their own layout by kernels of their own: GGUF K-quants, per-row FP8 (issue 38).
+        from edgespec.kernels.triton_fp8_row import choose_fp8_row_kernel
+        from edgespec.kernels.triton_kquant import choose_kquant_kernel
+        return choose_kquant_kernel(packed) or choose_fp8_row_kernel(packed)
 
     def choose_weight_kernels(self, *modules: torch.nn.Module) -> int:
         """Store :meth:`weight_kernel` in every packed weight of ``modules`` (the target, a drafter); returns how

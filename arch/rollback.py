@@ -131,12 +131,14 @@ class TreeVerify(Deferred):
     (:meth:`ModelCache.commit_path`). Chains in the same session (a grammar-constrained request) are deferred.
 
     ``budget``: draft nodes per tree (the forward has ``budget + 1`` rows); ``min_joint``: nodes whose path the
-    drafter gives a lower joint probability are not verified (0: the budget alone decides)."""
+    drafter gives a lower joint probability are not verified (0: the budget alone decides); ``row_cost``: the prior
+    share of a cycle's fixed cost one more verify row costs, for sizing each tree by cost
+    (:mod:`edgespec.speculative.tree_size`; 0: every node of the budget is verified)."""
 
     name = "tree"
 
-    def __init__(self, budget: int, min_joint: float = 0.0) -> None:
-        self.budget, self.min_joint = budget, min_joint
+    def __init__(self, budget: int, min_joint: float = 0.0, row_cost: float = 0.0) -> None:
+        self.budget, self.min_joint, self.row_cost = budget, min_joint, row_cost
 
     def cache_rows(self, verify_rows: int, wide_rows: int) -> CacheRows:
         return CacheRows(defer_rows=max(verify_rows, wide_rows, self.budget + 1))
@@ -151,13 +153,16 @@ class TreeVerify(Deferred):
         cache.commit_path(path)
 
     def __repr__(self) -> str:
-        return f"TreeVerify(budget={self.budget}, min_joint={self.min_joint})"
+        return f"TreeVerify(budget={self.budget}, min_joint={self.min_joint}, row_cost={self.row_cost})"
+
+    def _key(self) -> tuple[int, float, float]:
+        return self.budget, self.min_joint, self.row_cost
 
     def __eq__(self, other: object) -> bool:
-        return (type(other) is type(self) and (self.budget, self.min_joint) == (other.budget, other.min_joint))
+        return type(other) is type(self) and self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash((type(self), self.budget, self.min_joint))
+        return hash((type(self), self._key()))
 
 
 # The strategies every arch offers, by setting name (see the module doc).

@@ -64,6 +64,12 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     if args.model:
         from edgespec.doctor import model_budget
         print("\n".join(model_budget(args.model, args.max_seq_len, args.device, args.dtype, args.load)))
+    if args.shape:
+        from edgespec.doctor import shape_budget_report
+        lines, budget = shape_budget_report(args)
+        print("\n".join(lines))
+        budget.check()          # does not fit: refused with the numbers (exit 2)
+        print("fits")
     return 0
 
 
@@ -159,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="with --model: cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", help="with --model: activation dtype")
     p.add_argument("--load", action="store_true", help="with --model: also load it and print the measured peak")
+    from edgespec.doctor import add_shape_budget_arguments
+    add_shape_budget_arguments(p)
     p.set_defaults(func=_cmd_doctor)
     return parser
 

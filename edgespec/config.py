@@ -88,7 +88,9 @@ class Settings:
                                   max=64)
     ngram_gate: float = _knob(0.1, "n-gram proposer: stop drafting below this accepted/drafted ratio", min=0.0, max=1.0)
     draft_tree: str = _knob("off", "verify a tree of drafts per cycle instead of a chain: off, a node budget 1..63, "
-                            "or auto (32 nodes; on CPU only nodes whose path has joint draft probability >= 0.1); "
+                            "or auto (the arch's budget: 16 on CPU, 32 on GPU; edgespec profile writes the budget "
+                            "it measured best); on CPU each tree keeps the chain and adds only nodes worth their "
+                            "verify rows; "
                             "dflash: best-first over the block's top tokens, ngram: several earlier continuations; "
                             "needs rollback deferred or auto")
     adaptive_k: bool | None = _knob(None, "adapt drafts per cycle to acceptance (+2 after a full accept, "

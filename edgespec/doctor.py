@@ -129,3 +129,30 @@ def serving_status() -> str:
     except Exception as exc:
         return f"BROKEN: edgespec.serving does not import ({type(exc).__name__}: {exc})"
     return "ok (" + ", ".join(versions) + ")"
+
+
+def add_shape_budget_arguments(p) -> None:
+    """``doctor --shape``: the memory budget of a published shape in a weight format, without weights."""
+    p.add_argument("--shape", help="a published shape (e.g. qwen3.5-35b-a3b): print its memory budget in --format")
+    p.add_argument("--format", default="int4", help="with --shape: dense, fp8, nvfp4 or int4 (group 128)")
+    p.add_argument("--kv", default="fp8", choices=("fp8", "model"), help="with --shape: KV cache format")
+    p.add_argument("--drafter", default="none", help="with --shape: mtp (the shape's MTP head), a drafter folder, "
+                   "or none")
+    p.add_argument("--memory", help="with --shape: the memory to fit (24GB, 24GiB); default: free on this machine")
+
+
+def shape_budget_report(args):
+    """The ``doctor --shape`` lines and the :class:`~edgespec.memory.MemoryBudget` they describe."""
+    from edgespec.bench.shape_budget import parse_memory, shape_budget
+    from edgespec.memory import format_bytes
+
+    memory = parse_memory(args.memory) if args.memory else None
+    drafter = None if args.drafter == "none" else args.drafter
+    budget, split = shape_budget(args.shape, args.format, args.max_seq_len, args.kv == "fp8", drafter, memory)
+    lines = [f"shape {args.shape}, {args.format} weights, {args.kv} KV cache of {args.max_seq_len} tokens, drafter "
+             f"{args.drafter} (from the config alone: no weights read)"]
+    lines += budget.lines()
+    lines += [f"{'of the weights':>18}: experts {format_bytes(split['experts'])}, rest "
+              f"{format_bytes(split['target_rest'])}",
+              f"{'total':>18}: {budget.total / 1e9:.2f} GB of {budget.available / 1e9:.2f} GB"]
+    return lines, budget

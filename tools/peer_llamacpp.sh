@@ -5,13 +5,15 @@
 #   bash tools/peer_llamacpp.sh prepare        # on a machine with PyPI: download the sdist, strip it into .peer/
 #   bash tools/peer_llamacpp.sh build          # on the GPU host: CUDA build of llama-bench + llama-quantize (~5 min)
 #   bash tools/peer_llamacpp.sh bench          # on the GPU host: GGUFs (F16, Q8_0, Q4_0, Q4_K_M), llama-bench, ours
+#   bash tools/peer_llamacpp.sh moe            # on the GPU host: the MoE row (issue 37), after build; see below
 #
 # .peer/ holds the stripped llama.cpp source (.peer/llama.cpp.tar.gz, ~10 MB: no docs/models/tests/examples or
 # non-CUDA/CPU backends) and, on the GPU host, the build and the GGUF files. Shape (the issue's random llama):
 # hidden 3072, 28 layers, 24/8 heads, ffn 8192, vocab 49152; override with PEER_SHAPE="--hidden .. --layers ..".
 # The edgespec side, on the same shape: `edgespec bench formats` (the whole model: decode at context 128 as
 # llama-bench's tg128 ends there, through the arch hooks and a CUDA graph, and whole-model prefill of 512 / 2048
-# tokens) and tools/quant_bench.py (the linear stack of a step alone, an upper bound, printed as such).
+# tokens) and tools/quant_bench.py (the linear stack of a step alone, an upper bound, printed as such). The
+# Q4_K_M row also runs on the very file llama-bench reads: `python -m edgespec.bench.gguf_file` (row "gguf").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PEER=.peer
@@ -52,24 +54,55 @@ build)
   ;;
 bench)
   mkdir -p "$MODELS"
-  [ -f "$MODELS/f16.gguf" ] || "$PY" tools/peer_gguf.py "$MODELS/f16.gguf" --gguf-py $SRC/gguf-py $SHAPE
-  for q in Q8_0 Q4_0 Q4_K_M; do
-    [ -f "$MODELS/$q.gguf" ] || $BUILD/bin/llama-quantize "$MODELS/f16.gguf" "$MODELS/$q.gguf" $q "$(nproc)" \
-      >/dev/null 2>&1
+  # PEER_QUANTS / PEER_FORMATS / PEER_PREFILL narrow a run to the rows it needs (device minutes are scarce);
+  # PEER_Q4KM_DIRECT=1 writes the Q4_K_M mix straight from tools/peer_gguf.py --q4-k-m (no F16 file, no quantize).
+  QUANTS=${PEER_QUANTS:-"f16 Q8_0 Q4_0 Q4_K_M"}
+  PREFILL=${PEER_PREFILL:-512,2048}
+  if [ "${PEER_Q4KM_DIRECT:-0}" = 1 ]; then
+    [ -f "$MODELS/Q4_K_M.gguf" ] || "$PY" tools/peer_gguf.py "$MODELS/Q4_K_M.gguf" --gguf-py $SRC/gguf-py --q4-k-m $SHAPE
+  else
+    [ -f "$MODELS/f16.gguf" ] || "$PY" tools/peer_gguf.py "$MODELS/f16.gguf" --gguf-py $SRC/gguf-py $SHAPE
+  fi
+  for q in $QUANTS; do
+    [ "$q" = f16 ] || [ -f "$MODELS/$q.gguf" ] || $BUILD/bin/llama-quantize "$MODELS/f16.gguf" "$MODELS/$q.gguf" $q \
+      "$(nproc)" >/dev/null 2>&1
   done
   out=${OUT:-$PEER}
-  for f in f16 Q8_0 Q4_0 Q4_K_M; do
-    $BUILD/bin/llama-bench -m "$MODELS/$f.gguf" -ngl 99 -fa 1 -p 512,2048 -n 128 -r 3 -o json 2>/dev/null \
+  for f in $QUANTS; do
+    $BUILD/bin/llama-bench -m "$MODELS/$f.gguf" -ngl 99 -fa 1 -p "$PREFILL" -n 128 -r 3 -o json 2>/dev/null \
       > "$out/llamacpp_$f.json"
   done
-  "$PY" -m edgespec.cli bench formats dense,fp8,int4,nvfp4 --format-shape ${PEER_FORMAT_SHAPE:-peer-llama} \
-    --context 128 --format-prefill 512,2048 --out "$out/formats_peer.json" | tee "$out/edgespec_formats.txt"
+  "$PY" -m edgespec.cli bench formats ${PEER_FORMATS:-dense,fp8,int4,nvfp4} --format-shape ${PEER_FORMAT_SHAPE:-peer-llama} \
+    --context 128 --format-prefill "$PREFILL" --out "$out/formats_peer.json" | tee "$out/edgespec_formats.txt"
+  if [ "${PEER_GGUF:-1}" = 1 ]; then     # the same Q4_K_M file on edgespec (K-quant Triton products); PEER_GGUF=0 skips
+    # edgespec reads GGUF metadata with gguf-py: llama.cpp's own copy where the GPU host has none installed
+    PYTHONPATH="$SRC/gguf-py${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m edgespec.bench.gguf_file \
+      --gguf "$MODELS/Q4_K_M.gguf" --context 128 --prefill "$PREFILL" --out "$out/gguf_Q4_K_M.json" \
+      | tee "$out/edgespec_gguf.txt"
+  fi
   if [ "${PEER_STACK:-1}" = 1 ]; then     # PEER_STACK=0 skips the linear-stack bound (saves device minutes)
     OUT=$out "$PY" tools/quant_bench.py --llama="$SHAPE" --shapes '' --formats int4,nvfp4,fp8_block \
       --prefill 512,2048 --prefill-shapes llama | tee "$out/edgespec_peer.txt"
   fi
   "$PY" tools/peer_report.py "$out"
   ;;
+moe)
+  # The MoE row: llama.cpp's qwen3moe (attention-only: no Gated DeltaNet, no shared expert) at Qwen3.5-35B-A3B's
+  # expert dimensions (256 experts, top 8, width 512, hidden 2048, 40 layers, 16/2 heads of 256), random Q4_K
+  # blocks written directly (the F16 file would be ~66 GB), against edgespec's int4 g128 model of the same layout
+  # (every layer gated attention, the shared expert kept; tools/moe_int4_bench.py --attention-only), decode at
+  # context 128 as llama-bench's tg128 ends there. Random weights on both sides (each its own format).
+  mkdir -p "$MODELS"
+  MOE_SHAPE=${PEER_MOE_SHAPE:-"--moe 256 --experts-used 8 --expert-ffn 512 --head-dim 256 --hidden 2048 --layers 40 --heads 16 --kv-heads 2 --vocab 248320"}
+  [ -f "$MODELS/moe_q4k.gguf" ] || "$PY" tools/peer_gguf.py "$MODELS/moe_q4k.gguf" --gguf-py $SRC/gguf-py --qtype Q4_K \
+    $MOE_SHAPE
+  out=${OUT:-$PEER}
+  $BUILD/bin/llama-bench -m "$MODELS/moe_q4k.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o json 2>/dev/null \
+    > "$out/llamacpp_moe_q4k.json"
+  "$PY" tools/moe_int4_bench.py model --attention-only --context 128 --verify-rows 4,16 \
+    --out "$out/edgespec_moe.json" | tee "$out/edgespec_moe.txt"
+  "$PY" tools/peer_report.py "$out"
+  ;;
 *)
-  sed -n '2,15p' "$0"; exit 2 ;;
+  sed -n '2,16p' "$0"; exit 2 ;;
 esac

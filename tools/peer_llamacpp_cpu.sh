@@ -4,6 +4,7 @@
 # interleaved, and print the ratios with the machine load. The build is cached under $EDGESPEC_PEER_DIR
 # (default ~/.cache/edgespec/peer).
 #   bash tools/peer_llamacpp_cpu.sh [repeats] [threads]       (build only: PEER_BUILD_ONLY=1)
+#   PEER_MOE_TINY=1 bash tools/peer_llamacpp_cpu.sh            (the MoE GGUF writer, tiny qwen3moe, F16 and Q4_K)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPEATS=${1:-3}
@@ -27,5 +28,15 @@ if [ ! -x "$BENCH" ]; then
   nice -n 10 cmake --build "$PEER/llama.cpp-build" --target llama-bench -j 2 >/dev/null
 fi
 [ "${PEER_BUILD_ONLY:-0}" = 1 ] && { echo "built $BENCH"; exit 0; }
+if [ "${PEER_MOE_TINY:-0}" = 1 ]; then
+  # The MoE peer's GGUF writer checked at a tiny shape (issue 37): qwen3moe from tools/peer_gguf.py, as F16 and as
+  # the random Q4_K blocks the GPU run uses, each loaded and run by this llama.cpp (pp16, tg16).
+  TINY="--moe 8 --experts-used 2 --expert-ffn 256 --head-dim 64 --hidden 256 --layers 2 --heads 4 --kv-heads 2 --vocab 512"
+  for q in F16 Q4_K; do
+    "$PY" tools/peer_gguf.py "$PEER/moe_tiny_$q.gguf" --gguf-py "$PEER/src/vendor/llama.cpp/gguf-py" --qtype $q $TINY
+    "$BENCH" -m "$PEER/moe_tiny_$q.gguf" -p 16 -n 16 -r 1 -t "$THREADS" -o md
+  done
+  exit 0
+fi
 GGUF=$("$PY" -c "from edgespec.convert.gguf import demo_gguf_path; print(demo_gguf_path())")
 exec "$PY" -m edgespec.cli bench peer --llama-bench "$BENCH" --gguf "$GGUF" --repeats "$REPEATS" --threads "$THREADS"

@@ -33,8 +33,21 @@ def ratio(ours: float | None, theirs: float | None) -> str:
     return f"{ours / theirs:8.2f}" if ours and theirs else f"{'-':>8}"
 
 
+def moe_row(d: Path) -> None:
+    """The MoE row (``peer_llamacpp.sh moe``): llama.cpp's qwen3moe Q4_K decode against edgespec's int4 model of
+    the same layout (edgespec_moe.json from tools/moe_int4_bench.py), both whole tokens."""
+    theirs = llamacpp_figures(d / "llamacpp_moe_q4k.json")
+    ours = json.loads((d / "edgespec_moe.json").read_text())
+    print(f"MoE (35B-A3B expert dimensions, attention-only): llama.cpp Q4_K {theirs.get('decode', 0):.1f} tok/s "
+          f"(pp512 {theirs.get('pp512', 0):.0f}) | edgespec int4 g128 {ours['decode_tok_s']:.1f} tok/s "
+          f"({100 * ours['decode_fraction_of_limit']:.1f}% of its byte limit) | decode x "
+          f"{ratio(ours['decode_tok_s'], theirs.get('decode')).strip()}")
+
+
 def main() -> int:
     d = Path(sys.argv[1])
+    if (d / "llamacpp_moe_q4k.json").exists() and (d / "edgespec_moe.json").exists():
+        moe_row(d)
     if not (d / "quant_bench.json").exists():      # PEER_STACK=0: the whole-model table alone
         whole_model(d)
         return 0
@@ -60,7 +73,9 @@ def main() -> int:
     return 0
 
 
-WHOLE_PAIRS = (("f16", "dense"), ("Q8_0", "fp8"), ("Q4_0", "int4"), ("Q4_K_M", "int4"), ("Q4_K_M", "nvfp4"))
+# "gguf": edgespec on llama.cpp's own Q4_K_M file (python -m edgespec.bench.gguf_file -> gguf_Q4_K_M.json)
+WHOLE_PAIRS = (("f16", "dense"), ("Q8_0", "fp8"), ("Q4_0", "int4"), ("Q4_K_M", "int4"), ("Q4_K_M", "nvfp4"),
+               ("Q4_K_M", "gguf"))
 
 
 def whole_model(d: Path) -> None:
@@ -69,6 +84,8 @@ def whole_model(d: Path) -> None:
     if not f.exists():
         return
     rows = {r["format"]: r for r in json.loads(f.read_text())["rows"]}
+    if (d / "gguf_Q4_K_M.json").exists():
+        rows["gguf"] = json.loads((d / "gguf_Q4_K_M.json").read_text())
     print()
     print("whole model, both sides end to end (edgespec: bench formats, decode at context 128, CUDA graph)")
     print(f"{'llama.cpp':>9} {'tok/s':>8} {'pp512':>8} {'pp2048':>8} | {'edgespec':>8} {'tok/s':>8} {'pp512':>8} "

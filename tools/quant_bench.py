@@ -27,8 +27,6 @@ Writes quant_bench.json to $OUT when set (quant_bench_sm<N>.json with ``--sm-lim
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -39,13 +37,21 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgespec.bench.gpu import linear_shape_counts, sm_clock_mhz  # noqa: E402
+from edgespec.bench.quant_stack import (  # noqa: E402
+    DEV,
+    QuantStack,
+    apply_sm_limit,
+    copies_for,
+    per_matrix_us,
+    random_packed,
+    rel_err,
+    write_report,
+)
 from edgespec.bench.timing import graph_time_us as time_us  # noqa: E402
 from edgespec.kernels import sm_count  # noqa: E402
-from edgespec.kernels.quant_ref import RawPacked, matmul_ref  # noqa: E402
+from edgespec.kernels.quant_ref import matmul_ref  # noqa: E402
 from edgespec.kernels.triton_gemv import gemv_triton, skinny_gemm_triton  # noqa: E402
 from edgespec.kernels.triton_quant_gemv import quant_config, quant_matmul  # noqa: E402
-
-DEV = "cuda"
 
 # int4: the pair-ordered tensor-core tile (PAIRS=1) for 1 and 16 rows, against the previous one-row word kernel
 # (DOT=0, H2=1) and the previous byte tile (PAIRS=0)
@@ -129,43 +135,6 @@ def measure_copy_bandwidth(nbytes: int = 2 << 30) -> float:
     return 2 * nbytes / best
 
 
-def random_packed(fmt: str, n: int, k: int) -> RawPacked:
-    """Random packed tensors of an ``[n, k]`` weight, made on the GPU in their packed dtypes (no dense copy)."""
-    if fmt == "int4":
-        t = {"qweight": torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=DEV),
-             "scales": (torch.rand(n, k // 128, device=DEV) * 2e-3 + 1e-3).half(),
-             "zeros": torch.randint(0, 16, (n, k // 128), dtype=torch.uint8, device=DEV)}
-        return RawPacked(fmt, n, k, t, 128)
-    if fmt == "nvfp4":
-        t = {"weight": torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=DEV),
-             "weight_scale": (torch.rand(n, k // 16, device=DEV) * 200 + 20).to(torch.float8_e4m3fn),
-             "weight_scale_2": torch.tensor(1e-4, device=DEV)}
-        return RawPacked(fmt, n, k, t, 16)
-    if fmt == "fp8_block":
-        w = torch.randint(0, 256, (n, k), dtype=torch.uint8, device=DEV)
-        w[(w & 0x7F) == 0x7F] = 0            # the two NaN codes
-        t = {"weight": w.view(torch.float8_e4m3fn),
-             "weight_scale_inv": torch.rand(-(-n // 128), -(-k // 128), device=DEV) * 1e-4 + 1e-5}
-        return RawPacked(fmt, n, k, t, 128)
-    raise ValueError(fmt)
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
-
-
-def per_matrix_us(items: list, call) -> float:
-    """Microseconds per product of ``call(item)``, cycling through ``items`` (more bytes than L2) in a graph."""
-    def run() -> None:
-        for it in items:
-            call(it)
-    return time_us(run, reps=2) / len(items)
-
-
-def copies_for(nbytes: int) -> int:
-    return max(2, (512 << 20) // nbytes)
-
-
 def sweep_matrix(fmt: str, n: int, k: int, bw: float) -> dict:
     """Best decode (1 row) and verify (16 rows) launch for one matrix, weights streamed from DRAM."""
     one = random_packed(fmt, n, k)
@@ -214,30 +183,12 @@ def make_weight(fmt: str, n: int, k: int):
     return random_packed(fmt, n, k)
 
 
-class Stack:
-    """One format's linear stack of a shape: a list of ``(weight, K)`` in model order, and how to multiply."""
-
-    def __init__(self, fmt: str, counts, configs: dict | None = None) -> None:
-        self.fmt = fmt
-        self.items = []
-        self.configs = configs or {}
-        self.override: dict | None = None      # one launch for every matrix (--wide-sweep)
-        for (n, k), uses in counts.items():
-            for _ in range(uses):
-                self.items.append((self.make(n, k), n, k))
-        self.nbytes = sum(self.weight_bytes(w) for w, _, _ in self.items)
+class Stack(QuantStack):
+    """:class:`QuantStack` with torch's alternatives as extra formats (bf16 GEMV / cuBLAS, tinygemm int4,
+    ``_scaled_mm``) and the previous int4 launches (``int4_prev``)."""
 
     def make(self, n: int, k: int):
         return make_weight(self.fmt, n, k)
-
-
-    @staticmethod
-    def weight_bytes(w) -> int:
-        if isinstance(w, tuple):
-            return sum(t.numel() * t.element_size() for t in w)
-        if isinstance(w, torch.Tensor):
-            return w.numel() * w.element_size()
-        return w.nbytes
 
     def call(self, w, n: int, k: int, x: torch.Tensor):
         if self.fmt == "bf16":
@@ -254,20 +205,13 @@ class Stack:
         if self.fmt == "int4_prev":
             rows = x.shape[0]
             return quant_matmul(w, x, config=INT4_PREVIOUS[1 if rows == 1 else 16 if rows <= 16 else 64])
-        if self.override is not None:
-            return quant_matmul(w, x, config=self.override)
-        return quant_matmul(w, x, config=self.configs.get((n, k, min(x.shape[0], 16))))
+        return super().call(w, n, k, x)
 
-    def time(self, rows: int) -> float:
-        """Microseconds of the whole stack for ``rows`` activation rows, as one CUDA graph."""
-        dt = torch.float8_e4m3fn if self.fmt == "scaled_mm" else torch.bfloat16
-        r = max(rows, 16) if self.fmt == "scaled_mm" else rows     # _scaled_mm wants 16-row multiples
-        xs = {k: torch.randn(r, k, device=DEV).to(dt) for k in {k for _, _, k in self.items}}
-
-        def run() -> None:
-            for w, n, k in self.items:
-                self.call(w, n, k, xs[k])
-        return time_us(run, reps=1)
+    def inputs(self, rows: int) -> dict[int, torch.Tensor]:
+        if self.fmt != "scaled_mm":
+            return super().inputs(rows)
+        r = max(rows, 16)                 # _scaled_mm wants 16-row multiples, and FP8 activations
+        return {k: torch.randn(r, k, device=DEV).to(torch.float8_e4m3fn) for k in {k for _, _, k in self.items}}
 
 
 def bench_shape(shape: str, formats: list[str], bw: float, sweep: bool, report: dict, baselines: bool = True,
@@ -423,14 +367,7 @@ def main() -> int:
     ap.add_argument("--wide-sweep", action="store_true", help="also time launches of the 17..64-row tile")
     ap.add_argument("--sm-limit", type=int, default=0, help="run on a green context of this many SMs (Thor: 20)")
     args = ap.parse_args()
-    limit = None
-    if args.sm_limit:
-        from edgespec.bench.sm_limit import limit_sms
-        try:
-            limit = limit_sms(args.sm_limit)      # before anything else runs on the GPU
-        except (ValueError, RuntimeError) as e:
-            ap.error(str(e))
-        print(limit.describe(), flush=True)
+    limit = apply_sm_limit(ap, args.sm_limit)
     rows_list = tuple(int(r) for r in args.rows.split(",") if r)
     if 1 not in rows_list or 16 not in rows_list:
         ap.error("--rows must include 1 and 16 (the decode and the chain verify every ratio is taken against)")
@@ -450,9 +387,7 @@ def main() -> int:
         rows = [int(r) for r in args.prefill.split(",")]
         for shape in [s for s in args.prefill_shapes.split(",") if s]:
             bench_prefill(shape, formats, rows, report)
-    if os.environ.get("OUT"):
-        name = f"quant_bench_sm{limit.granted}.json" if limit else "quant_bench.json"
-        Path(os.environ["OUT"], name).write_text(json.dumps(report, indent=2, default=str))
+    write_report(report, "quant_bench", limit)
     return 0
 
 

@@ -3,6 +3,8 @@
 
     python tools/thor_projection.py cycle_bench.json [more.json ...] [--al 4.57] [--thor-clock-mhz 1575]
     python tools/thor_projection.py --sm-runs c16.json c24.json [--als 4.57,6,8] [--stacks q16.json q24.json]
+    python tools/thor_projection.py --sm-runs c16.json c24.json --tree-cost tree16.json [tree_full.json]
+    python tools/thor_projection.py --tree-cycle-ms 41.5 [--als 4.57,6,8]
 
 Input: the JSON ``tools/cycle_bench.py`` writes ($OUT/cycle_bench.json): per stage of one cycle (draft, verify,
 accept+rollback, other) the time measured on the GPU, the bytes the draft and verify stages read, and the GPU's SM
@@ -34,6 +36,13 @@ SMs issue what Hopper's do per clock (its tensor cores are newer: a pessimistic 
 lent GPU's memory does not bound the 16/24-SM runs (their copy rate is several times Thor's); L2 and launch
 overheads scale like the SM work. ``--stacks`` does the same for ``tools/quant_bench.py --sm-limit`` files: each
 format's linear stack at every row count, GB/s projected to Thor against 259 GB/s.
+
+Tree verification: ``--tree-cost`` takes ``tools/tree_cost.py --json`` files (tree forwards of B + 1 rows, the
+commit of a path, and the chain verify of 16 rows, measured on one GPU and SM budget) and, with ``--sm-runs`` of the
+same shape and format, projects the tree cycle: the chain cycle of the DFlash drafter as above, its verify times
+the measured tree/chain-verify ratio of that budget, its rollback replaced by the commit (scaled like the verify,
+from the measured GPU to Thor). ``--tree-cycle-ms`` takes a tree cycle as it is (measured or projected elsewhere).
+Both print tok/s at each AL of ``--als`` (a tree's AL comes from the drafter, not from these random weights).
 """
 
 from __future__ import annotations
@@ -192,14 +201,21 @@ def measured_sm_table(paths: list[str], als: list[float], clock_mhz: float) -> i
     return 0
 
 
-def stack_table(paths: list[str], clock_mhz: float) -> int:
-    """Print each format's linear stack (quant_bench --sm-limit files) projected to Thor at every row count."""
+def _by_granted(paths: list[str], needs: str, kind: str) -> dict[int, dict]:
+    """The JSON files written with --sm-limit, by the SM count granted; refuses one without ``sm_limit`` or
+    ``needs`` by name."""
     runs: dict[int, dict] = {}
     for path in paths:
         data = _load(path)
-        if not data.get("sm_limit") or not data.get("sm_clock_mhz"):
-            raise ValueError(f"{path}: not a quant_bench.json written with --sm-limit (no sm_limit or sm_clock_mhz)")
+        if not data.get("sm_limit") or not data.get(needs):
+            raise ValueError(f"{path}: not a {kind} written with --sm-limit (no sm_limit or {needs})")
         runs[data["sm_limit"]["granted"]] = data
+    return runs
+
+
+def stack_table(paths: list[str], clock_mhz: float) -> int:
+    """Print each format's linear stack (quant_bench --sm-limit files) projected to Thor at every row count."""
+    runs = _by_granted(paths, "sm_clock_mhz", "quant_bench.json")
     sample = next(iter(runs.values()))
     ratio = sample["sm_clock_mhz"] / clock_mhz
     print(f"Linear stacks projected to Thor ({THOR_SMS} SMs interpolated from {sorted(runs)}, x{ratio:.3f} clock): "
@@ -216,6 +232,109 @@ def stack_table(paths: list[str], clock_mhz: float) -> int:
     return 0
 
 
+MTP_ALS = "2.43,2.87"      # FlashRT's MTP acceptance lengths on Thor (prose .. robot JSON plan)
+
+
+def moe_projection(paths: list[str], als: list[float], clock_mhz: float, k: int) -> dict:
+    """Plain decode and an MTP-class cycle (K drafts, a K+1-row verify) of an MoE target on Thor, from
+    ``tools/moe_int4_bench.py model --sm-limit`` files bracketing 20 SMs. Each forward: its time interpolated to 20
+    SMs x the clock ratio, or its bytes (routing as seen) at 259 GB/s if longer. A draft step is one MTP decoder
+    layer plus the output projection: its bytes are a decode's dense share per layer, k experts and the head, and
+    it is assumed to run at the projected decode's bytes per ms (the MTP head was not in the measured model)."""
+    runs = {}
+    for path in paths:
+        data = _load(path)
+        if not data.get("sm_limit") or "verify" not in data or "moe" not in data:
+            raise ValueError(f"{path}: not a tools/moe_int4_bench.py model file written with --sm-limit")
+        runs[int(data["sms"])] = data
+    sample = next(iter(runs.values()))
+    ratio = sample["sm_clock_mhz"] / clock_mhz
+    bw = {n: d["bandwidth_GBps"] * 1e9 for n, d in runs.items()}
+
+    def forward(key: str) -> dict:
+        ms = {n: (d["decode_ms"] if key == "decode" else d["verify"][key]["ms"]) for n, d in runs.items()}
+        limit = {n: (d["decode_limit_ms"] if key == "decode" else d["verify"][key]["limit_ms"])
+                 for n, d in runs.items()}
+        nbytes = sum(limit[n] / 1e3 * bw[n] for n in runs) / len(runs)      # the routing seen, averaged over runs
+        sm_ms = interpolate_ms(ms, THOR_SMS) * ratio
+        bytes_ms = nbytes / THOR_READ_BW * 1e3
+        union = {n: d["verify"][key]["expert_union"] for n, d in runs.items()} if key != "decode" else {}
+        return {"measured_ms": ms, "sm_ms": sm_ms, "bytes": nbytes, "bytes_ms": bytes_ms,
+                "ms": max(sm_ms, bytes_ms), "bound": "bytes" if bytes_ms >= sm_ms else "SMs", "union": union}
+
+    missing = [n for n, d in runs.items() if str(k + 1) not in d["verify"]]
+    if missing:
+        raise ValueError(f"--mtp-k {k}: no verify of {k + 1} rows in the {missing}-SM runs (measured: "
+                         f"{', '.join(sorted(sample['verify'], key=int))} rows)")
+    decode = forward("decode")
+    verify = forward(str(k + 1))
+    moe = sample["moe"]
+    head = sample["head_bytes"]
+    layer_dense = (decode["bytes"] - moe["layers"] * moe["top_k"] * moe["per_expert_MB"] * 1e6 - head) / moe["layers"]
+    draft_bytes = layer_dense + moe["top_k"] * moe["per_expert_MB"] * 1e6 + head
+    draft_ms = decode["ms"] * draft_bytes / decode["bytes"]
+    cycle = verify["ms"] + k * draft_ms
+    return {"decode": decode, "verify": verify, "k": k, "draft_bytes": draft_bytes, "draft_ms": draft_ms,
+            "cycle_ms": cycle, "plain_tok_s": 1e3 / decode["ms"], "tok_s": {al: al / cycle * 1e3 for al in als},
+            "clock_ratio": ratio, "sms": sorted(runs), "device": sample["device"]}
+
+
+def moe_table(paths: list[str], als: list[float], clock_mhz: float, k: int) -> int:
+    """Print :func:`moe_projection`."""
+    p = moe_projection(paths, als, clock_mhz, k)
+    print(f"Jetson AGX Thor PROJECTION of an MoE target from {p['sms']}-SM runs on {p['device']} "
+          f"(x{p['clock_ratio']:.3f} clock to {clock_mhz:.0f} MHz; bytes at {THOR_READ_BW / 1e9:.0f} GB/s; the "
+          "slower of the two)")
+    for name, f in (("decode (1 row)", p["decode"]), (f"verify ({k + 1} rows)", p["verify"])):
+        measured = ", ".join(f"{ms:.2f} ({n})" for n, ms in sorted(f["measured_ms"].items()))
+        union = ", ".join(f"{u:.1f} ({n})" for n, u in sorted(f["union"].items()))
+        print(f"  {name:<16} measured ms {measured}; Thor SMs {f['sm_ms']:.2f} ms, bytes {f['bytes'] / 1e9:.2f} GB = "
+              f"{f['bytes_ms']:.2f} ms -> {f['ms']:.2f} ms ({f['bound']})"
+              + (f"; expert union per layer assumed {union} of 256 (random weights: near-uniform routing overstates"
+                 " a trained router's union)" if union else ""))
+    print(f"  MTP draft step (assumed at the decode's bytes/ms): {p['draft_bytes'] / 1e9:.3f} GB = "
+          f"{p['draft_ms']:.2f} ms; cycle = verify + {k} drafts = {p['cycle_ms']:.2f} ms")
+    print(f"  plain decode {p['plain_tok_s']:.1f} tok/s; MTP-class K={k}: "
+          + ", ".join(f"AL {al:g}: {t:.1f} tok/s" for al, t in p["tok_s"].items()))
+    return 0
+
+
+def tree_cycles(tree_paths: list[str], sm_paths: list[str], clock_mhz: float) -> list[tuple[str, float]]:
+    """``(label, projected Thor cycle ms)`` of every tree budget in the tree_cost files, from the DFlash chain cycle
+    the ``--sm-runs`` files project for the same shape and format (see the module doc)."""
+    metas = _by_granted(sm_paths, "verify_bytes", "cycle_bench.json")
+    out = []
+    for path in tree_paths:
+        tree = _load(path)
+        if "trees" not in tree or "chain_base_ms" not in tree:
+            raise ValueError(f"{path}: not a tools/tree_cost.py --json file (no trees or chain_base_ms)")
+        same = {n: m for n, m in metas.items() if (m["shape"], m["format"]) == (tree["shape"], tree["format"])}
+        name = next((k for m in same.values() for k in m if k.startswith("dflash") and isinstance(m[k], dict)
+                     and "verify_ms_per_cycle" in m[k]), None)
+        if name is None:
+            raise ValueError(f"{path}: no --sm-runs cycle of {tree['shape']} {tree['format']} with a DFlash drafter")
+        runs = {n: {**m[name], "draft_bytes": m.get(f"{name}_draft_bytes", 0)} for n, m in same.items() if name in m}
+        chain = project_measured(runs, {n: same[n] for n in runs}, [1.0], clock_mhz)
+        st = chain["stages"]
+        verify = st["verify"]["ms"]
+        # Thor ms per measured ms of the chain verify on this file's GPU and SM budget: the commit scales alike.
+        scale = verify / tree["chain_base_ms"]
+        sms = tree["sm_limit"]["granted"] if tree.get("sm_limit") else tree["sms"]
+        for t in tree["trees"]:
+            cycle = st["draft"]["ms"] + st["other"]["ms"] + verify * t["tree_over_chain_base"] + t["commit_ms"] * scale
+            label = (f"{tree['shape']} {tree['format']} B={t['budget']} (ratio {t['tree_over_chain_base']:.2f}, "
+                     f"commit {t['commit_ms']:.2f} ms on {sms} SMs{', graphs' if tree.get('graphs') else ''})")
+            out.append((label, cycle))
+    return out
+
+
+def print_tree_cycles(cycles: list[tuple[str, float]], als: list[float]) -> None:
+    heads = " ".join(f"{'AL ' + format(al, 'g'):>7}" for al in als)
+    print(f"Tree cycle on Thor (PROJECTION): tok/s = AL / cycle\n{'tree':<72} {'cycle ms':>8} {heads}")
+    for label, ms in cycles:
+        print(f"{label:<72} {ms:>8.1f} " + " ".join(f"{al / ms * 1e3:>7.1f}" for al in als))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("files", nargs="*", help="cycle_bench.json files (full chip)")
@@ -228,7 +347,39 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stacks", nargs="+", default=[], help="quant_bench.json files written with --sm-limit: each "
                     "stack projected to Thor")
     ap.add_argument("--als", default=DEFAULT_ALS, help="acceptance lengths of the measured-SM table")
+    ap.add_argument("--moe", nargs="+", default=[], help="tools/moe_int4_bench.py model files written with "
+                    "--sm-limit (16 and 24): plain decode and an MTP-class cycle of the MoE target on Thor")
+    ap.add_argument("--mtp-als", default=MTP_ALS, help="with --moe: acceptance lengths of MTP-class drafting")
+    ap.add_argument("--mtp-k", type=int, default=3, help="with --moe: drafts per cycle")
+    ap.add_argument("--tree-cost", nargs="+", default=[], help="tools/tree_cost.py --json files: the tree cycle "
+                    "projected from --sm-runs of the same shape and format")
+    ap.add_argument("--tree-cycle-ms", type=float, default=None, help="a tree cycle (ms): tok/s at each AL of --als")
     args = ap.parse_args(argv)
+    if args.moe:
+        try:
+            return moe_table(args.moe, [float(a) for a in args.mtp_als.split(",") if a], args.thor_clock_mhz,
+                             args.mtp_k)
+        except (ValueError, KeyError) as e:
+            print(f"thor_projection: {e}", file=sys.stderr)
+            return 2
+    if args.tree_cost or args.tree_cycle_ms is not None:
+        try:
+            als = [float(a) for a in args.als.split(",") if a]
+            cycles = []
+            if args.tree_cycle_ms is not None:
+                if not args.tree_cycle_ms > 0:
+                    raise ValueError(f"--tree-cycle-ms {args.tree_cycle_ms} must be positive")
+                cycles.append(("given", args.tree_cycle_ms))
+            if args.tree_cost:
+                if not args.sm_runs:
+                    raise ValueError("--tree-cost needs --sm-runs (the chain cycle it scales)")
+                cycles += tree_cycles(args.tree_cost, args.sm_runs, args.thor_clock_mhz)
+            print_tree_cycles(cycles, als)
+        except (ValueError, KeyError) as e:
+            print(f"thor_projection: {e}", file=sys.stderr)
+            return 2
+        if not (args.sm_runs or args.stacks or args.files):
+            return 0
     if args.sm_runs or args.stacks:
         try:
             als = [float(a) for a in args.als.split(",") if a]

@@ -1,22 +1,41 @@
-"""What a tree verify costs on a GPU against a chain verify of the same model: eager forwards of random weights.
+"""What a tree verify costs on a GPU against a chain verify of the same model: forwards of random weights.
 
-Random weights accept nothing, so this times cost only: an eager chain forward of R rows (GDN deferred, the chain
-verify's mode) against an eager tree forward of the same rows (a tree of B = R - 1 nodes, DDTree-like: a main
-branch with side branches), and the commit of a path of the tree. Both eager (no CUDA graph): the ratio shows what
-the tree path adds per forward (the ancestor-masked attention, the GDN tree reference) before any graph capture.
+Random weights accept nothing, so this times cost only: a chain forward of ``--chain-rows`` rows (GDN deferred, the
+chain verify's mode; 16 = the served K=15 verify), a chain forward of R rows and a tree forward of the same R rows
+(a tree of B = R - 1 nodes, DDTree-like: a main branch with one-leaf side branches), and the commit of the main
+branch of the tree. ``--graphs``: the forwards are captured as CUDA graphs at the context position and replayed,
+keyed by their row count (as a served verify runs); a capture that fails is reported and that forward runs eagerly.
+The commit runs eagerly (as the session runs it). ``--format``: the target's linear layers (as ``edgespec bench
+--formats`` builds them); ``--sm-limit N``: everything on a green context of N SMs (made current first).
 
     python tools/tree_cost.py --shape qwen3.5-4b --rows 17,33,64 --context 2048
+    python tools/tree_cost.py --shape qwen3.5-27b --format int4 --lm-head int4 --rows 33,64 --graphs \
+        --sm-limit 16 --json t16.json
+
+``--json`` writes the figures for ``tools/thor_projection.py --tree-cost``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from edgespec.bench.gpu import random_model
-from edgespec.cache.state import StateMode
-from edgespec.kernels.tree import TreeMask
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from edgespec.arch.detect import select_hooks  # noqa: E402
+from edgespec.bench.formats import FORMATS, format_model  # noqa: E402
+from edgespec.bench.gpu import random_model, sm_clock_mhz, weight_bytes_per_token  # noqa: E402
+from edgespec.bench.sm_limit import limit_sms  # noqa: E402
+from edgespec.cache.state import StateMode  # noqa: E402
+from edgespec.kernels import sm_count  # noqa: E402
+from edgespec.kernels.tree import TreeMask  # noqa: E402
+from edgespec.loading.synthetic import SHAPES, config_dict  # noqa: E402
+from edgespec.weights.requantize import quantize_lm_head  # noqa: E402
 
 
 def side_branch_parents(rows: int) -> list[int]:
@@ -31,7 +50,7 @@ def side_branch_parents(rows: int) -> list[int]:
     return parents
 
 
-def _time(fn, iters: int) -> float:
+def _time(fn: Callable[[], None], iters: int) -> float:
     """Median milliseconds of ``fn`` over ``iters`` CUDA-event timed calls (after two warm-ups)."""
     for _ in range(2):
         fn()
@@ -46,61 +65,143 @@ def _time(fn, iters: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def main() -> None:
+class Bench:
+    """One model and cache at ``context`` prefilled rows; each forward is timed from that position."""
+
+    def __init__(self, model, context: int, rows: list[int], graphs: bool) -> None:
+        self.model, self.context, self.graphs = model, context, graphs
+        dev = model.device
+        self.cache = model.new_cache(context + max(rows) + 8, defer_rows=max(rows))
+        model.prefill(torch.randint(0, 1000, (context,), device=dev), self.cache)
+        self.notes: list[str] = []
+
+    def at_context(self) -> None:
+        self.cache.reset()
+        self.cache.length = self.context   # the prefilled KV rows stay; GDN states restart at zero (same cost)
+
+    def runner(self, name: str, body: Callable[[], None], settle: Callable[[], None]) -> Callable[[], None]:
+        """``body`` (a forward at the context position) as a timed callable: a replay of its CUDA graph with
+        ``--graphs`` (``settle`` puts the cache's host bookkeeping back after the capture), else eager."""
+        def eager() -> None:
+            self.at_context()
+            body()
+            settle()
+
+        if not self.graphs:
+            return eager
+        try:
+            eager()                                   # warm-up: Triton compiles outside the capture
+            self.at_context()
+            graph = torch.cuda.CUDAGraph()
+            torch.cuda.synchronize()
+            with torch.cuda.graph(graph):
+                body()
+            settle()
+        except Exception as e:                        # noqa: BLE001 -- reported, the forward then runs eagerly
+            self.notes.append(f"{name}: capture failed ({type(e).__name__}: {str(e).splitlines()[0][:120]}), "
+                              "timed eagerly")
+            torch.cuda.synchronize()
+            self.at_context()
+            return eager
+        return graph.replay
+
+    def chain_ms(self, R: int, iters: int) -> float:
+        tokens = torch.randint(0, 1000, (R,), device=self.model.device)
+        run = self.runner(f"chain {R}", lambda: self.model.forward(tokens, self.cache, mode=StateMode.DEFER,
+                                                                   chunked=False),
+                          lambda: self.cache.rollback(self.context + 1))
+        return _time(run, iters)
+
+    def tree_ms(self, R: int, iters: int) -> tuple[float, float]:
+        """Median ms of a tree forward of R rows and of the commit of its main branch."""
+        model, cache, dev = self.model, self.cache, self.model.device
+        tokens = torch.randint(0, 1000, (R,), device=dev)
+        tree = TreeMask.from_parents(torch.tensor(side_branch_parents(R)), dev)
+        for layer in model.model.layers:             # host-built tables first: nothing may sync in a capture
+            if layer.kind != "full_attention":
+                tree.conv_index(layer.linear_attn.conv1d.kernel_size[0])
+        path = [0] + list(range(2, R, 2))            # down the main branch
+        run = self.runner(f"tree {R}", lambda: model.forward(tokens, cache, tree=tree, chunked=False),
+                          lambda: cache.commit_path([0]))
+        t_tree = _time(run, iters)
+        commits = []
+        for _ in range(iters):
+            self.at_context()
+            model.forward(tokens, cache, tree=tree, chunked=False, logits="none")
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            cache.commit_path(path)
+            b.record()
+            b.synchronize()
+            commits.append(a.elapsed_time(b))
+        return t_tree, sorted(commits)[len(commits) // 2]
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="qwen3.5-4b")
-    ap.add_argument("--rows", default="17,33,64")
+    ap.add_argument("--shape", default="qwen3.5-4b", choices=sorted(SHAPES))
+    ap.add_argument("--format", default="dense", choices=FORMATS, help="the target's linear layers")
+    ap.add_argument("--lm-head", default="model", choices=("model", "fp8", "int4", "nvfp4"),
+                    help="the target's output projection (lm_head_weights)")
+    ap.add_argument("--rows", default="17,33,64", help="tree forward rows (B + 1), each at most 64")
+    ap.add_argument("--chain-rows", type=int, default=16, help="rows of the chain verify compared against")
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--iters", type=int, default=10)
-    args = ap.parse_args()
+    ap.add_argument("--graphs", action="store_true", help="capture and replay the forwards as CUDA graphs")
+    ap.add_argument("--sm-limit", type=int, default=0, help="run on a green context of this many SMs (Thor: 20)")
+    ap.add_argument("--json", help="write the figures here (for tools/thor_projection.py --tree-cost)")
+    args = ap.parse_args(argv)
+    rows_list = [int(r) for r in args.rows.split(",") if r]
+    if any(not 2 <= r <= 64 for r in rows_list):
+        ap.error(f"--rows {args.rows}: each tree forward has 2 to 64 rows")
     dev = torch.device("cuda")
-    rows_list = [int(r) for r in args.rows.split(",")]
-    model = random_model(args.shape, dev, torch.bfloat16, args.context + 128)
-    cache = model.new_cache(args.context + 128, defer_rows=max(rows_list))
-    prompt = torch.randint(0, 1000, (args.context,), device=dev)
-    print(f"shape={args.shape} context={args.context} device={torch.cuda.get_device_name()} (eager, bf16)")
-    print(f"{'rows':>5} {'chain ms':>9} {'tree ms':>8} {'tree/chain':>10} {'commit ms':>9}")
+    limit = None
+    if args.sm_limit:
+        try:
+            limit = limit_sms(args.sm_limit, dev)
+        except (ValueError, RuntimeError) as e:
+            ap.error(str(e))
+        print(limit.describe(), flush=True)
+    max_len = args.context + max(rows_list + [args.chain_rows]) + 8
+    if args.format == "dense":
+        model = random_model(args.shape, dev, torch.bfloat16, max_len)
+    else:
+        model = format_model(config_dict(**SHAPES[args.shape]), args.format, dev, torch.bfloat16, max_len)
+    quantize_lm_head(model, args.lm_head)
+    # The packed products this GPU serves them with (a session's prepare does the same): without it, int4/FP8/NVFP4
+    # layers run their torch reference, a whole-matrix dequantize per call.
+    fast = select_hooks("auto", dev).choose_weight_kernels(model)
+    bench = Bench(model, args.context, rows_list + [args.chain_rows], args.graphs)
+    device = torch.cuda.get_device_name()
+    mode = "CUDA graphs" if args.graphs else "eager"
+    print(f"shape={args.shape} format={args.format} lm_head={args.lm_head} context={args.context} "
+          f"device={device} ({sm_count(dev)} SMs) ({mode}, bf16 activations, {fast} packed weights on fast kernels)")
+    chain_base = bench.chain_ms(args.chain_rows, args.iters)
+    print(f"chain verify of {args.chain_rows} rows: {chain_base:.2f} ms")
+    print(f"{'rows':>5} {'chain ms':>9} {'tree ms':>8} {'tree/chain':>10} {f'tree/chain{args.chain_rows}':>13} "
+          f"{'commit ms':>9} {'commit share':>12}")
+    results = []
     for R in rows_list:
-        cache.reset()
-        model.prefill(prompt, cache)
-        t_chain, t_tree, t_commit = measure(model, cache, args.context, R, args.iters)
-        print(f"{R:>5} {t_chain:>9.2f} {t_tree:>8.2f} {t_tree / t_chain:>10.2f} {t_commit:>9.3f}", flush=True)
-
-
-def measure(model, cache, context: int, R: int, iters: int) -> tuple[float, float, float]:
-    """Median ms of an eager chain forward of R rows, of a tree forward of R rows, and of a main-branch commit."""
-    dev = model.device
-    tokens = torch.randint(0, 1000, (R,), device=dev)
-    tree = TreeMask.from_parents(torch.tensor(side_branch_parents(R)), dev)
-    path = [0] + list(range(2, R, 2))        # down the main branch
-
-    def at_context() -> None:
-        cache.reset()
-        cache.length = context               # the prefilled KV rows stay; GDN states restart at zero (same cost)
-
-    def chain() -> None:
-        at_context()
-        model.forward(tokens, cache, mode=StateMode.DEFER, chunked=False)
-        cache.rollback(context + 1)
-
-    def tree_fwd() -> None:
-        at_context()
-        model.forward(tokens, cache, tree=tree, chunked=False)
-        cache.commit_path([0])
-
-    commits = []
-    for _ in range(iters):
-        at_context()
-        model.forward(tokens, cache, tree=tree, chunked=False, logits="none")
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        cache.commit_path(path)
-        b.record()
-        b.synchronize()
-        commits.append(a.elapsed_time(b))
-    return _time(chain, iters), _time(tree_fwd, iters), sorted(commits)[len(commits) // 2]
+        t_chain = bench.chain_ms(R, args.iters)
+        t_tree, t_commit = bench.tree_ms(R, args.iters)
+        share = t_commit / (t_tree + t_commit)
+        results.append({"rows": R, "budget": R - 1, "chain_ms": t_chain, "tree_ms": t_tree, "commit_ms": t_commit,
+                        "tree_over_chain": t_tree / t_chain, "tree_over_chain_base": t_tree / chain_base,
+                        "commit_share_of_verify_and_commit": share})
+        print(f"{R:>5} {t_chain:>9.2f} {t_tree:>8.2f} {t_tree / t_chain:>10.2f} {t_tree / chain_base:>13.2f} "
+              f"{t_commit:>9.3f} {share:>11.1%}", flush=True)
+    for note in bench.notes:
+        print("note:", note)
+    if args.json:
+        out = {"shape": args.shape, "format": args.format, "lm_head": args.lm_head, "device": device,
+               "sms": sm_count(dev), "sm_clock_mhz": sm_clock_mhz(), "graphs": args.graphs, "context": args.context,
+               "sm_limit": {"requested": limit.requested, "granted": limit.granted} if limit else None,
+               "verify_bytes": weight_bytes_per_token(model), "chain_rows": args.chain_rows,
+               "chain_base_ms": chain_base, "trees": results, "notes": bench.notes}
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -19,4 +19,5 @@ class RtxHooks(ArchHooks):
     def make_defaults(cls) -> ArchDefaults:
         return ArchDefaults(kv_fp8=False, rollback="deferred", prefill_chunk=2048, window_size=128,
                             window_seed=True, cuda_graphs=True, adaptive_k=False, tree_min_joint=0.0,
+                            tree_row_cost=0.0, tree_budget=32,
                             graph_prefill_max=128)

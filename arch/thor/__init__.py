@@ -19,4 +19,5 @@ class ThorHooks(ArchHooks):
     def make_defaults(cls) -> ArchDefaults:
         return ArchDefaults(kv_fp8=True, rollback="deferred", prefill_chunk=256, window_size=128,
                             window_seed=True, cuda_graphs=True, adaptive_k=False, tree_min_joint=0.0,
+                            tree_row_cost=0.0, tree_budget=32,
                             graph_prefill_max=128)

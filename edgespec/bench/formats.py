@@ -114,15 +114,18 @@ def format_model(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype
                 for b, t in q.named_buffers(recurse=False):
                     getattr(module, b).copy_(t)
                 del dense, q
+    model.merge_projections()       # merges that need real tensors (MoE experts stacked per layer)
     return model.eval()
 
 
 def served_model(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype: torch.dtype, max_len: int,
-                 group: int = 128, verify_rows: int = 1) -> tuple[TargetModel, ModelCache, ArchHooks]:
+                 group: int = 128, verify_rows: int = 1, build: Callable[[int], TargetModel] | None = None
+                 ) -> tuple[TargetModel, ModelCache, ArchHooks]:
     """:func:`format_model` with its cache and the arch hooks prepared as a session serves it: each packed weight
     on the product the hooks pick (Triton on CUDA) and, on CUDA, the decode step (and a ``verify_rows``-row verify
-    forward with the arch's rollback strategy) captured as graphs."""
-    model = format_model(cfg_dict, fmt, device, dtype, max_len, group)
+    forward with the arch's rollback strategy) captured as graphs. ``build(max_len)``: a loaded model instead of
+    the random one (a GGUF file, ``edgespec.bench.gguf_file``)."""
+    model = build(max_len) if build is not None else format_model(cfg_dict, fmt, device, dtype, max_len, group)
     hooks = select_hooks("auto", device)
     rollback = rollback_strategy(hooks.defaults.rollback)
     cache = hooks.new_cache(model, max_len, kv_fp8=False, rollback=rollback, max_rows=verify_rows)
@@ -142,7 +145,8 @@ def prefill_step(model: TargetModel, cache: ModelCache, hooks: ArchHooks, tokens
 
 
 def bench_format(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype: torch.dtype, context: int,
-                 group: int, iters: int, prefill: Sequence[int] = (), verify_rows: int = 16) -> dict[str, Any]:
+                 group: int, iters: int, prefill: Sequence[int] = (), verify_rows: int = 16,
+                 build: Callable[[int], TargetModel] | None = None) -> dict[str, Any]:
     """Bytes per token, peak memory, decode time (one step at ``context``) and verify time (one forward of
     ``verify_rows`` rows, as a speculative cycle runs it, with the rollback of all but one row) of one format, and
     the whole-model prefill rate of each length in ``prefill`` (a fresh cache each time, the arch's prefill
@@ -153,7 +157,7 @@ def bench_format(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype
     reset_peak(device)
     base = 0 if device.type == "cuda" else current_rss()
     max_len = max([context + verify_rows, *prefill]) + 8
-    model, cache, hooks = served_model(cfg_dict, fmt, device, dtype, max_len, group, verify_rows)
+    model, cache, hooks = served_model(cfg_dict, fmt, device, dtype, max_len, group, verify_rows, build)
     kernels = sum(1 for m in model.modules() if isinstance(m, PackedWeight) and m.kernel is not None)
     prompt = torch.randint(0, model.config.vocab_size, (context,), device=device)
     model.prefill(prompt, cache, chunk=min(context, 256))

@@ -146,14 +146,17 @@ def kv_bytes_read(session: SpecSession, context: int) -> int:
 def bench_shape(shape: str, *, device: torch.device, dtype: torch.dtype = torch.bfloat16, arch: str = "auto",
                 kv_fp8: bool | None = None, context: int = 512, verify_rows: tuple[int, ...] = (2, 4, 8, 16),
                 prefill_lengths: tuple[int, ...] = (512, 2048), graphs: bool = True,
-                bandwidth: float | None = None, rollback: str | None = None) -> dict[str, Any]:
+                bandwidth: float | None = None, rollback: str | None = None,
+                model: TargetModel | None = None) -> dict[str, Any]:
     """Measure one shape; returns a dict of figures (ms, tok/s, limits, ratios). ``rollback``: the verify's
-    strategy (None: the arch default, as served). The steps, in order: the model and its served session, the weight
-    bytes a forward reads (MoE: its touched experts), decode, verify per row count, prefill."""
-    max_len = max(context + 64, max(prefill_lengths, default=0) + 64)
+    strategy (None: the arch default, as served). ``model``: a model of the shape built by the caller (another
+    weight format; its rotary table must cover :func:`bench_max_len`), else a random bf16 one. The steps, in order:
+    the model and its served session, the weight bytes a forward reads (MoE: its touched experts), decode, verify
+    per row count, prefill."""
+    max_len = bench_max_len(context, prefill_lengths)
     bw = bandwidth or measure_copy_bandwidth(device)
-    torch.cuda.reset_peak_memory_stats(device) if device.type == "cuda" else None
-    model = random_model(shape, device, dtype, max_len)
+    torch.cuda.reset_peak_memory_stats(device) if device.type == "cuda" and model is None else None
+    model = model if model is not None else random_model(shape, device, dtype, max_len)
     load_peak = peak_bytes(device)
     hooks = select_hooks(arch, device)
     session = SpecSession.with_defaults(model, hooks, None, kv_fp8=kv_fp8, max_len=max_len, cuda_graphs=graphs)
@@ -178,6 +181,11 @@ def bench_shape(shape: str, *, device: torch.device, dtype: torch.dtype = torch.
     out["prefill"] = _time_prefill(run, prefill_lengths)
     out["peak_memory_GB"] = peak_bytes(device) / 1e9
     return out
+
+
+def bench_max_len(context: int, prefill_lengths: tuple[int, ...]) -> int:
+    """Positions :func:`bench_shape` uses: the context plus room for a verify, or the longest prefill."""
+    return max(context + 64, max(prefill_lengths, default=0) + 64)
 
 
 @dataclass

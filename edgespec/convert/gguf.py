@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from edgespec.errors import CheckpointError, UnsupportedModelError
-from edgespec.loading.gguf_meta import _hf_name, _unpermute_rows, write_gguf_folder
+from edgespec.loading.gguf_meta import _hf_name, _Meta, _unpermute_rows, write_gguf_folder
+from edgespec.loading.gguf_qwen35 import is_mtp_tensor, main_layer_count, qwen35_dense_value
 from edgespec.paths import cache_root
 
 __all__ = [
@@ -70,8 +71,13 @@ def _convert_tensors(reader: Any, path: Path, n_heads: int, n_kv_heads: int,
                      permuted: bool = True) -> dict[str, np.ndarray]:
     from gguf.quants import dequantize
 
+    # qwen35: appended MTP layers skipped, dense tensors as HF holds them (edgespec.loading.gguf_qwen35)
+    meta = _Meta(reader, path)
+    main = main_layer_count(meta, "qwen35") if meta.get("general.architecture") == "qwen35" else None
     out: dict[str, np.ndarray] = {}
     for tensor in reader.tensors:
+        if main is not None and is_mtp_tensor(tensor.name, main):
+            continue
         name, role, _ = _hf_name(tensor.name)
         try:
             # dequantize returns the row-major (numpy) shape, i.e. GGUF's ne[] reversed: [out, in] for
@@ -89,14 +95,16 @@ def _convert_tensors(reader: Any, path: Path, n_heads: int, n_kv_heads: int,
             weight = _unpermute_rows(weight, n_heads)
         elif role == "attn_k" and permuted:
             weight = _unpermute_rows(weight, n_kv_heads)
+        if main is not None:
+            weight = qwen35_dense_value(tensor.name, role, weight)
         out[name] = np.ascontiguousarray(weight)
     return out
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, force: bool = False,
                  progress: Callable[[str], None] | None = None, weights: bool = True) -> Path:
-    """Convert a llama/qwen3-architecture GGUF into an HF-style folder ``out_dir`` and return it; ``weights=False``:
-    config and tokenizer only.
+    """Convert a llama/qwen3/qwen35-architecture GGUF into an HF-style folder ``out_dir`` and return it;
+    ``weights=False``: config and tokenizer only.
 
     Skips the work when ``out_dir`` already holds a finished conversion (unless ``force``). The folder is
     built under a temporary name next to ``out_dir`` and renamed into place, so a crash or a concurrent run

@@ -57,11 +57,12 @@ class Proposer(ABC):
         is the forward whose rows ``0 .. accepted`` are now in the cache (None after prefill). It may hold views
         of static CUDA-graph output buffers that the next forward overwrites: copy what must outlive this call."""
 
-    def propose_tree(self, last_token: int, k: int, budget: int) -> DraftTree | None:
+    def propose_tree(self, last_token: int, k: int, budget: int, chain_first: bool = False) -> DraftTree | None:
         """A draft tree of at most ``budget`` nodes and depth ``k`` after ``last_token`` (tree verification); None
-        when drafting is not worth it now. Default: :meth:`propose`'s chain as the one-branch tree. The commit that
-        follows is the same as after a chain: ``tokens`` = the accepted path + the next token, and ``verify`` holds
-        the rows of that path (root first) in order."""
+        when drafting is not worth it now. ``chain_first``: the tree holds the chain :meth:`propose` would
+        draft (within the budget) whatever else it holds. Default: :meth:`propose`'s chain as the one-branch
+        tree. The commit that follows is the same as after a chain: ``tokens`` = the accepted path + the next
+        token, and ``verify`` holds the rows of that path (root first) in order."""
         draft = self.propose(last_token, min(k, budget))
         return None if draft is None else chain_tree(draft.tokens[:min(k, budget)])
 

@@ -174,11 +174,11 @@ class DFlashProposer(Proposer):
         self._last_scores = scores
         return Draft(tokens)
 
-    def propose_tree(self, last_token: int, k: int, budget: int) -> DraftTree | None:
+    def propose_tree(self, last_token: int, k: int, budget: int, chain_first: bool = False) -> DraftTree | None:
         """The block's per-position logits expanded best-first under ``budget`` (DDTree): one block forward, as
         for a chain; the first-child path is the chain :meth:`propose` returns."""
         self.propose(last_token, k)
-        return tree_from_logits(self.last_logits, budget)
+        return tree_from_logits(self.last_logits, budget, chain_first=chain_first)
 
     # -- drafter forward ------------------------------------------------------------------------------------------
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

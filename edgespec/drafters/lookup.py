@@ -55,7 +55,7 @@ class LookupFirstProposer(Proposer):
         self.model_cycles += 1
         return self.model.propose(last_token, k)
 
-    def propose_tree(self, last_token: int, k: int, budget: int) -> DraftTree | None:
+    def propose_tree(self, last_token: int, k: int, budget: int, chain_first: bool = False) -> DraftTree | None:
         """The lookup's branches as a tree when its latest continuation is long enough (as :meth:`propose`
         decides), else the model drafter's tree."""
         branches = self.lookup.find_branches(k)
@@ -63,7 +63,7 @@ class LookupFirstProposer(Proposer):
             self.lookup_cycles += 1
             return tree_from_branches(branches, budget)
         self.model_cycles += 1
-        return self.model.propose_tree(last_token, k, budget)
+        return self.model.propose_tree(last_token, k, budget, chain_first)
 
     def commit(self, tokens: Sequence[int], accepted: int, verify: ForwardOutput | None,
                drafted: int = 0) -> None:

@@ -113,12 +113,12 @@ class MTPProposer(Proposer):
         self.last_logits = torch.stack(logits)
         return Draft(torch.cat(drafts))
 
-    def propose_tree(self, last_token: int, k: int, budget: int) -> DraftTree | None:
+    def propose_tree(self, last_token: int, k: int, budget: int, chain_first: bool = False) -> DraftTree | None:
         """The chain :meth:`propose` drafts, with each depth's next-best tokens as leaves beside it (best-first by
         joint probability): MTP's row ``d`` follows the first-choice tokens only, so its alternatives are right
         there and nowhere else."""
         self.propose(last_token, k)
-        return tree_from_logits(self.last_logits, budget, spine_only=True)
+        return tree_from_logits(self.last_logits, budget, spine_only=True, chain_first=chain_first)
 
     # -- one MTP pass -------------------------------------------------------------------------------------------
     def step(self, tokens: torch.Tensor, hidden: torch.Tensor, start: int) -> torch.Tensor:

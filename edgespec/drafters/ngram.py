@@ -97,9 +97,10 @@ class NGramProposer(Proposer):
         hist = self.history[max(0, self.length - self.lookback):self.length]
         return ngram_match(hist, k, self.max_match, self.min_match).tolist()
 
-    def propose_tree(self, last_token: int, k: int, budget: int) -> DraftTree | None:
+    def propose_tree(self, last_token: int, k: int, budget: int, chain_first: bool = False) -> DraftTree | None:
         """The continuations of several earlier occurrences of the current suffix as one tree (see
-        :func:`ngram_branches`); the gate pauses it as it pauses chains."""
+        :func:`ngram_branches`); the gate pauses it as it pauses chains. The heaviest continuation comes first and
+        whole, so ``chain_first`` holds already."""
         if self.paused_cycles > 0:
             self.paused_cycles -= 1
             return None

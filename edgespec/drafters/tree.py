@@ -35,8 +35,7 @@ from edgespec.errors import ConfigError
 # Largest node budget: a tree forward takes at most 64 rows (the root + 63 nodes), the width of the ancestor bit
 # masks the Triton attention reads (edgespec.kernels.tree.MAX_TREE_ROWS).
 MAX_TREE_BUDGET = 63
-# ``draft_tree: auto``: the node budget (the least joint probability a node needs is the arch's
-# ``ArchDefaults.tree_min_joint``).
+# ``draft_tree: auto`` where the arch names no budget of its own (``ArchDefaults.tree_budget``).
 AUTO_TREE_BUDGET = 32
 
 
@@ -107,6 +106,21 @@ class DraftTree:
         keep = (self.depths <= max_depth) & (torch.arange(self.size) < max_nodes)
         if min_joint > 0:
             keep &= self.joint_probs() >= min_joint
+        return self.subset(keep)
+
+    def likeliest(self, n: int) -> DraftTree | None:
+        """The ``n`` nodes of highest joint probability (ties: the earlier node in pre-order, so a parent, whose
+        joint probability is at least its child's, always goes before it and the kept nodes form a tree)."""
+        if n >= self.size:
+            return self
+        order = torch.sort(-self.joint_probs(), stable=True).indices
+        keep = torch.zeros(self.size, dtype=torch.bool)
+        keep[order[:n]] = True
+        return self.subset(keep)
+
+    def subset(self, keep: torch.Tensor) -> DraftTree | None:
+        """The nodes where ``keep [N]`` (bool) is set, renumbered; every kept node's parent must be kept too.
+        None when none is kept."""
         if bool(keep.all()):
             return self
         if not bool(keep.any()):
@@ -138,6 +152,16 @@ class DraftTree:
         while parents[path[-1]] >= 0:
             path.append(parents[path[-1]])
         return path[::-1]
+
+    def first_path(self) -> torch.Tensor:
+        """``[N]`` bool: the nodes on the path that always takes the first child (what a chain would verify)."""
+        mask = torch.zeros(self.size, dtype=torch.bool)
+        kids = self.children()
+        row = 0
+        while kids[row]:
+            row = kids[row][0]
+            mask[row - 1] = True
+        return mask
 
     def first_chain(self) -> torch.Tensor:
         """Tokens of the path that always takes the first child: what a chain drafter would have proposed."""
@@ -206,23 +230,25 @@ def chain_tree(tokens: torch.Tensor | Sequence[int], probs: torch.Tensor | None 
     return DraftTree(toks, torch.arange(-1, n - 1), torch.arange(1, n + 1), p)
 
 
-def tree_setting(setting: int | str | None, auto_min_joint: float) -> tuple[int | None, float]:
+def tree_setting(setting: int | str | None, auto_min_joint: float, auto_budget: int = AUTO_TREE_BUDGET
+                 ) -> tuple[int | None, float]:
     """``(budget, least joint probability)`` of a ``draft_tree`` setting: ``off`` -> (None, 0: chains); a whole
-    number -> that budget, every node kept; ``auto`` -> :data:`AUTO_TREE_BUDGET` and ``auto_min_joint`` (the arch's)."""
-    budget = tree_budget(setting)
+    number -> that budget, every node kept; ``auto`` -> ``auto_budget`` and ``auto_min_joint`` (the arch's, or
+    the budget ``edgespec profile`` measured best, which it writes as a number)."""
+    budget = tree_budget(setting, auto_budget)
     auto = isinstance(setting, str) and setting.strip().lower() == "auto"
     return budget, auto_min_joint if auto else 0.0
 
 
-def tree_budget(setting: int | str | None) -> int | None:
+def tree_budget(setting: int | str | None, auto_budget: int = AUTO_TREE_BUDGET) -> int | None:
     """The node budget a ``draft_tree`` setting asks for: None for ``off`` (chains), a whole number from 1 to
-    :data:`MAX_TREE_BUDGET`, or ``auto`` (:data:`AUTO_TREE_BUDGET`). Anything else is refused by name."""
+    :data:`MAX_TREE_BUDGET`, or ``auto`` (``auto_budget``). Anything else is refused by name."""
     word = setting.strip().lower() if isinstance(setting, str) else setting
     # YAML reads a bare ``off`` as false, which the settings then hold as the string "False".
     if word is None or word in ("off", "false", "none"):
         return None
     if word == "auto":
-        return AUTO_TREE_BUDGET
+        return check_budget(auto_budget)
     value = word
     if isinstance(word, str):
         try:
@@ -244,8 +270,8 @@ def check_budget(budget: int) -> int:
     return budget
 
 
-def tree_from_logits(logits: torch.Tensor, budget: int, max_children: int = 8, spine_only: bool = False
-                     ) -> DraftTree:
+def tree_from_logits(logits: torch.Tensor, budget: int, max_children: int = 8, spine_only: bool = False,
+                     chain_first: bool = False) -> DraftTree:
     """Best-first tree from per-depth draft logits ``[D, V]`` (row ``d`` scores the token at depth ``d + 1``).
 
     A node's score is the joint probability of its path, the product of the per-depth softmax probabilities of its
@@ -256,7 +282,11 @@ def tree_from_logits(logits: torch.Tensor, budget: int, max_children: int = 8, s
 
     ``spine_only``: only the chain of first choices has children, every other node is a leaf -- for an
     autoregressive drafter (MTP), whose row ``d`` was computed after the first-choice tokens only, so its top-k are
-    the right alternatives there and nowhere else."""
+    the right alternatives there and nowhere else.
+
+    ``chain_first``: the chain of first choices (all ``D`` depths, cut at the budget) is taken before the
+    best-first expansion fills the rest of the budget: the tree then holds everything a chain verify would, and a
+    tree sized by cost (:mod:`edgespec.speculative.tree_size`) adds only the other nodes worth their rows."""
     check_budget(budget)
     if logits.dim() != 2 or logits.shape[0] == 0:
         raise ValueError(f"tree_from_logits needs logits [depth, vocab], got {tuple(logits.shape)}")
@@ -268,21 +298,37 @@ def tree_from_logits(logits: torch.Tensor, budget: int, max_children: int = 8, s
     D = logits.shape[0]
     nodes: list[tuple[int, int, float]] = []
     # Heap entries: (-joint log prob, tie order, parent node, depth index, rank, parent's joint log prob).
-    heap = [(-logp[0][0], 0, -1, 0, 0, 0.0)]
+    heap: list[tuple[float, int, int, int, int, float]] = []
     spine = {-1}                                                   # the first-choice chain (and the root)
-    tie = 1
-    while heap and len(nodes) < budget:
-        neg, _, parent, d, rank, base = heapq.heappop(heap)
+    tie = 0
+
+    def push(neg: float, parent: int, d: int, rank: int, base: float) -> None:
+        nonlocal tie
+        heapq.heappush(heap, (neg, tie, parent, d, rank, base))
+        tie += 1
+
+    def take(neg: float, parent: int, d: int, rank: int, base: float, child: bool) -> None:
+        """Add the node and offer its next sibling and (``child``) its best child."""
         nodes.append((parent, ids[d][rank], probs[d][rank]))
         me = len(nodes) - 1
         if rank == 0 and parent in spine:
             spine.add(me)
         if rank + 1 < width:                                       # next sibling: same parent, next rank
-            heapq.heappush(heap, (-(base + logp[d][rank + 1]), tie, parent, d, rank + 1, base))
-            tie += 1
-        if d + 1 < D and (me in spine or not spine_only):          # best child: next depth, rank 0
-            heapq.heappush(heap, (neg - logp[d + 1][0], tie, me, d + 1, 0, -neg))
-            tie += 1
+            push(-(base + logp[d][rank + 1]), parent, d, rank + 1, base)
+        if child and d + 1 < D and (me in spine or not spine_only):    # best child: next depth, rank 0
+            push(neg - logp[d + 1][0], me, d + 1, 0, -neg)
+
+    if chain_first:
+        neg = 0.0
+        for d in range(min(D, budget)):
+            last = d == min(D, budget) - 1                         # only the chain's end offers its child
+            take(neg - logp[d][0], len(nodes) - 1, d, 0, -neg, last)
+            neg -= logp[d][0]
+    else:
+        push(-logp[0][0], -1, 0, 0, 0.0)
+    while heap and len(nodes) < budget:
+        neg, _, parent, d, rank, base = heapq.heappop(heap)
+        take(neg, parent, d, rank, base, True)
     return _from_nodes(nodes)
 
 

@@ -594,6 +594,31 @@ def _fp8_block_kernel(x_ptr, w_ptr, s_ptr, part_ptr, b_ptr, y_ptr, M, N, K, n_ti
 
 # ---- launch ---------------------------------------------------------------------------------------------------
 
+def wave_splits(n_blocks: int, n_tiles: int, want: int, min_tiles: int = 4) -> int:
+    """K splits for a launch of ``n_blocks`` weight-row blocks over ``n_tiles`` K tiles: 1 when the row blocks
+    alone reach ``want`` programs, else the smallest divisor of ``n_tiles`` (every split gets the same tiles) that
+    does, keeping at least ``min_tiles`` tiles per split (the largest such divisor when none reaches ``want``)."""
+    if n_blocks >= want:
+        return 1
+    ok = [d for d in range(1, n_tiles + 1) if n_tiles % d == 0 and n_tiles // d >= min(min_tiles, n_tiles)]
+    reach = [d for d in ok if n_blocks * d >= want]
+    return min(reach) if reach else max(ok)
+
+
+# (format, row bucket: 1, 2..16 -> 16, 17..32 -> 32, 33..64 -> 64) -> the weight-major tile of
+# edgespec.kernels.triton_quant_wide where it beat this module's tiles on the Qwen3.5-27B stack on a 16-SM green
+# context (tools/tile_sweep.py --sm-limit 16; figures: docs/benchmarks.md, "Weight-major tiles on Thor's SM
+# budget"). Elsewhere (int4 1..32 rows, block-FP8 1..32) this module's activation-major tiles won and stay.
+WIDE_LAUNCHES: dict[tuple[str, int], dict[str, int]] = {
+    ("nvfp4", 1): {"T": 1, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "PDL": 0},
+    ("nvfp4", 16): {"T": 1, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "PDL": 0},
+    ("nvfp4", 32): {"T": 1, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "PDL": 0},
+    ("nvfp4", 64): {"T": 1, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "PDL": 0},
+    ("int4", 64): {"T": 1, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "PDL": 1},
+    ("fp8_block", 64): {"T": 1, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "PDL": 0},
+}
+
+
 def quant_config(fmt: str, N: int, K: int, M: int, sms: int) -> dict[str, int]:
     """Launch of one product: the per-matrix winners of ``tools/quant_bench.py --sweep`` (H100 2026-11-25; int4
     H200 2026-11-26, docs/quant_kernels.md). 1..16 rows: ``BLOCK_N`` weight rows per program, ``SPLIT_K`` K
@@ -632,13 +657,21 @@ def quant_config(fmt: str, N: int, K: int, M: int, sms: int) -> dict[str, int]:
         # a decode row and a verify row take the same launch
         block_n, warps, stages, waves = (128, 4, 3, 2) if fmt != "fp8_block" else (32, 4, 4, 4)
         cfg = {"BLOCK_M": 16, "DOT": 1, "num_warps": warps, "num_stages": stages}
+    wide = WIDE_LAUNCHES.get((fmt, 1 if M == 1 else 16 if M <= MAX_ROWS else 32 if M <= 32 else 64))
+    if wide is not None:      # a tile of edgespec.kernels.triton_quant_wide won this row bucket
+        cfg, block_n = {**cfg, **wide}, wide["BLOCK_N"]
     n_blocks = triton.cdiv(N, block_n)
     n_tiles = triton.cdiv(K, 128)
     want = waves * sms
-    splits = 1 if n_blocks >= want // 2 else max(1, min(triton.cdiv(want, n_blocks), n_tiles // 4))
+    if M == 1:
+        # one row: the smallest even K split that reaches the programs wanted, which won the per-matrix split sweep
+        # on the 4B's 2560-wide matrices (tools/tile_sweep.py --split-shape; figures: docs/benchmarks.md)
+        splits = wave_splits(n_blocks, n_tiles, want)
+    else:
+        splits = 1 if n_blocks >= want // 2 else max(1, min(triton.cdiv(want, n_blocks), n_tiles // 4))
     # PDL (where the device has it) for int4 only: it made the int4 products faster and the 16-row tiles of
-    # block-FP8 and NVFP4 slower (figures: docs/benchmarks.md, "Kernel launch choices")
-    return {**cfg, "BLOCK_N": block_n, "SPLIT_K": splits, "PDL": int(fmt == "int4")}
+    # block-FP8 and NVFP4 slower (figures: docs/benchmarks.md, "Kernel launch choices"); WIDE_LAUNCHES name their own
+    return {**cfg, "BLOCK_N": block_n, "SPLIT_K": splits, "PDL": cfg.get("PDL", int(fmt == "int4"))}
 
 
 def _check(packed, x: torch.Tensor) -> None:
@@ -672,6 +705,12 @@ def quant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
     if cfg.get("DEQUANT", int(M >= DEQUANT_GEMM_MIN_ROWS[fmt])):
         # prefill: dequantize a band of rows, multiply on the tensor cores (edgespec.kernels.triton_quant_prefill)
         return dequant_gemm(packed, x2, bias).reshape(*lead, N)
+    if cfg.get("T", 0) and M <= WIDE_MAX_ROWS:
+        # the weight-major tiles (weights the left MMA operand): edgespec.kernels.triton_quant_wide
+        from edgespec.kernels.triton_quant_wide import wide_t_matmul
+        y = wide_t_matmul(packed, x2, bias, cfg, sm_count(x.device))
+        if y is not None:
+            return y.reshape(*lead, N)
     tiling = _tiling(packed, M, cfg)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     part = y if tiling.direct else torch.empty((tiling.splits, M, N), dtype=torch.float32, device=x.device)

@@ -92,6 +92,9 @@ def dequantize_band(packed, start: int, stop: int, dtype: torch.dtype, out: torc
                     ) -> torch.Tensor:
     """Rows ``start:stop`` of a packed weight (contract buffer names) as a dense ``[stop - start, in]`` tensor of
     ``dtype`` on its device: the Triton twin of ``packed.dequantize_rows``."""
+    if getattr(packed, "ggml_type", None) in (12, 13, 14):      # GGUF K-quants: edgespec.kernels.triton_kquant
+        from edgespec.kernels.triton_kquant import kquant_dequantize_band
+        return kquant_dequantize_band(packed, start, stop, dtype, out)
     fmt = packed.format
     rows, K = stop - start, packed.in_features
     device = (packed.qweight if fmt == "int4" else packed.weight).device

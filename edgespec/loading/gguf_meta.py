@@ -32,6 +32,13 @@ from typing import Any
 import numpy as np
 
 from edgespec.errors import CheckpointError, EdgespecError, UnsupportedModelError
+from edgespec.loading.gguf_qwen35 import (
+    QWEN35_BLOCK_NAMES,
+    QWEN35_PARAMS,
+    is_mtp_tensor,
+    main_layer_count,
+    qwen35_config,
+)
 from edgespec.paths import cache_root
 
 __all__ = [
@@ -66,10 +73,18 @@ _LLAMA3_PRE = {"llama3", "llama-bpe", "llama-v3", "smaug-bpe", "falcon3"}
 # Qwen2/Qwen3's split: the Llama 3 pattern with single digits.
 _QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
 _QWEN2_PRE = {"qwen2"}
+# Qwen3.5's split (llama.cpp's "qwen35"): combining marks (\p{M}) stay with the letters before them.
+_QWEN35_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_SPLITS = {**{p: _LLAMA3_SPLIT for p in _LLAMA3_PRE}, **{p: _QWEN2_SPLIT for p in _QWEN2_PRE}, "qwen35": _QWEN35_SPLIT}
 
 # GGUF architectures served: HF model_type and class. llama.cpp's converter reorders the q/k rows of "llama" only
 # (its RoPE is the interleaved kind); qwen3 uses NeoX RoPE, HF's rotate-half layout, so its rows stay as they are.
-GGUF_ARCHS = {"llama": ("llama", "LlamaForCausalLM"), "qwen3": ("qwen3", "Qwen3ForCausalLM")}
+# qwen35 (the Qwen3.5 hybrid) is read in the file's own head order: edgespec.loading.gguf_qwen35.
+GGUF_ARCHS = {"llama": ("llama", "LlamaForCausalLM"), "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+              "qwen35": ("qwen3_5_text", "Qwen3_5ForCausalLM")}
 ROPE_PERMUTED_ARCHS = ("llama",)
 
 
@@ -153,13 +168,14 @@ _BLOCK_NAMES = {
     "ffn_norm": "post_attention_layernorm",
     "attn_q_norm": "self_attn.q_norm",          # qwen3
     "attn_k_norm": "self_attn.k_norm",
+    **QWEN35_BLOCK_NAMES,
 }
 _TOP_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
     "output": "lm_head",
 }
-_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_0-9]+)(?:\.(weight|bias))?$")   # qwen35's ssm_a has no suffix
 _TOP_RE = re.compile(r"^([a-z_]+)\.(weight|bias)$")
 
 
@@ -168,7 +184,10 @@ def _hf_name(gguf_name: str) -> tuple[str, str | None, int | None]:
     m = _BLOCK_RE.match(gguf_name)
     if m and m.group(2) in _BLOCK_NAMES:
         layer, role, kind = int(m.group(1)), m.group(2), m.group(3)
-        return f"model.layers.{layer}.{_BLOCK_NAMES[role]}.{kind}", role, layer
+        if (role, kind) in QWEN35_PARAMS:            # HF parameters that are no module's weight or bias
+            return f"model.layers.{layer}.{QWEN35_PARAMS[role, kind]}", role, layer
+        if kind is not None:
+            return f"model.layers.{layer}.{_BLOCK_NAMES[role]}.{kind}", role, layer
     m = _TOP_RE.match(gguf_name)
     if m and m.group(1) in _TOP_NAMES:
         return f"{_TOP_NAMES[m.group(1)]}.{m.group(2)}", None, None
@@ -211,10 +230,9 @@ def _build_tokenizer(meta: _Meta, path: Path) -> tuple[Any, list[int], list[int]
         ])
     elif pre in _GPT2_REGEX_PRE:
         tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    elif pre in _LLAMA3_PRE or pre in _QWEN2_PRE:
+    elif pre in _SPLITS:
         tk.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_LLAMA3_SPLIT if pre in _LLAMA3_PRE else _QWEN2_SPLIT), behavior="isolated",
-                                 invert=False),
+            pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ])
     else:
@@ -298,6 +316,16 @@ def _write_tokenizer_files(dest: Path, meta: _Meta, tokenizer: Any, tokens: list
     _write_json(dest / "generation_config.json", {k: v for k, v in gen_cfg.items() if v not in (None, [])})
 
 
+def _gguf_tokenizer(meta: _Meta, path: Path) -> tuple[Any, list[int], list[str]]:
+    """(tokenizer, control ids, tokens) of the file. llama.cpp's "none" vocabulary (benchmark files: llama-bench
+    feeds token ids) has no tokenizer to rebuild: (None, [], []), and the file loads for benchmarks only (no
+    tokenizer files are written; serving it names the missing file)."""
+    if meta.get("tokenizer.ggml.model") == "none":
+        return None, [], []
+    tokenizer, control_ids, _ = _build_tokenizer(meta, path)
+    return tokenizer, control_ids, meta.require("tokenizer.ggml.tokens")
+
+
 # The GGUF's tensors as HF-named float32 arrays (reader, file, head count, KV head count, q/k rows permuted).
 TensorReader = Callable[[Any, Path, int, int, bool], dict[str, np.ndarray]]
 
@@ -322,14 +350,16 @@ def _convert_into(gguf_path: Path, dest: Path, tensors: TensorReader | None = No
     if meta.has(f"{arch}.rope.scaling.type") and meta.get(f"{arch}.rope.scaling.type") not in ("none", None):
         raise UnsupportedModelError(f"{gguf_path}: RoPE scaling ({arch}.rope.scaling.type) is not supported")
 
-    tokenizer, control_ids, _ = _build_tokenizer(meta, gguf_path)
-    tokens: list[str] = meta.require("tokenizer.ggml.tokens")
-    vocab_size = int(meta.get(f"{arch}.vocab_size", len(tokens)))
+    tokenizer, control_ids, tokens = _gguf_tokenizer(meta, gguf_path)
+    vocab_size = int(meta.get(f"{arch}.vocab_size", len(tokens))) if tokens else int(meta.require(f"{arch}.vocab_size"))
 
     special = _special_tokens(meta, tokens)
     bos_id, eos_id, pad_id = special["bos"][0], special["eos"][0], special["pad"][0]
 
-    names = {_hf_name(t.name)[0] for t in reader.tensors}   # also rejects tensors we do not know
+    # qwen35: the MTP layers a converter may append are not part of the main model (gguf_qwen35).
+    main = main_layer_count(meta, arch) if arch == "qwen35" else None
+    kept = [t for t in reader.tensors if main is None or not is_mtp_tensor(t.name, main)]
+    names = {_hf_name(t.name)[0] for t in kept}   # also rejects tensors we do not know
     arrays = tensors(reader, gguf_path, n_heads, n_kv_heads, arch in ROPE_PERMUTED_ARCHS) if tensors else {}
     tied = "lm_head.weight" not in names
     if "model.embed_tokens.weight" not in names:
@@ -366,13 +396,16 @@ def _convert_into(gguf_path: Path, dest: Path, tensors: TensorReader | None = No
         "pad_token_id": pad_id,
         "torch_dtype": "float32",
     }
+    if arch == "qwen35":
+        config.update(qwen35_config(meta, arch, head_dim, rope_theta))
 
     if weights:
         save_file(arrays, str(dest / "model.safetensors"), metadata={"format": "pt"})
     del arrays
     _write_json(dest / "config.json", config)
 
-    _write_tokenizer_files(dest, meta, tokenizer, tokens, control_ids, special, context_length)
+    if tokenizer is not None:
+        _write_tokenizer_files(dest, meta, tokenizer, tokens, control_ids, special, context_length)
 
 
 def is_converted(folder: Path, source: Path | None = None, weights: bool = True) -> bool:
@@ -391,7 +424,8 @@ def is_converted(folder: Path, source: Path | None = None, weights: bool = True)
         return False  # the package shipped a different GGUF
     if weights and not info.get("weights", True):
         return False
-    return all((folder / name).is_file() for name in OUTPUT_FILES if weights or name != "model.safetensors")
+    names = OUTPUT_FILES if info.get("tokenizer", True) else ("config.json", "model.safetensors")
+    return all((folder / name).is_file() for name in names if weights or name != "model.safetensors")
 
 
 def _remove_tree(path: Path) -> None:
@@ -429,7 +463,7 @@ def write_gguf_folder(gguf_path: str | Path, out_dir: str | Path, *, force: bool
             progress(f"converting {src.name} -> {out}")
         _convert_into(src, tmp, tensors)
         _write_json(tmp / MARKER, {"format": FORMAT, "source": str(src), "source_size": src.stat().st_size,
-                                   "weights": weights})
+                                   "weights": weights, "tokenizer": (tmp / "tokenizer.json").is_file()})
         # mkdtemp makes the folder 0700 (and safetensors writes 0600); a model cache is ordinary readable
         # data.
         for item in tmp.iterdir():

@@ -1,4 +1,5 @@
-"""Load a llama- or qwen3-architecture GGUF natively: its Q4_0 / Q4_1 / Q8_0 tensors stay in their blocks.
+"""Load a llama-, qwen3- or qwen35-architecture GGUF natively: its Q4_0 / Q4_1 / Q8_0 and K-quant tensors stay
+in their blocks (qwen35: in the file's own value-head order, edgespec.loading.gguf_qwen35).
 
 The config and tokenizer come from :func:`edgespec.loading.gguf_meta.gguf_metadata_folder` (the same metadata
 reading as the fp32 conversion, without the weights); the tensors are read from the memory-mapped file:
@@ -24,7 +25,14 @@ import torch
 from torch import nn
 
 from edgespec.errors import CheckpointError, UnsupportedModelError
-from edgespec.loading.gguf_meta import ROPE_PERMUTED_ARCHS, _hf_name, _unpermute_rows, gguf_metadata_folder
+from edgespec.loading.gguf_meta import (
+    GGUF_ARCHS,
+    ROPE_PERMUTED_ARCHS,
+    _hf_name,
+    _unpermute_rows,
+    gguf_metadata_folder,
+)
+from edgespec.loading.gguf_qwen35 import is_mtp_tensor, qwen35_dense_value
 from edgespec.loading.hf_config import load_config
 from edgespec.models.decoder import TargetModel
 from edgespec.models.layers import RotaryEmbedding
@@ -175,6 +183,9 @@ def _place_tensor(model: TargetModel, path: Path, tensor: GGUFTensor, dtype: tor
     cfg = model.config
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
     permuted = cfg.model_type in ROPE_PERMUTED_ARCHS     # llama.cpp reordered the q/k rows of these
+    qwen35 = cfg.model_type == GGUF_ARCHS["qwen35"][0]
+    if qwen35 and is_mtp_tensor(tensor.name, cfg.num_hidden_layers):
+        return                                   # appended MTP layers: not part of the main model
     name, role, _ = _hf_name(tensor.name)
     kind = int(tensor.tensor_type)
     shape = tuple(int(d) for d in reversed(tensor.shape))   # GGUF lists dims innermost first
@@ -182,6 +193,8 @@ def _place_tensor(model: TargetModel, path: Path, tensor: GGUFTensor, dtype: tor
         weight = _dense(tensor, shape)
         if role in ("attn_q", "attn_k") and permuted:
             weight = torch.from_numpy(_unpermute_rows(weight.numpy(), n_heads if role == "attn_q" else n_kv))
+        if qwen35:       # norms stored as 1 + w, A as -exp(A_log), conv squeezed; matrices stay as stored
+            weight = torch.from_numpy(qwen35_dense_value(tensor.name, role, weight.numpy()))
         dense[name] = weight
         return
     fmt = GGML_FORMATS.get(kind) or K_FORMATS.get(kind)

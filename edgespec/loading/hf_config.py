@@ -101,6 +101,7 @@ def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfi
         linear_key_head_dim=int(text.get("linear_key_head_dim", 0)),
         linear_value_head_dim=int(text.get("linear_value_head_dim", 0)),
         linear_conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 4)),
+        linear_value_head_order=text.get("linear_value_head_order", "grouped"),
         mtp_num_hidden_layers=int(text.get("mtp_num_hidden_layers", 0)),
         num_experts=int(text["num_experts"]) if moe else 0,
         num_experts_per_tok=int(text["num_experts_per_tok"]) if moe else 0,
@@ -147,6 +148,9 @@ def _check_hybrid(cfg: ModelConfig, source: str) -> None:
             raise CheckpointError(f"{source}: missing required field {key!r} for a qwen3_5 model")
     if cfg.linear_num_value_heads % cfg.linear_num_key_heads:
         raise CheckpointError(f"{source}: linear_num_value_heads must be a multiple of linear_num_key_heads")
+    if cfg.linear_value_head_order not in ("grouped", "tiled"):
+        raise CheckpointError(f"{source}: linear_value_head_order {cfg.linear_value_head_order!r} must be "
+                              "'grouped' or 'tiled'")
 
 
 def _check_moe(cfg: ModelConfig, source: str) -> None:

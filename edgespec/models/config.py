@@ -41,6 +41,10 @@ class ModelConfig:
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 4
+    # Which key head each value head reads when there are more value heads than key heads (r = hv / hk):
+    # "grouped" (HF checkpoints) -- value heads r*g .. r*g+r-1 share key head g; "tiled" (llama.cpp's qwen35 GGUFs,
+    # whose converter reorders the value heads so ggml can broadcast) -- value head h reads key head h % hk.
+    linear_value_head_order: Literal["grouped", "tiled"] = "grouped"
     mtp_num_hidden_layers: int = 0
     # Mixture of experts (qwen3_5_moe): router over num_experts, num_experts_per_tok routed experts of width
     # moe_intermediate_size per token, plus a shared expert of width shared_expert_intermediate_size.

@@ -28,6 +28,10 @@ class GatedDeltaNet(nn.Module):
         self.hv = cfg.linear_num_value_heads
         self.dk = cfg.linear_key_head_dim
         self.dv = cfg.linear_value_head_dim
+        # Value heads per key head when the value heads are tiled (llama.cpp's GGUF order): the key heads are
+        # repeated to one per value head before the kernels, which then pair head h with head h. Grouped order
+        # (HF) is the kernels' own mapping (head h reads key head h // r), so nothing is repeated.
+        self.tile_keys = self.hv // self.hk if cfg.linear_value_head_order == "tiled" and self.hv != self.hk else 1
         self.key_dim = self.hk * self.dk
         self.value_dim = self.hv * self.dv
         conv_dim = cfg.gdn_conv_dim
@@ -80,6 +84,8 @@ class GatedDeltaNet(nn.Module):
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(T, self.hk, self.dk)
         k = k.reshape(T, self.hk, self.dk)
+        if self.tile_keys > 1:
+            q, k = q.repeat(1, self.tile_keys, 1), k.repeat(1, self.tile_keys, 1)   # key head h % hk per value head
         v = v.reshape(T, self.hv, self.dv)
         if tree is not None:
             o = gdn_tree_ref(q, k, v, g, beta, state.recurrent, tree.ancestors).to(x.dtype)

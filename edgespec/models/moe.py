@@ -16,9 +16,11 @@ from torch import nn
 
 from edgespec.kernels.linear import linear
 from edgespec.kernels.moe import group_by_expert, grouped_expert_product, route, stacked_expert_product
+from edgespec.kernels.moe_quant import KERNEL_GROUPS, StackedInt4, stacked_int4_expert_product
 from edgespec.models.config import ModelConfig
 from edgespec.models.layers import MLP
 from edgespec.weights.base import is_packed
+from edgespec.weights.int4 import Int4Weight
 
 
 class RouterLinear(nn.Module):
@@ -82,6 +84,8 @@ class SparseMoE(nn.Module):
     # parameters, so the memory is counted once, as the parameters.
     w13: torch.Tensor | None = None
     w2: torch.Tensor | None = None
+    # int4 experts stacked per layer (the shared expert as the last one where it fits): views of the same kind
+    q4: StackedInt4 | None = None
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -93,8 +97,16 @@ class SparseMoE(nn.Module):
         self.shared_expert = MLP(H, cfg.shared_expert_intermediate_size)
         self.shared_expert_gate = RouterLinear(H, 1)
 
+    @property
+    def device_routed(self) -> bool:
+        """True when the experts are stacked (dense or int4): a forward of up to 64 rows then keeps the expert
+        ids on the device, so it can be captured as a CUDA graph."""
+        return self.w13 is not None or self.q4 is not None
+
     def merge_projections(self) -> None:
-        """Merge every expert's gate/up (as the dense MLP does), then stack the experts (:meth:`stack_experts`)."""
+        """Merge every expert's gate/up (as the dense MLP does) and the shared expert's, then stack the experts
+        (:meth:`stack_experts`)."""
+        self.shared_expert.merge_projections()      # first: an int4 shared expert is stacked with the experts
         for expert in self.experts:
             expert.merge_projections()
         self.stack_experts()
@@ -103,11 +115,14 @@ class SparseMoE(nn.Module):
         """Stack dense, merged expert weights into ``w13 [E, 2I, H]`` / ``w2 [E, H, I]`` for the stacked product
         (edgespec.kernels.moe); each expert's parameters become views of the stacks, so memory is unchanged but for
         one layer's copy while stacking. Packed experts, unmerged ones and meta tensors stay as they are (False)."""
-        if self.w13 is not None:
+        if self.w13 is not None or self.q4 is not None:
             return True
         mats = [(e.gate_up_proj, e.down_proj) for e in self.experts]
-        if any(up is None or is_packed(up.weight) or is_packed(down.weight) for up, down in mats) \
-                or mats[0][0].weight.device.type == "meta":
+        if any(up is None for up, _ in mats) or mats[0][0].weight.device.type == "meta":
+            return False
+        if all(isinstance(m.weight, Int4Weight) for pair in mats for m in pair):
+            return self._stack_int4(mats)
+        if any(is_packed(up.weight) or is_packed(down.weight) for up, down in mats):
             return False
         with torch.no_grad():
             self.w13 = torch.stack([up.weight.data for up, _ in mats])
@@ -117,9 +132,44 @@ class SparseMoE(nn.Module):
                 down.weight.data = self.w2[i]
         return True
 
+    def _stack_int4(self, mats: list[tuple[nn.Module, nn.Module]]) -> bool:
+        """Stack int4 experts into :attr:`q4` (their buffers become views of it); the shared expert joins as the
+        last one when it is int4 of the same width and group size. False (nothing changed) when the experts'
+        group sizes differ or the kernel does not take theirs (:data:`KERNEL_GROUPS`)."""
+        shared = self.shared_expert
+        first = mats[0][0].weight
+        if shared.gate_up_proj is not None and isinstance(shared.gate_up_proj.weight, Int4Weight) \
+                and isinstance(shared.down_proj.weight, Int4Weight) \
+                and shared.gate_up_proj.weight.out_features == first.out_features:
+            mats = [*mats, (shared.gate_up_proj, shared.down_proj)]
+            with_shared = True
+        else:
+            with_shared = False
+        weights = [m.weight for pair in mats for m in pair]
+        if first.group_size not in KERNEL_GROUPS or any(w.group_size != first.group_size for w in weights):
+            return False
+        stacks = {}
+        with torch.no_grad():
+            for part, idx in (("13", 0), ("2", 1)):
+                for buf, short in (("qweight", "q"), ("scales", "s"), ("zeros", "z")):
+                    stack = torch.stack([getattr(pair[idx].weight, buf) for pair in mats])
+                    for i, pair in enumerate(mats):
+                        setattr(pair[idx].weight, buf, stack[i])        # a view: the memory is counted once
+                    stacks[short + part] = stack
+        self.q4 = StackedInt4(**stacks, group_size=first.group_size, shared=with_shared)
+        self.q4.check()
+        return True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, experts = route(self.gate(x), self.top_k, self.normalise)     # [T, k] each
         log = self.routing_log
+        if self.q4 is not None and x.is_cuda and x.shape[0] <= RoutingLog.MAX_ROWS:
+            # one product for the touched experts and (when stacked) the shared one; the union is logged by the
+            # grouping launch itself
+            gate = torch.sigmoid(self.shared_expert_gate(x))
+            out = stacked_int4_expert_product(x, weights, experts, self.q4, gate if self.q4.shared else None,
+                                              (log.sums, log.calls) if log is not None else None)
+            return out if self.q4.shared else out + gate * self.shared_expert(x)
         if self.w13 is not None and x.is_cuda:
             # Expert ids stay on the device: no host round trip (the union, when logged, is read later).
             routed = stacked_expert_product(x, weights, experts, self.w13, self.w2)

@@ -67,6 +67,7 @@ class Bench:
         self.arch: str = loader.hooks.name
         self.defaults = loader.hooks.defaults
         self.has_state: bool = bool(getattr(loader.session.cache, "has_state", False))
+        self.is_moe: bool = bool(getattr(loader.model.config, "is_moe", False))    # K from verify cost (k_choice)
         del loader
         self.release()
 

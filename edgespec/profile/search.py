@@ -171,6 +171,7 @@ class Profiler:
         self.steps: list[GroupStep] = []
         self.notes: list[str] = []
         self.exhausted = False
+        self.k_predicted: tuple[int, ...] | None = None      # MoE targets: set before the K group
         self.status = "running"
         self.stop_note: str | None = None
 
@@ -186,7 +187,7 @@ class Profiler:
         return SpaceContext(device_type=self.bench.device.type, allow_lossy=self.opt.allow_lossy,
                             has_state=self.bench.has_state, thinking_prompts=any(c.thinking for c in self.cases),
                             longest_prompt=max(len(c.ids) for c in self.cases), values=self.opt.values,
-                            resolved_k=resolved_k)
+                            resolved_k=resolved_k, k_predicted=self.k_predicted)
 
     def _refresh_total(self, groups: Sequence[str]) -> None:
         """Estimate the measurements left: the remaining groups planned from the current best."""
@@ -211,6 +212,8 @@ class Profiler:
                 self.status, self.stop_note = "budget", f"time budget spent before group {name!r}"
                 break
             group = GROUPS[name]
+            if name == "k":
+                self.predict_moe_k()
             plan = group.plan(self.current, self.context())
             step = GroupStep(name, plan.note)
             self.steps.append(step)
@@ -247,6 +250,36 @@ class Profiler:
             final = max(ok, key=lambda r: r.score(self.opt.objective)) if ok else None
         return SearchOutcome(self.start, final, list(self.results.values()), self.steps, self.status,
                              self.stop_note, self.notes)
+
+    def predict_moe_k(self) -> None:
+        """MoE target: predict each K's rate from the current best run's acceptance and the verify cost of K+1
+        rows measured on the target (:mod:`edgespec.profile.k_choice`); the K group then measures the best two.
+        Dense targets, no drafter or no clean run yet: nothing (the K group measures its usual values)."""
+        from edgespec.profile.k_choice import measure_verify, pooled_counts, predict
+        from edgespec.profile.space import K_VALUES
+
+        cur = self.results.get(candidate_key(self.current))
+        drafter = self.current["drafter"]
+        if not getattr(self.bench, "is_moe", False) or drafter == "none" or cur is None or cur.status != "ok":
+            return
+        k_run = cur.measurements[0]["resolved"]["k"]
+        values = self.opt.values.get("num_draft_tokens", K_VALUES.get(drafter, (2, 4, 8)))
+        verify = {}
+        try:
+            for k in sorted({k for k in values if k <= k_run} | {k_run}):
+                engine = self.bench.open({**self.current, "num_draft_tokens": k})
+                verify[k] = measure_verify(engine, k + 1)
+                del engine
+                self.bench.release()
+            preds = predict(pooled_counts(cur.measurements), k_run, drafter, verify)
+        except (EdgespecError, ImportError) as e:
+            self.notes.append(f"MoE K prediction skipped: {e}")
+            return
+        self.k_predicted = tuple(p.k for p in preds)
+        self.notes.append("MoE target, K from AL x measured verify cost (run at K=" + str(k_run) + "): " + "; ".join(
+            f"K={p.k}: AL {p.al:.2f}, verify {p.verify_ms:.2f} ms (expert union {p.union:.1f}/layer), draft "
+            f"{p.draft_ms:.2f} ms -> {p.tok_s:.1f} tok/s" for p in preds))
+        self.progress.message(self.notes[-1])
 
     # -- one candidate -------------------------------------------------------------------------------------------
     def evaluate(self, cand: Candidate, group: str) -> CandidateResult:

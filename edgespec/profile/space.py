@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # the CLI parser imports this module; keep torch out of `edge
 # Every setting the profiler may change, in the order they appear in labels and reports.
 TUNED_KNOBS: tuple[str, ...] = (
     "drafter", "num_draft_tokens", "window_size", "window_seed", "lookup_min_match", "acceptance", "relaxed_top_k",
-    "relaxed_delta", "relaxed_margin", "kv_dtype", "rollback", "cuda_graphs", "prefill_chunk",
+    "relaxed_delta", "relaxed_margin", "kv_dtype", "rollback", "cuda_graphs", "prefill_chunk", "draft_tree",
 )
 
 # Short names used in candidate labels (report tables, chart axis, progress bar).
@@ -34,6 +34,7 @@ SHORT = {
     "lookup_min_match": "lookup",
     "acceptance": "accept", "relaxed_top_k": "topk", "relaxed_delta": "delta", "relaxed_margin": "margin",
     "kv_dtype": "kv", "rollback": "rollback", "cuda_graphs": "graphs", "prefill_chunk": "chunk",
+    "draft_tree": "tree",
 }
 
 Candidate = dict[str, Any]
@@ -55,6 +56,9 @@ KV_DTYPES: tuple[str, ...] = ("model", "fp8")
 ROLLBACKS: tuple[str, ...] = ROLLBACK_STRATEGIES
 GRAPHS: tuple[bool, ...] = (False, True)
 PREFILL_CHUNKS: tuple[int, ...] = (256, 512, 1024, 2048)
+# Draft tree node budgets (draft_tree): each measured end to end, so the winner is the budget whose acceptance
+# length per cycle best pays for its verify rows on this device.
+TREE_BUDGETS: tuple[str, ...] = ("off", "4", "8", "12", "16", "32")
 
 
 def candidate_key(c: Mapping[str, Any]) -> str:
@@ -80,6 +84,8 @@ def describe(c: Mapping[str, Any]) -> str:
     if c["acceptance"] != "strict":
         keys += ["acceptance", "relaxed_top_k", "relaxed_delta", "relaxed_margin"]
     keys += ["kv_dtype", "rollback", "cuda_graphs", "prefill_chunk"]
+    if c["drafter"] != "none" and _tree_on(c):
+        keys.append("draft_tree")
     return " ".join(f"{SHORT[k]}={_fmt(c[k])}" for k in keys)
 
 
@@ -115,6 +121,8 @@ def start_candidate(base: Settings, defaults: ArchDefaults) -> Candidate:
         c["prefill_chunk"] = defaults.prefill_chunk
     if c["cuda_graphs"] is None:
         c["cuda_graphs"] = defaults.cuda_graphs
+    if str(c["draft_tree"]).strip().lower() == "auto":
+        c["draft_tree"] = str(defaults.tree_budget)
     return c
 
 
@@ -129,6 +137,8 @@ class SpaceContext:
     longest_prompt: int                               # tokens
     values: Mapping[str, Sequence[Any]] = field(default_factory=dict)   # --values overrides per knob
     resolved_k: int | None = None                     # K the current best actually ran with
+    # MoE target: K values best first, predicted from AL x measured verify cost (edgespec.profile.k_choice)
+    k_predicted: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -180,9 +190,13 @@ def _plan_k(cur: Candidate, ctx: SpaceContext) -> GroupPlan:
     if cur["drafter"] == "none":
         return GroupPlan([cur], "no drafter: K does not apply")
     values = _vals(ctx, "num_draft_tokens", K_VALUES.get(cur["drafter"], (2, 4, 8)))
+    note = None
+    if ctx.k_predicted:
+        # MoE target: measure only the two best predicted K (the union a verify reads grows with K)
+        values, note = list(ctx.k_predicted[:2]), "MoE target: K from AL x measured verify cost (see notes)"
     # Skip the value the current best already ran with (K=None resolves to the drafter default).
     values = [k for k in values if k != ctx.resolved_k]
-    return GroupPlan(_variants(cur, [{"num_draft_tokens": k} for k in values]))
+    return GroupPlan(_variants(cur, [{"num_draft_tokens": k} for k in values]), note)
 
 
 def _plan_window(cur: Candidate, ctx: SpaceContext) -> GroupPlan:
@@ -219,9 +233,26 @@ def _plan_kv(cur: Candidate, ctx: SpaceContext) -> GroupPlan:
     return GroupPlan(_variants(cur, [{"kv_dtype": v} for v in _vals(ctx, "kv_dtype", KV_DTYPES)]))
 
 
+def _tree_on(c: Mapping[str, Any]) -> bool:
+    return str(c["draft_tree"]).strip().lower() not in ("off", "false", "none")
+
+
+def _plan_tree(cur: Candidate, ctx: SpaceContext) -> GroupPlan:
+    if cur["drafter"] == "none":
+        return GroupPlan([cur], "no drafter: no draft tree")
+    if cur["acceptance"] != "strict":
+        return GroupPlan([cur], "draft trees are judged strictly: relaxed acceptance judges chains only")
+    # A tree verifies with the deferred rollback (its GDN layers defer); chains keep the rollback they had.
+    changes = [{"draft_tree": v, "rollback": "deferred"} if str(v).lower() != "off" else {"draft_tree": v}
+               for v in _vals(ctx, "draft_tree", TREE_BUDGETS)]
+    return GroupPlan(_variants(cur, changes))
+
+
 def _plan_rollback(cur: Candidate, ctx: SpaceContext) -> GroupPlan:
     if cur["drafter"] == "none":
         return GroupPlan([cur], "no drafter: plain decoding never rolls back")
+    if _tree_on(cur):
+        return GroupPlan([cur], "a draft tree verifies with the deferred rollback")
     if not ctx.has_state:
         return GroupPlan([cur], "attention-only model: every strategy truncates the KV cache the same way")
     return GroupPlan(_variants(cur, [{"rollback": v} for v in _vals(ctx, "rollback", ROLLBACKS)]))
@@ -256,6 +287,8 @@ GROUPS: dict[str, Group] = {g.name: g for g in (
     Group("lookup", "n-gram lookup in front of dflash/mtp (lookup_min_match)", ("lookup_min_match",), _plan_lookup),
     Group("relaxed", "relaxed thinking acceptance (lossy, --allow-lossy) with top-k and margin",
           ("acceptance", "relaxed_top_k", "relaxed_delta", "relaxed_margin"), _plan_relaxed),
+    Group("tree", "draft tree node budget (draft_tree: off or nodes per verify), AL against verify cost",
+          ("draft_tree", "rollback"), _plan_tree),
     Group("kv", "KV cache format: model dtype or fp8", ("kv_dtype",), _plan_kv),
     Group("rollback", "partial-accept rollback: checkpoint, replay or deferred", ("rollback",), _plan_rollback),
     Group("graphs", "CUDA graphs on/off (GPU only)", ("cuda_graphs",), _plan_graphs),
@@ -292,5 +325,9 @@ def parse_values(items: Sequence[str] | None) -> dict[str, list[Any]]:
         for part in raw.split(","):
             # Same parsing and range checks as a YAML or environment value of that setting.
             vals.append(getattr(Settings().with_overrides(**{knob: part.strip()}), knob))
+            if knob == "draft_tree":
+                # torch loads only when a profile runs; off, auto or a budget 1..63, else refused by name.
+                from edgespec.drafters.tree import tree_budget
+                tree_budget(vals[-1])
         out[knob] = vals
     return out

@@ -46,11 +46,11 @@ class SessionPlan:
         if rollback is None:
             rollback = "auto"
         strategy = rollback_strategy(defaults.rollback if rollback == "auto" else rollback)
-        budget, min_joint = tree_setting(draft_tree, defaults.tree_min_joint)
+        budget, min_joint = tree_setting(draft_tree, defaults.tree_min_joint, defaults.tree_budget)
         if budget is not None:
             if rollback not in ("auto", "deferred"):
                 raise ConfigError(f"draft_tree needs rollback 'deferred' (tree GDN layers defer), not {rollback!r}")
-            strategy = TreeVerify(budget, min_joint)
+            strategy = TreeVerify(budget, min_joint, defaults.tree_row_cost)
         return cls(kv_fp8=pick(kv_fp8, defaults.kv_fp8),
                    rollback=strategy,
                    prefill_chunk=pick(prefill_chunk, defaults.prefill_chunk), max_len=max_len,

@@ -27,6 +27,7 @@ from edgespec.speculative.acceptance import AcceptancePolicy, Verdict
 from edgespec.speculative.plan import SessionPlan, draft_tokens
 from edgespec.speculative.telemetry import RequestTelemetry
 from edgespec.speculative.tree_accept import accept_tree
+from edgespec.speculative.tree_size import CycleCost, size_tree
 
 
 class TokenConstraint(Protocol):
@@ -125,6 +126,9 @@ class SpecSession:
         self.tree_budget = plan.rollback.budget if proposer is not None and isinstance(plan.rollback, TreeVerify) \
             else None
         self.tree_calibration = JointCalibration()     # per request: how far the drafter's probabilities hold
+        # Tree sizing by cost: what a verify row costs here, measured over this session's cycles (None: no sizing).
+        row_cost = plan.rollback.row_cost if isinstance(plan.rollback, TreeVerify) else 0.0
+        self.cycle_cost = CycleCost(row_cost) if row_cost > 0 else None
         from edgespec.models.moe import attach_routing_log
         self.routing = attach_routing_log(model)      # MoE targets: expert unions per forward (telemetry)
         hooks.prepare(model, self.cache, k + 1, self.taps, plan.rollback, plan.cuda_graphs, plan.graph_prefill_max)
@@ -266,6 +270,7 @@ class SpecSession:
                 break
             last = out.tokens[-1]
             draft = tree = None
+            t_cycle = time.perf_counter()
             # Trees go without a grammar (its masks judge one chain of drafts). Their depth follows the draft
             # length as a chain's would (adaptive on CPU, where each drafted depth costs a drafter head row).
             use_tree = self.tree_budget is not None and constraint is None
@@ -278,12 +283,15 @@ class SpecSession:
                         tree = self._propose_tree(last, room)
                     elif room > 0:
                         draft = self._propose(last, room, constraint)
+            t_verify = time.perf_counter()
             if tree is not None:
                 cycle = self._verify_tree(last, tree, policy, tel)
             elif draft is None:
                 cycle = self._decode(last, policy, constraint, tel)
             else:
                 cycle = self._verify(last, draft, policy, constraint, tel)
+            if self.cycle_cost is not None:
+                self.cycle_cost.record(cycle.drafted + 1, time.perf_counter() - t_verify, t_verify - t_cycle)
             tel.record_cycle(cycle.drafted, cycle.verdict.accepted)
             draft_len.update(cycle.drafted if tree is None else tree.max_depth, cycle.verdict.accepted)
             if proposer is not None:
@@ -309,18 +317,31 @@ class SpecSession:
     def _propose_tree(self, last: int, room: int) -> DraftTree | None:
         """The proposer's tree cut to depth ``room`` and to the rows the cache has left (pre-order: a cut keeps
         every parent); None when nothing is left."""
-        tree = self.proposer.propose_tree(last, room, self.tree_budget)
+        # Sized by cost, a tree holds the chain a chain verify would (its AL never falls below the chain's) and
+        # only the other nodes worth their rows.
+        tree = self.proposer.propose_tree(last, room, self.tree_budget, chain_first=self.cycle_cost is not None)
         if tree is None:
             return None
         fit = min(tree.size, self.cache.max_len - self.cache.length - 1)
-        # The node floor (auto on a CPU) tightens where this request's drafts have been accepted less often than
-        # their probabilities promised.
-        return tree.pruned(room, fit, self.rollback.min_joint / self.tree_calibration.factor)
+        # The node floor tightens where this request's drafts have been accepted less often than their
+        # probabilities promised.
+        factor = self.tree_calibration.factor
+        tree = tree.pruned(room, fit, self.rollback.min_joint / factor)
+        if tree is not None and self.cycle_cost is not None:
+            tree = size_tree(tree, factor, self.cycle_cost.row_ratio)
+        return tree
 
     def _verify_tree(self, last: int, tree: DraftTree, policy: AcceptancePolicy, tel: RequestTelemetry) -> Cycle:
         """Verify ``last`` + every tree node in one forward, accept a path, keep only that path's rows and states.
         The proposer's commit sees the path's rows in order, as it would after a chain."""
         model, cache, device = self.model, self.cache, self.model.device
+        if tree.is_chain:
+            # A tree sized down to its chain verifies as one: the chain's forward (compiled on CPU, captured on a
+            # GPU) and rollback, and the same verdict (one-hot drafts on both rules).
+            cycle = self._verify(last, Draft(tree.tokens.to(device)), policy, None, tel)
+            tel.record_tree(tree.size, False)
+            self.tree_calibration.record(tree, cycle.verdict.accepted)
+            return cycle
         rows = torch.cat([torch.tensor([last]), tree.tokens]).to(device)
         with tel.stage("verify"):
             step = self.rollback.verify_tree(model, cache, rows, TreeMask.from_parents(tree.row_parents(), device),

@@ -19,9 +19,11 @@ The 6-bit scale packing of Q4_K/Q5_K: sub-blocks 0..3 take the low 6 bits of byt
 
 On the CPU (fp32 activations) the product is the compiled one of ``gguf_cpu.c``: each super-block decoded to 256
 fp32 weights with the reference's operations, bit for bit, then summed against the activations; each output row
-is computed the same way whatever the number of rows (speculative == plain). Elsewhere (a GPU, bf16) the torch
-reference runs (:meth:`PackedWeight.matmul_ref`: a tile of rows dequantized, then a matmul). Decoding is checked
-against gguf-py's ``quants.dequantize`` (tests/weights/test_gguf_kquants.py).
+is computed the same way whatever the number of rows (speculative == plain). On a CUDA GPU the arch hooks put
+these weights on the Triton products of :mod:`edgespec.kernels.triton_kquant`, which read the same super-blocks
+(no second copy). Elsewhere the torch reference runs (:meth:`PackedWeight.matmul_ref`: a tile of rows
+dequantized, then a matmul). Decoding is checked against gguf-py's ``quants.dequantize``
+(tests/weights/test_gguf_kquants.py), the GPU products against this decode (tests/kernels/test_kquant_fp8_row_gpu.py).
 """
 
 from __future__ import annotations
@@ -31,9 +33,6 @@ import torch
 
 from edgespec.weights.base import register_format
 from edgespec.weights.gguf import GGUFBlockWeight
-
-_SUB = torch.arange(8, dtype=torch.int32)
-_PAIR = torch.arange(0, 8, 2, dtype=torch.int32)
 
 
 def _scales_mins(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,7 +82,9 @@ class Q5_KWeight(_KQuant):
 
     def _decode(self, blocks: torch.Tensor) -> torch.Tensor:
         qh = blocks[..., 16:48].to(torch.int32).unsqueeze(-2)                  # [..., 1, 32]
-        high = (qh >> _SUB.to(qh.device).view(8, 1)) & 1                       # [..., 8, 32]: bit k -> sub-block k
+        # (shift tensors made on the weight's device: a host copy could not sit in a captured CUDA graph)
+        sub = torch.arange(8, dtype=torch.int32, device=qh.device)
+        high = (qh >> sub.view(8, 1)) & 1                                      # [..., 8, 32]: bit k -> sub-block k
         return self._dmin_form(blocks, _nibble_subblocks(blocks[..., 48:176]) + 16 * high)
 
 
@@ -100,7 +101,8 @@ class Q6_KWeight(_KQuant):
         ql = blocks[..., 0:128].reshape(*lead, 2, 64).to(torch.int32)
         qh = blocks[..., 128:192].reshape(*lead, 2, 1, 32).to(torch.int32)
         low = torch.cat([ql & 0xF, ql >> 4], dim=-1)                            # [..., 2, 128]
-        high = ((qh >> _PAIR.to(qh.device).view(4, 1)) & 3).reshape(*lead, 2, 128)
+        pair = torch.arange(0, 8, 2, dtype=torch.int32, device=qh.device)
+        high = ((qh >> pair.view(4, 1)) & 3).reshape(*lead, 2, 128)
         q = (low | (high << 4)) - 32
         sc = blocks[..., 192:208].contiguous().view(torch.int8).float().reshape(*lead, 2, 8)
         d = self._half(blocks[..., 208:210]).unsqueeze(-1)                    # [..., 1, 1]
@@ -120,8 +122,9 @@ K_D_SCALE = {"Q2_K": (1e-3, 1e-3), "Q3_K": (1e-3, None), "Q4_K": (4e-4, 1e-3), "
              "Q6_K": (1e-4, None)}
 
 
-def random_kquant(rows: int, cols: int, kind: str, rng: np.random.Generator) -> np.ndarray:
-    """Random ``kind`` (``Q2_K`` .. ``Q6_K``) super-blocks ``uint8 [rows, cols/256 * block_bytes]``."""
+def random_kquant(rows: int, cols: int, kind: str, rng: np.random.Generator, scale: float = 1.0) -> np.ndarray:
+    """Random ``kind`` (``Q2_K`` .. ``Q6_K``) super-blocks ``uint8 [rows, cols/256 * block_bytes]``; ``scale``
+    multiplies the typical ``d`` / ``dmin`` (so the weights)."""
     from gguf import GGML_QUANT_SIZES
     from gguf import GGMLQuantizationType as Q
 
@@ -129,6 +132,6 @@ def random_kquant(rows: int, cols: int, kind: str, rng: np.random.Generator) -> 
     raw = rng.integers(0, 256, size=(rows, cols // 256, nbytes), dtype=np.uint8)
     for at, base in zip(_D_AT[kind], K_D_SCALE[kind], strict=True):
         if at is not None:
-            d = (base * (0.5 + rng.random((rows, cols // 256)))).astype(np.float16)
+            d = (scale * base * (0.5 + rng.random((rows, cols // 256)))).astype(np.float16)
             raw[..., at:at + 2] = d.view(np.uint8).reshape(rows, cols // 256, 2)
     return raw.reshape(rows, -1)

@@ -41,3 +41,21 @@ def test_table_ratios(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkey
     f16 = [ln for ln in lines if ln.strip().startswith("f16")][0]
     assert f16.split()[-3:] == ["0.50", "2.00", "-"]          # bf16 decode 200 tok/s; prefill from cuBLAS
     assert not [ln for ln in lines if ln.strip().startswith("Q8_0")]   # no fp8 figures in this run: no row
+
+
+def test_whole_model_gguf_row(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """edgespec on llama.cpp's own Q4_K_M file (gguf_Q4_K_M.json) is the "gguf" row against llama.cpp's Q4_K_M."""
+    write_run(tmp_path)
+    row = {"format": "int4", "decode_tok_s": 600.0, "prefill_tok_s": {"512": 5000.0}, "peak_bytes": 2e9}
+    (tmp_path / "formats_peer.json").write_text(json.dumps({"rows": [row]}))
+    gguf_row = {"format": "gguf:Q4_K_M.gguf", "decode_tok_s": 520.0, "prefill_tok_s": {"512": 2500.0,
+                                                                                        "2048": 16000.0},
+                "peak_bytes": 2.5e9}
+    (tmp_path / "gguf_Q4_K_M.json").write_text(json.dumps(gguf_row))
+    monkeypatch.setattr(sys, "argv", ["peer_report", str(tmp_path)])
+    assert load_tool("peer_report").main() == 0
+    lines = capsys.readouterr().out.splitlines()
+    gguf = [ln for ln in lines if ln.split()[:1] == ["Q4_K_M"] and "gguf" in ln]
+    assert len(gguf) == 1
+    assert gguf[0].split()[-3:] == ["1.30", "0.25", "2.00"]     # 520 / 400, 2500 / 10000, 16000 / 8000

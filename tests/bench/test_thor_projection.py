@@ -141,3 +141,81 @@ def test_stack_projection(tmp_path, capsys) -> None:
     assert "1:  300 (100%)" in out and "16:  150 ( 58%)" in out
     assert proj.main(["--stacks", str(tmp_path / "none.json")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def _moe_run(tmp_path, sms, decode_ms, verify4_ms, name=None):
+    """A tools/moe_int4_bench.py model file: bandwidth 1000 GB/s, so limit ms x 1e9 = bytes."""
+    data = {"device": "test GPU", "sms": sms, "sm_clock_mhz": 1575, "sm_limit": sms, "bandwidth_GBps": 1000.0,
+            "decode_ms": decode_ms, "decode_limit_ms": 1.5, "head_bytes": 0.25e9,
+            "moe": {"layers": 40, "top_k": 8, "per_expert_MB": 1.5},
+            "verify": {"4": {"ms": verify4_ms, "limit_ms": 3.0, "expert_union": 28.0}}}
+    path = tmp_path / (name or f"moe{sms}.json")
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_moe_projection(tmp_path, capsys) -> None:
+    """Decode and a K=3 MTP-class cycle of an MoE target: times interpolated to 20 SMs (rate linear), against
+    bytes at 259 GB/s; the draft step's bytes are one layer's dense share, k experts and the head."""
+    files = [_moe_run(tmp_path, 16, 8.0, 16.0), _moe_run(tmp_path, 24, 6.0, 12.0)]
+    p = proj.moe_projection(files, [2.87], 1575, 3)
+    at20 = 1 / ((1 / 8.0 + 1 / 6.0) / 2)
+    assert p["decode"]["sm_ms"] == pytest.approx(at20) and p["decode"]["bound"] == "SMs"
+    assert p["decode"]["bytes"] == pytest.approx(1.5e9)
+    assert p["verify"]["sm_ms"] == pytest.approx(2 * at20) and p["verify"]["bytes_ms"] == pytest.approx(3e9 / 259e6)
+    layer_dense = (1.5e9 - 40 * 8 * 1.5e6 - 0.25e9) / 40
+    assert p["draft_bytes"] == pytest.approx(layer_dense + 8 * 1.5e6 + 0.25e9)
+    assert p["cycle_ms"] == pytest.approx(2 * at20 + 3 * at20 * p["draft_bytes"] / 1.5e9)
+    assert p["tok_s"][2.87] == pytest.approx(2.87 / p["cycle_ms"] * 1e3)
+    assert proj.main(["--moe", *files]) == 0
+    assert "expert union per layer assumed 28.0 (16), 28.0 (24)" in capsys.readouterr().out
+    assert proj.main(["--moe", *files, "--mtp-k", "1"]) == 2
+    assert "no verify of 2 rows" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"sms": 16}))
+    assert proj.main(["--moe", str(bad)]) == 2
+    assert "not a tools/moe_int4_bench.py model file" in capsys.readouterr().err
+
+
+def _tree_cost(tmp_path, chain_ms: float = 40.0) -> tuple:
+    data = {"shape": "qwen3.5-27b", "format": "int4", "lm_head": "int4", "device": "test GPU", "sms": 132,
+            "sm_clock_mhz": 3150, "graphs": True, "sm_limit": {"requested": 16, "granted": 16},
+            "chain_base_ms": chain_ms,
+            "trees": [{"rows": 33, "budget": 32, "tree_ms": 48.0, "commit_ms": 2.0, "tree_over_chain_base": 1.2},
+                      {"rows": 64, "budget": 63, "tree_ms": 60.0, "commit_ms": 2.0, "tree_over_chain_base": 1.5}]}
+    path = tmp_path / "tree16.json"
+    path.write_text(json.dumps(data))
+    return path, data
+
+
+def test_tree_cycle_projection(tmp_path, capsys) -> None:
+    """The DFlash chain cycle of --sm-runs with its verify scaled by the measured tree/chain ratio and its rollback
+    replaced by the commit, scaled like the verify."""
+    p16, d16 = _sm_run(tmp_path, 16, verify_ms=80.0, draft_ms=4.0)
+    p24, d24 = _sm_run(tmp_path, 24, verify_ms=40.0, draft_ms=2.0)
+    tree, _ = _tree_cost(tmp_path)
+    cycles = dict(proj.tree_cycles([str(tree)], [str(p16), str(p24)], clock_mhz=1575))
+    verify, draft = 320 / 3, 10.0             # the chain projection of test_measured_sm_projection
+    scale = verify / 40.0                      # Thor ms per measured chain-verify ms
+    (b32, ms32), (b63, ms63) = cycles.items()
+    assert "B=32" in b32 and "16 SMs" in b32 and "B=63" in b63
+    assert ms32 == pytest.approx(draft + verify * 1.2 + 2.0 * scale)
+    assert ms63 == pytest.approx(draft + verify * 1.5 + 2.0 * scale)
+    assert proj.main(["--sm-runs", str(p16), str(p24), "--tree-cost", str(tree), "--als", "4.57,8"]) == 0
+    out = capsys.readouterr().out
+    assert "Tree cycle on Thor" in out and f"{8.0 / ms63 * 1e3:.1f}" in out
+    assert proj.main(["--tree-cycle-ms", "40", "--als", "4,8"]) == 0
+    out = capsys.readouterr().out
+    assert "100.0" in out and "200.0" in out
+
+
+def test_tree_projection_bad_inputs(tmp_path, capsys) -> None:
+    tree, _ = _tree_cost(tmp_path)
+    assert proj.main(["--tree-cost", str(tree)]) == 2
+    assert "--tree-cost needs --sm-runs" in capsys.readouterr().err
+    p16, _ = _sm_run(tmp_path, 16, 80.0, 4.0)
+    p24, _ = _sm_run(tmp_path, 24, 40.0, 2.0)
+    assert proj.main(["--sm-runs", str(p16), str(p24), "--tree-cost", str(p16)]) == 2
+    assert "not a tools/tree_cost.py --json file" in capsys.readouterr().err
+    assert proj.main(["--tree-cycle-ms", "0"]) == 2
+    assert "must be positive" in capsys.readouterr().err

@@ -122,6 +122,8 @@ def test_draft_tree_setting():
     assert tree_setting("24", 0.1) == (24, 0.0)
     assert tree_setting("auto", 0.1) == (AUTO_TREE_BUDGET, 0.1)
     assert tree_setting(" Auto ", 0.0) == (AUTO_TREE_BUDGET, 0.0)
+    assert tree_setting("auto", 0.0, 12) == (12, 0.0)                 # the arch's budget
+    assert tree_setting("20", 0.1, 12) == (20, 0.0)
 
 
 def test_joint_calibration_tightens_for_an_overconfident_drafter():

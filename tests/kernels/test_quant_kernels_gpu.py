@@ -24,6 +24,8 @@ TOL = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
 FORMATS = ("int4", "nvfp4", "fp8_block")
 # int4 and nvfp4: the previous byte tile for 2..16 rows, and a wide pair tile
 PAIR_LAUNCHES = ({"SPLIT_K": 2, "DOT": 1, "PAIRS": 0}, {"SPLIT_K": 1, "DOT": 1, "PAIRS": 1, "BLOCK_N": 256})
+# the launches of this module's own tiles, where quant_config would pick a weight-major one (triton_quant_wide)
+OWN = {"T": 0}
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -69,7 +71,7 @@ def test_bias_split_and_launches(fmt: str, dtype: torch.dtype) -> None:
                     {"SPLIT_K": 1, "DOT": 0, "H2": 0}, {"SPLIT_K": 3, "DOT": 0, "H2": 1, "BLOCK_N": 64},
                     {"SPLIT_K": 2, "DOT": 1, "PDL": 0}, *PAIR_LAUNCHES * (fmt != "fp8_block")):
             poison()
-            assert rel_err(quant_matmul(p, x, bias, config=cfg), ref) < TOL[dtype], (fmt, rows, cfg)
+            assert rel_err(quant_matmul(p, x, bias, config={**OWN, **cfg}), ref) < TOL[dtype], (fmt, rows, cfg)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -91,7 +93,7 @@ def test_wide_rows_17_to_64_read_each_weight_once(fmt: str, dtype: torch.dtype, 
         x = torch.randn(rows, k, device=DEV, dtype=dtype)
         cfg = qg.quant_config(fmt, n, k, rows, 132)
         assert cfg["BLOCK_M"] >= rows and cfg["DOT"] == 1, (fmt, rows, cfg)
-        for b, extra in ((None, {}), (bias, {"SPLIT_K": 4}), (bias, {"XPAIR": 1, "BLOCK_N": 64})):
+        for b, extra in ((None, {}), (bias, {"SPLIT_K": 4}), (bias, {"XPAIR": 1, "BLOCK_N": 64, **OWN})):
             poison()
             out = qg.quant_matmul(p, x, b, config=extra)
             assert out.shape == (rows, n) and out.dtype == dtype
@@ -116,7 +118,7 @@ def test_host_paired_x_equals_in_register_permutation(fmt: str, rows: int) -> No
     torch.manual_seed(rows)
     p = pack(fmt, torch.randn(384, 1024, device=DEV) * 0.05)
     x = torch.randn(rows, 1024, device=DEV, dtype=torch.bfloat16)
-    base = {"DOT": 1, "PAIRS": 1, "SPLIT_K": 1}
+    base = {"DOT": 1, "PAIRS": 1, "SPLIT_K": 1, **OWN}
     assert torch.equal(quant_matmul(p, x, config={**base, "XPAIR": 1}), quant_matmul(p, x, config={**base, "XPAIR": 0}))
 
 
@@ -218,9 +220,9 @@ def test_row_result_independent_of_batch_within_verify() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_nvfp4_pair_tile_every_code_and_scale(dtype: torch.dtype) -> None:
-    """The NVFP4 pair tile places each e2m1 code into a 16-bit float (the 0.5 code a subnormal) and multiplies it
-    by the block scale before the mma: every code against every e4m3 scale magnitude (subnormal scales too) gives
-    the reference product to the rounding of the output."""
+    """The NVFP4 tiles place each e2m1 code into a 16-bit float (the 0.5 code a subnormal) and multiply it by the
+    block scale before the mma: every code against every e4m3 scale magnitude (subnormal scales too) gives the
+    reference product to the rounding of the output."""
     from edgespec.kernels.triton_quant_gemv import quant_matmul
     torch.manual_seed(5)
     n, k = 256, 1024
@@ -229,12 +231,15 @@ def test_nvfp4_pair_tile_every_code_and_scale(dtype: torch.dtype) -> None:
     p.weight.copy_(codes.repeat(n * k // 2 // 256).view(n, k // 2))
     scale_bits = torch.arange(n * k // 16, device=DEV, dtype=torch.int32) % 127        # e4m3 0x00..0x7E
     p.weight_scale.copy_(scale_bits.to(torch.uint8).view(torch.float8_e4m3fn).view(n, k // 16))
-    for rows in (2, 16):
-        x = torch.randn(rows, k, device=DEV, dtype=dtype)
-        poison()
-        out = quant_matmul(p, x, config={"DOT": 1, "PAIRS": 1})
-        ref = p.matmul_ref(x)
-        assert rel_err(out, ref) < TOL[dtype] / 2.5, rows      # exact weights: the output's rounding
+    # the pair tile of this module, and the weight-major tile of triton_quant_wide (the same placement, block
+    # scales read as one int64 per row and tile)
+    for launch in ({"DOT": 1, "PAIRS": 1, **OWN}, {"T": 1, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}):
+        for rows in (2, 16, 40):
+            x = torch.randn(rows, k, device=DEV, dtype=dtype)
+            poison()
+            out = quant_matmul(p, x, config=launch)
+            ref = p.matmul_ref(x)
+            assert rel_err(out, ref) < TOL[dtype] / 2.5, (rows, launch)    # exact weights: the output's rounding
 
 
 @pytest.mark.parametrize("group", [32, 64, 128, 256])

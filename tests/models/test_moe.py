@@ -126,12 +126,19 @@ def test_cuda_model_stacked_path_spec_equals_plain(tmp_path):
     model = load_target(path, device=cuda, max_positions=256)
     cpu_model = load_target(path, max_positions=256)
     assert model.model.layers[0].mlp.w13.is_cuda
+    check_cuda_model(model, cpu_model, "base")
+
+
+def check_cuda_model(model, cpu_model, plain_arch: str) -> None:
+    """A CUDA model's logits close to its CPU twin's (fp32), and greedy speculative output equal to plain
+    (``plain_arch``'s hooks) for n-gram and oracle drafts under every rollback, with the expert union reported."""
+    cuda = torch.device("cuda")
     ids = torch.tensor(prompt_ids(320, n=20))
     got = model.forward(ids.to(cuda), model.new_cache(64)).logits.cpu()
     want = cpu_model.forward(ids, cpu_model.new_cache(64)).logits
     torch.testing.assert_close(got, want, rtol=0, atol=2e-3)
     prompt = prompt_ids(320, n=21, seed=6)
-    plain = new_session(model, select_hooks("base", cuda), None, kv_fp8=False, max_len=128).generate(
+    plain = new_session(model, select_hooks(plain_arch, cuda), None, kv_fp8=False, max_len=128).generate(
         prompt, max_tokens=16, policy=StrictGreedy()).token_ids
     for rollback, kind in itertools.product(ROLLBACK_STRATEGIES, ("ngram", "oracle")):
         prop = NGramProposer() if kind == "ngram" else OracleProposer(plain, 320, seed=len(rollback))

@@ -120,6 +120,21 @@ def test_group_plans_explain_skips() -> None:
     assert [c["lookup_min_match"] for c in lookups] == [3, 0, 2, 4]
 
 
+def test_tree_group_measures_budgets_with_the_deferred_rollback() -> None:
+    from edgespec.arch.base import ArchDefaults
+
+    cur = start_candidate(Settings(drafter="dflash", draft_tree="auto"), ArchDefaults(tree_budget=12))
+    assert cur["draft_tree"] == "12"                     # auto resolved to the arch's budget: one candidate, not two
+    plans = GROUPS["tree"].plan({**cur, "draft_tree": "off"}, _ctx()).candidates
+    assert [c["draft_tree"] for c in plans] == ["off", "4", "8", "12", "16", "32"]
+    assert all(c["rollback"] == "deferred" for c in plans[1:]) and plans[0]["rollback"] == "checkpoint"
+    assert "no drafter" in GROUPS["tree"].plan({**cur, "drafter": "none"}, _ctx()).note
+    assert "deferred" in GROUPS["rollback"].plan(plans[2], _ctx(has_state=True)).note
+    assert parse_values(["draft_tree=off,8"]) == {"draft_tree": ["off", "8"]}
+    with pytest.raises(ConfigError, match="draft_tree"):
+        parse_values(["draft_tree=wide"])
+
+
 def _fake(label: str, tok_s: float, status: str = "ok", lossy: bool = False) -> CandidateResult:
     cand = {"drafter": "ngram", "acceptance": "relaxed_thinking" if lossy else "strict", "label": label}
     m = {"generated_tokens": 11, "decode_ms": 10_000 / max(tok_s, 1e-3), "ttft_ms": 5.0, "acceptance_length": 2.0,

@@ -156,3 +156,38 @@ def test_qwen3_gguf_matches_transformers_and_reads_its_tokenizer(tmp_path: Path)
     assert [tok.decode([i]) for i in tok.encode("12")] == ["1", "2"]     # llama3's split would merge "12"
     text = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_peer_q4_k_m_file_without_tokenizer_benches(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """tools/peer_gguf.py --q4-k-m writes llama-quantize's Q4_K_M mix with llama.cpp's "none" vocabulary (the peer
+    files have no tokenizer): the native loader reads it for benchmarks (Q6_K output and the attn_v / ffn_down of
+    the layers use_more_bits picks, Q4_K elsewhere), ``edgespec.bench.gguf_file`` times it, and serving it names
+    the missing tokenizer."""
+    import subprocess
+    import sys
+
+    import gguf
+
+    from edgespec.bench.gguf_file import main as bench_main
+    from edgespec.config import Settings
+    from edgespec.engine import Engine
+    from edgespec.errors import CheckpointError, ConfigError
+
+    path = tmp_path / "peer.gguf"
+    site = str(Path(gguf.__file__).parent.parent)
+    subprocess.run([sys.executable, "tools/peer_gguf.py", str(path), "--gguf-py", site, "--q4-k-m", "--hidden", "256",
+                    "--layers", "8", "--heads", "4", "--kv-heads", "2", "--ffn", "512", "--vocab", "320"],
+                   check=True, capture_output=True, cwd=Path(__file__).resolve().parents[2])
+    model, folder = load_gguf_target(path, max_positions=64)
+    assert not (folder / "tokenizer.json").exists()
+    kinds = {name: m.weight.format for name, m in model.named_modules() if isinstance(m, PackedLinear)}
+    # use_more_bits(i, 8): layers 0 and 7, and (i - 1) % 3 == 2 -> layer 3 (and 6)
+    assert [i for i in range(8) if kinds[f"model.layers.{i}.mlp.down_proj"] == "gguf_q6_k"] == [0, 3, 6, 7]
+    assert kinds["lm_head"] == "gguf_q6_k" and kinds["model.layers.1.mlp.down_proj"] == "gguf_q4_k"
+    assert bench_main(["--gguf", str(path), "--context", "16", "--iters", "2", "--verify-rows", "4",
+                       "--device", "cpu"]) == 0
+    assert "gguf_q4_k x" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="no such file"):
+        bench_main(["--gguf", str(tmp_path / "missing.gguf")])
+    with pytest.raises(CheckpointError, match="tokenizer.json"):
+        Engine.from_settings(Settings(model=str(path)))

@@ -1,5 +1,5 @@
 """compressed-tensors and ModelOpt MIXED_PRECISION checkpoints on CUDA: the arch hooks give their int4 / NVFP4
-layers the Triton products (per-channel FP8 keeps the torch reference), logits agree with the reference
+layers the Triton products (per-channel / per-tensor FP8: the FP8-row product on SM89+), logits agree with the reference
 product, and greedy speculative output equals plain output to the bf16 standard of ``speculative.parity``.
 Skipped without CUDA (and without compressed-tensors for its checkpoints)."""
 
@@ -57,8 +57,10 @@ def test_kernels_chosen_logits_agree_and_speculation_stays_lossless(folders, fam
     packed = [m for m in model.modules() if isinstance(m, PackedWeight)]
     hooks = select_hooks("rtx", CUDA)
     chosen = hooks.choose_weight_kernels(model)
-    # Every int4 / NVFP4 layer the kernels take gets one; FP8 per channel or tensor keeps the reference.
-    want = sum(p.format in ("int4", "nvfp4") and p.in_features % 128 == 0 for p in packed)
+    # Every int4 / NVFP4 layer the kernels take gets one, and every FP8-row layer on SM89+ (e4m3 conversions).
+    fp8_rows = torch.cuda.get_device_capability() >= (8, 9)
+    want = sum(p.format in ("int4", "nvfp4") and p.in_features % 128 == 0 or p.format == "fp8_row" and fp8_rows
+               for p in packed)
     assert chosen >= want > 0, (chosen, want, len(packed))
     if family == "llama":      # (the GDN recurrence amplifies bf16 rounding differences past this bound)
         toks = torch.tensor(prompt_ids(model.config.vocab_size, n=16, seed=2), device=CUDA)

@@ -1,0 +1,63 @@
+"""``edgespec doctor --shape``: the memory budget of a published shape in a weight format from its config alone
+(every MoE expert counted), the 35B-A3B int4 + MTP + 32k FP8 KV figure against 24 GB, and a configuration that
+does not fit refused with its numbers; bad input named."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgespec.bench.shape_budget import parse_memory, shape_budget
+from edgespec.bench.shapes import SHAPES, config_dict
+from edgespec.cli import main
+from edgespec.errors import ConfigError
+from edgespec.loading.hf_config import parse_config
+from edgespec.memory import kv_cache_bytes
+
+SHAPE = "qwen3.5-35b-a3b"
+
+
+@pytest.fixture(scope="module")
+def int4_budget():
+    """35B-A3B int4 + its MTP head + a 32k FP8 KV cache against 24 GB (one meta build, ~20 s)."""
+    return shape_budget(SHAPE, "int4", 32768, True, "mtp", parse_memory("24GB"))
+
+
+def test_35b_a3b_int4_mtp_32k_fp8_fits_24gb(int4_budget):
+    budget, split = int4_budget
+    cfg = parse_config(config_dict(**SHAPES[SHAPE]))
+    # every routed expert lives in memory: 40 layers x 256 experts x (gate+up+down) int4 g128 (codes, fp16
+    # scales, uint8 zeros) -- computed here from the shape, not read back from the module tree
+    per_matrix = lambda out_f, in_f: out_f * in_f // 2 + out_f * (in_f // 128) * 3     # noqa: E731
+    H, I = cfg.hidden_size, cfg.moe_intermediate_size
+    assert split["experts"] == 40 * 256 * (per_matrix(2 * I, H) + per_matrix(H, I))
+    assert budget.kv_cache == kv_cache_bytes(cfg, 32768, torch.bfloat16, kv_fp8=True)
+    assert split["mtp_head"] == budget.drafter > 256 * per_matrix(2 * I, H)          # one MoE layer of experts
+    assert budget.fits and budget.total <= 24e9
+
+
+def test_doctor_shape_prints_and_refuses_with_numbers(int4_budget, monkeypatch, capsys):
+    # the int4 report as doctor prints it (its budget from the fixture: one meta build less)
+    monkeypatch.setattr("edgespec.bench.shape_budget.shape_budget", lambda *a, **k: int4_budget)
+    assert main(["doctor", "--shape", SHAPE, "--format", "int4", "--max-seq-len", "32768", "--drafter", "mtp",
+                 "--memory", "24GB"]) == 0
+    out = capsys.readouterr().out
+    assert "experts 15.70 GiB" in out and "23.35 GB of 24.00 GB" in out and out.rstrip().endswith("fits")
+    monkeypatch.undo()
+    # the same model in block-FP8 does not fit 24 GB: refused, every part named with its size
+    assert main(["doctor", "--shape", SHAPE, "--format", "fp8", "--max-seq-len", "32768", "--drafter", "mtp",
+                 "--memory", "24GB"]) == 2
+    err = capsys.readouterr().err
+    assert "does not fit a 24.0 GB share: weights 33.26 GiB + kv 2.39 GiB + drafter" in err
+
+
+def test_shape_budget_bad_input():
+    with pytest.raises(ConfigError, match="expected a size such as 24GB"):
+        parse_memory("24 bananas")
+    with pytest.raises(ConfigError, match="format 'int3'"):
+        shape_budget(SHAPE, "int3", 1024, True, None, None)
+    with pytest.raises(ConfigError, match="unknown shape 'qwen9'"):
+        shape_budget("qwen9", "int4", 1024, True, None, None)
+    with pytest.raises(ConfigError, match="has no MTP head"):
+        shape_budget("qwen3-4b", "int4", 1024, True, "mtp", None)
+    assert main(["doctor", "--shape", SHAPE, "--memory", "lots"]) == 2
