@@ -104,9 +104,9 @@ class Settings:
     suffix_max_depth: int = _knob(24, "suffix drafter: longest substring counted (match + continuation)", min=3,
                                   max=256)
     suffix_max_match: int = _knob(12, "suffix drafter: longest context suffix matched", min=1, max=255)
-    suffix_factor: float = _knob(1.0, "suffix drafter: draft tokens per matched token (capped by K)", min=0.01,
+    suffix_factor: float = _knob(0.5, "suffix drafter: draft tokens per matched token (capped by K)", min=0.01,
                                  max=64.0)
-    suffix_min_prob: float = _knob(0.1, "suffix drafter: a draft token's minimum share of the match's occurrences",
+    suffix_min_prob: float = _knob(0.5, "suffix drafter: a draft token's minimum share of the match's occurrences",
                                    min=0.0, max=1.0)
     suffix_persist: bool = _knob(False, "keep the suffix cache across restarts in <request_log>.suffix.jsonl "
                                  "(needs request_log)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -39,7 +40,12 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch CPU threads per process (default 1: on a shared CPU extra threads mostly wait)")
     g = p.add_argument_group("data")
     g.add_argument("--prompts", default="robot:160",
-                   help="prompt file (.yaml/.jsonl/.txt) or robot:N (N synthetic robot-workload prompts)")
+                   help="prompt file (.yaml/.jsonl/.txt), robot:N (N synthetic robot-workload prompts), self:N / "
+                   "self-robot:N (N requests the target writes itself after the chat template's user-turn prefix, "
+                   "Magpie-style; self-robot with a robot-operator system prompt), or several joined by '+' "
+                   "(interleaved; e.g. self:2000+self-robot:2000+robot:1000)")
+    g.add_argument("--self-temperature", type=float, default=1.0,
+                   help="sampling temperature of the self-instructed requests")
     g.add_argument("--from-log", nargs="+", metavar="FILE",
                    help="train on request log(s) (JSONL written with request_log set) instead of prompts")
     g.add_argument("--data", help="data cache folder (default: OUT/data)")
@@ -87,32 +93,94 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
                    help="fit --steps to this many minutes of training (timed over the first steps; the learning-rate "
                    "schedule spans the steps that fit)")
     g.add_argument("--eval-every", type=int, default=50)
+    g.add_argument("--eval-each-epoch", action="store_true",
+                   help="also estimate the held-out AL at the end of every epoch (all in distill.json)")
+    g.add_argument("--keep-best", action="store_true",
+                   help="write the drafter of the best held-out AL so far to OUT/best (with a held-out set worded "
+                   "unlike the training prompts, where generality peaked)")
     g.add_argument("--save-every", type=int, default=100)
     g.add_argument("--seed", type=int, default=0)
 
 
 def _prompts(spec: str) -> list[str]:
-    from edgespec.distill.workload import load_prompt_file, robot_prompts
+    """The prompts of a ``--prompts`` spec made of files and robot:N parts (self-instructed parts need the
+    target: :func:`_prompt_set`)."""
+    from edgespec.distill.self_instruct import sources_need_target
 
-    if spec.startswith("robot:"):
-        try:
-            n = int(spec.split(":", 1)[1])
-        except ValueError:
-            raise ConfigError(f"--prompts {spec!r}: expected robot:N with an integer N") from None
-        return robot_prompts(n)
-    return load_prompt_file(spec)
+    if sources_need_target(spec):
+        raise ConfigError(f"--prompts {spec!r}: self-instructed parts are written by the target while distilling")
+    return [text for text, _ in _prompt_set(spec)]
 
 
-def _labelled(spec: str) -> list[tuple[str, dict[str, str]]]:
-    """The prompts of ``--prompts`` with their labels (robot:N prompts: source "robot", template by words)."""
-    from edgespec.distill.workload import load_labelled_prompts
+def _source_prompts(kind: str, arg: str, make_self: Callable[[str, int], list[str]] | None
+                    ) -> list[tuple[str, dict[str, str]]]:
+    """One part of ``--prompts``: a prompt file with its labels, robot:N, or self-instructed (``make_self``)."""
+    from edgespec.distill.workload import load_labelled_prompts, robot_prompts
 
-    if spec.startswith("robot:"):
-        return [(text, {"source": "robot"}) for text in _prompts(spec)]
-    return load_labelled_prompts(spec)
+    if kind == "file":
+        return load_labelled_prompts(arg)
+    if kind == "robot":
+        return [(text, {}) for text in robot_prompts(int(arg))]
+    if make_self is None:
+        raise ConfigError(f"--prompts {kind}:{arg}: self-instructed prompts need the target")
+    return [(text, {}) for text in make_self(kind, int(arg))]
 
 
-def _groups(args: argparse.Namespace, tokenizer) -> dict[bytes, str]:
+def _prompt_set(spec: str, make_self: Callable[[str, int], list[str]] | None = None
+                ) -> list[tuple[str, dict[str, str]]]:
+    """The labelled prompts of ``--prompts``: its ``+``-joined parts interleaved, each prompt labelled with its
+    source (robot, self, self-robot, or the file's path) unless its entry names one."""
+    from edgespec.distill.self_instruct import mixed, parse_sources
+
+    parts = parse_sources(spec)
+    return mixed([(arg if kind == "file" else kind, _source_prompts(kind, arg, make_self)) for kind, arg in parts])
+
+
+def _self_instructed(args: argparse.Namespace, target, tokenizer, data_dir: Path, rank: int, world: int
+                     ) -> Callable[[str, int], list[str]]:
+    """The maker of self-instructed prompts for :func:`_prompt_set`: sampled by the target on rank 0 once and
+    kept in ``data_dir`` (a rerun resumes with the same prompts; every rank reads the same file). Benchmark
+    prompts and the ``--held-out`` file's prompts are never among them."""
+    from edgespec.distill.self_instruct import self_instruct
+    from edgespec.distill.workload import bench_prompt_texts, load_prompt_file
+
+    exclude = set(bench_prompt_texts())
+    if args.held_out and not _is_request_log(Path(args.held_out).expanduser()):
+        exclude |= set(load_prompt_file(Path(args.held_out).expanduser()))
+
+    def make(kind: str, n: int) -> list[str]:
+        path = data_dir / f"prompts-{kind}-{n}-seed{args.seed}.json"
+        if rank == 0 and not path.exists():
+            t0 = time.time()
+            prompts = self_instruct(target, tokenizer, n, topic=kind, seed=args.seed,
+                                    temperature=args.self_temperature, batch=args.gen_batch, exclude=exclude)
+            data_dir.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(prompts, indent=0))
+            tmp.replace(path)
+            print(f"self-instructed ({kind}): {n} prompts in {time.time() - t0:.0f}s -> {path}", flush=True)
+        if world > 1:
+            torch.distributed.barrier()
+        return _read_prompt_cache(path, n)
+
+    return make
+
+
+def _read_prompt_cache(path: Path, n: int) -> list[str]:
+    """The self-instructed prompts an earlier run kept: a JSON list of ``n`` prompt strings."""
+    try:
+        prompts = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"self-instructed prompt cache {path} is unreadable ({e}): delete it to sample again") \
+            from None
+    if not (isinstance(prompts, list) and len(prompts) == n and all(isinstance(p, str) and p for p in prompts)):
+        raise ConfigError(f"self-instructed prompt cache {path} is not a list of {n} prompt strings: delete it to "
+                          f"sample again")
+    return prompts
+
+
+def _groups(args: argparse.Namespace, tokenizer, labelled: list[tuple[str, dict[str, str]]] | None
+            ) -> dict[bytes, str]:
     """Prompt tokens (as data.py renders them) -> template or source, for ``--holdout-by template|source``."""
     import numpy as np
 
@@ -126,7 +194,7 @@ def _groups(args: argparse.Namespace, tokenizer) -> dict[bytes, str]:
         return {np.asarray(prompt, dtype=np.int64).tobytes(): Path(path).name
                 for path in args.from_log for prompt, _ in read_log(path)}
     out = {}
-    for text, labels in _labelled(args.prompts):
+    for text, labels in labelled or []:
         ids = tokenizer.encode_chat([{"role": "user", "content": text}], enable_thinking=False)
         if args.holdout_by == "template":
             group = template_of(text, labels.get("template"))
@@ -269,9 +337,10 @@ def _init_drafter(folder: str, target):
 
 def _write_data(args: argparse.Namespace, data_dir: Path, target: TargetModel, tokenizer: ChatTokenizer,
                 model_dir: Path, taps: Sequence[int], rank: int, world: int, say: Callable[..., None],
-                t0: float) -> None:
+                t0: float) -> list[tuple[str, dict[str, str]]] | None:
     """Capture the training data into ``data_dir``: from a serving request log (``--from-log``, rank 0) or by
-    generating the target's own continuations of the prompts (every rank its shard)."""
+    generating the target's own continuations of the prompts (every rank its shard). Returns the labelled
+    prompts (None for a log)."""
     from edgespec.distill.data import generate_data, make_recipe
 
     if args.from_log:
@@ -281,26 +350,30 @@ def _write_data(args: argparse.Namespace, data_dir: Path, target: TargetModel, t
             log_data(args.from_log, data_dir, target, model_dir, taps)
         if world > 1:
             torch.distributed.barrier()
-    else:
-        prompts = _prompts(args.prompts)
-        recipe = make_recipe(model_dir, taps, prompts, max_new_tokens=args.max_new_tokens,
-                             samples_per_prompt=args.samples_per_prompt, temperature=args.temperature,
-                             seed=args.seed, batch=args.gen_batch)
-        say(f"data: {len(prompts)} prompts x (1 greedy + {args.samples_per_prompt} sampled) -> {data_dir}")
-        generate_data(data_dir, target, tokenizer, prompts, recipe, rank=rank, world=world,
-                      progress=(lambda d, n, k: say(f"  data shard {d}/{n}: {k} new tokens, "
-                                                    f"{time.time() - t0:.0f}s")))
+        return None
+    labelled = _prompt_set(args.prompts, _self_instructed(args, target, tokenizer, data_dir, rank, world))
+    prompts = [text for text, _ in labelled]
+    recipe = make_recipe(model_dir, taps, prompts, max_new_tokens=args.max_new_tokens,
+                         samples_per_prompt=args.samples_per_prompt, temperature=args.temperature,
+                         seed=args.seed, batch=args.gen_batch)
+    sources = Counter(labels["source"] for _, labels in labelled)
+    say(f"data: {len(prompts)} prompts ({', '.join(f'{k} {v}' for k, v in sources.items())}) x "
+        f"(1 greedy + {args.samples_per_prompt} sampled) -> {data_dir}")
+    generate_data(data_dir, target, tokenizer, prompts, recipe, rank=rank, world=world,
+                  progress=(lambda d, n, k: say(f"  data shard {d}/{n}: {k} new tokens, {time.time() - t0:.0f}s")))
+    return labelled
 
 
 def _held_out_inputs(args: argparse.Namespace, out: Path, target: TargetModel, tokenizer: ChatTokenizer,
-                     model_dir: Path, taps: Sequence[int], rank: int,
-                     world: int) -> tuple[dict[bytes, str] | None, list[Sequence_] | None]:
+                     model_dir: Path, taps: Sequence[int], rank: int, world: int,
+                     labelled: list[tuple[str, dict[str, str]]] | None
+                     ) -> tuple[dict[bytes, str] | None, list[Sequence_] | None]:
     """What ``_split`` holds out by: prompt groups (``--holdout-by template|source``) or the sequences of the
     user's own ``--held-out`` FILE; (None, None) for the plain 1-in-N prompt split."""
     if args.held_out is not None:
         return None, _held_out_data(args, out, target, tokenizer, model_dir, taps, rank, world)
     if args.holdout_by != "prompt":
-        return _groups(args, tokenizer), None
+        return _groups(args, tokenizer, labelled), None
     return None, None
 
 
@@ -363,8 +436,8 @@ def run_distill(args: argparse.Namespace) -> int:
     taps = drafter.cfg.target_layer_ids
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
     t0 = time.time()
-    _write_data(args, data_dir, target, tokenizer, model_dir, taps, rank, world, say, t0)
-    group_of, held_file = _held_out_inputs(args, out, target, tokenizer, model_dir, taps, rank, world)
+    labelled = _write_data(args, data_dir, target, tokenizer, model_dir, taps, rank, world, say, t0)
+    group_of, held_file = _held_out_inputs(args, out, target, tokenizer, model_dir, taps, rank, world, labelled)
     t_data = time.time() - t0
     if args.data_only:
         say(f"data ready in {data_dir} ({t_data:.0f}s)")
@@ -387,7 +460,7 @@ def run_distill(args: argparse.Namespace) -> int:
                         gamma=args.gamma, window=args.window, eval_every=args.eval_every,
                         save_every=args.save_every, seed=args.seed, vocab_sample=args.vocab_sample,
                         time_budget_s=None if args.time_budget is None else args.time_budget * 60.0,
-                        pack=args.pack)
+                        pack=args.pack, eval_epoch=args.eval_each_epoch, keep_best=args.keep_best)
     info = {"target": str(model_dir), "data": str(data_dir), "from_log": args.from_log, "init": args.init,
             "options": vars(opts), "world": world, "data_seconds": round(t_data, 1)}
     t1 = time.time()

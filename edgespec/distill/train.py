@@ -51,6 +51,8 @@ class TrainOptions:
     vocab_sample: int = 0          # > 0: sampled softmax over the labels + this many random tokens
     time_budget_s: float | None = None   # fit ``steps`` to this many seconds of training (see fit_steps)
     pack: int = 1                  # sequences per forward (pack_blocks, >= 1): fewer, larger launches on a GPU
+    eval_epoch: bool = False       # also estimate the held-out AL at the end of every epoch
+    keep_best: bool = False        # write the drafter with the best held-out AL so far to OUT/best
 
 
 def fit_steps(opts: TrainOptions, step: int, elapsed_s: float, step_s: float, eval_s: float) -> int:
@@ -163,6 +165,26 @@ def save_drafter(folder: Path, drafter: DFlashDraftModel, target_cfg: Any, info:
     (folder / "distill.json").write_text(json.dumps(info, indent=2))
 
 
+class HeldOutLog:
+    """Every held-out estimate of a run as ``[step, epoch, AL]``, and with ``best_dir`` the drafter of the best
+    estimate so far written there (``--keep-best``). With a held-out set worded unlike the training prompts, the
+    best point is where generality peaked, which later steps (fitting the training prompts harder) can pass by. A
+    resumed run starts a new log."""
+
+    def __init__(self, best_dir: Path | None) -> None:
+        self.best_dir, self.best = best_dir, -math.inf
+        self.history: list[list[float]] = []
+
+    def record(self, al: float, step: int, epoch: int, drafter: DFlashDraftModel, target_cfg: Any,
+               info: dict[str, Any]) -> None:
+        self.history.append([step, epoch, round(al, 4)])
+        if al > self.best:
+            self.best = al
+            if self.best_dir is not None:
+                save_drafter(self.best_dir, drafter, target_cfg,
+                             dict(info, step=step, epoch=epoch, held_out_al=al, held_out_history=self.history))
+
+
 def lr_at(opts: TrainOptions, step: int) -> float:
     """Learning rate of ``step``: linear warm-up, then cosine decay to a tenth of ``opts.lr``."""
     if step < opts.warmup:
@@ -256,16 +278,20 @@ def train(objective: BlockObjective, train_seqs: Sequence[Sequence_], held_out: 
     sampler = DistributedSampler(range(len(train_seqs)), num_replicas=world, rank=rank, shuffle=True,
                                  seed=opts.seed, drop_last=False)
 
+    log = HeldOutLog(out / "best" if opts.keep_best and rank == 0 else None)
+
     def evaluate() -> float:
         drafter.eval()
         al = estimate_acceptance(objective, held_out, device=device) if held_out else float("nan")
         drafter.train()
+        log.record(al, step, epoch, drafter, target_cfg, info)
         return al
 
     def save(final: bool = False) -> None:
         if rank != 0:
             return
-        info_now = dict(info, step=step, held_out_al=last_al, held_out_al_start=first_al, loss=last_loss)
+        info_now = dict(info, step=step, held_out_al=last_al, held_out_al_start=first_al, loss=last_loss,
+                        held_out_history=log.history)
         save_drafter(out, drafter, target_cfg, info_now)
         tmp = out / "train_state.pt.tmp"
         torch.save({"drafter": drafter.state_dict(), "optim": optim.state_dict(), "step": step,
@@ -274,6 +300,7 @@ def train(objective: BlockObjective, train_seqs: Sequence[Sequence_], held_out: 
 
     progress = Progress(opts.steps, rank == 0)
     t_start = time.time()
+    epoch, order = 0, []
     if first_al is None:
         first_al = evaluate()
     eval_s = time.time() - t_start
@@ -282,7 +309,6 @@ def train(objective: BlockObjective, train_seqs: Sequence[Sequence_], held_out: 
     first_step, probe, t_probe = step, min(10, opts.steps), 0.0
     last_al, last_loss = first_al, float("nan")
     progress.update(step, f"held-out AL {last_al:.2f}")
-    epoch, order = 0, []
     gen = torch.Generator().manual_seed(opts.seed * 7919 + rank + 1000 * step)
     drafter.train()
     while step < opts.steps:
@@ -304,7 +330,7 @@ def train(objective: BlockObjective, train_seqs: Sequence[Sequence_], held_out: 
         optim.step()
         step += 1
         last_loss = loss_sum / max(len(picks), 1)
-        if step % opts.eval_every == 0 or step == opts.steps:
+        if step % opts.eval_every == 0 or step == opts.steps or (opts.eval_epoch and not order):
             last_al = evaluate()
         progress.update(step, f"loss {last_loss:.3f} top1 {hits / max(rows, 1):.2f} held-out AL {last_al:.2f} "
                               f"lr {lr_at(opts, step - 1):.1e}", final=step == opts.steps)
@@ -312,4 +338,5 @@ def train(objective: BlockObjective, train_seqs: Sequence[Sequence_], held_out: 
             save()
     if world > 1:
         dist.barrier()
-    return {"steps": step, "loss": last_loss, "held_out_al": last_al, "held_out_al_start": first_al}
+    return {"steps": step, "loss": last_loss, "held_out_al": last_al, "held_out_al_start": first_al,
+            "held_out_history": log.history, "best_held_out_al": log.best if opts.keep_best else None}

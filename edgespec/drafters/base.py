@@ -37,6 +37,10 @@ class Proposer(ABC):
     # Trailing prompt rows :meth:`begin` must see in the prefill forward when the session resumes a cached prefix
     # (0: the token ids are enough); None: every prompt row, so a request never resumes a prefix.
     resume_rows: int | None = None
+    # True: the proposer sizes every draft itself from its own statistics (the suffix drafter drafts as far as
+    # its counts agree), so the session's adaptive draft length, which cuts the next draft to one more than the
+    # last accepted, is not applied on top (edgespec.speculative.session.adapts).
+    sizes_drafts: bool = False
 
     @abstractmethod
     def begin(self, prompt_ids: Sequence[int], prefill: ForwardOutput) -> None:

@@ -23,8 +23,8 @@ class SuffixKnobs:
     cache_mb: float = 16.0
     max_depth: int = 24
     max_match: int = 12
-    factor: float = 1.0
-    min_prob: float = 0.1
+    factor: float = 0.5
+    min_prob: float = 0.5
     persist_path: Path | None = None
 
 

@@ -35,10 +35,15 @@ class SuffixProposer(Proposer):
 
     name = "suffix"
     resume_rows = 0          # drafts from token ids alone
+    # K 8, half a draft token per matched token, a token's share >= 0.5 (factor, min_prob below and the
+    # suffix_* settings): chosen by replaying two recorded robot streams (robot_stream seeds 1 and 2, not the
+    # bench's seed 0; tools/suffix_replay.py) for tokens per unit of CPU verify cost, a drafted row costing 0.3 of
+    # a plain forward on the CPU demo. Deeper drafts raise AL but not speed there (docs/benchmarks.md).
     default_k = 8
+    sizes_drafts = True      # each draft runs as far as the counts agree (find), not the session's adaptive K
 
     def __init__(self, cache: SuffixCache | None = None, max_depth: int = 24, max_match: int = 12,
-                 min_match: int = 1, factor: float = 1.0, min_prob: float = 0.1, lookback: int = 2048) -> None:
+                 min_match: int = 1, factor: float = 0.5, min_prob: float = 0.5, lookback: int = 2048) -> None:
         if not 1 <= min_match <= max_match:
             raise ConfigError(f"suffix drafter: min_match {min_match} must be within 1..max_match {max_match}")
         if max_depth <= max_match:

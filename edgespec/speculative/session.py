@@ -223,8 +223,8 @@ class SpecSession:
             with tel.stage("draft"):
                 proposer.begin(prompt_ids, prefill)
                 proposer.commit([first], 0, None)
-        finish = self._cycles(out, policy, constraint, cancelled, DraftLength(k, self.adaptive_k), tel,
-                              out.emit([first]))
+        length = DraftLength(k, adapts(proposer, self.adaptive_k))
+        finish = self._cycles(out, policy, constraint, cancelled, length, tel, out.emit([first]))
         tel.decode_ms = (time.perf_counter() - t_first) * 1000.0
         tel.generated_tokens = len(out.tokens)
         if self.routing is not None:      # decode steps and verifies only, not the prefill
@@ -387,6 +387,12 @@ class SpecSession:
             verdict = policy.accept(logits, draft.tokens, draft.probs, greedy)
             replayed = self.rollback.rollback(model, cache, start, rows, verdict.accepted + 1, self.taps)
         return Cycle(verdict, replayed if replayed is not None else step, drafted)
+
+
+def adapts(proposer: Proposer | None, adaptive_k: bool) -> bool:
+    """Whether the session adapts the draft length (:class:`DraftLength`): ``adaptive_k``, unless the proposer
+    sizes its drafts itself (``Proposer.sizes_drafts``)."""
+    return adaptive_k and not (proposer is not None and proposer.sizes_drafts)
 
 
 class DraftLength:

@@ -37,8 +37,8 @@ def test_drafts_what_an_earlier_output_continued():
     history = [1, 2, 3, 41, 42, 43]
     # the request alone has no earlier 41 42 43: n-gram has nothing, the suffix drafter has the cache
     assert _started(NGramProposer(max_match=3), history).propose(43, 4) is None
-    prop = _started(SuffixProposer(cache, max_depth=16, max_match=8), history)
-    assert prop.propose(43, 4).tokens.tolist() == [44, 45, 46]       # budget = 3 matched tokens
+    prop = _started(SuffixProposer(cache, max_depth=16, max_match=8, factor=1.0), history)
+    assert prop.propose(43, 4).tokens.tolist() == [44, 45, 46]       # budget = 1 x 3 matched tokens
     assert prop.propose(43, 2).tokens.tolist() == [44, 45]
     assert prop.proposals == 2 and prop.propose_s > 0
     assert _started(SuffixProposer(None, max_depth=16, max_match=8), history).propose(43, 4) is None
@@ -48,19 +48,20 @@ def test_the_most_frequent_continuation_beats_the_latest():
     cache = SuffixCache(1 << 20, 16, 100)
     for out in ([7, 8, 9, 10, 11], [7, 8, 9, 10, 11], [7, 8, 9, 20, 21]):
         cache.add(out)
-    prop = _started(SuffixProposer(cache, max_depth=16, max_match=8), [5, 7, 8, 9])
+    prop = _started(SuffixProposer(cache, max_depth=16, max_match=8, factor=1.0, min_prob=0.1), [5, 7, 8, 9])
     assert prop.propose(9, 8).tokens.tolist() == [10, 11]
     assert prop.branches(8) == [([10, 11], 2), ([20, 21], 1)]
     # the request's own history counts too: after 7 8 9 it wrote 20 21 twice itself
-    prop = _started(SuffixProposer(cache, max_depth=16, max_match=8), [7, 8, 9, 20, 21, 7, 8, 9, 20, 21, 7, 8, 9])
+    prop = _started(SuffixProposer(cache, max_depth=16, max_match=8, factor=1.0, min_prob=0.1),
+                    [7, 8, 9, 20, 21, 7, 8, 9, 20, 21, 7, 8, 9])
     assert prop.propose(9, 2).tokens.tolist() == [20, 21]
 
 
 def test_committed_tokens_extend_the_request_trie():
-    prop = _started(SuffixProposer(None, max_depth=8, max_match=4), [1, 2, 3])
+    prop = _started(SuffixProposer(None, max_depth=8, max_match=4, factor=2.0), [1, 2, 3])
     assert prop.propose(3, 4) is None
     prop.commit([4, 1, 2], 0, None)
-    assert prop.propose(2, 4).tokens.tolist() == [3, 4]
+    assert prop.propose(2, 4).tokens.tolist() == [3, 4, 1, 2]       # 2 matched tokens x factor 2
 
 
 def _plain(model, prompt, n, arch="base"):
