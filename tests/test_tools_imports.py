@@ -71,6 +71,11 @@ def package_imports(tree: ast.AST) -> list[tuple[str, str]]:
             and node.module.split(".")[0] == "edgespec" for alias in node.names]
 
 
+def _edgespec_missing(e: ModuleNotFoundError) -> bool:
+    """Whether the module not found is ours (moved or renamed), not a third-party dependency."""
+    return (e.name or "").split(".")[0] == "edgespec"
+
+
 def missing_package_names(pairs: list[tuple[str, str]]) -> list[str]:
     """The ``module:name`` pairs that do not resolve: a module moved or renamed, or a name it no longer defines.
     A module whose own third-party dependency is missing here (e.g. Triton on a CPU box) is not judged."""
@@ -81,7 +86,7 @@ def missing_package_names(pairs: list[tuple[str, str]]) -> list[str]:
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:
-            if (e.name or "").split(".")[0] == "edgespec":
+            if _edgespec_missing(e):
                 missing.append(f"{module} (no such module)")
             continue
         except ImportError:
@@ -90,7 +95,7 @@ def missing_package_names(pairs: list[tuple[str, str]]) -> list[str]:
             try:
                 importlib.import_module(f"{module}.{name}")
             except ModuleNotFoundError as e:
-                if (e.name or "").split(".")[0] == "edgespec":
+                if _edgespec_missing(e):
                     missing.append(f"{module}:{name}")
             except ImportError:
                 continue
