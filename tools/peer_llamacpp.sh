@@ -59,6 +59,7 @@ bench)
   QUANTS=${PEER_QUANTS:-"f16 Q8_0 Q4_0 Q4_K_M"}
   PREFILL=${PEER_PREFILL:-512,2048}
   if [ "${PEER_Q4KM_DIRECT:-0}" = 1 ]; then
+    [ "$QUANTS" = Q4_K_M ] || { echo "PEER_Q4KM_DIRECT=1 writes only Q4_K_M (no F16 to quantize from): set PEER_QUANTS=Q4_K_M, not '$QUANTS'" >&2; exit 2; }
     [ -f "$MODELS/Q4_K_M.gguf" ] || "$PY" tools/peer_gguf.py "$MODELS/Q4_K_M.gguf" --gguf-py $SRC/gguf-py --q4-k-m $SHAPE
   else
     [ -f "$MODELS/f16.gguf" ] || "$PY" tools/peer_gguf.py "$MODELS/f16.gguf" --gguf-py $SRC/gguf-py $SHAPE
