@@ -19,7 +19,9 @@ Run from the repository root on a CUDA machine:  ``PYTHONPATH=. python3 tools/ke
    (default 70). ``--skip-tests --only none --fp8-sweep`` runs it alone.
 6. ``--attn-short`` times bf16 attention launches at 512 / 2048 keys, T=16 against T=1 (SmolLM2, Qwen3.5-4B and
    -27B heads), where a verify is latency-bound.
-7. ``--gdn-sweep`` times the recurrent GDN kernel's launches (dv tile, warps) at T=1 and T=16 on the
+7. ``--only tree`` (not in the default groups) times one tree-verify layer's GDN and conv, Triton against torch,
+   at 33 and 64 rows on the Qwen3.5-27B GDN shape (:func:`bench_tree`).
+8. ``--gdn-sweep`` times the recurrent GDN kernel's launches (dv tile, warps) at T=1 and T=16 on the
    Qwen3.5-4B and -27B heads (same budget).
 
 Writes everything as JSON to ``$OUT/kernel_bench.json`` when ``OUT`` is set. Prints the table last.
@@ -535,6 +537,68 @@ def bench_conv(table: Table, quick: bool) -> None:
         table.add("conv", f"C={C} K={K} T={T}{' +slots' if with_slots else ''}", gpu, t, r, nbytes, err)
 
 
+def bench_tree(table: Table, quick: bool) -> None:
+    """``--only tree``: one layer of a tree verify on the Qwen3.5-27B GDN shape (48 value heads x 128, 16 key heads
+    x 128; conv_dim 10240), 33 and 64 rows of a random tree: the Triton tree GDN (the forward's launch, then
+    tf32x3 products and other splits of dv) against the torch chunked reference, and the Triton tree conv (gates
+    fused) against the reference conv, copy and gates it replaces. Every time is a graph replay with L2 cold."""
+    gen = torch.Generator().manual_seed(0)
+    for T in (33, 64):
+        # Each node hangs off one of the three rows before it: a bushy tree of depth ~T/2.
+        _bench_tree_layer(table, [-1] + [int(torch.randint(max(0, t - 3), t, (1,), generator=gen))
+                                         for t in range(1, T)])
+
+
+def _bench_tree_layer(table: Table, parents: list[int]) -> None:
+    from edgespec.kernels.activation import gdn_gates_ref
+    from edgespec.kernels.tree import TreeMask, gdn_tree_ref, tree_conv_ref
+    from edgespec.kernels.triton_tree_gdn import gdn_tree_triton
+
+    n_k, n_v, dk, dv = 16, 48, 128, 128
+    C, K, T = 2 * n_k * dk + n_v * dv, 4, len(parents)
+    tree = TreeMask.from_parents(torch.tensor(parents), DEV)
+    fused, q, k, v, g, beta, state = _gdn_inputs(T, n_k, n_v, dk, dv)
+    nbytes = n_v * dk * dv * 4 + fused.nbytes + T * n_v * dv * 2
+    ref_fn = partial(gdn_tree_ref, q, k, v, g, beta, state, tree.ancestors)
+    ref = ref_fn()
+    torch_us = graph_us(ref_fn)
+    table.add("tree-gdn-torch", f"27B T={T} reference", torch_us, None, None, nbytes)
+    for precision, parts, warps in (("ieee", None, None), ("tf32x3", None, None), ("ieee", 1, None),
+                                    ("ieee", 2, 4), ("ieee", 4, None), ("ieee", 1, 4)):
+        fn = partial(gdn_tree_triton, q, k, v, g, beta, state, tree.bits, torch.bfloat16, precision=precision,
+                     parts=parts, num_warps=warps)
+        err = rel_err(fn(), ref)
+        gpu = graph_us(fn)
+        name = "tree-gdn" if (precision, parts, warps) == ("ieee", None, None) else "  tree-gdn"
+        table.add(name, f"27B T={T} {precision} parts={parts or 'auto'} warps={warps or 'auto'}", gpu,
+                  bench_ms(fn, True), None, nbytes, err, torch_over_triton=torch_us / gpu)
+    x = fused
+    w = torch.randn(C, K, device=DEV, dtype=torch.bfloat16)
+    cstate = torch.randn(C, K - 1, device=DEV, dtype=torch.bfloat16)
+    a, b = (torch.randn(T, n_v, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    A_log, dt_bias = torch.randn(n_v, device=DEV), torch.randn(n_v, device=DEV)
+    out, x_save = torch.empty_like(x), torch.empty_like(x)
+    gates = (torch.empty(T, n_v, device=DEV), torch.empty(T, n_v, device=DEV))
+
+    def conv_ref() -> None:                      # what the tree path ran before: conv, input copy, gates
+        out.copy_(tree_conv_ref(x, cstate, w, tree))
+        x_save.copy_(x)
+        for dst, src in zip(gates, gdn_gates_ref(a, b, A_log, dt_bias), strict=True):
+            dst.copy_(src)
+
+    conv_ref()
+    ref_out = out.clone()
+    conv_torch = graph_us(conv_ref)
+    table.add("tree-conv-torch", f"C={C} K={K} T={T} + gates, reference", conv_torch, None, None,
+              3 * x.nbytes + w.nbytes)
+    fn = partial(causal_conv1d_triton, x, cstate, w, update_state=False, out=out, x_save=x_save,
+                 gates=(a, b, A_log, dt_bias, *gates), tree=(tree.parents, tree.depths))
+    fn()
+    gpu = graph_us(fn)
+    table.add("tree-conv", f"C={C} K={K} T={T} + gates", gpu, bench_ms(fn, True), None, 3 * x.nbytes + w.nbytes,
+              rel_err(out, ref_out), torch_over_triton=conv_torch / gpu)
+
+
 def bench_norm(table: Table, quick: bool) -> None:
     for T in (1, 16, 2048):
         x = torch.randn(T, 5120, device=DEV, dtype=torch.bfloat16)
@@ -603,6 +667,7 @@ def main() -> int:
         ("gdn", lambda: bench_gdn(table, args.quick)),
         ("conv", lambda: bench_conv(table, args.quick)),
         ("norm", lambda: bench_norm(table, args.quick)),
+        ("tree", lambda: bench_tree(table, args.quick)),
     ]
     errors = []
     for group, run in benches:

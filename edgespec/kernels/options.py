@@ -29,6 +29,7 @@ class KernelOptions:
     skinny: str = "all"                # 2-16-row products: all on the skinny GEMM, or "wide" ones only
     gdn_block_v: int | None = None     # GDN recurrence value tile (None: the tuned choice)
     gdn_warps: int | None = None       # GDN recurrence warps per program (None: the tuned choice)
+    tree_triton: bool = True           # a tree verify's GDN and conv on Triton (False: the torch reference)
     gguf_native: bool = True           # the compiled GGUF CPU products (False: torch reference)
     gguf_threads: int | None = None    # threads of one GGUF CPU product (None: every core this process may use)
 

@@ -13,7 +13,10 @@ each row sits at position ``start + depth`` and must see only the committed pref
   system stays unit lower triangular. The committed state is read, never written: the commit advances it along the
   accepted path only (:meth:`edgespec.cache.model_cache.ModelCache.commit_path`).
 
-Every op equals running each root-to-leaf branch as its own chain (tests/kernels/test_tree_kernels.py).
+Every op equals running each root-to-leaf branch as its own chain (tests/kernels/test_tree_kernels.py). On CUDA the
+conv and GDN run as Triton kernels (:func:`tree_conv_gates`, :func:`gdn_tree`; the ``tree_triton`` kernel option
+switches them back to the references here for an A/B), checked against these references and the chains
+(tests/kernels/test_tree_triton.py).
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ import torch.nn.functional as F
 
 from edgespec.cache.kv import KVCache
 from edgespec.kernels import use_triton
+from edgespec.kernels.activation import gdn_gates
 from edgespec.kernels.gdn import prepare_qk
+from edgespec.kernels.options import active
 
 # Rows a tree forward may have: the Triton attention reads each row's ancestors as one 64-bit mask.
 MAX_TREE_ROWS = 64
@@ -131,6 +136,25 @@ def tree_conv_ref(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, tr
     return F.silu(conv).t().to(x.dtype).contiguous()
 
 
+def tree_conv_gates(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                    A_log: torch.Tensor, dt_bias: torch.Tensor, tree: TreeMask, *, out: torch.Tensor,
+                    x_save: torch.Tensor, gates_out: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """A tree verify's conv (:func:`tree_conv_ref`'s contract) and its GDN gates: ``out [T, C]`` takes the conv,
+    ``x_save [T, C]`` the inputs as the window stores them (what the commit replays along the accepted path) and
+    ``gates_out`` ``(g, beta)``. On CUDA one Triton launch (the chain conv kernel walking each row's ancestors
+    through the tree's parents on the device: nothing host-built, so it can be captured); else the reference."""
+    if use_triton(x) and active().tree_triton:
+        from edgespec.kernels.triton_activation import check_gates
+        from edgespec.kernels.triton_conv import causal_conv1d_triton
+        a, b, g, beta = check_gates(a, b, A_log, dt_bias, gates_out)
+        causal_conv1d_triton(x, state, weight, update_state=False, out=out, x_save=x_save,
+                             gates=(a, b, A_log, dt_bias, g, beta), tree=(tree.parents, tree.depths))
+        return
+    out.copy_(tree_conv_ref(x, state, weight, tree))
+    x_save.copy_(x)
+    gdn_gates(a, b, A_log, dt_bias, out=gates_out)
+
+
 # -- Gated DeltaNet -----------------------------------------------------------------------------------------------
 def gdn_tree_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                  state: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
@@ -157,3 +181,13 @@ def gdn_tree_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
     u = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
     o = G.exp()[:, :, None] * (qh @ state) + (decay * (qh @ kh.transpose(-1, -2))) @ u
     return o.transpose(0, 1).contiguous()
+
+
+def gdn_tree(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+             state: torch.Tensor, tree: TreeMask, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Dispatch: :func:`edgespec.kernels.triton_tree_gdn.gdn_tree_triton` on CUDA (unless the ``tree_triton`` kernel
+    option is off), else :func:`gdn_tree_ref`. ``state`` is read, never written. Returns ``[T, Hv, dv]``."""
+    if use_triton(v) and active().tree_triton:
+        from edgespec.kernels.triton_tree_gdn import gdn_tree_triton
+        return gdn_tree_triton(q, k, v, g, beta, state, tree.bits, out_dtype)
+    return gdn_tree_ref(q, k, v, g, beta, state, tree.ancestors).to(out_dtype)

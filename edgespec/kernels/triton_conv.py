@@ -10,6 +10,10 @@ old state, as ``BLOCK_T >= K-1``) writes the new one, after a barrier.
 Rounding follows the reference step by step: x is cast to the state dtype (``torch.cat`` does that), the
 sequence to the weight dtype, the conv sum is rounded to the weight dtype before SiLU (``F.conv1d`` returns it
 so), and SiLU's result is rounded to the weight dtype (``F.silu`` keeps it), then to x's dtype.
+
+A tree verify (``tree=(parents, depths)``, :mod:`edgespec.kernels.tree`) runs the same program with each tap read
+from the row's own ancestor instead of the row before it, walked up the parents on the device: every branch of the
+tree then gets, bit for bit, what this kernel gives for that branch run as a chain.
 """
 
 from __future__ import annotations
@@ -34,13 +38,24 @@ def _seq_rows(x_ptr, state_ptr, c, c_ok, rows, T, stride_xt, KM1: tl.constexpr):
 
 
 @triton.jit
+def _tree_tap_rows(par_ptr, dep_ptr, t, t_ok, UP: tl.constexpr):
+    """``seq`` row index of the tap ``UP`` steps up each tree row's own branch: the ancestor's row, or, once the
+    branch ends at the root (depth < UP), the committed state's column as a negative row (``-(UP - depth)``)."""
+    cur = t
+    for _ in tl.static_range(UP):
+        cur = tl.load(par_ptr + cur, mask=t_ok & (cur >= 0), other=-1)
+    depth = tl.load(dep_ptr + t, mask=t_ok, other=0)
+    return tl.where(UP <= depth, cur, depth - UP)
+
+
+@triton.jit
 def _causal_conv1d_kernel(
     x_ptr, state_ptr, w_ptr, slots_ptr, out_ptr, xs_ptr,
-    a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr,
+    a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, par_ptr, dep_ptr,
     T, C, stride_xt, stride_ot, stride_slot, stride_xst, H, stride_a, stride_b,
     K: tl.constexpr, KM1_P2: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
     SAVE_SLOTS: tl.constexpr, UPDATE_STATE: tl.constexpr, SAVE_X: tl.constexpr,
-    FUSE_GATES: tl.constexpr, GATE_BLOCK: tl.constexpr, PDL: tl.constexpr,
+    FUSE_GATES: tl.constexpr, GATE_BLOCK: tl.constexpr, TREE: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
     pid_c = tl.program_id(0)
@@ -59,8 +74,13 @@ def _causal_conv1d_kernel(
     acc = tl.zeros([BLOCK_T, BLOCK_C], tl.float32)
     w_ty = w_ptr.dtype.element_ty
     for j in tl.static_range(K):
-        # Tap j of output row t reads seq column t + j, i.e. x row t + j - (K-1).
-        val = _seq_rows(x_ptr, state_ptr, c, c_ok, t + j - (K - 1), T, stride_xt, K - 1)
+        # Tap j of output row t reads seq column t + j, i.e. x row t + j - (K-1); a tree row reads its own
+        # ancestor K-1-j steps up instead (``par_ptr`` / ``dep_ptr``: the tree's parents and depths).
+        if TREE:
+            rows = _tree_tap_rows(par_ptr, dep_ptr, t, t_ok, K - 1 - j)
+        else:
+            rows = t + j - (K - 1)
+        val = _seq_rows(x_ptr, state_ptr, c, c_ok, rows, T, stride_xt, K - 1)
         w = tl.load(w_ptr + c * K + j, mask=c_ok, other=0.0)
         acc += w.to(tl.float32)[None, :] * val.to(w_ty).to(tl.float32)
         if SAVE_SLOTS:
@@ -95,14 +115,17 @@ def _causal_conv1d_kernel(
 def causal_conv1d_triton(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor,
                          slots: torch.Tensor | None = None, *, update_state: bool = True,
                          out: torch.Tensor | None = None, x_save: torch.Tensor | None = None,
-                         gates: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+                         gates: tuple[torch.Tensor, ...] | None = None,
+                         tree: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """``silu(causal depthwise conv)`` of ``x [T, C]`` continuing from ``state [C, K-1]`` (updated in place unless
     ``update_state`` is False).
 
     With ``slots [>=T+1, C, K-1]`` the state after row i goes to slot i+1; ``x_save [T, C]`` (state dtype)
     receives x as the state stores it; ``out [T, C]`` (x's dtype) takes the result. ``gates``: ``(a, b, A_log,
     dt_bias, g, beta)`` as checked by ``triton_activation.check_gates``: the GDN gates are computed in the same
-    launch. Returns ``[T, C]`` in x's dtype.
+    launch. ``tree``: ``(parents, depths)``, ``[T]`` int64 on x's device (:class:`edgespec.kernels.tree.TreeMask`):
+    row t's window is its own ancestors (a tree verify), so the state is only read (no ``slots``, no update).
+    Returns ``[T, C]`` in x's dtype.
     """
     T, C = x.shape
     K = weight.shape[1]
@@ -123,6 +146,13 @@ def causal_conv1d_triton(x: torch.Tensor, state: torch.Tensor, weight: torch.Ten
         raise ValueError(f"conv out must be a [{T}, {C}] {x.dtype} tensor with unit column stride")
     if x_save is not None and (x_save.shape != (T, C) or x_save.dtype != state.dtype or x_save.stride(1) != 1):
         raise ValueError(f"conv x_save must be a [{T}, {C}] {state.dtype} tensor with unit column stride")
+    if tree is not None:
+        parents, depths = tree
+        if update_state or slots is not None:
+            raise ValueError("a tree conv reads the committed state only: no slots, update_state=False")
+        for name, t in (("parents", parents), ("depths", depths)):
+            if t.shape != (T,) or t.dtype != torch.int64 or t.device != x.device or not t.is_contiguous():
+                raise ValueError(f"tree conv {name} must be a contiguous int64 [{T}] tensor on {x.device}")
     if T == 0:
         return out
     if gates is not None:
@@ -142,11 +172,12 @@ def causal_conv1d_triton(x: torch.Tensor, state: torch.Tensor, weight: torch.Ten
     block_c = 128 if block_t >= 8 else 256
     _causal_conv1d_kernel[(triton.cdiv(C, block_c), triton.cdiv(T, block_t))](
         x, state, weight, slots if slots is not None else state, out, x_save if x_save is not None else state,
-        *gate_args,
+        *gate_args, *(tree if tree is not None else (state, state)),
         T, C, x.stride(0), out.stride(0), slots.stride(0) if slots is not None else 0,
         x_save.stride(0) if x_save is not None else 0, *gate_dims,
         K=K, KM1_P2=max(2, triton.next_power_of_2(K - 1)), BLOCK_T=block_t, BLOCK_C=block_c,
         SAVE_SLOTS=slots is not None, UPDATE_STATE=update_state, SAVE_X=x_save is not None,
-        FUSE_GATES=gates is not None, GATE_BLOCK=gate_block, PDL=bool(pdl), num_warps=4, **pdl,
+        FUSE_GATES=gates is not None, GATE_BLOCK=gate_block, TREE=tree is not None, PDL=bool(pdl), num_warps=4,
+        **pdl,
     )
     return out

@@ -10,11 +10,10 @@ import torch
 from torch import nn
 
 from edgespec.cache.state import GDNState, StateMode
-from edgespec.kernels.activation import gdn_gates
 from edgespec.kernels.conv import causal_conv1d_gates
 from edgespec.kernels.gdn import gdn_chunked, gdn_recurrent
 from edgespec.kernels.norm import gated_rms_norm
-from edgespec.kernels.tree import TreeMask, gdn_tree_ref, tree_conv_ref
+from edgespec.kernels.tree import TreeMask, gdn_tree, tree_conv_gates
 from edgespec.models.config import ModelConfig
 from edgespec.models.layers import Linear, merge_linears
 
@@ -71,10 +70,9 @@ class GatedDeltaNet(nn.Module):
         weight = self.conv1d.weight[:, 0, :]
         if tree is not None:
             # Conv over each row's ancestors; the kept inputs are what the commit replays along the accepted path.
-            qkv = pending.qkv[:T]
-            qkv.copy_(tree_conv_ref(mixed, state.conv, weight, tree))
-            pending.x[:T].copy_(mixed)
-            g, beta = gdn_gates(a, b, self.A_log, self.dt_bias, out=(pending.g[:T], pending.beta[:T]))
+            qkv, g, beta = pending.qkv[:T], pending.g[:T], pending.beta[:T]
+            tree_conv_gates(mixed, state.conv, weight, a, b, self.A_log, self.dt_bias, tree, out=qkv,
+                            x_save=pending.x[:T], gates_out=(g, beta))
         elif pending is None:
             qkv, g, beta = causal_conv1d_gates(mixed, state.conv, weight, a, b, self.A_log, self.dt_bias, conv_slots)
         else:
@@ -88,7 +86,7 @@ class GatedDeltaNet(nn.Module):
             q, k = q.repeat(1, self.tile_keys, 1), k.repeat(1, self.tile_keys, 1)   # key head h % hk per value head
         v = v.reshape(T, self.hv, self.dv)
         if tree is not None:
-            o = gdn_tree_ref(q, k, v, g, beta, state.recurrent, tree.ancestors).to(x.dtype)
+            o = gdn_tree(q, k, v, g, beta, state.recurrent, tree, x.dtype)
         elif chunked and not (checkpoint or defer):
             o = gdn_chunked(q, k, v, g, beta, state.recurrent).to(x.dtype)
         else:
