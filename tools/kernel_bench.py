@@ -563,14 +563,14 @@ def _bench_tree_layer(table: Table, parents: list[int]) -> None:
     ref = ref_fn()
     torch_us = graph_us(ref_fn)
     table.add("tree-gdn-torch", f"27B T={T} reference", torch_us, None, None, nbytes)
-    for precision, parts, warps in (("ieee", None, None), ("tf32x3", None, None), ("ieee", 1, None),
-                                    ("ieee", 2, 4), ("ieee", 4, None), ("ieee", 1, 4)):
+    for precision, parts, warps in (("ieee", 1, None), ("tf32x3", 1, None), ("ieee", 2, None),
+                                    ("ieee", 1, 16), ("tf32x3", 1, 16)):
         fn = partial(gdn_tree_triton, q, k, v, g, beta, state, tree.bits, torch.bfloat16, precision=precision,
                      parts=parts, num_warps=warps)
         err = rel_err(fn(), ref)
         gpu = graph_us(fn)
-        name = "tree-gdn" if (precision, parts, warps) == ("ieee", None, None) else "  tree-gdn"
-        table.add(name, f"27B T={T} {precision} parts={parts or 'auto'} warps={warps or 'auto'}", gpu,
+        name = "tree-gdn" if (precision, parts, warps) == ("ieee", 1, None) else "  tree-gdn"
+        table.add(name, f"27B T={T} {precision} parts={parts} warps={warps or 'auto'}", gpu,
                   bench_ms(fn, True), None, nbytes, err, torch_over_triton=torch_us / gpu)
     x = fused
     w = torch.randn(C, K, device=DEV, dtype=torch.bfloat16)

@@ -77,10 +77,10 @@ def _causal_conv1d_kernel(
         # Tap j of output row t reads seq column t + j, i.e. x row t + j - (K-1); a tree row reads its own
         # ancestor K-1-j steps up instead (``par_ptr`` / ``dep_ptr``: the tree's parents and depths).
         if TREE:
-            rows = _tree_tap_rows(par_ptr, dep_ptr, t, t_ok, K - 1 - j)
+            tap = _tree_tap_rows(par_ptr, dep_ptr, t, t_ok, K - 1 - j)
         else:
-            rows = t + j - (K - 1)
-        val = _seq_rows(x_ptr, state_ptr, c, c_ok, rows, T, stride_xt, K - 1)
+            tap = t + j - (K - 1)
+        val = _seq_rows(x_ptr, state_ptr, c, c_ok, tap, T, stride_xt, K - 1)
         w = tl.load(w_ptr + c * K + j, mask=c_ok, other=0.0)
         acc += w.to(tl.float32)[None, :] * val.to(w_ty).to(tl.float32)
         if SAVE_SLOTS:

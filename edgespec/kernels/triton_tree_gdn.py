@@ -16,9 +16,16 @@ all in registers, in one launch per layer:
   and never written (the commit advances it along the accepted path only).
 
 Products run in IEEE fp32 (``input_precision="ieee"``) by default, so the result tracks the fp32 reference rather
-than a tf32 approximation of it; ``precision="tf32x3"`` is the faster near-fp32 alternative the tree-cost tool
-times. The ancestor mask is read from :class:`~edgespec.kernels.tree.TreeMask`'s 64-bit rows (``bits``), so a
-launch needs no host-built table and nothing that depends on the tree's values: it can be captured in a CUDA graph.
+than a tf32 approximation of it; ``precision="tf32x3"`` is the faster near-fp32 alternative ``tools/kernel_bench.py
+--only tree`` times. The ancestor mask is read from :class:`~edgespec.kernels.tree.TreeMask`'s 64-bit rows
+(``bits``), so a launch needs no host-built table and nothing that depends on the tree's values: it can be captured
+in a CUDA graph.
+
+Not the default (``tree_kernels: triton`` chooses it): on an H200, one 27B layer at 33 rows took 293 us (ieee;
+253 us with one part per head, 140 us with tf32x3) against the torch reference's 135 us. What bounds it: each head's
+work (~7 M fp32 FMAs at 64 rows) runs on the CUDA cores of one SM, the FMA products of 64 x 128 fp32 tiles spill
+(ptxas: 255 registers and ~10 kB of spill stores a thread at 8 warps), 33 rows pad to 64, and the doubling inverse
+multiplies whole 64 x 64 tiles (3.1 M FMAs) where only the diagonal blocks carry work (0.09 M).
 """
 
 from __future__ import annotations
@@ -27,7 +34,6 @@ import torch
 import triton
 import triton.language as tl
 
-from edgespec.kernels import sm_count
 from edgespec.kernels.triton_gdn import _check
 
 PRECISIONS = ("ieee", "tf32x3")
@@ -47,12 +53,9 @@ def _gdn_tree_kernel(
     r = tl.arange(0, T_PAD)
     ok = r < T
     ik = tl.arange(0, DK)
-    # l2-normalised q (scaled by dk^-0.5) and k, as prepare_qk does; padding rows are zero and write nothing.
-    q = tl.load(q_ptr + r[:, None] * stride_qt + hk * stride_qh + ik[None, :], mask=ok[:, None], other=0.0)
+    # l2-normalised k (and q below, scaled by dk^-0.5), as prepare_qk does; padding rows are zero and write nothing.
     k = tl.load(k_ptr + r[:, None] * stride_kt + hk * stride_kh + ik[None, :], mask=ok[:, None], other=0.0)
-    q = q.to(tl.float32)
     k = k.to(tl.float32)
-    q = q * (tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6) * q_scale)[:, None]
     k = k * tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
     g = tl.load(g_ptr + r * stride_gt + j, mask=ok, other=0.0).to(tl.float32)
     beta = tl.load(b_ptr + r * stride_bt + j, mask=ok, other=0.0).to(tl.float32)
@@ -66,14 +69,18 @@ def _gdn_tree_kernel(
     A = tl.where(diag, 0.0, beta[:, None] * decay * kk)
     X = tl.where(diag, 1.0, 0.0)
     for lvl in tl.static_range(LOG_T):
-        b: tl.constexpr = 1 << lvl
-        lower = ((r[:, None] // (2 * b)) == (r[None, :] // (2 * b))) & ((r[:, None] % (2 * b)) >= b) \
-            & ((r[None, :] % (2 * b)) < b)
+        # blocks of b = 2^lvl: row and column in one 2b block, the row in its lower half, the column in its upper
+        lower = ((r[:, None] >> (lvl + 1)) == (r[None, :] >> (lvl + 1))) & (((r[:, None] >> lvl) & 1) == 1) \
+            & (((r[None, :] >> lvl) & 1) == 0)
         fill = tl.dot(tl.where(lower, A, 0.0), X, input_precision=PRECISION)
         X = X - tl.dot(X, fill, input_precision=PRECISION)
     eg = tl.exp(G)
-    P = decay * tl.dot(q, tl.trans(k), input_precision=PRECISION)
     W = tl.dot(X, (beta * eg)[:, None] * k, input_precision=PRECISION)   # [T, DK]: X diag(beta e^G) K
+    # q only now: [T, DK] tiles are what fills the registers, so fewer of them live through the inverse.
+    q = tl.load(q_ptr + r[:, None] * stride_qt + hk * stride_qh + ik[None, :], mask=ok[:, None], other=0.0)
+    q = q.to(tl.float32)
+    q = q * (tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6) * q_scale)[:, None]
+    P = decay * tl.dot(q, tl.trans(k), input_precision=PRECISION)
     Qs = eg[:, None] * q - tl.dot(P, W, input_precision=PRECISION)     # multiplies S0
     Pv = tl.dot(P, X * beta[None, :], input_precision=PRECISION)       # multiplies V
     for i in range(PART_V // BLOCK_V):
@@ -85,24 +92,16 @@ def _gdn_tree_kernel(
                  mask=ok[:, None])
 
 
-def tree_gdn_parts(n_v: int, dv: int, block_v: int, device: torch.device) -> int:
-    """Programs per value head: the dv columns are split (each part redoes the head's T x T work) only while the
-    heads alone leave SMs idle -- 48 heads on a 132-SM H200 take 2 parts, on Thor's 20 SMs one."""
-    parts = 1
-    while parts * 2 * n_v <= sm_count(device) and dv // (parts * 2) >= block_v:
-        parts *= 2
-    return parts
-
-
 def gdn_tree_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                     state: torch.Tensor, bits: torch.Tensor, out_dtype: torch.dtype = torch.float32, *,
-                    precision: str = "ieee", parts: int | None = None, block_v: int = 32,
+                    precision: str = "ieee", parts: int = 1, block_v: int = 32,
                     num_warps: int | None = None) -> torch.Tensor:
     """Tree GDN of ``T <= 64`` rows; same contract as :func:`edgespec.kernels.tree.gdn_tree_ref`, with the ancestor
     mask given as :class:`~edgespec.kernels.tree.TreeMask`'s ``bits`` (``[T]`` int64, bit s of row t set when s is
     on t's path). ``state`` is read, never written. Returns ``o [T, Hv, dv]`` in ``out_dtype``.
-    ``precision``, ``parts`` (programs per value head), ``block_v`` and ``num_warps``: the launch (benchmarks try
-    others; the defaults are what a forward uses)."""
+    ``precision``, ``parts`` (programs per value head, each redoing the head's T x T work for its share of dv),
+    ``block_v`` and ``num_warps``: the launch (benchmarks try others; the defaults are what a forward uses: one part
+    per head took 253 us against two parts' 293 us per 27B layer at 33 rows on an H200)."""
     q, k, v = _check(q, k, v, g, beta, state)
     T, n_k, dk = q.shape
     n_v, dv = v.shape[1], v.shape[2]
@@ -115,8 +114,7 @@ def gdn_tree_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     if g.stride(-1) != 1 or beta.stride(-1) != 1:
         raise ValueError("tree GDN gates need a unit-stride last dim")
     block_v = min(block_v, dv)
-    parts = parts or tree_gdn_parts(n_v, dv, block_v, v.device)
-    if dv % (parts * block_v):
+    if parts < 1 or dv % (parts * block_v):
         raise ValueError(f"tree GDN: {parts} parts of {block_v}-wide tiles do not divide dv={dv}")
     t_pad = max(16, triton.next_power_of_2(T))   # tl.dot needs 16 rows at least
     out = torch.empty((T, n_v, dv), dtype=out_dtype, device=v.device)
@@ -127,6 +125,6 @@ def gdn_tree_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         out.stride(0), out.stride(1),
         RATIO=n_v // n_k, DK=dk, DV=dv, T_PAD=t_pad, LOG_T=t_pad.bit_length() - 1, BLOCK_V=block_v,
-        PART_V=dv // parts, PRECISION=precision, num_warps=num_warps or (8 if t_pad * dk >= 8192 else 4),
+        PART_V=dv // parts, PRECISION=precision, num_warps=num_warps or (8 if t_pad * dk >= 4096 else 4),
     )
     return out

@@ -73,7 +73,7 @@ def test_tree_forward_must_be_committed(tiny_models):
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
 @pytest.mark.parametrize("kv_fp8", [False, True], ids=["kv-model", "kv-fp8"])
 def test_tree_forward_cuda(tmp_path, family, kv_fp8):
-    """On CUDA in fp32: the Triton tree attention (model-dtype and FP8 KV), tree conv and tree GDN on the device.
+    """On CUDA in fp32: the Triton tree attention (model-dtype and FP8 KV) and the GDN tree reference on the device.
     bf16 is left out: on an H200 3 of its 4 cases differed from the chain by more than 2% of the logits' norm (the
     tree runs other kernels than the chain); whether that is rounding alone is not settled yet."""
     if not torch.cuda.is_available():
