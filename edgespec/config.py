@@ -129,7 +129,7 @@ class Settings:
     gdn_block_v: int | None = _knob(None, "GDN recurrence value tile, a power of two; None = tuned choice", min=4)
     gdn_warps: int | None = _knob(None, "GDN recurrence warps per program (1, 2, 4, 8); None = tuned choice", min=1,
                                   max=8)
-    tree_kernels: Literal["reference", "conv", "triton"] = _knob(
+    draft_tree_kernels: Literal["reference", "conv", "triton"] = _knob(
         "reference", "tree verify's conv and Gated DeltaNet on CUDA: torch references, the Triton conv only, or the "
         "Triton conv and GDN (slower than the reference on an H200: docs/benchmarks.md)")
     gguf_native: bool = _knob(True, "compiled GGUF CPU products (built on first use); false = torch reference")

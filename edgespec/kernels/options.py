@@ -33,15 +33,15 @@ class KernelOptions:
     skinny: str = "all"                # 2-16-row products: all on the skinny GEMM, or "wide" ones only
     gdn_block_v: int | None = None     # GDN recurrence value tile (None: the tuned choice)
     gdn_warps: int | None = None       # GDN recurrence warps per program (None: the tuned choice)
-    tree_kernels: str = "reference"    # a tree verify's conv / GDN on CUDA: "reference", "conv" or "triton"
+    draft_tree_kernels: str = "reference"    # a tree verify's conv / GDN on CUDA: "reference", "conv" or "triton"
     gguf_native: bool = True           # the compiled GGUF CPU products (False: torch reference)
     gguf_threads: int | None = None    # threads of one GGUF CPU product (None: every core this process may use)
 
     def __post_init__(self) -> None:
         if self.skinny not in ("all", "wide"):
             raise ConfigError(f"skinny {self.skinny!r}: give 'all' or 'wide'")
-        if self.tree_kernels not in TREE_KERNELS:
-            raise ConfigError(f"tree_kernels {self.tree_kernels!r}: give one of {', '.join(TREE_KERNELS)}")
+        if self.draft_tree_kernels not in TREE_KERNELS:
+            raise ConfigError(f"draft_tree_kernels {self.draft_tree_kernels!r}: give one of {', '.join(TREE_KERNELS)}")
         tile = self.gdn_block_v
         if tile is not None and (tile < 4 or tile & (tile - 1)):
             raise ConfigError(f"gdn_block_v {tile}: give a power of two >= 4 (or leave it unset)")

@@ -15,9 +15,10 @@ each row sits at position ``start + depth`` and must see only the committed pref
 
 Every op equals running each root-to-leaf branch as its own chain (tests/kernels/test_tree_kernels.py). The conv and
 the GDN have Triton kernels too (:func:`tree_conv_gates`, :mod:`edgespec.kernels.triton_tree_gdn`), checked against
-these references and the chains (tests/kernels/test_tree_triton.py) and chosen on CUDA by the ``tree_kernels`` kernel
-option: ``reference`` (the default), ``conv`` or ``triton``. The Triton GDN took 293 us per 27B layer against the
-reference's 135 us on an H200 (docs/benchmarks.md); the conv's CUDA tests have not run yet, so neither is the default.
+these references and the chains (tests/kernels/test_tree_triton.py) and chosen on CUDA by the
+``draft_tree_kernels`` kernel option: ``reference`` (the default), ``conv`` or ``triton``. The Triton GDN took
+293 us per 27B layer against the reference's 135 us on an H200 (docs/benchmarks.md); the conv's CUDA tests have not
+run yet, so neither is the default.
 """
 
 from __future__ import annotations
@@ -143,9 +144,9 @@ def tree_conv_gates(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, 
     """A tree verify's conv (:func:`tree_conv_ref`'s contract) and its GDN gates: ``out [T, C]`` takes the conv,
     ``x_save [T, C]`` the inputs as the window stores them (what the commit replays along the accepted path) and
     ``gates_out`` ``(g, beta)``. On CUDA one Triton launch (the chain conv kernel walking each row's ancestors
-    through the tree's parents on the device: nothing host-built, so it can be captured) when the ``tree_kernels``
+    through the tree's parents on the device: nothing host-built, so it can be captured) when the ``draft_tree_kernels``
     kernel option is ``conv`` or ``triton``; else the reference."""
-    if use_triton(x) and active().tree_kernels != "reference":
+    if use_triton(x) and active().draft_tree_kernels != "reference":
         from edgespec.kernels.triton_activation import check_gates
         from edgespec.kernels.triton_conv import causal_conv1d_triton
         a, b, g, beta = check_gates(a, b, A_log, dt_bias, gates_out)
@@ -187,10 +188,10 @@ def gdn_tree_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
 
 def gdn_tree(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
              state: torch.Tensor, tree: TreeMask, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Dispatch: :func:`edgespec.kernels.triton_tree_gdn.gdn_tree_triton` on CUDA when the ``tree_kernels`` kernel
+    """Dispatch: :func:`edgespec.kernels.triton_tree_gdn.gdn_tree_triton` on CUDA when the ``draft_tree_kernels`` kernel
     option is ``triton``, else :func:`gdn_tree_ref` (the faster of the two on an H200, see the module docstring).
     ``state`` is read, never written. Returns ``[T, Hv, dv]``."""
-    if use_triton(v) and active().tree_kernels == "triton":
+    if use_triton(v) and active().draft_tree_kernels == "triton":
         from edgespec.kernels.triton_tree_gdn import gdn_tree_triton
         return gdn_tree_triton(q, k, v, g, beta, state, tree.bits, out_dtype)
     return gdn_tree_ref(q, k, v, g, beta, state, tree.ancestors).to(out_dtype)

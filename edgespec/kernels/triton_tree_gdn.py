@@ -21,7 +21,7 @@ than a tf32 approximation of it; ``precision="tf32x3"`` is the faster near-fp32 
 (``bits``), so a launch needs no host-built table and nothing that depends on the tree's values: it can be captured
 in a CUDA graph.
 
-Not the default (``tree_kernels: triton`` chooses it): on an H200, one 27B layer at 33 rows took 293 us (ieee;
+Not the default (``draft_tree_kernels: triton`` chooses it): on an H200, one 27B layer at 33 rows took 293 us (ieee;
 253 us with one part per head, 140 us with tf32x3) against the torch reference's 135 us. What bounds it: each head's
 work (~7 M fp32 FMAs at 64 rows) runs on the CUDA cores of one SM, the FMA products of 64 x 128 fp32 tiles spill
 (ptxas: 255 registers and ~10 kB of spill stores a thread at 8 warps), 33 rows pad to 64, and the doubling inverse

@@ -49,10 +49,10 @@ def test_kernel_switches_in_the_environment_are_settings(monkeypatch, capsys, de
     assert options.active().gluon is False             # the engine fixed what the environment said
     env = {"EDGESPEC_GLUON": "0", "EDGESPEC_PDL": "0", "EDGESPEC_NO_TRITON": "1", "EDGESPEC_SKINNY": "wide",
            "EDGESPEC_GDN_BLOCK_V": "32", "EDGESPEC_GDN_WARPS": "2", "EDGESPEC_GGUF_NATIVE": "0",
-           "EDGESPEC_GGUF_THREADS": "3", "EDGESPEC_TREE_KERNELS": "conv"}
+           "EDGESPEC_GGUF_THREADS": "3", "EDGESPEC_DRAFT_TREE_KERNELS": "conv"}
     got = KernelOptions.from_settings(load_settings(environ=env))
     assert got == KernelOptions(no_triton=True, gluon=False, pdl=False, skinny="wide", gdn_block_v=32, gdn_warps=2,
-                                gguf_native=False, gguf_threads=3, tree_kernels="conv")
+                                gguf_native=False, gguf_threads=3, draft_tree_kernels="conv")
     assert got == KernelOptions.from_environ(env)
     assert set(KERNEL_SETTINGS) <= set(Settings.__dataclass_fields__)
 
@@ -63,7 +63,7 @@ def test_kernel_switches_in_the_environment_are_settings(monkeypatch, capsys, de
     ("EDGESPEC_SKINNY", "narrow", "skinny .*'narrow' is not one of all, wide"),
     ("EDGESPEC_GGUF_THREADS", "0", "gguf_threads .*below the minimum 1"),
     ("EDGESPEC_GLUON", "maybe", "gluon .*'maybe' is not a valid bool"),
-    ("EDGESPEC_TREE_KERNELS", "fast", "tree_kernels .*'fast' is not one of reference, conv, triton"),
+    ("EDGESPEC_DRAFT_TREE_KERNELS", "fast", "draft_tree_kernels .*'fast' is not one of reference, conv, triton"),
 ])
 def test_bad_kernel_options_are_refused_by_name(name, value, problem):
     with pytest.raises(ConfigError, match=problem):
