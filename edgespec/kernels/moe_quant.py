@@ -13,7 +13,9 @@ runs in the same launches as the routed ones (its weights read once per forward,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -69,36 +71,57 @@ class StackedInt4:
                                  f"{shape} {dtype}, contiguous")
 
 
-def with_shared_slot(weights: torch.Tensor, experts: torch.Tensor, stack: StackedInt4,
+class ExpertStack(Protocol):
+    """What the routing side reads of any stacked expert set (int4 here, NVFP4 and block-FP8 in
+    ``edgespec.kernels.moe_packed``): how many experts, and whether the last one is the shared expert."""
+
+    shared: bool
+
+    @property
+    def experts(self) -> int: ...
+
+
+def with_shared_slot(weights: torch.Tensor, experts: torch.Tensor, stack: ExpertStack,
                      shared_weight: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The routing with the shared expert as one more slot per row (expert E' - 1, weight ``shared_weight [T, 1]``)
     when the stack holds it; as given otherwise."""
     if not stack.shared:
         return weights, experts
     if shared_weight is None:
-        raise ValueError("stacked int4 experts hold the shared expert: its gate weight [T, 1] is needed")
+        raise ValueError("stacked experts hold the shared expert: its gate weight [T, 1] is needed")
     shared_ids = torch.full_like(experts[:, :1], stack.experts - 1)
     return torch.cat([weights, shared_weight.to(weights.dtype)], 1), torch.cat([experts, shared_ids], 1)
 
 
-def stacked_int4_expert_product_ref(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
-                                    stack: StackedInt4, shared_weight: torch.Tensor | None = None) -> torch.Tensor:
-    """``x [T, H]``, routing ``weights``/``experts [T, k]`` (and the shared expert's gate ``[T, 1]`` when stacked)
-    -> ``[T, H]`` in x's dtype: per (row, slot) pair, ``w * down(silu(gate x) * up x)`` with the expert
-    dequantized, products in fp32, the SwiGLU rounded to x's dtype (as the kernel stores it), the slots summed in
-    fp32 in slot order. Each touched expert is dequantized once; the oracle of the Triton kernel."""
-    weights, experts = with_shared_slot(weights, experts, stack, shared_weight)
+def stacked_product_ref(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, hidden: int,
+                        dequant: Callable[[int], tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """``x [T, H]``, routing ``weights``/``experts [T, k]`` (the shared expert already a slot, see
+    :func:`with_shared_slot`) -> ``[T, H]`` in x's dtype: per (row, slot) pair, ``w * down(silu(gate x) * up x)``
+    with expert ``e``'s ``(w13 [2I, H], w2 [H, I])`` from ``dequant(e)`` in fp32, the SwiGLU rounded to x's dtype
+    (as the kernels store it), the slots summed in fp32 in slot order. Each touched expert is dequantized once: the
+    oracle of every stacked format's Triton kernel."""
     T, k = experts.shape
-    g = stack.group_size
     xf = x.float()
-    y = torch.zeros(T, k, stack.hidden, dtype=torch.float32, device=x.device)
+    y = torch.zeros(T, k, hidden, dtype=torch.float32, device=x.device)
     for e in torch.unique(experts).tolist():
-        w13 = dequant_int4(stack.q13[e], stack.s13[e], stack.z13[e], g, torch.float32)
-        w2 = dequant_int4(stack.q2[e], stack.s2[e], stack.z2[e], g, torch.float32)
+        w13, w2 = dequant(e)
         for t, j in (experts == e).nonzero().tolist():
             act = silu_mul_ref(xf[t:t + 1] @ w13.t()).to(x.dtype).float()
             y[t, j] = (act @ w2.t())[0] * weights[t, j].float()
     return y.sum(dim=1).to(x.dtype)
+
+
+def stacked_int4_expert_product_ref(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
+                                    stack: StackedInt4, shared_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`stacked_product_ref` over int4 experts (and the shared expert's gate ``[T, 1]`` when stacked): the
+    oracle of the Triton kernel."""
+    weights, experts = with_shared_slot(weights, experts, stack, shared_weight)
+    g = stack.group_size
+
+    def dequant(e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (dequant_int4(stack.q13[e], stack.s13[e], stack.z13[e], g, torch.float32),
+                dequant_int4(stack.q2[e], stack.s2[e], stack.z2[e], g, torch.float32))
+    return stacked_product_ref(x, weights, experts, stack.hidden, dequant)
 
 
 def stacked_int4_expert_product(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, stack: StackedInt4,
