@@ -36,20 +36,25 @@ def _format(linear: nn.Module) -> str:
     return w.format if isinstance(w, PackedWeight) else f"dense {str(w.dtype).removeprefix('torch.')}"
 
 
-def expert_format(experts: Sequence[nn.Module]) -> str:
-    """The one weight format of a layer's routed experts (``int4``, ``nvfp4``, ``fp8_block``, ``dense bfloat16``
-    ...); a :class:`CheckpointError` naming the first matrix of another format (no release mixes them)."""
-    first: tuple[str, str] | None = None
-    for i, mlp in enumerate(experts):
-        for name, linear in [*_gate_up(mlp), ("down_proj", mlp.down_proj)]:
-            fmt = _format(linear)
-            if first is None:
-                first = (f"expert 0 {name}", fmt)
-            elif fmt != first[1]:
-                raise CheckpointError(f"MoE experts of mixed formats: expert {i} {name} is {fmt} but {first[0]} is "
-                                      f"{first[1]}; the routed experts of a layer must share one weight format")
-    assert first is not None, "an MoE layer without experts"
-    return first[1]
+def _role_formats(mlp: nn.Module) -> dict[str, str]:
+    """The weight format of an MLP's gate, up and down rows (a merged gate/up gives both)."""
+    if mlp.gate_up_proj is not None:
+        fmt = _format(mlp.gate_up_proj)
+        return {"gate_proj": fmt, "up_proj": fmt, "down_proj": _format(mlp.down_proj)}
+    return {name: _format(getattr(mlp, name)) for name in ("gate_proj", "up_proj", "down_proj")}
+
+
+def expert_formats(experts: Sequence[nn.Module]) -> dict[str, str]:
+    """The weight format of the routed experts' gate, up and down rows (``int4``, ``nvfp4``, ``fp8_block``,
+    ``dense bfloat16`` ...): one per role, the same in every expert, else a :class:`CheckpointError` naming the first
+    expert that differs (no release quantizes the experts of a layer apart)."""
+    first = _role_formats(experts[0])
+    for i, mlp in enumerate(experts[1:], start=1):
+        for role, fmt in _role_formats(mlp).items():
+            if fmt != first[role]:
+                raise CheckpointError(f"MoE experts of mixed formats: expert {i} {role} is {fmt} but expert 0 {role} "
+                                      f"is {first[role]}; the routed experts of a layer must share their formats")
+    return first
 
 
 def _fits(mlp: nn.Module, fmt: str, hidden: int, width: int) -> bool:
@@ -89,11 +94,12 @@ def _global_scales(parts: list[list[PackedWeight]], columns: int) -> torch.Tenso
 def stack_packed_experts(experts: Sequence[nn.Module], shared: nn.Module) -> StackedPacked | None:
     """The routed experts (and ``shared``, last, where it fits) stacked as :class:`StackedNVFP4` or
     :class:`StackedFP8Block`, their buffers turned into views of the stacks; None (nothing changed) for other
-    formats, weights on the meta device, or shapes off the kernel's 128 tiles. Mixed formats raise
-    (:func:`expert_format`)."""
-    fmt = expert_format(experts)
+    formats (gate, up and down of different formats too), weights on the meta device, or shapes off the kernel's
+    128 tiles. Experts that differ from each other raise (:func:`expert_formats`)."""
+    fmts = set(expert_formats(experts).values())
+    fmt = fmts.pop()
     down = experts[0].down_proj
-    if fmt not in FORMATS or down.weight.weight.device.type == "meta":
+    if fmts or fmt not in FORMATS or down.weight.weight.device.type == "meta":
         return None
     H, I = down.out_features, down.in_features
     if H % TILE or I % TILE or not all(_fits(e, fmt, H, I) for e in experts):

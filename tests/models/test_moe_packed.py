@@ -158,16 +158,20 @@ def test_packed_experts_stack_as_views(fmt):
 
 
 def test_packed_experts_bad_input():
-    """Mixed expert formats are refused naming the matrix; a broken stack names its tensor; shapes off the
-    kernel's tiles stay per expert (not stacked)."""
+    """Experts of different formats are refused naming the matrix (gate/up and down of two formats in every
+    expert are only left per expert); a broken stack names its tensor; shapes off the kernel's tiles stay per
+    expert (not stacked)."""
     moe = SparseMoE(parse_config(tiny_config(FAMILY, **TILED)))
     for i, mlp in enumerate(moe.experts):
         for name in ("gate_proj", "up_proj", "down_proj"):
             lin = getattr(mlp, name)
             cls = FP8BlockWeight if (i, name) == (3, "down_proj") else NVFP4Weight
             setattr(mlp, name, PackedLinear(cls.quantize(torch.randn(lin.out_features, lin.in_features))))
-    with pytest.raises(CheckpointError, match="expert 3 down_proj is fp8_block but expert 0 gate_proj is nvfp4"):
+    with pytest.raises(CheckpointError, match="expert 3 down_proj is fp8_block but expert 0 down_proj is nvfp4"):
         moe.stack_experts()
+    for mlp in moe.experts:         # every expert's down in fp8, gate/up in nvfp4: consistent, but not one kernel's
+        mlp.down_proj = PackedLinear(FP8BlockWeight.quantize(torch.randn(128, 128)))
+    assert not moe.stack_experts() and moe.qp is None
     stack = random_stack("fp8_block", 3, 128, 128, shared=False)
     with pytest.raises(ValueError, match=r"s2 is \(3, 1, 2\)"):
         StackedFP8Block(**{**vars(stack), "s2": torch.ones(3, 1, 2)}).check()
