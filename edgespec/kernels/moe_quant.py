@@ -1,5 +1,6 @@
-"""int4 experts stacked per layer and their routed product (torch reference; Triton twin in
-``edgespec.kernels.triton_moe_int4``).
+"""int4 experts stacked per layer and their routed product (torch reference; Triton twins in
+``edgespec.kernels.triton_moe_int4`` (tensor cores, 16-row tiles), ``edgespec.kernels.triton_moe_gemv`` (CUDA
+cores, 1-4 rows) and ``edgespec.kernels.triton_moe_route`` (routing fused into the grouping launch)).
 
 A quantized expert layer holds E small SwiGLU MLPs in the int4 contract layout of ``edgespec.kernels.quant_ref``
 (``qweight`` uint8 ``[out, in/2]``, fp16 ``scales`` and uint8 ``zeros`` ``[out, in/g]``). Stacked per layer
@@ -21,6 +22,7 @@ import torch
 
 from edgespec.kernels import use_triton
 from edgespec.kernels.activation import silu_mul_ref
+from edgespec.kernels.moe import route
 from edgespec.kernels.quant_ref import dequant_int4
 
 # Group sizes the Triton kernel takes (a quantization group is one tensor-core K tile); other int4 experts stay
@@ -137,3 +139,28 @@ def stacked_int4_expert_product(x: torch.Tensor, weights: torch.Tensor, experts:
         log[0][x.shape[0]] += len(torch.unique(experts[:, :routed]))
         log[1][x.shape[0]] += 1
     return stacked_int4_expert_product_ref(x, weights, experts, stack, shared_weight)
+
+
+def route_with_shared_ref(logits: torch.Tensor, k: int, normalise: bool, stack: StackedInt4
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``logits [T, E (+1)]`` -> (weights, experts ``[T, k]``, the shared gate ``[T, 1]`` or None): the routed
+    experts' columns through :func:`edgespec.kernels.moe.route`, the shared gate logit (last column, when the
+    stack holds the shared expert) through a sigmoid. The oracle of the fused routing launch."""
+    E = stack.experts - int(stack.shared)
+    if logits.dim() != 2 or logits.shape[1] != E + int(stack.shared):
+        raise ValueError(f"fused routing: logits {tuple(logits.shape)} must be [T, {E + int(stack.shared)}] "
+                         f"({E} experts{' + the shared gate logit' if stack.shared else ''})")
+    weights, experts = route(logits[:, :E], k, normalise)
+    return weights, experts, torch.sigmoid(logits[:, E:]) if stack.shared else None
+
+
+def stacked_int4_moe(x: torch.Tensor, logits: torch.Tensor, k: int, normalise: bool, stack: StackedInt4,
+                     log: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """The MoE block after its router GEMM: ``logits [T, E (+1)]`` routed (:func:`route_with_shared_ref`) and the
+    stacked product taken. On CUDA one Triton launch routes and groups (``edgespec.kernels.triton_moe_route``) and
+    the product follows; elsewhere the torch references. ``log``: as :func:`stacked_int4_expert_product`."""
+    if use_triton(x):
+        from edgespec.kernels.triton_moe_route import stacked_int4_moe_triton
+        return stacked_int4_moe_triton(x, logits, k, normalise, stack, log)
+    weights, experts, gate = route_with_shared_ref(logits, k, normalise, stack)
+    return stacked_int4_expert_product(x, weights, experts, stack, gate, log)

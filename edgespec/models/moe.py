@@ -17,7 +17,7 @@ from torch import nn
 from edgespec.kernels.linear import linear
 from edgespec.kernels.moe import group_by_expert, grouped_expert_product, route, stacked_expert_product
 from edgespec.kernels.moe_packed import StackedPacked, stacked_packed_expert_product
-from edgespec.kernels.moe_quant import KERNEL_GROUPS, StackedInt4, stacked_int4_expert_product
+from edgespec.kernels.moe_quant import KERNEL_GROUPS, StackedInt4, stacked_int4_expert_product, stacked_int4_moe
 from edgespec.models.config import ModelConfig
 from edgespec.models.expert_stacks import stack_packed_experts
 from edgespec.models.layers import MLP
@@ -90,6 +90,12 @@ class SparseMoE(nn.Module):
     q4: StackedInt4 | None = None
     # NVFP4 or block-FP8 experts stacked per layer (edgespec.models.expert_stacks): views of the same kind
     qp: StackedPacked | None = None
+    # With the shared expert stacked: the router's rows and the shared gate's row as one [E + 1, H] matrix (the
+    # two RouterLinear weights are views of it), so one GEMM gives the fused routing launch all its logits.
+    router_w: torch.Tensor | None = None
+    # False: the int4 path routes with torch ops and groups in its own launch (the path before the fused one;
+    # `tools/moe_int4_bench.py model --before` and its layer block profile compare the two).
+    fused_routing: bool = True
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -166,11 +172,21 @@ class SparseMoE(nn.Module):
                     stacks[short + part] = stack
         self.q4 = StackedInt4(**stacks, group_size=first.group_size, shared=with_shared)
         self.q4.check()
+        router, gate = self.gate.weight, self.shared_expert_gate.weight
+        if with_shared and router.dtype == gate.dtype and router.device == gate.device:
+            with torch.no_grad():
+                self.router_w = torch.cat([router.data, gate.data])
+                router.data = self.router_w[:-1]            # views: the memory is counted once
+                gate.data = self.router_w[-1:]
         return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, experts = route(self.gate(x), self.top_k, self.normalise)     # [T, k] each
         log = self.routing_log
+        if self.router_w is not None and self.fused_routing and x.is_cuda and x.shape[0] <= RoutingLog.MAX_ROWS:
+            # one GEMM for the router and the shared gate, one launch to route and group, then the product
+            return stacked_int4_moe(x, linear(x, self.router_w), self.top_k, self.normalise, self.q4,
+                                    (log.sums, log.calls) if log is not None else None)
+        weights, experts = route(self.gate(x), self.top_k, self.normalise)     # [T, k] each
         stack = self.q4 if self.q4 is not None else self.qp
         if stack is not None and x.is_cuda and x.shape[0] <= RoutingLog.MAX_ROWS:
             # one product for the touched experts and (when stacked) the shared one; the union is logged by the
