@@ -110,9 +110,10 @@ class ArchHooks:
             wide = self.defaults.graph_prefill_rows
             if graph_prefill_max and wide > verify_rows and rollback.wide_prefill(cache):
                 self.static[wide] = StaticForward(model, cache, wide, taps, mode, capture=True)
-            if isinstance(rollback, TreeVerify):
+            if isinstance(rollback, TreeVerify) and verify_rows > 1:
                 for budget in graph_budgets(rollback.budget):
-                    self.static_trees[budget + 1] = StaticTreeForward(model, cache, budget, taps, capture=True)
+                    self.static_trees[budget + 1] = StaticTreeForward(model, cache, budget, taps, capture=True,
+                                                                      max_path=verify_rows)
         cache.reset()
 
     # -- weights ------------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ a :meth:`TreeMask.static`). :meth:`~StaticTreeForward.verify` pads a smaller tre
 of the root (no real row has them as ancestors, so attention, conv and GDN rows of the real tree never see them;
 the verdict never accepts them), copies it into the buffers and replays the forward graph, which also computes the
 greedy tree verdict on the device (:func:`edgespec.kernels.tree_verdict.greedy_tree_verdict`). The commit graph
-reads the accepted path from that verdict tensor and settles the cache as a fixed-length masked step
+reads the accepted path from that verdict tensor and settles the cache as a fixed-length masked step of the longest
+path a tree may have (the drafts per cycle + 1, which bounds its depth; not all its rows)
 (:meth:`ModelCache.commit_path_tensor`: K/V rows moved to the positions of their depths, the GDN and conv states
 advanced along the path), and gathers the path's hidden rows and taps for the drafter. The accept stage then copies
 ``P + 2`` integers to the host, once, after both replays. A sampling policy chooses the path on the host from the
@@ -56,9 +57,12 @@ class StaticTreeForward:
     as two CUDA graphs (see the module doc)."""
 
     def __init__(self, model: TargetModel, cache: ModelCache, budget: int, taps: Sequence[int],
-                 capture: bool) -> None:
+                 capture: bool, max_path: int | None = None) -> None:
+        """``max_path``: the longest path a tree may have (root included: the session's drafts per cycle + 1, which
+        bounds every tree's depth); the commit moves and advances that many rows, not all ``budget + 1``."""
         self.model, self.cache, self.taps = model, cache, tuple(taps)
         self.rows = P = budget + 1
+        self.path_rows = min(P, max_path or P)
         device = model.device
         self.tokens = torch.zeros(P, dtype=torch.long, device=device)
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
@@ -88,7 +92,7 @@ class StaticTreeForward:
 
     @torch.inference_mode()
     def _commit(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        path = self.verdict[2:]
+        path = self.verdict[2:2 + self.path_rows]
         self.cache.commit_path_tensor(path, self.verdict[:1] + 1, self.pos)
         out = self.out
         return out.hidden.index_select(0, path), None if out.taps is None else out.taps.index_select(0, path)
@@ -110,7 +114,11 @@ class StaticTreeForward:
         start = cache.length
         cache.check_room(start, P)
         padded = [int(p) for p in parents.tolist()] + [0] * (P - n)    # inert leaves of the root
-        self.tree.load(TreeMask.from_parents(torch.tensor(padded), "cpu"))
+        mask = TreeMask.from_parents(torch.tensor(padded), "cpu")
+        if int(mask.depths.max()) >= self.path_rows:
+            raise ValueError(f"a tree of depth {int(mask.depths.max())} has paths longer than the "
+                             f"{self.path_rows} rows this tree forward commits")
+        self.tree.load(mask)
         self.tokens[:n].copy_(tokens, non_blocking=True)
         self.tokens[n:].zero_()
         self.real.fill_(n)
@@ -139,8 +147,8 @@ class StaticTreeForward:
         if not rows or rows[0] != 0 or not all(0 < b < n and self._parents[b] == a
                                                for a, b in zip(rows, rows[1:], strict=False)):
             raise ValueError(f"tree commit: {rows} is not a path of the verified tree from its root")
-        path = rows + list(range(len(rows), self.rows))
-        self.verdict[2:].copy_(torch.tensor(path), non_blocking=True)
+        path = rows + list(range(len(rows), self.path_rows))
+        self.verdict[2:2 + self.path_rows].copy_(torch.tensor(path), non_blocking=True)
         self.verdict[0:1].fill_(len(rows) - 1)
         self._run_commit()
         self._settle(len(rows))

@@ -20,8 +20,9 @@ its in-graph greedy verdict and the deferred commit graph, and the static tree v
 (forward + device greedy verdict, then the commit graph: K/V moves and GDN/conv advance along the path, no host sync
 between them). A chain cycle is ``hooks.verify`` + ``StrictGreedy.accept`` + ``rollback``; a tree cycle is
 ``StaticTreeForward.verify`` + ``commit_greedy`` + ``kept``, each timed on the host clock from a synchronised start to
-the end of the commit (median), plus each captured graph replayed alone (CUDA events, median). ``--rows`` are then
-budgets + 1 of the captured set (17, 33, 64)::
+the end of the commit (median), plus each captured graph replayed alone (CUDA events, median). The trees are a main
+branch as deep as the chain (``--chain-rows`` - 1 drafts: a session's trees are no deeper than its drafts per cycle)
+with the other nodes as side leaves. ``--rows`` are then budgets + 1 of the captured set (17, 33, 64)::
 
     python tools/tree_cost.py --shape qwen3.5-27b --format int4 --lm-head int4 --rows 33,64 --runtime --json rt.json
 """
@@ -59,6 +60,21 @@ def side_branch_parents(rows: int) -> list[int]:
         if len(parents) < rows:
             parents.append(spine[-1])                  # the next spine node (after its sibling in pre-order)
             spine.append(len(parents) - 1)
+    return parents
+
+
+def spine_parents(rows: int, depth: int) -> list[int]:
+    """Row parents (pre-order) of a main branch of ``depth`` nodes with the other ``rows - 1 - depth`` nodes as leaves
+    spread evenly over its levels: a DDTree-like tree no deeper than a chain of ``depth`` drafts (the runtime commits
+    paths of at most the drafts per cycle + 1 rows)."""
+    depth = min(depth, rows - 1)
+    leaves = rows - 1 - depth
+    parents, spine = [-1], 0
+    for level in range(depth):
+        share = leaves // depth + (level < leaves % depth)
+        parents += [spine] * share                     # side leaves of this spine node
+        parents.append(spine)                          # the next spine node, after its siblings in pre-order
+        spine = len(parents) - 1
     return parents
 
 
@@ -197,7 +213,7 @@ def runtime_cycles(model, context: int, rows_list: list[int], chain_rows: int, i
     for R in rows_list:
         static = hooks.static_trees[R]
         tokens = torch.randint(0, vocab, (R,), device=dev)
-        parents = torch.tensor(side_branch_parents(R))
+        parents = torch.tensor(spine_parents(R, chain_rows - 1))
 
         def tree_cycle(static=static, tokens=tokens, parents=parents) -> None:
             static.verify(tokens, parents)

@@ -71,7 +71,8 @@ def check_static_equals_eager(model, prompt: torch.Tensor, kv_fp8: bool, capture
     eager_cache.commit_path(want.rows)
 
     static_cache = _prefilled(model, prompt, kv_fp8, 17)
-    static = StaticTreeForward(model, static_cache, 16, (), capture=capture)
+    # Paths of at most 5 rows (a session drafting 4 per cycle): the commit moves and advances 5 rows, not 17.
+    static = StaticTreeForward(model, static_cache, 16, (), capture=capture, max_path=5)
     static_cache.reset()
     model.prefill(prompt, static_cache)
     step = static.verify(rows, tree.row_parents())
@@ -178,6 +179,11 @@ def test_static_tree_refuses_bad_trees_and_paths(tiny_models):
         static.verify(torch.zeros(18, dtype=torch.long), torch.arange(-1, 17))
     with pytest.raises(ValueError, match="parents of shape"):
         static.verify(torch.zeros(3, dtype=torch.long), torch.tensor([-1, 0]))
+    short = StaticTreeForward(model, cache, 16, (), capture=False, max_path=3)
+    cache.reset()
+    model.prefill(torch.tensor([1, 2, 3]), cache)
+    with pytest.raises(ValueError, match="paths longer than the 3 rows this tree forward commits"):
+        short.verify(torch.zeros(4, dtype=torch.long), torch.tensor([-1, 0, 1, 2]))
     with pytest.raises(ValueError, match="without a tree verify"):
         static.commit_greedy()
     static.verify(torch.tensor([4, 5, 6]), torch.tensor([-1, 0, 0]))
