@@ -54,20 +54,20 @@ class TreeMask:
             raise ValueError(f"a tree forward takes at most {MAX_TREE_ROWS} rows, got {T}")
         if not par or par[0] != -1 or any(not 0 <= p < t for t, p in enumerate(par) if t > 0):
             raise ValueError(f"tree rows need row 0 as the only root and every parent before its child: {par}")
-        anc = torch.zeros(T, T, dtype=torch.bool)
         depth = [0] * T
         bits = [0] * T
         for t, p in enumerate(par):
             if p >= 0:
-                anc[t] = anc[p]
                 depth[t] = depth[p] + 1
                 bits[t] = bits[p]
-            anc[t, t] = True
             bits[t] |= 1 << t
         # bit 63 is the sign bit of an int64: store the same 64 bits as a signed value.
-        bits = [b - (1 << 64) if b >= 1 << 63 else b for b in bits]
+        bits_t = torch.tensor([b - (1 << 64) if b >= 1 << 63 else b for b in bits], dtype=torch.int64)
+        # The mask from the bits in one op (a captured tree verify builds one per cycle on the host; row by row it
+        # was two tensor ops per row). An arithmetic shift keeps every bit below the sign, so bit 63 reads right too.
+        anc = ((bits_t[:, None] >> torch.arange(T)[None, :]) & 1).bool()
         return cls(torch.tensor(par, device=device), torch.tensor(depth, device=device), anc.to(device),
-                   torch.tensor(bits, dtype=torch.int64, device=device))
+                   bits_t.to(device))
 
     @property
     def rows(self) -> int:

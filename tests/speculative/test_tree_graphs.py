@@ -15,6 +15,7 @@ from test_tree_lossless import OracleTree
 
 from edgespec.arch.detect import select_hooks
 from edgespec.arch.tree_graphs import TREE_GRAPH_BUDGETS, StaticTreeForward, graph_budget, graph_budgets
+from edgespec.cache.kv import KVCache
 from edgespec.cache.model_cache import state_equal
 from edgespec.drafters.ngram import NGramProposer
 from edgespec.drafters.tree import DraftTree
@@ -203,6 +204,7 @@ class _Counting(StaticTreeForward):
 
     verifies = 0
     deep = 0
+    sampled_deep = 0
 
     def verify(self, tokens, parents):
         type(self).verifies += 1
@@ -213,13 +215,17 @@ class _Counting(StaticTreeForward):
         type(self).deep += len(rows) > 2
         return rows, token
 
+    def commit_rows(self, rows):
+        type(self).sampled_deep += len(rows) > 2
+        return super().commit_rows(rows)
+
 
 @pytest.fixture
 def counting(monkeypatch):
     import edgespec.arch.base as base
 
     monkeypatch.setattr(base, "StaticTreeForward", _Counting)
-    _Counting.verifies = _Counting.deep = 0
+    _Counting.verifies = _Counting.deep = _Counting.sampled_deep = 0
     return _Counting
 
 
@@ -249,18 +255,41 @@ def test_session_through_the_static_tree_equals_plain(tiny_models, counting, fam
     assert state_equal(session.cache, _replayed(model, session, prompt, out.token_ids, False), atol=1e-3)
 
 
+def caches_close(a, b, fp8: bool) -> bool:
+    """``state_equal`` at 1e-3 (see :func:`_replayed`); an FP8 cache's K/V compared dequantised within one e4m3 step
+    (2^-3 of the value): the same row computed by two forwards of other shapes may round to the neighbouring code."""
+    if not fp8:
+        return state_equal(a, b, atol=1e-3)
+    if a.length != b.length:
+        return False
+    for x, y in zip(a.layers, b.layers, strict=True):
+        if isinstance(x, KVCache):
+            pairs = list(zip(x.read(a.length), y.read(b.length), strict=True))
+            ok = all(torch.allclose(p.float(), q.float(), rtol=0.13, atol=1e-3) for p, q in pairs)
+        else:
+            # The GDN states downstream of a neighbouring FP8 code move by its share of the attention output.
+            ok = torch.allclose(x.conv, y.conv, atol=2e-2) and torch.allclose(x.recurrent, y.recurrent, atol=2e-2)
+        if not ok:
+            return False
+    return True
+
+
 @pytest.mark.parametrize("kv_fp8", [False, True], ids=["kv-model", "kv-fp8"])
 def test_sampled_session_through_the_static_tree_keeps_its_cache_exact(tiny_models, counting, kv_fp8):
-    """Sampling picks the path on the host and the static commit keeps it: the cache still ends as a plain prefill
-    of the sampled output."""
+    """Sampling picks the path on the host and the static commit keeps it (``commit_rows``): the cache still ends as
+    a plain prefill of the sampled output. With ``top_k=1`` the sampler's target is one-hot on the argmax, so the
+    oracle's branches (the greedy continuation) are accepted through the tree, deep and through siblings, and the
+    output is plain greedy decoding's."""
     model = tiny_models["qwen3_5"]
-    prompt = _prompts(320)[0]
-    session = SpecSession.with_defaults(model, select_hooks("rtx", CPU), NGramProposer(), k=6, max_len=256,
-                                        kv_fp8=kv_fp8, draft_tree=12)
-    policy = RejectionSampling(SamplingParams(temperature=0.8), torch.Generator().manual_seed(4))
+    prompt = _prompts(320)[1]
+    plain = _plain(model, prompt, 30, kv_fp8)
+    session = SpecSession.with_defaults(model, select_hooks("rtx", CPU), OracleTree(NGramProposer(), plain, 320),
+                                        k=6, max_len=256, kv_fp8=kv_fp8, draft_tree=12)
+    policy = RejectionSampling(SamplingParams(temperature=1.0, top_k=1), torch.Generator().manual_seed(4))
     out = session.generate(prompt, max_tokens=30, policy=policy)
-    assert counting.verifies > 0 and len(out.token_ids) == 30
-    assert state_equal(session.cache, _replayed(model, session, prompt, out.token_ids, kv_fp8), atol=1e-3)
+    assert out.token_ids == plain
+    assert counting.sampled_deep > 0 and out.telemetry.tree_sibling_accepts > 0
+    assert caches_close(session.cache, _replayed(model, session, prompt, out.token_ids, kv_fp8), kv_fp8)
 
 
 @pytest.mark.gpu
