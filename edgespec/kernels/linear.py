@@ -80,10 +80,13 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 ROUTES = ("packed", "gemv", "skinny", "cublas", "blas", "torch", "kquant_gemv")
 # Rows of the skinny GEMM's one 16-row tile (edgespec.kernels.triton_gemv): more rows go to cuBLAS.
 SKINNY_MAX_ROWS = 16
-# GGUF K-quant weights: 1..KQUANT_GEMV_MAX_ROWS rows on CUDA take the CUDA-core GEMV that reads the file's
-# super-blocks (edgespec.kernels.triton_kquant_gemv); more rows the tensor-core tiles (edgespec.kernels.triton_kquant).
-KQUANT_FORMATS = ("gguf_q4_k", "gguf_q5_k", "gguf_q6_k")
-KQUANT_GEMV_MAX_ROWS = 4
+# GGUF K-quant weights: up to this many rows on CUDA take the CUDA-core GEMV that reads the file's super-blocks
+# (edgespec.kernels.triton_kquant_gemv), more rows the tensor-core tiles (edgespec.kernels.triton_kquant). Measured
+# on the peer Q4_K_M file (H200, tools/kquant_gemv_bench.py; docs/benchmarks.md): at one row the GEMV beats the tiles
+# on all but the smallest matrix (300 -> 421 tok/s for the whole model); at four rows it loses on every Q4_K matrix
+# (its per-row work) and wins on the Q6_K ones. Q5_K runs Q4_K's kernel, so it takes Q4_K's bound.
+KQUANT_GEMV_ROWS = {"gguf_q4_k": 1, "gguf_q5_k": 1, "gguf_q6_k": 4}
+KQUANT_FORMATS = tuple(KQUANT_GEMV_ROWS)
 
 
 class RouteFacts(NamedTuple):
@@ -123,14 +126,14 @@ def linear_route(rows: int, fmt: str, shape: tuple[int, int], facts: RouteFacts)
     :func:`skinny_pays` (``skinny``), anything else ``cublas`` (torch's CUDA product); on the CPU fp32 takes
     OpenBLAS while it is active (``blas``), anything else ``torch``. Gradients, a strided weight or no Triton always
     leave the Triton kernels out. A GGUF K-quant weight on its Triton products (``triton``: the arch hooks chose
-    them) takes the CUDA-core GEMV for 1..:data:`KQUANT_GEMV_MAX_ROWS` rows (``kquant_gemv``), its own tiles
-    beyond (``packed``)."""
+    them) takes the CUDA-core GEMV for 1..:data:`KQUANT_GEMV_ROWS` rows of its format (``kquant_gemv``), its own
+    tiles beyond (``packed``)."""
     if rows < 0 or len(shape) != 2 or min(shape) < 0:
         raise ValueError(f"linear route of {rows} rows against a weight of shape {tuple(shape)}: give rows >= 0 "
                          "and an [out, in] shape")
     if known_format(fmt):                   # before the dtypes: torch has an int4 dtype too
         kquant_ok = fmt in KQUANT_FORMATS and facts.cuda and facts.triton and not facts.options.no_triton
-        if kquant_ok and not facts.grad and 1 <= rows <= KQUANT_GEMV_MAX_ROWS:
+        if kquant_ok and not facts.grad and 1 <= rows <= KQUANT_GEMV_ROWS[fmt]:
             return "kquant_gemv"
         return "packed"
     if not (fmt == "mixed" or isinstance(getattr(torch, fmt, None), torch.dtype)):

@@ -9,8 +9,8 @@ bound by the bytes of the weights and by how fast each small product starts and 
 Layouts: :mod:`edgespec.weights.gguf_kquants`. Each program owns ``BLOCK_N`` weight rows and a run of super-blocks
 (the K split, sized by ``wave_splits`` to fill the SMs and summed in a fixed order by the split-sum kernel, so the
 same bits on every run); the activation rows (up to :data:`GEMV_MAX_ROWS`) each keep their own accumulator and
-run the very same operations, so a row's result does not depend on how many rows ride with it (a verify of up to
-four rows equals plain decoding bit for bit).
+run the very same operations, so a row's result does not depend on how many rows ride with it. How many rows each
+format is sent here is ``edgespec.kernels.linear.KQUANT_GEMV_ROWS`` (measured: Q4_K one, Q6_K up to four).
 
 * Q4_K / Q5_K (read as int32 words, 36 / 44 per super-block): per sub-block of 32 the products ``sum(q * x)``
   are accumulated per word column, then scaled once: ``acc += (d * sc) * dot - (dmin * m) * sum(x)``. Q4_K's
@@ -34,16 +34,19 @@ import triton
 import triton.language as tl
 
 from edgespec.kernels import sm_count
-from edgespec.kernels.linear import KQUANT_GEMV_MAX_ROWS as GEMV_MAX_ROWS
 from edgespec.kernels.triton_kquant import LAYOUTS, _dmin_head, _fp16_bits, _scale_min
 from edgespec.kernels.triton_pdl import pdl_launch, pdl_release, pdl_wait
 from edgespec.kernels.triton_quant_gemv import _finish, wave_splits
 from edgespec.kernels.triton_rowblock import RowBlockOutputs
 
-# Launch defaults per ggml type: weight rows per program, warps, programs wanted per SM (the K split), fewest
-# super-blocks per split. tools/kquant_gemv_bench.py sweeps them per matrix.
-GEMV_LAUNCH: dict[int, dict[str, int]] = {kind: {"BLOCK_N": 64, "num_warps": 4, "WAVES": 4, "MIN_SB": 2}
-                                          for kind in LAYOUTS}
+# Activation rows one launch takes (edgespec.kernels.linear.KQUANT_GEMV_ROWS says how many each format is sent).
+GEMV_MAX_ROWS = 4
+# Launch per ggml type: weight rows per program, warps, programs wanted per SM (the K split), fewest super-blocks per
+# split. The launch of least time summed over the peer Q4_K_M file's matrices at one row (tools/kquant_gemv_bench.py
+# --sweep, H200; docs/benchmarks.md); Q5_K (none in that file) takes Q4_K's.
+_Q4K_LAUNCH = {"BLOCK_N": 128, "num_warps": 4, "WAVES": 8, "MIN_SB": 1}
+GEMV_LAUNCH: dict[int, dict[str, int]] = {12: dict(_Q4K_LAUNCH), 13: dict(_Q4K_LAUNCH),
+                                          14: {"BLOCK_N": 32, "num_warps": 4, "WAVES": 4, "MIN_SB": 1}}
 _MAGIC = 8388608.0          # 2^23: an integer q < 2^23 OR-ed into its mantissa reads 2^23 + q
 
 

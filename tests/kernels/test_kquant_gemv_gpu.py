@@ -5,8 +5,8 @@ Oracles: the CPU decode of the same bytes (the torch reference, bit-equal to ggu
 tests/weights/test_gguf_kquants.py). One-hot fp32 activation rows make the product return each weight as the kernel
 decoded it, which must equal the CPU's fp32 weight bit for bit, at every row count 1..4, on odd shapes and at every
 K split; random fp32 rows agree with the float64 product of the reference weights within 2e-6 relative (fp32 sums in
-another order); a row gives the same bits at 1, 2, 3 and 4 rows (a verify of up to four rows equals plain decoding);
-a captured CUDA graph replays the eager bits; ``linear`` routes 1..4 rows there; bad inputs are named.
+another order); a row gives the same bits at 1, 2, 3 and 4 rows; a captured CUDA graph replays the eager bits;
+``linear`` and the weight's kernel route the rows ``KQUANT_GEMV_ROWS`` names there; bad inputs are named.
 """
 
 from __future__ import annotations
@@ -80,27 +80,31 @@ def test_gemv_fp32_products_and_row_count_independence(kind: str) -> None:
         assert _rel(four, xd.double() @ w.t()) < lo, dtype
 
 
-def test_kquant_matmul_and_linear_route_one_to_four_rows_to_the_gemv() -> None:
-    """``kquant_matmul`` (the weight's kernel) and ``linear`` send 1..4 rows to the GEMV and 5+ to the tiles:
-    the bits show which ran (``TILES=1`` forces the tiles)."""
+@pytest.mark.parametrize("kind,gemv_rows", [("Q4_K", 1), ("Q6_K", 4)])
+def test_kquant_matmul_and_linear_route_the_gemv_rows(kind: str, gemv_rows: int) -> None:
+    """``kquant_matmul`` (the weight's kernel) and ``linear`` send the rows ``KQUANT_GEMV_ROWS`` names to the
+    GEMV and more to the tiles: the bits show which ran (``TILES=1`` forces the tiles)."""
     from edgespec.arch.detect import select_hooks
-    from edgespec.kernels.linear import linear, route_log
+    from edgespec.kernels.linear import KQUANT_GEMV_ROWS, linear, route_log
     from edgespec.kernels.triton_kquant import kquant_matmul
     from edgespec.kernels.triton_kquant_gemv import kquant_gemv
-    _, gpu = _kquant("Q4_K", 512, 1024, seed=3)
+    _, gpu = _kquant(kind, 512, 1024, seed=3)
+    assert KQUANT_GEMV_ROWS[gpu.format] == gemv_rows
     x = torch.randn(8, 1024, device=DEV, dtype=torch.bfloat16)
+    more = gemv_rows + 1
     with torch.inference_mode():
-        for m in (1, 4):
+        for m in (1, gemv_rows):
             assert torch.equal(kquant_matmul(gpu, x[:m]), kquant_gemv(gpu, x[:m])), m
             tiles = kquant_matmul(gpu, x[:m], config={"TILES": 1})
             assert _rel(tiles, kquant_gemv(gpu, x[:m]).float()) < 1e-2, m
+        assert torch.equal(kquant_matmul(gpu, x[:more]), kquant_matmul(gpu, x[:more], config={"TILES": 1}))
         assert select_hooks("rtx", torch.device(DEV)).choose_weight_kernels(gpu) == 1
         with route_log() as log:
-            y4 = linear(x[:4], gpu)
-            y5 = linear(x[:5], gpu)
+            y_gemv = linear(x[:gemv_rows], gpu)
+            y_more = linear(x[:more], gpu)
         assert log == {"kquant_gemv": 1, "packed": 1}
-        assert torch.equal(y4, kquant_gemv(gpu, x[:4]))
-        assert torch.equal(y5, kquant_matmul(gpu, x[:5], config={"TILES": 1}))
+        assert torch.equal(y_gemv, kquant_gemv(gpu, x[:gemv_rows]))
+        assert torch.equal(y_more, kquant_matmul(gpu, x[:more], config={"TILES": 1}))
         gpu.kernel = None                              # no Triton product chosen: the reference, never the GEMV
         with route_log() as log:
             linear(x[:1], gpu)

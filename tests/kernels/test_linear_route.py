@@ -66,13 +66,15 @@ def test_packed_formats_take_their_own_product() -> None:
             assert linear_route(1, fmt, SHAPE, facts) == "packed"
 
 
-@pytest.mark.parametrize("rows,route", [(0, "packed"), (1, "kquant_gemv"), (2, "kquant_gemv"), (4, "kquant_gemv"),
-                                        (5, "packed"), (16, "packed"), (64, "packed"), (512, "packed")])
-def test_kquant_rows_pick_the_cuda_core_gemv_or_their_tiles(rows: int, route: str) -> None:
-    """GGUF K-quants on their Triton products: 1..4 rows (decode, short verifies) take the CUDA-core GEMV, more
-    rows the weight's own tensor-core tiles or prefill path."""
-    assert L.KQUANT_GEMV_MAX_ROWS == 4
-    for fmt in L.KQUANT_FORMATS:
+@pytest.mark.parametrize("rows,q4,q6", [(0, "packed", "packed"), (1, "kquant_gemv", "kquant_gemv"),
+                                       (2, "packed", "kquant_gemv"), (4, "packed", "kquant_gemv"),
+                                       (5, "packed", "packed"), (16, "packed", "packed"), (512, "packed", "packed")])
+def test_kquant_rows_pick_the_cuda_core_gemv_or_their_tiles(rows: int, q4: str, q6: str) -> None:
+    """GGUF K-quants on their Triton products: one row (decode) takes the CUDA-core GEMV, Q6_K up to four rows
+    (short verifies: where it measured faster than the tiles); more rows the weight's own tensor-core tiles or
+    prefill path."""
+    assert L.KQUANT_GEMV_ROWS == {"gguf_q4_k": 1, "gguf_q5_k": 1, "gguf_q6_k": 4}
+    for fmt, route in (("gguf_q4_k", q4), ("gguf_q5_k", q4), ("gguf_q6_k", q6)):
         assert linear_route(rows, fmt, (3072, 3072), CUDA) == route, (rows, fmt)
 
 
