@@ -15,7 +15,7 @@ format is sent here is ``edgespec.kernels.linear.KQUANT_GEMV_ROWS`` (measured: Q
 * Q4_K / Q5_K (read as int32 words, 36 / 44 per super-block): per sub-block of 32 the products ``sum(q * x)``
   are accumulated per word column, then scaled once: ``acc += (d * sc) * dot - (dmin * m) * sum(x)``. Q4_K's
   codes become floats without shifts or integer conversions: the nibble at bits ``s .. s + 3`` of a word, OR-ed
-  into the mantissa of 2^23, is ``2^23 + q * 2^s`` exactly (one LOP3), and the activation it multiplies is taken
+  into the mantissa of 2^23, is ``2^23 + q * 2^s`` exactly (one AND-OR), and the activation it multiplies is taken
   times ``2^-s`` (exact), so ``(v - 2^23) * x'`` is ``q * x`` to the bit. The top three nibbles come from the word
   shifted by 12 (one shift per eight codes).
 * Q6_K (read as int16 halfwords: 210-byte super-blocks are not word aligned): each quarter of 32 codes is rebuilt
@@ -47,7 +47,6 @@ GEMV_MAX_ROWS = 4
 _Q4K_LAUNCH = {"BLOCK_N": 128, "num_warps": 4, "WAVES": 8, "MIN_SB": 1}
 GEMV_LAUNCH: dict[int, dict[str, int]] = {12: dict(_Q4K_LAUNCH), 13: dict(_Q4K_LAUNCH),
                                           14: {"BLOCK_N": 32, "num_warps": 4, "WAVES": 4, "MIN_SB": 1}}
-_MAGIC = 8388608.0          # 2^23: an integer q < 2^23 OR-ed into its mantissa reads 2^23 + q
 
 
 @triton.jit
