@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from edgespec.arch.graphs import StaticForward
-from edgespec.arch.rollback import RollbackStrategy
+from edgespec.arch.rollback import RollbackStrategy, TreeVerify
+from edgespec.arch.tree_graphs import StaticTreeForward, graph_budgets
 from edgespec.cache.model_cache import ModelCache
 from edgespec.cache.state import StateMode
 from edgespec.models.decoder import ForwardOutput, TargetModel
@@ -69,6 +70,7 @@ class ArchHooks:
     def __init__(self) -> None:
         self.defaults = self.make_defaults()
         self.static: dict[int, StaticForward] = {}   # row count -> static (graph-mode) forward, built by prepare()
+        self.static_trees: dict[int, StaticTreeForward] = {}   # rows -> captured tree verify (draft_tree, graphs)
         self.graph_prefill_max = 0                    # resumed prefills this short replay the widest of them
 
     @classmethod
@@ -89,8 +91,10 @@ class ArchHooks:
         """Build the static decode (1 row) and verify (``verify_rows``) forwards, in the state mode ``rollback``
         gives a verify, and a wider one for resumed prefills of up to ``graph_prefill_max`` tokens
         (``ArchDefaults.graph_prefill_rows``; 0: none); capture them as CUDA graphs when ``graphs`` and the model
-        is on CUDA. Leaves the cache reset. Without ``graphs`` stages run eagerly."""
+        is on CUDA. A tree rollback (``draft_tree``) with ``graphs`` also gets the static tree verifies of its
+        budget (:mod:`edgespec.arch.tree_graphs`). Leaves the cache reset. Without ``graphs`` stages run eagerly."""
         self.static.clear()
+        self.static_trees.clear()
         self.graph_prefill_max = graph_prefill_max
         # MoE layers run as graphs only with every expert stacked (device-side ids, edgespec.kernels.triton_moe and
         # triton_moe_int4); other packed experts are grouped on the host (edgespec.kernels.moe) and run eagerly.
@@ -106,6 +110,10 @@ class ArchHooks:
             wide = self.defaults.graph_prefill_rows
             if graph_prefill_max and wide > verify_rows and rollback.wide_prefill(cache):
                 self.static[wide] = StaticForward(model, cache, wide, taps, mode, capture=True)
+            if isinstance(rollback, TreeVerify) and verify_rows > 1:
+                for budget in graph_budgets(rollback.budget):
+                    self.static_trees[budget + 1] = StaticTreeForward(model, cache, budget, taps, capture=True,
+                                                                      max_path=verify_rows)
         cache.reset()
 
     # -- weights ------------------------------------------------------------------------------------------------
@@ -199,6 +207,12 @@ class ArchHooks:
             return out
         return ForwardOutput(out.logits[:n], out.hidden[:n], None if out.taps is None else out.taps[:n],
                              out.greedy)
+
+    def tree_forward(self, cache: ModelCache, rows: int) -> StaticTreeForward | None:
+        """The smallest static tree verify that takes a tree of ``rows`` rows in ``cache`` now (None: verify it
+        eagerly, e.g. near the end of the cache, where the padded rows would not fit)."""
+        fits = [r for r, static in self.static_trees.items() if static.fits(cache, rows)]
+        return self.static_trees[min(fits)] if fits else None
 
     def _static_verify(self, n: int) -> StaticForward | None:
         candidates = [r for r in self.static if r >= n and r > 1]

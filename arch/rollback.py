@@ -25,6 +25,7 @@ from typing import ClassVar
 
 import torch
 
+from edgespec.arch.tree_graphs import graph_budget
 from edgespec.cache.model_cache import ModelCache
 from edgespec.cache.state import StateMode
 from edgespec.errors import ConfigError
@@ -141,7 +142,8 @@ class TreeVerify(Deferred):
         self.budget, self.min_joint, self.row_cost = budget, min_joint, row_cost
 
     def cache_rows(self, verify_rows: int, wide_rows: int) -> CacheRows:
-        return CacheRows(defer_rows=max(verify_rows, wide_rows, self.budget + 1))
+        # A captured tree verify pads its tree up to the budget it was captured for (edgespec.arch.tree_graphs).
+        return CacheRows(defer_rows=max(verify_rows, wide_rows, graph_budget(self.budget) + 1))
 
     def verify_tree(self, model: TargetModel, cache: ModelCache, rows: torch.Tensor, tree: TreeMask,
                     taps: Sequence[int]) -> ForwardOutput:

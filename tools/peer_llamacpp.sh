@@ -92,7 +92,9 @@ moe)
   # expert dimensions (256 experts, top 8, width 512, hidden 2048, 40 layers, 16/2 heads of 256), random Q4_K
   # blocks written directly (the F16 file would be ~66 GB), against edgespec's int4 g128 model of the same layout
   # (every layer gated attention, the shared expert kept; tools/moe_int4_bench.py --attention-only), decode at
-  # context 128 as llama-bench's tg128 ends there. Random weights on both sides (each its own format).
+  # context 128 as llama-bench's tg128 ends there. Random weights on both sides (each its own format). edgespec's
+  # row runs the served MoE path (routing fused into the grouping launch, the CUDA-core expert path for 1-2 rows):
+  # its "MoE path:" line says so.
   mkdir -p "$MODELS"
   MOE_SHAPE=${PEER_MOE_SHAPE:-"--moe 256 --experts-used 8 --expert-ffn 512 --head-dim 256 --hidden 2048 --layers 40 --heads 16 --kv-heads 2 --vocab 248320"}
   [ -f "$MODELS/moe_q4k.gguf" ] || "$PY" tools/peer_gguf.py "$MODELS/moe_q4k.gguf" --gguf-py $SRC/gguf-py --qtype Q4_K \

@@ -323,7 +323,8 @@ def tree_cycles(tree_paths: list[str], sm_paths: list[str], clock_mhz: float) ->
         for t in tree["trees"]:
             cycle = st["draft"]["ms"] + st["other"]["ms"] + verify * t["tree_over_chain_base"] + t["commit_ms"] * scale
             label = (f"{tree['shape']} {tree['format']} B={t['budget']} (ratio {t['tree_over_chain_base']:.2f}, "
-                     f"commit {t['commit_ms']:.2f} ms on {sms} SMs{', graphs' if tree.get('graphs') else ''})")
+                     f"commit {t['commit_ms']:.2f} ms on {sms} SMs{', graphs' if tree.get('graphs') else ''}"
+                     f"{', runtime' if tree.get('runtime') else ''})")
             out.append((label, cycle))
     return out
 

@@ -13,6 +13,18 @@ The commit runs eagerly (as the session runs it). ``--format``: the target's lin
         --sm-limit 16 --json t16.json
 
 ``--json`` writes the figures for ``tools/thor_projection.py --tree-cost``.
+
+``--runtime``: the cycle as the runtime runs it, instead of the forwards above. The arch hooks prepare a tree session's
+captured forwards (``ArchHooks.prepare`` with a ``TreeVerify`` rollback and graphs on): the 16-row chain verify with
+its in-graph greedy verdict and the deferred commit graph, and the static tree verifies of ``edgespec.arch.tree_graphs``
+(forward + device greedy verdict, then the commit graph: K/V moves and GDN/conv advance along the path, no host sync
+between them). A chain cycle is ``hooks.verify`` + ``StrictGreedy.accept`` + ``rollback``; a tree cycle is
+``StaticTreeForward.verify`` + ``commit_greedy`` + ``kept``, each timed on the host clock from a synchronised start to
+the end of the commit (median), plus each captured graph replayed alone (CUDA events, median). The trees are a main
+branch as deep as the chain (``--chain-rows`` - 1 drafts: a session's trees are no deeper than its drafts per cycle)
+with the other nodes as side leaves. ``--rows`` are then budgets + 1 of the captured set (17, 33, 64)::
+
+    python tools/tree_cost.py --shape qwen3.5-27b --format int4 --lm-head int4 --rows 33,64 --runtime --json rt.json
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,6 +60,21 @@ def side_branch_parents(rows: int) -> list[int]:
         if len(parents) < rows:
             parents.append(spine[-1])                  # the next spine node (after its sibling in pre-order)
             spine.append(len(parents) - 1)
+    return parents
+
+
+def spine_parents(rows: int, depth: int) -> list[int]:
+    """Row parents (pre-order) of a main branch of ``depth`` nodes with the other ``rows - 1 - depth`` nodes as leaves
+    spread evenly over its levels: a DDTree-like tree no deeper than a chain of ``depth`` drafts (the runtime commits
+    paths of at most the drafts per cycle + 1 rows)."""
+    depth = min(depth, rows - 1)
+    leaves = rows - 1 - depth
+    parents, spine = [-1], 0
+    for level in range(depth):
+        share = leaves // depth + (level < leaves % depth)
+        parents += [spine] * share                     # side leaves of this spine node
+        parents.append(spine)                          # the next spine node, after its siblings in pre-order
+        spine = len(parents) - 1
     return parents
 
 
@@ -138,6 +166,81 @@ class Bench:
         return t_tree, sorted(commits)[len(commits) // 2]
 
 
+def _replay_ms(graph: torch.cuda.CUDAGraph, iters: int) -> float:
+    return _time(graph.replay, iters)
+
+
+def _wall_ms(cycle: Callable[[], None], iters: int) -> float:
+    """Median host milliseconds of ``cycle`` from a synchronised start to its end (it ends with a host copy or a
+    synchronise), after two warm-ups."""
+    times = []
+    for i in range(iters + 2):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        cycle()
+        torch.cuda.synchronize()
+        if i >= 2:
+            times.append((time.perf_counter() - t0) * 1000.0)
+    return sorted(times)[len(times) // 2]
+
+
+def runtime_cycles(model, context: int, rows_list: list[int], chain_rows: int, iters: int) -> dict:
+    """The chain and tree cycles through the runtime's captured stages (see ``--runtime`` in the module doc)."""
+    from edgespec.arch.rollback import TreeVerify
+    from edgespec.speculative.acceptance import StrictGreedy
+
+    dev, vocab = model.device, min(1000, model.config.vocab_size)
+    hooks = select_hooks("auto", dev)
+    rollback = TreeVerify(max(rows_list) - 1)
+    cache = hooks.new_cache(model, model.rope.cos.shape[0], False, rollback, max_rows=chain_rows)
+    hooks.prepare(model, cache, chain_rows, (), rollback, True, 0)
+    missing = [r for r in rows_list if r not in hooks.static_trees]
+    if missing:
+        raise SystemExit(f"--runtime: rows {missing} are not captured tree sizes ({sorted(hooks.static_trees)})")
+    model.prefill(torch.randint(0, vocab, (context,), device=dev), cache, chunk=2048)
+    policy = StrictGreedy()
+    chain_tokens = torch.randint(0, vocab, (chain_rows,), device=dev)
+
+    def chain_cycle() -> None:
+        start = cache.length
+        step = hooks.verify(model, cache, chain_tokens, (), rollback)
+        verdict = policy.accept(step.logits, chain_tokens[1:], None, step.greedy)
+        rollback.rollback(model, cache, start, chain_tokens, verdict.accepted + 1, ())
+
+    chain_cycle_ms = _wall_ms(chain_cycle, iters)
+    chain_verify_ms = _replay_ms(hooks.static[chain_rows].graph, iters)
+    out = {"chain_base_ms": chain_verify_ms, "chain_cycle_ms": chain_cycle_ms, "trees": []}
+    for R in rows_list:
+        static = hooks.static_trees[R]
+        tokens = torch.randint(0, vocab, (R,), device=dev)
+        parents = torch.tensor(spine_parents(R, chain_rows - 1))
+
+        def tree_cycle(static=static, tokens=tokens, parents=parents) -> None:
+            static.verify(tokens, parents)
+            path, _ = static.commit_greedy()
+            static.kept(len(path))
+
+        cycle_ms = _wall_ms(tree_cycle, iters)
+        verify_ms = _replay_ms(static.verify_graph, iters)      # replays write only rows past the committed ones
+        commit_ms = _replay_ms(static.commit_graph, iters)      # and the path of a random tree is its root alone
+        out["trees"].append({
+            "rows": R, "budget": R - 1, "tree_ms": verify_ms, "commit_ms": commit_ms, "cycle_ms": cycle_ms,
+            "tree_over_chain_base": verify_ms / chain_verify_ms, "cycle_over_chain_cycle": cycle_ms / chain_cycle_ms,
+            "commit_share_of_cycle": commit_ms / cycle_ms})
+    return out
+
+
+def print_runtime(res: dict, chain_rows: int) -> None:
+    print(f"chain cycle of {chain_rows} rows (verify + accept + deferred commit, captured): "
+          f"{res['chain_cycle_ms']:.2f} ms; its verify graph alone {res['chain_base_ms']:.2f} ms")
+    print(f"{'rows':>5} {'budget':>6} {'verify ms':>9} {'commit ms':>9} {'cycle ms':>8} {'verify/chain':>12} "
+          f"{'cycle/chain':>11} {'commit share':>12}")
+    for t in res["trees"]:
+        print(f"{t['rows']:>5} {t['budget']:>6} {t['tree_ms']:>9.2f} {t['commit_ms']:>9.3f} {t['cycle_ms']:>8.2f} "
+              f"{t['tree_over_chain_base']:>12.2f} {t['cycle_over_chain_cycle']:>11.2f} "
+              f"{t['commit_share_of_cycle']:>11.1%}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="qwen3.5-4b", choices=sorted(SHAPES))
@@ -151,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--graphs", action="store_true", help="capture and replay the forwards as CUDA graphs")
     ap.add_argument("--sm-limit", type=int, default=0, help="run on a green context of this many SMs (Thor: 20)")
     ap.add_argument("--json", help="write the figures here (for tools/thor_projection.py --tree-cost)")
+    ap.add_argument("--runtime", action="store_true", help="time the runtime's captured chain and tree cycles "
+                    "(verify + accept + commit) instead of bare forwards; --rows from the captured set 17,33,64")
     args = ap.parse_args(argv)
     rows_list = [int(r) for r in args.rows.split(",") if r]
     if any(not 2 <= r <= 64 for r in rows_list):
@@ -164,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(str(e))
         print(limit.describe(), flush=True)
     max_len = args.context + max(rows_list + [args.chain_rows]) + 8
+    if args.runtime:
+        max_len = args.context + 64 + 4 * (args.iters + 2) * (len(rows_list) + 1) + 64   # cycles keep a row each
     if args.format == "dense":
         model = random_model(args.shape, dev, torch.bfloat16, max_len)
     else:
@@ -172,8 +279,21 @@ def main(argv: list[str] | None = None) -> int:
     # The packed products this GPU serves them with (a session's prepare does the same): without it, int4/FP8/NVFP4
     # layers run their torch reference, a whole-matrix dequantize per call.
     fast = select_hooks("auto", dev).choose_weight_kernels(model)
-    bench = Bench(model, args.context, rows_list + [args.chain_rows], args.graphs)
     device = torch.cuda.get_device_name()
+    meta = {"shape": args.shape, "format": args.format, "lm_head": args.lm_head, "device": device,
+            "sms": sm_count(dev), "sm_clock_mhz": sm_clock_mhz(), "context": args.context,
+            "sm_limit": {"requested": limit.requested, "granted": limit.granted} if limit else None,
+            "verify_bytes": weight_bytes_per_token(model), "chain_rows": args.chain_rows}
+    if args.runtime:
+        print(f"shape={args.shape} format={args.format} lm_head={args.lm_head} context={args.context} "
+              f"device={device} ({sm_count(dev)} SMs) (runtime cycles, CUDA graphs, {fast} packed weights on fast "
+              "kernels)", flush=True)
+        res = runtime_cycles(model, args.context, rows_list, args.chain_rows, args.iters)
+        print_runtime(res, args.chain_rows)
+        if args.json:
+            Path(args.json).write_text(json.dumps({**meta, "graphs": True, "runtime": True, **res}, indent=2))
+        return 0
+    bench = Bench(model, args.context, rows_list + [args.chain_rows], args.graphs)
     mode = "CUDA graphs" if args.graphs else "eager"
     print(f"shape={args.shape} format={args.format} lm_head={args.lm_head} context={args.context} "
           f"device={device} ({sm_count(dev)} SMs) ({mode}, bf16 activations, {fast} packed weights on fast kernels)")
@@ -194,11 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     for note in bench.notes:
         print("note:", note)
     if args.json:
-        out = {"shape": args.shape, "format": args.format, "lm_head": args.lm_head, "device": device,
-               "sms": sm_count(dev), "sm_clock_mhz": sm_clock_mhz(), "graphs": args.graphs, "context": args.context,
-               "sm_limit": {"requested": limit.requested, "granted": limit.granted} if limit else None,
-               "verify_bytes": weight_bytes_per_token(model), "chain_rows": args.chain_rows,
-               "chain_base_ms": chain_base, "trees": results, "notes": bench.notes}
+        out = {**meta, "graphs": args.graphs, "chain_base_ms": chain_base, "trees": results, "notes": bench.notes}
         Path(args.json).write_text(json.dumps(out, indent=2))
     return 0
 

@@ -36,6 +36,7 @@ class ModelCache:
         self._defer_start: int | None = None
         self._defer_rows = 0
         self._tree_start: int | None = None     # start of a tree forward not settled by commit_path yet
+        self._tree_rows = 0
 
     # -- queries ------------------------------------------------------------------------------------------------
     @property
@@ -158,12 +159,36 @@ class ModelCache:
         self.rollback(start + n)        # commits the deferred GDN rows (now the path's) into the states
         self._tree_start = None
 
+    def commit_path_tensor(self, path: torch.Tensor, kept: torch.Tensor, start: torch.Tensor) -> None:
+        """Device part of settling a tree forward written at ``start [1]`` (a device tensor): keep its rows
+        ``path [P]`` (a device index tensor, root first) of which the first ``kept [1]`` count, moving them to the
+        positions ``start .. start+kept-1`` (every K/V row ``start + path[d] -> start + d``: rows past ``kept`` are
+        garbage afterwards, so a fixed-length move of all P is right) and advancing the GDN states along them. No
+        host value: a captured tree commit runs it (``edgespec.arch.tree_graphs``); :meth:`settle_tree` then does
+        the host bookkeeping."""
+        steps = torch.arange(path.shape[0], device=path.device)
+        for kv in self._kv_layers:
+            kv.move_rows(start + path, start + steps)
+        if self.states is not None:
+            self.states.advance_path(path, kept)
+
+    def settle_tree(self, start: int, kept: int) -> None:
+        """Host part after :meth:`commit_path_tensor`: the cache holds ``start + kept`` positions and no forward is
+        pending. ``start`` must be the tree forward's, ``kept`` within its rows."""
+        if self._tree_start != start:
+            raise ValueError(f"settle_tree at {start}: the tree forward to settle is at {self._tree_start}")
+        if not 1 <= kept <= self._tree_rows:
+            raise ValueError(f"settle_tree: {kept} kept rows, the tree forward at {start} has {self._tree_rows}")
+        self.length = start + kept
+        self._defer_start = None
+        self._tree_start = None
+
     def begin_tree_forward(self, start: int, rows: int) -> None:
         """Host bookkeeping of a tree forward: its GDN layers defer (state untouched, inputs kept per row) and
         :meth:`commit_path` must settle it before the next forward."""
         if self.has_state:
             self.begin_deferred_forward(start, rows)
-        self._tree_start = start
+        self._tree_start, self._tree_rows = start, rows
 
     def snapshot(self) -> None:
         """Save the live GDN state in slot 0 (replay strategy); the attention rows need no copy."""

@@ -147,6 +147,32 @@ class GDNStateBank:
         for t in (self.pending_x, self.pending_qkv, self.pending_g, self.pending_beta):
             t[:, :n] = t.index_select(1, rows)
 
+    def advance_path(self, rows: torch.Tensor, kept: torch.Tensor) -> None:
+        """Commit the deferred rows ``rows [P]`` (a device index tensor: a tree's accepted path, root first), of which
+        only the first ``kept [1]`` (a device tensor) count: the fixed-length, host-free form of :meth:`take_rows` +
+        :meth:`advance` that a captured tree commit runs (``edgespec.arch.tree_graphs``).
+
+        Rows past ``kept`` step the recurrence with decay 0 and write strength 0, which leaves each state exactly as
+        it was (``S * exp(0) + k (v - S^T k) * 0``); the conv window takes the last ``K-1`` of the old window and
+        the kept rows. The pending rows themselves are only read."""
+        P = rows.shape[0]
+        if P > self.defer_rows:
+            raise ValueError(f"a path of {P} rows exceeds the {self.defer_rows} deferred rows kept")
+        live = torch.arange(P, device=rows.device) < kept                       # [P]
+        x = self.pending_x.index_select(1, rows)                                # [L, P, C]
+        width = self.conv.shape[2]
+        seq = torch.cat([self.conv, x.transpose(1, 2)], dim=2)                  # [L, C, K-1+P]
+        self.conv.copy_(seq.index_select(2, kept + torch.arange(width, device=rows.device)))
+        kd = self.key_dim
+        dk, dv = self.head_dims
+        qkv = self.pending_qkv.index_select(1, rows)
+        zero = torch.zeros((), dtype=torch.float32, device=rows.device)
+        g = torch.where(live[None, :, None], self.pending_g.index_select(1, rows), zero)
+        beta = torch.where(live[None, :, None], self.pending_beta.index_select(1, rows), zero)
+        k = qkv[..., kd:2 * kd].unflatten(-1, (kd // dk, dk))
+        v = qkv[..., 2 * kd:].unflatten(-1, (-1, dv))
+        gdn_advance(k, v, g, beta, self.recurrent)
+
     def _advance(self, n: int) -> None:
         # The window holds the last K-1 inputs: drop the n oldest, append the n accepted rows.
         seq = torch.cat([self.conv, self.pending_x[:, :n].transpose(1, 2)], dim=2)

@@ -77,9 +77,16 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 
 
 # The products linear() runs, by name: what linear_route returns and a RouteLog counts.
-ROUTES = ("packed", "gemv", "skinny", "cublas", "blas", "torch")
+ROUTES = ("packed", "gemv", "skinny", "cublas", "blas", "torch", "kquant_gemv")
 # Rows of the skinny GEMM's one 16-row tile (edgespec.kernels.triton_gemv): more rows go to cuBLAS.
 SKINNY_MAX_ROWS = 16
+# GGUF K-quant weights: up to this many rows on CUDA take the CUDA-core GEMV that reads the file's super-blocks
+# (edgespec.kernels.triton_kquant_gemv), more rows the tensor-core tiles (edgespec.kernels.triton_kquant). Measured
+# on the peer Q4_K_M file (H200, tools/kquant_gemv_bench.py; docs/benchmarks.md): at one row the GEMV beats the tiles
+# on all but the smallest matrix (300 -> 421 tok/s for the whole model); at four rows it loses on every Q4_K matrix
+# (its per-row work) and wins on the Q6_K ones. Q5_K runs Q4_K's kernel, so it takes Q4_K's bound.
+KQUANT_GEMV_ROWS = {"gguf_q4_k": 1, "gguf_q5_k": 1, "gguf_q6_k": 4}
+KQUANT_FORMATS = tuple(KQUANT_GEMV_ROWS)
 
 
 class RouteFacts(NamedTuple):
@@ -118,11 +125,16 @@ def linear_route(rows: int, fmt: str, shape: tuple[int, int], facts: RouteFacts)
     On CUDA one bf16/fp16 row takes the Triton GEMV (``gemv``), 2-16 rows the skinny GEMM where
     :func:`skinny_pays` (``skinny``), anything else ``cublas`` (torch's CUDA product); on the CPU fp32 takes
     OpenBLAS while it is active (``blas``), anything else ``torch``. Gradients, a strided weight or no Triton always
-    leave the Triton kernels out."""
+    leave the Triton kernels out. A GGUF K-quant weight on its Triton products (``triton``: the arch hooks chose
+    them) takes the CUDA-core GEMV for 1..:data:`KQUANT_GEMV_ROWS` rows of its format (``kquant_gemv``), its own
+    tiles beyond (``packed``)."""
     if rows < 0 or len(shape) != 2 or min(shape) < 0:
         raise ValueError(f"linear route of {rows} rows against a weight of shape {tuple(shape)}: give rows >= 0 "
                          "and an [out, in] shape")
     if known_format(fmt):                   # before the dtypes: torch has an int4 dtype too
+        kquant_ok = fmt in KQUANT_FORMATS and facts.cuda and facts.triton and not facts.options.no_triton
+        if kquant_ok and not facts.grad and 1 <= rows <= KQUANT_GEMV_ROWS[fmt]:
+            return "kquant_gemv"
         return "packed"
     if not (fmt == "mixed" or isinstance(getattr(torch, fmt, None), torch.dtype)):
         raise ValueError(f"linear route of format {fmt!r}: neither a packed weight format nor a torch dtype")
@@ -147,6 +159,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         _route_log[route] += 1
     if route == "packed":
         return weight.matmul(x, bias)
+    if route == "kquant_gemv":
+        from edgespec.kernels.triton_kquant_gemv import kquant_gemv
+        x2 = x.reshape(-1, x.shape[-1])
+        return kquant_gemv(weight, x2 if x2.stride(-1) == 1 else x2.contiguous(), bias).reshape(
+            *x.shape[:-1], weight.out_features)
     if route in ("gemv", "skinny"):
         from edgespec.kernels.triton_gemv import gemv_triton, skinny_gemm_triton
         product = gemv_triton if route == "gemv" else skinny_gemm_triton
@@ -165,7 +182,10 @@ def _route_of(x: torch.Tensor, weight: torch.Tensor) -> str:
     """:func:`linear_route` with the rows, format, shape and facts of this call's tensors."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if is_packed(weight):
-        return linear_route(rows, weight.format, (weight.out_features, weight.in_features), RouteFacts(x.is_cuda))
+        # a packed weight's own kernel (chosen by the arch hooks) says whether its Triton products run here
+        triton = x.is_cuda and weight.kernel is not None
+        return linear_route(rows, weight.format, (weight.out_features, weight.in_features),
+                            RouteFacts(x.is_cuda, triton, grad=torch.is_grad_enabled(), options=active()))
     fmt = _DTYPE_NAMES.get(weight.dtype) or str(weight.dtype).removeprefix("torch.")
     if weight.dtype != x.dtype:
         fmt = "mixed"

@@ -29,6 +29,9 @@ def route(logits: torch.Tensor, k: int, normalise: bool = True) -> tuple[torch.T
 
     Softmax in float32 over all experts, the k largest kept (descending), renormalised to sum to one over the
     chosen k when ``normalise`` (Qwen3.5 MoE always does), then cast back, as the reference model rounds it.
+    Ties go to the lower expert id (a stable sort: ``torch.topk``, which the reference model calls, leaves the
+    order of ties unspecified, and its CUDA kernel can return the higher id first); without ties the choice is
+    ``torch.topk``'s. The fused routing launch (``edgespec.kernels.triton_moe_route``) follows the same rule.
 
     >>> w, e = route(torch.tensor([[0.0, 2.0, 1.0]]), k=2)
     >>> e.tolist(), round(w.sum().item(), 6)
@@ -37,7 +40,8 @@ def route(logits: torch.Tensor, k: int, normalise: bool = True) -> tuple[torch.T
     if not 0 < k <= logits.shape[-1]:
         raise ValueError(f"top-k of {k} experts out of {logits.shape[-1]}")
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-    top, experts = torch.topk(probs, k, dim=-1)
+    top, experts = torch.sort(probs, dim=-1, descending=True, stable=True)
+    top, experts = top[..., :k], experts[..., :k].contiguous()
     if normalise:
         top = top / top.sum(dim=-1, keepdim=True)
     return top.to(logits.dtype), experts

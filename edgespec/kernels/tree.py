@@ -36,6 +36,9 @@ from edgespec.kernels.options import active
 
 # Rows a tree forward may have: the Triton attention reads each row's ancestors as one 64-bit mask.
 MAX_TREE_ROWS = 64
+# Tree forwards up to this many rows take the Triton attention on CUDA (the reference reads the whole cache when the
+# start is a device tensor, as a captured tree verify's is). 64: every tree (the GPU test covers 64-row trees).
+TRITON_TREE_ROWS = 64
 
 
 @dataclass
@@ -58,24 +61,43 @@ class TreeMask:
             raise ValueError(f"a tree forward takes at most {MAX_TREE_ROWS} rows, got {T}")
         if not par or par[0] != -1 or any(not 0 <= p < t for t, p in enumerate(par) if t > 0):
             raise ValueError(f"tree rows need row 0 as the only root and every parent before its child: {par}")
-        anc = torch.zeros(T, T, dtype=torch.bool)
         depth = [0] * T
         bits = [0] * T
         for t, p in enumerate(par):
             if p >= 0:
-                anc[t] = anc[p]
                 depth[t] = depth[p] + 1
                 bits[t] = bits[p]
-            anc[t, t] = True
             bits[t] |= 1 << t
         # bit 63 is the sign bit of an int64: store the same 64 bits as a signed value.
-        bits = [b - (1 << 64) if b >= 1 << 63 else b for b in bits]
+        bits_t = torch.tensor([b - (1 << 64) if b >= 1 << 63 else b for b in bits], dtype=torch.int64)
+        # The mask from the bits in one op (a captured tree verify builds one per cycle on the host; row by row it
+        # was two tensor ops per row). An arithmetic shift keeps every bit below the sign, so bit 63 reads right too.
+        anc = ((bits_t[:, None] >> torch.arange(T)[None, :]) & 1).bool()
         return cls(torch.tensor(par, device=device), torch.tensor(depth, device=device), anc.to(device),
-                   torch.tensor(bits, dtype=torch.int64, device=device))
+                   bits_t.to(device))
 
     @property
     def rows(self) -> int:
         return self.parents.shape[0]
+
+    @classmethod
+    def static(cls, rows: int, kernels: tuple[int, ...], device: torch.device | str) -> TreeMask:
+        """Device buffers for trees of ``rows`` rows (a captured tree forward reads these addresses at every
+        replay), with a conv index per kernel size in ``kernels``; :meth:`load` fills them. Starts as the root with
+        ``rows - 1`` leaves, so a capture's warm-up runs a well-formed tree."""
+        mask = cls.from_parents(torch.tensor([-1] + [0] * (rows - 1)), device)
+        for kernel in kernels:
+            mask.conv_index(kernel)
+        return mask
+
+    def load(self, other: TreeMask) -> None:
+        """Copy ``other`` (a tree of as many rows, e.g. built on the CPU) into these buffers in place."""
+        if other.rows != self.rows:
+            raise ValueError(f"a tree of {other.rows} rows does not fit buffers of {self.rows}")
+        for name in ("parents", "depths", "ancestors", "bits"):
+            getattr(self, name).copy_(getattr(other, name), non_blocking=True)
+        for kernel, idx in self._conv_index.items():
+            idx.copy_(other.conv_index(kernel), non_blocking=True)
 
     def conv_index(self, kernel: int) -> torch.Tensor:
         """``[T, kernel]`` column of ``cat(state [C, K-1], x^T [C, T])`` that each tap of each row's window reads:
@@ -103,26 +125,49 @@ class TreeMask:
 def tree_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float,
                        ancestors: torch.Tensor) -> torch.Tensor:
     """Reference: ``q [T, Hq, hd]``, ``k, v [>= start+T, Hkv, hd]`` dequantised. Returns ``[T, Hq, hd]``."""
+    T = q.shape[0]
+    visible = torch.cat([torch.ones(T, start, dtype=torch.bool, device=q.device), ancestors], dim=1)
+    return _masked_attention(q, k[:start + T], v[:start + T], scale, visible)
+
+
+def tree_attention_at(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_t: torch.Tensor, scale: float,
+                      ancestors: torch.Tensor) -> torch.Tensor:
+    """Reference with the start as a device tensor ``pos_t [1]`` (a captured tree forward): ``k, v`` are the whole
+    preallocated cache, key ``n`` is visible to row ``t`` when ``n < start`` or ``n - start`` is an ancestor of ``t``.
+    Shape-static (no host value), so capturable, at the cost of reading every cache row."""
+    T, L = q.shape[0], k.shape[0]
+    rel = torch.arange(L, device=q.device) - pos_t                               # [L]
+    inside = (rel >= 0) & (rel < T)
+    in_tree = ancestors[:, rel.clamp(0, T - 1)] & inside[None, :]                 # [T, L]
+    return _masked_attention(q, k, v, scale, (rel < 0)[None, :] | in_tree)
+
+
+def _masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                      visible: torch.Tensor) -> torch.Tensor:
+    """GQA attention of ``q [T, Hq, hd]`` over ``k, v [L, Hkv, hd]`` where ``visible [T, L]``."""
     T, Hq, hd = q.shape
-    k, v = k[:start + T], v[:start + T]
     Hkv = k.shape[1]
     rep = Hq // Hkv
     qg = q.reshape(T, Hkv, rep, hd).permute(1, 2, 0, 3).reshape(Hkv, rep * T, hd)
     scores = torch.bmm(qg, k.permute(1, 2, 0).to(q.dtype)) * scale                  # [Hkv, rep*T, L]
-    visible = torch.cat([torch.ones(T, start, dtype=torch.bool, device=q.device), ancestors], dim=1)
     scores = scores.view(Hkv, rep, T, -1).masked_fill(~visible, float("-inf")).view(Hkv, rep * T, -1)
     probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
     out = torch.bmm(probs, v.transpose(0, 1).to(q.dtype))
     return out.view(Hkv, rep, T, hd).permute(2, 0, 1, 3).reshape(T, Hq, hd)
 
 
-def tree_attention(q: torch.Tensor, cache: KVCache, start: int, scale: float, tree: TreeMask) -> torch.Tensor:
-    """Attention of the tree rows ``q`` over the cache rows ``0 .. start+T-1`` (tree rows written at ``start``):
-    the Triton split-K kernel with the ancestor bits on CUDA for up to 32 rows, else the reference."""
+def tree_attention(q: torch.Tensor, cache: KVCache, start: int, scale: float, tree: TreeMask,
+                   pos_t: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of the tree rows ``q`` over the cache rows ``0 .. start+T-1`` (tree rows written at ``start``, or
+    at ``pos_t`` (a one-element device tensor) in a captured forward): the Triton split-K kernel with the ancestor
+    bits on CUDA (every tree size: its row blocks cover up to 64 rows of 64-bit masks), else the reference."""
     T = q.shape[0]
-    if T <= 32 and use_triton(q):
+    if T <= TRITON_TREE_ROWS and use_triton(q):
         from edgespec.kernels.triton_attention import cached_attention_triton
-        return cached_attention_triton(q, cache, start, scale, tree_bits=tree.bits)
+        return cached_attention_triton(q, cache, start, scale, start_t=pos_t, tree_bits=tree.bits)
+    if pos_t is not None:
+        k, v = cache.read(cache.max_len)
+        return tree_attention_at(q, k, v, pos_t, scale, tree.ancestors)
     k, v = cache.read(start + T)
     return tree_attention_ref(q, k, v, start, scale, tree.ancestors)
 

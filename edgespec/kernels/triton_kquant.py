@@ -34,6 +34,8 @@ import triton
 import triton.language as tl
 
 from edgespec.kernels import sm_count
+from edgespec.kernels.linear import RouteFacts, linear_route
+from edgespec.kernels.options import active
 from edgespec.kernels.triton_pdl import pdl_launch, pdl_release, pdl_wait
 from edgespec.kernels.triton_quant_gemv import _finish
 from edgespec.kernels.triton_rowblock import RowBlockOutputs, choose_splits, row_block_program
@@ -186,13 +188,17 @@ def _q6k_quarter(row, n_ok, d, h: tl.constexpr, r: tl.constexpr):
 
 
 @triton.jit
-def _kquant_dequant_kernel(w_ptr, out_ptr, rows, row0, stride_wn, stride_on, KIND: tl.constexpr,
-                           BLOCK_N: tl.constexpr):
+def _kquant_dequant_kernel(w_ptr, out_ptr, idx_ptr, rows, row0, stride_wn, stride_on, KIND: tl.constexpr,
+                           BLOCK_N: tl.constexpr, GATHER: tl.constexpr):
     """One super-block (program axis 1) of ``BLOCK_N`` rows decoded to ``out`` (the reference's fp32 weights,
-    then one rounding to ``out``'s dtype)."""
+    then one rounding to ``out``'s dtype): weight rows ``row0 + r``, or ``idx[r]`` (``GATHER``: an embedding
+    lookup)."""
     r = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = r < rows
-    n = row0 + r
+    if GATHER:
+        n = tl.load(idx_ptr + r, mask=ok, other=0)
+    else:
+        n = row0 + r
     sb = tl.program_id(1)
     dst = out_ptr + r[:, None] * stride_on + sb * 256
     if KIND == 14:
@@ -224,9 +230,28 @@ def kquant_dequantize_band(packed, start: int, stop: int, dtype: torch.dtype, ou
     w = out if out is not None else torch.empty((rows, K), dtype=dtype, device=packed.blocks.device)
     blocks = packed.blocks.view(LAYOUTS[kind][1])
     grid = (triton.cdiv(rows, 32), K // 256)
-    _kquant_dequant_kernel[grid](blocks, w, rows, start, blocks.stride(0), w.stride(0), KIND=kind, BLOCK_N=32,
-                                 num_warps=4, enable_fp_fusion=False)
+    _kquant_dequant_kernel[grid](blocks, w, w, rows, start, blocks.stride(0), w.stride(0), KIND=kind, BLOCK_N=32,
+                                 GATHER=False, num_warps=4, enable_fp_fusion=False)
     return w
+
+
+def kquant_rows(packed, index: torch.Tensor) -> torch.Tensor:
+    """Embedding lookup from a K-quant table on CUDA: rows ``index [...]`` decoded in one launch (no host sync, so
+    it can sit in a captured graph) -> ``[..., in]`` in ``packed.compute_dtype``; the decode is the reference's
+    fp32 weight rounded once (the GPU tests check it bit for bit)."""
+    kind = int(packed.ggml_type)
+    flat = index.reshape(-1)
+    if flat.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{packed.format} embedding: token indices must be int32 or int64, got {flat.dtype}")
+    K = packed.in_features
+    out = torch.empty((flat.numel(), K), dtype=packed.compute_dtype, device=packed.blocks.device)
+    if flat.numel():
+        blocks = packed.blocks.view(LAYOUTS[kind][1])
+        grid = (triton.cdiv(flat.numel(), 16), K // 256)
+        _kquant_dequant_kernel[grid](blocks, out, flat.contiguous(), flat.numel(), 0, blocks.stride(0),
+                                     out.stride(0), KIND=kind, BLOCK_N=16, GATHER=True, num_warps=4,
+                                     enable_fp_fusion=False)
+    return out.reshape(*index.shape, K)
 
 
 def kquant_config(N: int, K: int, M: int, sms: int) -> dict[str, int]:
@@ -244,7 +269,9 @@ def kquant_config(N: int, K: int, M: int, sms: int) -> dict[str, int]:
 def kquant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
                   config: dict[str, int] | None = None) -> torch.Tensor:
     """``x [..., in] @ W^T (+ bias)`` for a Q4_K / Q5_K / Q6_K weight (``packed.blocks``, ``packed.ggml_type``)
-    on CUDA; ``x`` bf16, fp16 or fp32 (fp32: exact products on the tensor cores' fp32 path, for the tests)."""
+    on CUDA; ``x`` bf16, fp16 or fp32 (fp32: exact products on the tensor cores' fp32 path, for the tests). The
+    rows ``linear_route`` sends to the CUDA-core GEMV (1..4) go there (``edgespec.kernels.triton_kquant_gemv``)
+    unless ``config`` has ``TILES=1`` (the tensor-core tiles at any row count: tests and sweeps)."""
     kind = int(packed.ggml_type)
     if kind not in LAYOUTS:
         raise ValueError(f"{packed.format}: no K-quant GPU product for ggml type {kind}")
@@ -258,6 +285,10 @@ def kquant_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M, N, K = x2.shape[0], packed.out_features, packed.in_features
+    facts = RouteFacts(cuda=True, triton=True, options=active())
+    if not (config or {}).get("TILES", 0) and linear_route(M, packed.format, (N, K), facts) == "kquant_gemv":
+        from edgespec.kernels.triton_kquant_gemv import kquant_gemv
+        return kquant_gemv(packed, x2, bias).reshape(*lead, N)
     cfg = {**kquant_config(N, K, M, sm_count(x.device)), **(config or {})}
     if cfg.get("DEQUANT", int(M > ROWS_16_MAX)):
         # prefill: bands of rows decoded once, multiplied by cuBLAS (edgespec.kernels.triton_quant_prefill)

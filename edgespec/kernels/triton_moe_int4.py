@@ -15,9 +15,15 @@ expert as slot k when stacked) has P = T * k' (row, slot) pairs. Three launches:
   summed in slot order (deterministic, no atomics).
 
 The grid is sized for the worst case (P slots); programs of unused slots exit at once. The row block is always 16
-rows, so a row's product takes the same mma shape whether it is decoded alone or verified with 63 others: a row
-rounds the same at any T (speculative output equals plain). fp32 activations multiply the exact integer tile on
+rows, so a row's product takes the same mma shape whether it runs alone or with 63 others: on this path a row
+rounds the same at any T. fp32 activations multiply the exact integer tile on
 the FMA path (``input_precision="ieee"``). Contract: ``stacked_int4_expert_product_ref``.
+
+Up to ``GEMV_TUNING["max_rows"]`` rows (a decode step, a short verify) take the CUDA-core path of
+``edgespec.kernels.triton_moe_gemv`` instead (:func:`grouped_int4_product` picks): a decode row and the same row
+in a verify then differ in the last bits of fp32 sums (as the dense products' one-row and tile kernels do), which
+the fp32 speculative == plain tests bound; ``group_pairs`` and
+``grouped_int4_product`` also serve the fused routing launch (``edgespec.kernels.triton_moe_route``).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import triton.language as tl
 
 from edgespec.kernels import sm_count
 from edgespec.kernels.moe_quant import KERNEL_GROUPS, StackedInt4
+from edgespec.kernels.triton_moe_gemv import GEMV_TUNING, int4_expert_gemv
 from edgespec.kernels.triton_quant_gemv import _int4_pair_tile, _pair_order_x
 
 ROW_BLOCK = 16
@@ -42,6 +49,19 @@ def _group_kernel(experts_ptr, weights_ptr, shared_ptr, pair_row_ptr, pair_dst_p
                   slot_count_ptr, slot_expert_ptr, log_sums_ptr, log_calls_ptr, T, E_SHARED,
                   K: tl.constexpr, K1: tl.constexpr, P_PAD: tl.constexpr, BINS: tl.constexpr,
                   SHARED: tl.constexpr, LOG: tl.constexpr):
+    _group_body(experts_ptr, weights_ptr, shared_ptr, pair_row_ptr, pair_dst_ptr, pair_w_ptr, slot_first_ptr,
+                slot_count_ptr, slot_expert_ptr, log_sums_ptr, log_calls_ptr, T, E_SHARED, K, K1, P_PAD, BINS,
+                SHARED, LOG)
+
+
+@triton.jit
+def _group_body(experts_ptr, weights_ptr, shared_ptr, pair_row_ptr, pair_dst_ptr, pair_w_ptr, slot_first_ptr,
+                slot_count_ptr, slot_expert_ptr, log_sums_ptr, log_calls_ptr, T, E_SHARED,
+                K: tl.constexpr, K1: tl.constexpr, P_PAD: tl.constexpr, BINS: tl.constexpr,
+                SHARED: tl.constexpr, LOG: tl.constexpr):
+    """The grouping of ``_group_kernel`` (also the tail of the fused routing launch,
+    ``edgespec.kernels.triton_moe_route``): routing ``experts``/``weights [T, K]`` and the shared gate ``[T]`` read
+    from memory, the sorted pairs and the touched-expert slots written."""
     p = tl.arange(0, P_PAD)
     P = T * K1
     ok = p < P
@@ -179,6 +199,14 @@ def _block_n(start: int, slots: int, row_blocks: int, n: int, sms: int) -> int:
     return bn
 
 
+def group_buffers(pairs: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """The grouping launch's outputs for ``pairs`` (row, slot) pairs (see :func:`group_pairs`), unfilled."""
+    out = {name: torch.empty(pairs, dtype=torch.int32, device=device)
+           for name in ("pair_row", "pair_dst", "slot_first", "slot_count", "slot_expert")}
+    out["pair_w"] = torch.empty(pairs, dtype=torch.float32, device=device)
+    return out
+
+
 def group_pairs(experts: torch.Tensor, weights: torch.Tensor, stack: StackedInt4,
                 shared_weight: torch.Tensor | None, log: tuple[torch.Tensor, torch.Tensor] | None
                 ) -> dict[str, torch.Tensor]:
@@ -187,10 +215,7 @@ def group_pairs(experts: torch.Tensor, weights: torch.Tensor, stack: StackedInt4
     T, k = experts.shape
     k1 = k + int(stack.shared)
     P = T * k1
-    dev = experts.device
-    out = {name: torch.empty(P, dtype=torch.int32, device=dev)
-           for name in ("pair_row", "pair_dst", "slot_first", "slot_count", "slot_expert")}
-    out["pair_w"] = torch.empty(P, dtype=torch.float32, device=dev)
+    out = group_buffers(P, experts.device)
     if stack.shared and shared_weight is None:
         raise ValueError("stacked int4 experts hold the shared expert: its gate weight [T, 1] is needed")
     shared = shared_weight.reshape(-1) if shared_weight is not None else weights
@@ -203,22 +228,47 @@ def group_pairs(experts: torch.Tensor, weights: torch.Tensor, stack: StackedInt4
     return out
 
 
-def stacked_int4_expert_product_triton(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
-                                       stack: StackedInt4, shared_weight: torch.Tensor | None = None,
-                                       log: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """``x [T, H]`` (T <= 64; bf16, fp16 or fp32), routing ``weights``/``experts [T, k]``, the shared expert's
-    gate ``[T, 1]`` when stacked -> ``[T, H]`` in x's dtype (see the module doc)."""
+def check_product_input(x: torch.Tensor, stack: StackedInt4) -> None:
+    """The rows, hidden size, dtype and group size the int4 expert kernels take; a named error otherwise."""
     T, H = x.shape
     if T > MAX_ROWS or H != stack.hidden or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"int4 expert product: x {tuple(x.shape)} {x.dtype} must be 1-{MAX_ROWS} rows of hidden "
                          f"{stack.hidden} in bf16, fp16 or fp32")
     if stack.group_size not in KERNEL_GROUPS:
         raise ValueError(f"int4 expert product: group size {stack.group_size} must be one of {KERNEL_GROUPS}")
-    x = x.contiguous()
-    I, g = stack.width, stack.group_size
-    k1 = experts.shape[1] + int(stack.shared)
-    P = T * k1
+
+
+def stacked_int4_expert_product_triton(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
+                                       stack: StackedInt4, shared_weight: torch.Tensor | None = None,
+                                       log: tuple[torch.Tensor, torch.Tensor] | None = None,
+                                       path: str = "auto") -> torch.Tensor:
+    """``x [T, H]`` (T <= 64; bf16, fp16 or fp32), routing ``weights``/``experts [T, k]``, the shared expert's
+    gate ``[T, 1]`` when stacked -> ``[T, H]`` in x's dtype (see the module doc). ``path``: see
+    :func:`grouped_int4_product`."""
+    check_product_input(x, stack)
     grp = group_pairs(experts, weights, stack, shared_weight, log)
+    return grouped_int4_product(x.contiguous(), grp, stack, experts.shape[1] + int(stack.shared), path)
+
+
+def grouped_int4_product(x: torch.Tensor, grp: dict[str, torch.Tensor], stack: StackedInt4, k1: int,
+                         path: str = "auto") -> torch.Tensor:
+    """The expert product of rows already grouped (:func:`group_pairs`, or the fused routing launch of
+    ``edgespec.kernels.triton_moe_route``), ``k1`` slots a row. ``path``: ``"gemv"`` the CUDA-core one-row path
+    (``edgespec.kernels.triton_moe_gemv``, up to its ``max_rows``), ``"mma"`` the 16-row tensor-core tiles of
+    this module, ``"auto"`` the first for up to ``GEMV_TUNING["max_rows"]`` rows, else the second."""
+    T = x.shape[0]
+    if path not in ("auto", "gemv", "mma"):
+        raise ValueError(f"int4 expert product: path {path!r} is not one of auto, gemv, mma")
+    if path == "gemv" or path == "auto" and T <= GEMV_TUNING["max_rows"]:
+        return int4_expert_gemv(x, grp, stack, k1)
+    return _mma_product(x, grp, stack, k1)
+
+
+def _mma_product(x: torch.Tensor, grp: dict[str, torch.Tensor], stack: StackedInt4, k1: int) -> torch.Tensor:
+    """The tensor-core path: gate+up, then down into per-pair fp32 rows, then the slots summed."""
+    T, H = x.shape
+    I, g = stack.width, stack.group_size
+    P = T * k1
     rb = triton.cdiv(T, ROW_BLOCK)
     touched = min(P, stack.experts)
     sms = sm_count(x.device)

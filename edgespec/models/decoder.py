@@ -189,7 +189,8 @@ class TargetModel(nn.Module):
         ``edgespec.arch.graphs``) does the host bookkeeping (``cache.length``, checkpoint marks).
         ``tree``: verify a draft tree (:mod:`edgespec.kernels.tree`): row t at position ``start + depth``, seeing
         the prefix and its ancestors; GDN layers defer. Rows are written at ``start ..`` in row order, and
-        :meth:`ModelCache.commit_path` (which must follow) keeps one root-to-node path.
+        :meth:`ModelCache.commit_path` (which must follow) keeps one root-to-node path. With ``pos_t`` too (a
+        captured tree verify, ``edgespec.arch.tree_graphs``) the caller does the host bookkeeping and the commit.
         """
         T = tokens.shape[0]
         start = cache.length
@@ -200,8 +201,8 @@ class TargetModel(nn.Module):
         if not isinstance(mode, StateMode):
             raise ValueError(f"forward mode {mode!r} is not a StateMode ({', '.join(m.name for m in StateMode)})")
         if tree is not None:
-            if mode is StateMode.CHECKPOINT or pos_t is not None or tree.rows != T:
-                raise ValueError(f"a tree forward of {tree.rows} rows takes {T} tokens, no checkpoints, no pos_t")
+            if mode is StateMode.CHECKPOINT or tree.rows != T:
+                raise ValueError(f"a tree forward of {tree.rows} rows takes {T} tokens and no checkpoints")
             mode = StateMode.DEFER          # GDN layers keep each row's inputs; commit_path advances the path
         if not cache.has_state:
             mode = StateMode.ADVANCE        # attention-only: nothing to checkpoint or defer
@@ -211,7 +212,7 @@ class TargetModel(nn.Module):
                 cache.begin_checkpointed_forward(start, T)
             else:
                 cache.save_states()
-        elif tree is not None:
+        elif tree is not None and pos_t is None:
             cache.begin_tree_forward(start, T)
         elif defer and pos_t is None:
             cache.begin_deferred_forward(start, T)
@@ -222,7 +223,8 @@ class TargetModel(nn.Module):
         if tree is None:
             cs = self.rope.angles(start, T, pos_t, h.dtype) if cache.kv_layers else None
         else:
-            cs = self.rope.angles_at(start + tree.depths, h.dtype) if cache.kv_layers else None
+            base = start if pos_t is None else pos_t
+            cs = self.rope.angles_at(base + tree.depths, h.dtype) if cache.kv_layers else None
         for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers, strict=True)):
             h, delta = layer(h, delta, layer_cache, start, self.rope, chunked, mode, pos_t, cs, tree=tree)
             if tap_out is not None and i in tap_index:

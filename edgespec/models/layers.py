@@ -304,7 +304,7 @@ class Attention(nn.Module):
         if tree is None:
             out = cached_attention(q, cache, start, self.scale, pos_t)
         else:
-            out = tree_attention(q, cache, start, self.scale, tree)
+            out = tree_attention(q, cache, start, self.scale, tree, pos_t)
         out = out.reshape(T, self.n_heads * self.hd)
         if gate is not None:
             out = out * torch.sigmoid(gate).reshape(T, self.n_heads * self.hd)

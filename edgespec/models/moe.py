@@ -16,8 +16,10 @@ from torch import nn
 
 from edgespec.kernels.linear import linear
 from edgespec.kernels.moe import group_by_expert, grouped_expert_product, route, stacked_expert_product
-from edgespec.kernels.moe_quant import KERNEL_GROUPS, StackedInt4, stacked_int4_expert_product
+from edgespec.kernels.moe_packed import StackedPacked, stacked_packed_expert_product
+from edgespec.kernels.moe_quant import KERNEL_GROUPS, StackedInt4, stacked_int4_expert_product, stacked_int4_moe
 from edgespec.models.config import ModelConfig
+from edgespec.models.expert_stacks import stack_packed_experts
 from edgespec.models.layers import MLP
 from edgespec.weights.base import is_packed
 from edgespec.weights.int4 import Int4Weight
@@ -86,6 +88,14 @@ class SparseMoE(nn.Module):
     w2: torch.Tensor | None = None
     # int4 experts stacked per layer (the shared expert as the last one where it fits): views of the same kind
     q4: StackedInt4 | None = None
+    # NVFP4 or block-FP8 experts stacked per layer (edgespec.models.expert_stacks): views of the same kind
+    qp: StackedPacked | None = None
+    # With the shared expert stacked: the router's rows and the shared gate's row as one [E + 1, H] matrix (the
+    # two RouterLinear weights are views of it), so one GEMM gives the fused routing launch all its logits.
+    router_w: torch.Tensor | None = None
+    # False: the int4 path routes with torch ops and groups in its own launch (the path before the fused one;
+    # `tools/moe_int4_bench.py model --before` and its layer block profile compare the two).
+    fused_routing: bool = True
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -99,9 +109,9 @@ class SparseMoE(nn.Module):
 
     @property
     def device_routed(self) -> bool:
-        """True when the experts are stacked (dense or int4): a forward of up to 64 rows then keeps the expert
-        ids on the device, so it can be captured as a CUDA graph."""
-        return self.w13 is not None or self.q4 is not None
+        """True when the experts are stacked (dense, int4, NVFP4 or block-FP8): a forward of up to 64 rows then
+        keeps the expert ids on the device, so it can be captured as a CUDA graph."""
+        return self.w13 is not None or self.q4 is not None or self.qp is not None
 
     def merge_projections(self) -> None:
         """Merge every expert's gate/up (as the dense MLP does) and the shared expert's, then stack the experts
@@ -114,8 +124,12 @@ class SparseMoE(nn.Module):
     def stack_experts(self) -> bool:
         """Stack dense, merged expert weights into ``w13 [E, 2I, H]`` / ``w2 [E, H, I]`` for the stacked product
         (edgespec.kernels.moe); each expert's parameters become views of the stacks, so memory is unchanged but for
-        one layer's copy while stacking. Packed experts, unmerged ones and meta tensors stay as they are (False)."""
-        if self.w13 is not None or self.q4 is not None:
+        one layer's copy while stacking. NVFP4 and block-FP8 experts stack into :attr:`qp`, int4 ones into :attr:`q4`
+        (:meth:`_stack_int4`); other packed experts, unmerged ones and meta tensors stay as they are (False)."""
+        if self.w13 is not None or self.q4 is not None or self.qp is not None:
+            return True
+        self.qp = stack_packed_experts(self.experts, self.shared_expert)      # merged or not; mixed formats raise
+        if self.qp is not None:
             return True
         mats = [(e.gate_up_proj, e.down_proj) for e in self.experts]
         if any(up is None for up, _ in mats) or mats[0][0].weight.device.type == "meta":
@@ -158,18 +172,30 @@ class SparseMoE(nn.Module):
                     stacks[short + part] = stack
         self.q4 = StackedInt4(**stacks, group_size=first.group_size, shared=with_shared)
         self.q4.check()
+        router, gate = self.gate.weight, self.shared_expert_gate.weight
+        if with_shared and router.dtype == gate.dtype and router.device == gate.device:
+            with torch.no_grad():
+                self.router_w = torch.cat([router.data, gate.data])
+                router.data = self.router_w[:-1]            # views: the memory is counted once
+                gate.data = self.router_w[-1:]
         return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, experts = route(self.gate(x), self.top_k, self.normalise)     # [T, k] each
         log = self.routing_log
-        if self.q4 is not None and x.is_cuda and x.shape[0] <= RoutingLog.MAX_ROWS:
+        if self.router_w is not None and self.fused_routing and x.is_cuda and x.shape[0] <= RoutingLog.MAX_ROWS:
+            # one GEMM for the router and the shared gate, one launch to route and group, then the product
+            return stacked_int4_moe(x, linear(x, self.router_w), self.top_k, self.normalise, self.q4,
+                                    (log.sums, log.calls) if log is not None else None)
+        weights, experts = route(self.gate(x), self.top_k, self.normalise)     # [T, k] each
+        stack = self.q4 if self.q4 is not None else self.qp
+        if stack is not None and x.is_cuda and x.shape[0] <= RoutingLog.MAX_ROWS:
             # one product for the touched experts and (when stacked) the shared one; the union is logged by the
             # grouping launch itself
             gate = torch.sigmoid(self.shared_expert_gate(x))
-            out = stacked_int4_expert_product(x, weights, experts, self.q4, gate if self.q4.shared else None,
-                                              (log.sums, log.calls) if log is not None else None)
-            return out if self.q4.shared else out + gate * self.shared_expert(x)
+            product = stacked_int4_expert_product if self.q4 is not None else stacked_packed_expert_product
+            out = product(x, weights, experts, stack, gate if stack.shared else None,
+                          (log.sums, log.calls) if log is not None else None)
+            return out if stack.shared else out + gate * self.shared_expert(x)
         if self.w13 is not None and x.is_cuda:
             # Expert ids stay on the device: no host round trip (the union, when logged, is read later).
             routed = stacked_expert_product(x, weights, experts, self.w13, self.w2)

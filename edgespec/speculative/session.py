@@ -16,6 +16,7 @@ import torch
 
 from edgespec.arch.base import ArchHooks
 from edgespec.arch.rollback import TreeVerify
+from edgespec.arch.tree_graphs import StaticTreeForward
 from edgespec.cache.prefix import PrefixCache
 from edgespec.drafters.base import Draft, Proposer
 from edgespec.drafters.tree import DraftTree, JointCalibration
@@ -23,10 +24,10 @@ from edgespec.errors import PromptTooLongError, RequestError
 from edgespec.kernels import device_sync
 from edgespec.kernels.tree import TreeMask
 from edgespec.models.decoder import ForwardOutput, TargetModel
-from edgespec.speculative.acceptance import AcceptancePolicy, Verdict
+from edgespec.speculative.acceptance import AcceptancePolicy, RejectionSampling, Verdict
 from edgespec.speculative.plan import SessionPlan, draft_tokens
 from edgespec.speculative.telemetry import RequestTelemetry
-from edgespec.speculative.tree_accept import accept_tree
+from edgespec.speculative.tree_accept import TreeVerdict, accept_tree, path_verdict, sample_tree_accept
 from edgespec.speculative.tree_size import CycleCost, size_tree
 
 
@@ -343,18 +344,39 @@ class SpecSession:
             self.tree_calibration.record(tree, cycle.verdict.accepted)
             return cycle
         rows = torch.cat([torch.tensor([last]), tree.tokens]).to(device)
-        with tel.stage("verify"):
-            step = self.rollback.verify_tree(model, cache, rows, TreeMask.from_parents(tree.row_parents(), device),
-                                             self.taps)
-        with tel.stage("accept"):
-            verdict = accept_tree(policy, step.logits, tree)
-            self.rollback.commit(cache, verdict.rows)
-            path = torch.tensor(verdict.rows, device=device)
-            kept = ForwardOutput(step.logits[path], step.hidden[path],
-                                 None if step.taps is None else step.taps[path])
+        static = self.hooks.tree_forward(cache, tree.size + 1)
+        if static is not None:
+            verdict, kept = self._verify_tree_static(static, rows, tree, policy, tel)
+        else:
+            with tel.stage("verify"):
+                step = self.rollback.verify_tree(model, cache, rows,
+                                                 TreeMask.from_parents(tree.row_parents(), device), self.taps)
+            with tel.stage("accept"):
+                verdict = accept_tree(policy, step.logits, tree)
+                self.rollback.commit(cache, verdict.rows)
+                path = torch.tensor(verdict.rows, device=device)
+                kept = ForwardOutput(step.logits[path], step.hidden[path],
+                                     None if step.taps is None else step.taps[path])
         tel.record_tree(tree.size, verdict.sibling)
         self.tree_calibration.record(tree, verdict.accepted)
         return Cycle(Verdict(verdict.accepted, verdict.tokens), kept, tree.size)
+
+    def _verify_tree_static(self, static: StaticTreeForward, rows: torch.Tensor, tree: DraftTree,
+                            policy: AcceptancePolicy, tel: RequestTelemetry) -> tuple[TreeVerdict, ForwardOutput]:
+        """The captured tree verify (graphs on): the forward and, for a greedy policy, the verdict and the commit
+        replayed back to back, then one copy of the verdict's integers; a sampling policy picks the path from the
+        logits on the host and the same commit graph keeps it."""
+        with tel.stage("verify"):
+            step = static.verify(rows, tree.row_parents())
+        with tel.stage("accept"):
+            if isinstance(policy, RejectionSampling):
+                verdict = sample_tree_accept(step.logits, tree, policy)
+                static.commit_rows(verdict.rows)
+            else:
+                path, next_token = static.commit_greedy()
+                verdict = path_verdict(tree, path, next_token)
+            kept = static.kept(len(verdict.rows))
+        return verdict, kept
 
     def _decode(self, last: int, policy: AcceptancePolicy, constraint: TokenConstraint | None,
                 tel: RequestTelemetry) -> Cycle:

@@ -49,15 +49,24 @@ def greedy_tree_accept(logits: torch.Tensor, tree: DraftTree) -> TreeVerdict:
     targets = logits.argmax(-1).tolist()                        # one host copy
     tokens = tree.tokens.tolist()
     kids = tree.children()
-    row, rows, sibling = 0, [0], False
+    row, rows = 0, [0]
     while True:
         want = targets[row]
         nxt = next((c for c in kids[row] if tokens[c - 1] == want), None)
         if nxt is None:
-            return TreeVerdict(rows, [tokens[r - 1] for r in rows[1:]] + [want], sibling)
-        sibling |= nxt != kids[row][0]
+            return path_verdict(tree, rows, want)
         rows.append(nxt)
         row = nxt
+
+
+def path_verdict(tree: DraftTree, rows: list[int], next_token: int) -> TreeVerdict:
+    """The verdict of an accepted path ``rows`` (root first) and the token after it: the tokens to commit and
+    whether some accepted node was not its parent's first child. The captured tree verify hands its device-chosen
+    path here (:mod:`edgespec.arch.tree_graphs`)."""
+    tokens = tree.tokens.tolist()
+    kids = tree.children()
+    sibling = any(kids[a][0] != b for a, b in zip(rows, rows[1:], strict=False))
+    return TreeVerdict(list(rows), [tokens[r - 1] for r in rows[1:]] + [next_token], sibling)
 
 
 def sample_tree_accept(logits: torch.Tensor, tree: DraftTree, policy: RejectionSampling) -> TreeVerdict:

@@ -52,6 +52,14 @@ def _nibble_subblocks(qs: torch.Tensor) -> torch.Tensor:
 class _KQuant(GGUFBlockWeight):
     block = 256
 
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Embedding lookup: on the Triton products (CUDA, a kernel chosen by the arch hooks) one launch decodes the
+        rows asked for (``edgespec.kernels.triton_kquant.kquant_rows``); elsewhere the reference decode."""
+        if self.kernel is not None and index.is_cuda:
+            from edgespec.kernels.triton_kquant import kquant_rows
+            return kquant_rows(self, index)
+        return super().rows(index)
+
     def _dmin_form(self, blocks: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """``d * sc * q - dmin * m`` per sub-block of 32 (Q4_K, Q5_K), in ggml's order of fp32 operations."""
         d, dmin = self._half(blocks[..., 0:2]), self._half(blocks[..., 2:4])

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import edgespec.weights.gguf  # noqa: F401  (registers the GGUF formats)
+import edgespec.weights.gguf_kquants  # noqa: F401  (registers the K-quant formats)
 from edgespec.kernels import linear as L
 from edgespec.kernels.linear import RouteFacts, linear_route, route_log
 from edgespec.kernels.options import KernelOptions
@@ -63,6 +64,33 @@ def test_packed_formats_take_their_own_product() -> None:
     for fmt in ("int4", "nvfp4", "fp8_block", "gguf_q4_0"):
         for facts in (CUDA, RouteFacts(cuda=False, cpu_blas=True)):
             assert linear_route(1, fmt, SHAPE, facts) == "packed"
+
+
+@pytest.mark.parametrize("rows,q4,q6", [(0, "packed", "packed"), (1, "kquant_gemv", "kquant_gemv"),
+                                       (2, "packed", "kquant_gemv"), (4, "packed", "kquant_gemv"),
+                                       (5, "packed", "packed"), (16, "packed", "packed"), (512, "packed", "packed")])
+def test_kquant_rows_pick_the_cuda_core_gemv_or_their_tiles(rows: int, q4: str, q6: str) -> None:
+    """GGUF K-quants on their Triton products: one row (decode) takes the CUDA-core GEMV, Q6_K up to four rows
+    (short verifies: where it measured faster than the tiles); more rows the weight's own tensor-core tiles or
+    prefill path."""
+    assert L.KQUANT_GEMV_ROWS == {"gguf_q4_k": 1, "gguf_q5_k": 1, "gguf_q6_k": 4}
+    for fmt, route in (("gguf_q4_k", q4), ("gguf_q5_k", q4), ("gguf_q6_k", q6)):
+        assert linear_route(rows, fmt, (3072, 3072), CUDA) == route, (rows, fmt)
+
+
+@pytest.mark.parametrize("facts", [
+    RouteFacts(cuda=False, cpu_blas=True),                                          # the CPU: the compiled product
+    RouteFacts(cuda=True, triton=False, sms=132),                                   # no Triton kernel chosen
+    RouteFacts(cuda=True, triton=True, sms=132, options=KernelOptions(no_triton=True)),
+    RouteFacts(cuda=True, triton=True, sms=132, grad=True),                         # autograd: the reference
+])
+def test_what_keeps_kquant_rows_off_the_gemv(facts: RouteFacts) -> None:
+    assert {linear_route(rows, "gguf_q4_k", (3072, 3072), facts) for rows in (1, 4)} == {"packed"}
+
+
+def test_other_packed_formats_never_take_the_kquant_gemv() -> None:
+    for fmt in ("int4", "nvfp4", "fp8_block", "gguf_q4_0", "gguf_q8_0"):
+        assert linear_route(1, fmt, SHAPE, CUDA) == "packed", fmt
 
 
 def test_bad_route_inputs_are_named() -> None:

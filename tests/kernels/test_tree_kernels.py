@@ -15,6 +15,7 @@ from edgespec.kernels.tree import (
     TreeMask,
     gdn_tree_ref,
     tree_attention,
+    tree_attention_at,
     tree_attention_ref,
     tree_conv_ref,
 )
@@ -117,6 +118,19 @@ def test_tree_attention_ref_equals_each_branch_as_a_chain():
         torch.testing.assert_close(out[torch.tensor(path)], ref, rtol=1e-5, atol=1e-5)
 
 
+def test_tree_attention_at_a_device_start_equals_the_reference():
+    """The captured verify's form (start as a tensor, the whole cache read, rows past the tree holding stale values)
+    equals the reference over the prefix and the tree rows."""
+    torch.manual_seed(4)
+    start, T, Hq, Hkv, hd, L = 11, len(PARENTS), 4, 2, 16, 40
+    q = torch.randn(T, Hq, hd)
+    k, v = torch.randn(L, Hkv, hd), torch.randn(L, Hkv, hd)
+    tree = TreeMask.from_parents(torch.tensor(PARENTS), "cpu")
+    ref = tree_attention_ref(q, k, v, start, hd ** -0.5, tree.ancestors)
+    out = tree_attention_at(q, k, v, torch.tensor([start]), hd ** -0.5, tree.ancestors)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_kv_move_rows_keeps_bytes_and_scales():
     """Moving rows (the commit of an accepted path) copies stored bytes and scales exactly, also when the source and
     destination ranges overlap, for every V layout."""
@@ -139,7 +153,8 @@ def test_tree_attention_triton_matches_reference(fp8):
         pytest.skip("needs CUDA")
     torch.manual_seed(5)
     dev = torch.device("cuda")
-    for parents in (PARENTS, list(range(-1, 31)), [-1] + [0] * 31):
+    # Up to 64 rows (every tree: the 33-64-row ones went to the reference before the captured tree verify).
+    for parents in (PARENTS, list(range(-1, 31)), [-1] + [0] * 31, list(range(-1, 63)), [-1] + [0] * 40 + [1] * 23):
         T = len(parents)
         start, Hq, Hkv, hd = 300, 8, 2, 128
         cache = KVCache(512, Hkv, hd, torch.bfloat16, dev, fp8=fp8)
@@ -151,3 +166,10 @@ def test_tree_attention_triton_matches_reference(fp8):
         k, v = cache.read(start + T)
         ref = tree_attention_ref(q.float(), k.float(), v.float(), start, hd ** -0.5, tree.ancestors)
         torch.testing.assert_close(out.float(), ref, rtol=3e-2, atol=3e-2)
+        # The start as a device tensor (a captured tree verify): the same rows, and the whole-cache reference.
+        pos = torch.tensor([start], device=dev)
+        torch.testing.assert_close(tree_attention(q, cache, 0, hd ** -0.5, tree, pos).float(), ref,
+                                   rtol=3e-2, atol=3e-2)
+        kk, vv = cache.read(cache.max_len)
+        torch.testing.assert_close(tree_attention_at(q.float(), kk.float(), vv.float(), pos, hd ** -0.5,
+                                                     tree.ancestors), ref, rtol=1e-4, atol=1e-4)

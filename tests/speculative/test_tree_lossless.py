@@ -172,8 +172,8 @@ def test_tree_needs_the_deferred_rollback(tiny_models):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_fp8", [False, True], ids=["kv-model", "kv-fp8"])
 def test_greedy_tree_equals_plain_cuda(tmp_path, kv_fp8):
-    """The hybrid on CUDA in fp32 with the GPU hooks (graph-captured decode and chain verify beside the eager tree
-    verify): greedy tree output equals plain output, through sibling accepts."""
+    """The hybrid on CUDA in fp32 with the GPU hooks (graph-captured decode, chain verify and tree verify + commit,
+    edgespec.arch.tree_graphs): greedy tree output equals plain output, through sibling accepts."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from edgespec.bench.shapes import tiny_config, write_random_checkpoint
@@ -188,6 +188,8 @@ def test_greedy_tree_equals_plain_cuda(tmp_path, kv_fp8):
     oracle = OracleTree(NGramProposer(), plain, 320, seed=1)
     session = SpecSession.with_defaults(model, select_hooks("rtx", dev), oracle, k=6, kv_fp8=kv_fp8, max_len=256,
                                         draft_tree=8)
+    assert sorted(session.hooks.static_trees) == [17]
+    assert all(s.verify_graph is not None and s.commit_graph is not None for s in session.hooks.static_trees.values())
     out = session.generate(prompt, max_tokens=40, policy=StrictGreedy())
     assert out.token_ids == plain
     assert out.telemetry.tree_sibling_accepts > 0
