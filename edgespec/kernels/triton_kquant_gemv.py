@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from edgespec.kernels import sm_count
-from edgespec.kernels.triton_kquant import LAYOUTS, _dmin_head, _fp16_bits, _scale_min
+from edgespec.kernels.triton_kquant import LAYOUTS, _fp16_bits, _scale_min
 from edgespec.kernels.triton_pdl import pdl_launch, pdl_release, pdl_wait
 from edgespec.kernels.triton_quant_gemv import _finish, wave_splits
 from edgespec.kernels.triton_rowblock import RowBlockOutputs
@@ -47,74 +47,113 @@ GEMV_MAX_ROWS = 4
 _Q4K_LAUNCH = {"BLOCK_N": 128, "num_warps": 4, "WAVES": 8, "MIN_SB": 1}
 GEMV_LAUNCH: dict[int, dict[str, int]] = {12: dict(_Q4K_LAUNCH), 13: dict(_Q4K_LAUNCH),
                                           14: {"BLOCK_N": 32, "num_warps": 4, "WAVES": 4, "MIN_SB": 1}}
+# 2^23's fp32 bits, a run-time argument of the Q4_K / Q5_K kernel (see _magic)
+_MAGIC = 0x4B000000
 
 
 @triton.jit
-def _magic(bits):
-    """fp32 ``v`` for an int32 ``bits`` holding ``v`` (an integer below 2^23) in its low 23 bits, exactly."""
-    return (bits | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+def _magic(bits, magic):
+    """fp32 ``v`` for an int32 ``bits`` holding ``v`` (an integer below 2^23) in its low 23 bits, exactly; ``magic``
+    is 2^23's bits (0x4B000000) given at run time, so the mask before and the OR here compile to one LOP3 (a
+    constant would be a second immediate, which LOP3 cannot take: two instructions)."""
+    return (bits | magic).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def _magic_nibble(bits, magic, S: tl.constexpr):
+    """fp32 ``q`` for an int32 ``bits`` holding ``q * 2^S`` (``q`` < 16, ``S`` <= 19) in its low 23 bits, exactly:
+    ``(2^23 + q * 2^S) * 2^-S - 2^(23 - S)`` in one FFMA (both steps exact: a power-of-two scale, then an integer
+    result), so the nibble is read in place, without a shift, and its input needs no ``2^-S`` scaling."""
+    v = (bits | magic).to(tl.float32, bitcast=True)
+    if S == 0:
+        return v - 8388608.0
+    else:
+        return tl.fma(v, 2.0 ** -S, -(2.0 ** (23 - S)))
 
 
 @triton.jit
 def _x_quads(x_ptr, base):
-    """fp32 activations ``x[base + 4w + b]`` (w < 8) as four ``[8]`` vectors, b = 0..3, from one contiguous load:
-    the inputs that byte ``b`` of word ``w`` multiplies."""
-    flat = tl.load(x_ptr + base + tl.arange(0, 32)).to(tl.float32)
-    even, odd = tl.split(tl.reshape(flat, [8, 2, 2]))            # b = 2i + j: j = 0 / 1
-    x0, x2 = tl.split(even)
-    x1, x3 = tl.split(odd)
-    return x0, x1, x2, x3
+    """fp32 activations ``x[base + 4w + b]`` (w < 8) as four ``[8]`` vectors, b = 0..3: the inputs that byte ``b``
+    of word ``w`` multiplies. Loaded where they are used (each thread reads the columns of its own words), not
+    loaded flat and regrouped: a regrouping moves them through shared memory behind a barrier, once per chunk and
+    row."""
+    if x_ptr.dtype.element_ty == tl.bfloat16:
+        # two bf16 inputs a word: the low half is input 4w (4w + 2), the high half 4w + 1 (4w + 3); a bf16 is the
+        # top half of its fp32, so each takes one shift or mask
+        xw = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + base // 2 + 2 * tl.arange(0, 8)
+        even = tl.load(xw)
+        odd = tl.load(xw + 1)
+        return ((even << 16).to(tl.float32, bitcast=True), (even & -65536).to(tl.float32, bitcast=True),
+                (odd << 16).to(tl.float32, bitcast=True), (odd & -65536).to(tl.float32, bitcast=True))
+    else:
+        xs = x_ptr + base + 4 * tl.arange(0, 8)
+        return (tl.load(xs).to(tl.float32), tl.load(xs + 1).to(tl.float32), tl.load(xs + 2).to(tl.float32),
+                tl.load(xs + 3).to(tl.float32))
 
 
 @triton.jit
-def _q4k_codes(words, qh, c: tl.constexpr, HAS_QH: tl.constexpr):
+def _q4k_codes(words, qh, magic, c: tl.constexpr, HAS_QH: tl.constexpr):
     """The eight code planes of a ``[BLOCK_N, 8]`` word tile (chunk ``c`` of a Q4_K / Q5_K super-block), plane
     ``p = 2b + h`` = nibble ``h`` of byte ``b``: byte ``b`` of word ``w`` is weight ``4w + b`` of sub-block
-    ``2c + h``. Q4_K: plane ``p`` is ``q * 2^S[p]`` (``S`` = 0, 4, 8, 12, 16, 8, 12, 16; :func:`_dmin_row` takes
-    the inputs times ``2^-S``); Q5_K: ``q + 16 * (fifth bit)``, unscaled."""
+    ``2c + h``; each plane is the code in fp32 (Q5_K: ``q + 16 * (fifth bit)``). Q4_K reads each nibble where it
+    lies (:func:`_magic_nibble`); the top three nibbles come from the word shifted by 12 (one shift per eight
+    codes; the sign bits it drags in are masked)."""
     if HAS_QH:
-        h0 = _magic((words & 15) | (((qh >> c * 2) & 1) << 4))
-        h1 = _magic(((words >> 4) & 15) | (((qh >> (c * 2 + 1)) & 1) << 4))
-        h2 = _magic(((words >> 8) & 15) | (((qh >> (8 + c * 2)) & 1) << 4))
-        h3 = _magic(((words >> 12) & 15) | (((qh >> (9 + c * 2)) & 1) << 4))
-        h4 = _magic(((words >> 16) & 15) | (((qh >> (16 + c * 2)) & 1) << 4))
-        h5 = _magic(((words >> 20) & 15) | (((qh >> (17 + c * 2)) & 1) << 4))
-        h6 = _magic(((words >> 24) & 15) | (((qh >> (24 + c * 2)) & 1) << 4))
-        h7 = _magic(((words >> 28) & 15) | (((qh >> (25 + c * 2)) & 1) << 4))
+        h0 = _magic((words & 15) | (((qh >> c * 2) & 1) << 4), magic)
+        h1 = _magic(((words >> 4) & 15) | (((qh >> (c * 2 + 1)) & 1) << 4), magic)
+        h2 = _magic(((words >> 8) & 15) | (((qh >> (8 + c * 2)) & 1) << 4), magic)
+        h3 = _magic(((words >> 12) & 15) | (((qh >> (9 + c * 2)) & 1) << 4), magic)
+        h4 = _magic(((words >> 16) & 15) | (((qh >> (16 + c * 2)) & 1) << 4), magic)
+        h5 = _magic(((words >> 20) & 15) | (((qh >> (17 + c * 2)) & 1) << 4), magic)
+        h6 = _magic(((words >> 24) & 15) | (((qh >> (24 + c * 2)) & 1) << 4), magic)
+        h7 = _magic(((words >> 28) & 15) | (((qh >> (25 + c * 2)) & 1) << 4), magic)
         return h0, h1, h2, h3, h4, h5, h6, h7
-    top = words >> 12                       # nibbles 5..7 to bits 8..19 (the sign bits it drags in are masked)
-    return (_magic(words & 0xF), _magic(words & 0xF0), _magic(words & 0xF00), _magic(words & 0xF000),
-            _magic(words & 0xF0000), _magic(top & 0xF00), _magic(top & 0xF000), _magic(top & 0xF0000))
+    top = words >> 12
+    return (_magic_nibble(words & 0xF, magic, 0), _magic_nibble(words & 0xF0, magic, 4),
+            _magic_nibble(words & 0xF00, magic, 8), _magic_nibble(words & 0xF000, magic, 12),
+            _magic_nibble(words & 0xF0000, magic, 16), _magic_nibble(top & 0xF00, magic, 8),
+            _magic_nibble(top & 0xF000, magic, 12), _magic_nibble(top & 0xF0000, magic, 16))
 
 
 @triton.jit
-def _dmin_row(acc, x_ptr, k0, v0, v1, v2, v3, v4, v5, v6, v7, dsc_lo, dm_lo, dsc_hi, dm_hi, HAS_QH: tl.constexpr):
+def _dmin_row(acc, x_ptr, k0, v0, v1, v2, v3, v4, v5, v6, v7, dsc_lo, dm_lo, dsc_hi, dm_hi):
     """One activation row's products with one chunk (sub-blocks ``2c`` and ``2c + 1``, inputs ``k0 .. k0 + 63``)
-    into its ``[BLOCK_N, 8]`` accumulator: the codes' dot per word column, then the sub-block scale and min."""
-    # 2^-S of each plane (Q4_K; Q5_K's planes are unscaled): planes 0, 2, 4, 6 multiply the low-nibble inputs
-    F1: tl.constexpr = 1.0 if HAS_QH else 2.0 ** -4
-    F2: tl.constexpr = 1.0 if HAS_QH else 2.0 ** -8
-    F3: tl.constexpr = 1.0 if HAS_QH else 2.0 ** -12
-    F4: tl.constexpr = 1.0 if HAS_QH else 2.0 ** -16
-    lo0, lo1, lo2, lo3 = _x_quads(x_ptr, k0)
+    into its ``[BLOCK_N, 8]`` accumulator: the codes' dot per word column, then the sub-block scale and min (the
+    ``[BLOCK_N, 1]`` ``d * sc`` and ``dmin * m``)."""
+    lo0, lo1, lo2, lo3 = _x_quads(x_ptr, k0)            # planes 0, 2, 4, 6: the low nibbles
     hi0, hi1, hi2, hi3 = _x_quads(x_ptr, k0 + 32)
     dot = v0 * lo0[None, :]
-    dot = tl.fma(v2, (lo1 * F2)[None, :], dot)
-    dot = tl.fma(v4, (lo2 * F4)[None, :], dot)
-    dot = tl.fma(v6, (lo3 * F3)[None, :], dot)
-    acc = tl.fma(dot, dsc_lo[:, None], acc)
-    dot = v1 * (hi0 * F1)[None, :]
-    dot = tl.fma(v3, (hi1 * F3)[None, :], dot)
-    dot = tl.fma(v5, (hi2 * F2)[None, :], dot)
-    dot = tl.fma(v7, (hi3 * F4)[None, :], dot)
-    acc = tl.fma(dot, dsc_hi[:, None], acc)
-    acc = tl.fma(-dm_lo[:, None], (((lo0 + lo1) + lo2) + lo3)[None, :], acc)
-    return tl.fma(-dm_hi[:, None], (((hi0 + hi1) + hi2) + hi3)[None, :], acc)
+    dot = tl.fma(v2, lo1[None, :], dot)
+    dot = tl.fma(v4, lo2[None, :], dot)
+    dot = tl.fma(v6, lo3[None, :], dot)
+    acc = tl.fma(dot, dsc_lo, acc)
+    dot = v1 * hi0[None, :]
+    dot = tl.fma(v3, hi1[None, :], dot)
+    dot = tl.fma(v5, hi2[None, :], dot)
+    dot = tl.fma(v7, hi3[None, :], dot)
+    acc = tl.fma(dot, dsc_hi, acc)
+    acc = tl.fma(-dm_lo, (((lo0 + lo1) + lo2) + lo3)[None, :], acc)
+    return tl.fma(-dm_hi, (((hi0 + hi1) + hi2) + hi3)[None, :], acc)
+
+
+@triton.jit
+def _dmin_head_tile(row, n_ok, w8):
+    """``d``, ``dmin`` (fp32) and the three scale words of a Q4_K / Q5_K super-block as ``[BLOCK_N, 1]`` columns
+    in the word tile's layout: the super-block's first eight words loaded as a tile and words 0..3 picked out by
+    a sum over the columns (exact: zeros beside one word). Loaded as ``[BLOCK_N]`` or ``[BLOCK_N, 1]`` they land in
+    another layout, and every scale of every chunk then moves to the tile's through shared memory behind a
+    barrier."""
+    head = tl.load(row + w8[None, :], mask=n_ok[:, None], other=0)
+    d_bits = tl.sum(tl.where(w8[None, :] == 0, head, 0), axis=1)[:, None]
+    s0 = tl.sum(tl.where(w8[None, :] == 1, head, 0), axis=1)[:, None]
+    s1 = tl.sum(tl.where(w8[None, :] == 2, head, 0), axis=1)[:, None]
+    s2 = tl.sum(tl.where(w8[None, :] == 3, head, 0), axis=1)[:, None]
+    return _fp16_bits(d_bits), _fp16_bits(d_bits >> 16), s0, s1, s2
 
 
 @triton.jit
 def _dmin_gemv_kernel(x_ptr, w_ptr, part_ptr, b_ptr, y_ptr, N, sb_per_split, stride_xm, stride_wn, stride_ps,
-                      stride_pm, stride_ym, ROWS: tl.constexpr, HAS_QH: tl.constexpr, BLOCK_N: tl.constexpr,
+                      stride_pm, stride_ym, magic, ROWS: tl.constexpr, HAS_QH: tl.constexpr, BLOCK_N: tl.constexpr,
                       DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
     """Q4_K (``HAS_QH`` False, 36 words a super-block) or Q5_K (44 words) against ``ROWS`` activation rows."""
     WORDS: tl.constexpr = 44 if HAS_QH else 36
@@ -130,32 +169,32 @@ def _dmin_gemv_kernel(x_ptr, w_ptr, part_ptr, b_ptr, y_ptr, N, sb_per_split, str
     acc3 = tl.zeros([BLOCK_N, 8], tl.float32)
     for i in range(0, sb_per_split):
         sb = pid_k * sb_per_split + i
-        row = w_ptr + n * stride_wn + sb * WORDS
-        d, dmin, s0, s1, s2 = _dmin_head(row, n_ok)
+        row = w_ptr + n[:, None] * stride_wn + sb * WORDS
+        d, dmin, s0, s1, s2 = _dmin_head_tile(row, n_ok, w8)
         if HAS_QH:
-            qh = tl.load(row[:, None] + 4 + w8[None, :], mask=n_ok[:, None], other=0)
+            qh = tl.load(row + 4 + w8[None, :], mask=n_ok[:, None], other=0)
         else:
             qh = tl.zeros([BLOCK_N, 8], tl.int32)
         for c in tl.static_range(4):
-            words = tl.load(row[:, None] + QS + 8 * c + w8[None, :], mask=n_ok[:, None], other=0)
+            words = tl.load(row + QS + 8 * c + w8[None, :], mask=n_ok[:, None], other=0)
             sc, mn = _scale_min(s0, s1, s2, 2 * c)
             dsc_lo = d * sc
             dm_lo = dmin * mn
             sc, mn = _scale_min(s0, s1, s2, 2 * c + 1)
             dsc_hi = d * sc
             dm_hi = dmin * mn
-            v0, v1, v2, v3, v4, v5, v6, v7 = _q4k_codes(words, qh, c, HAS_QH)
+            v0, v1, v2, v3, v4, v5, v6, v7 = _q4k_codes(words, qh, magic, c, HAS_QH)
             k0 = sb * 256 + 64 * c
-            acc0 = _dmin_row(acc0, x_ptr, k0, v0, v1, v2, v3, v4, v5, v6, v7, dsc_lo, dm_lo, dsc_hi, dm_hi, HAS_QH)
+            acc0 = _dmin_row(acc0, x_ptr, k0, v0, v1, v2, v3, v4, v5, v6, v7, dsc_lo, dm_lo, dsc_hi, dm_hi)
             if ROWS > 1:
                 acc1 = _dmin_row(acc1, x_ptr + stride_xm, k0, v0, v1, v2, v3, v4, v5, v6, v7, dsc_lo, dm_lo, dsc_hi,
-                                 dm_hi, HAS_QH)
+                                 dm_hi)
             if ROWS > 2:
                 acc2 = _dmin_row(acc2, x_ptr + 2 * stride_xm, k0, v0, v1, v2, v3, v4, v5, v6, v7, dsc_lo, dm_lo,
-                                 dsc_hi, dm_hi, HAS_QH)
+                                 dsc_hi, dm_hi)
             if ROWS > 3:
                 acc3 = _dmin_row(acc3, x_ptr + 3 * stride_xm, k0, v0, v1, v2, v3, v4, v5, v6, v7, dsc_lo, dm_lo,
-                                 dsc_hi, dm_hi, HAS_QH)
+                                 dsc_hi, dm_hi)
     pdl_release(PDL)
     _store_rows(acc0, acc1, acc2, acc3, part_ptr, b_ptr, y_ptr, n, N, pid_k, stride_ps, stride_pm, stride_ym, ROWS,
                 DIRECT, HAS_BIAS)
@@ -270,6 +309,8 @@ def kquant_gemv(packed, x2: torch.Tensor, bias: torch.Tensor | None = None,
     if K != packed.in_features or x2.stride(-1) != 1:
         raise ValueError(f"{packed.format} GEMV: x {tuple(x2.shape)} must be [rows, {packed.in_features}] with "
                          "contiguous rows")
+    if x2.dtype == torch.bfloat16 and (x2.data_ptr() % 4 or x2.stride(0) % 2):
+        x2 = x2.clone(memory_format=torch.contiguous_format)   # the kernels read bf16 inputs two to an int32 word
     cfg = kquant_gemv_config(kind, N, K, sm_count(x2.device), launch)
     nb = K // 256
     splits = max(d for d in range(1, min(cfg["SPLIT_K"], nb) + 1) if nb % d == 0)
@@ -287,5 +328,5 @@ def kquant_gemv(packed, x2: torch.Tensor, bias: torch.Tensor | None = None,
     else:
         w = packed.blocks.view(torch.int32)
         _dmin_gemv_kernel[grid](x2, w, out.part, b, out.y, N, nb // splits, x2.stride(0), w.stride(0), ps, pm,
-                                out.y.stride(0), HAS_QH=kind == 13, **common)
+                                out.y.stride(0), _MAGIC, HAS_QH=kind == 13, **common)
     return out.finish(bias, pdl)
