@@ -15,12 +15,15 @@ format is sent here is ``edgespec.kernels.linear.KQUANT_GEMV_ROWS`` (measured: Q
 * Q4_K / Q5_K (read as int32 words, 36 / 44 per super-block): per sub-block of 32 the products ``sum(q * x)``
   are accumulated per word column, then scaled once: ``acc += (d * sc) * dot - (dmin * m) * sum(x)``. Q4_K's
   codes become floats without shifts or integer conversions: the nibble at bits ``s .. s + 3`` of a word, OR-ed
-  into the mantissa of 2^23, is ``2^23 + q * 2^s`` exactly (one AND-OR), and the activation it multiplies is taken
-  times ``2^-s`` (exact), so ``(v - 2^23) * x'`` is ``q * x`` to the bit. The top three nibbles come from the word
-  shifted by 12 (one shift per eight codes).
-* Q6_K (read as int16 halfwords: 210-byte super-blocks are not word aligned): each quarter of 32 codes is rebuilt
-  from its ``ql`` nibble and ``qh`` pair, ``q - 32`` placed the same way; ``d * sc`` (one per 16) scales the
-  products of its group.
+  into the mantissa of 2^23 (one LOP3 with the mask), is ``2^23 + q * 2^s`` exactly, and one FFMA,
+  ``v * 2^-s - 2^(23-s)``, is ``q`` exactly. The top three nibbles come from the word shifted by 12 (one shift per
+  eight codes).
+* Q6_K (read as int16 halfwords: 210-byte super-blocks are not word aligned): each quarter of 32 codes is put
+  together where its ``ql`` nibble lies (the ``qh`` pair shifted once per quarter for both bytes of a halfword)
+  and becomes ``q - 32`` by the same FFMA; ``d * sc`` (one per 16) scales the products of its group.
+* Inputs: bf16 rows are read two to an int32 word, each thread only the columns of its own words (no regrouping
+  through shared memory); the super-block heads are read in the tile's layout; rows past ``N`` read row ``N - 1``
+  (never stored) so no load needs a mask. The loop's cost per weight: ``python lab/quant_sass.py --kquant``.
 
 With a one-hot fp32 activation row every product above is exact, so the output is the CPU decode's fp32 weight
 bit for bit: the GPU tests check the decode that way. For general activations the sums run in another order than
@@ -47,7 +50,7 @@ GEMV_MAX_ROWS = 4
 _Q4K_LAUNCH = {"BLOCK_N": 128, "num_warps": 4, "WAVES": 8, "MIN_SB": 1}
 GEMV_LAUNCH: dict[int, dict[str, int]] = {12: dict(_Q4K_LAUNCH), 13: dict(_Q4K_LAUNCH),
                                           14: {"BLOCK_N": 32, "num_warps": 4, "WAVES": 4, "MIN_SB": 1}}
-# 2^23's fp32 bits, a run-time argument of the Q4_K / Q5_K kernel (see _magic)
+# 2^23's fp32 bits, a run-time argument of the kernels (see _magic)
 _MAGIC = 0x4B000000
 
 
@@ -137,13 +140,13 @@ def _dmin_row(acc, x_ptr, k0, v0, v1, v2, v3, v4, v5, v6, v7, dsc_lo, dm_lo, dsc
 
 
 @triton.jit
-def _dmin_head_tile(row, n_ok, w8):
+def _dmin_head_tile(row, w8):
     """``d``, ``dmin`` (fp32) and the three scale words of a Q4_K / Q5_K super-block as ``[BLOCK_N, 1]`` columns
     in the word tile's layout: the super-block's first eight words loaded as a tile and words 0..3 picked out by
     a sum over the columns (exact: zeros beside one word). Loaded as ``[BLOCK_N]`` or ``[BLOCK_N, 1]`` they land in
     another layout, and every scale of every chunk then moves to the tile's through shared memory behind a
     barrier."""
-    head = tl.load(row + w8[None, :], mask=n_ok[:, None], other=0)
+    head = tl.load(row + w8[None, :])
     d_bits = tl.sum(tl.where(w8[None, :] == 0, head, 0), axis=1)[:, None]
     s0 = tl.sum(tl.where(w8[None, :] == 1, head, 0), axis=1)[:, None]
     s1 = tl.sum(tl.where(w8[None, :] == 2, head, 0), axis=1)[:, None]
@@ -160,7 +163,7 @@ def _dmin_gemv_kernel(x_ptr, w_ptr, part_ptr, b_ptr, y_ptr, N, sb_per_split, str
     QS: tl.constexpr = 12 if HAS_QH else 4          # first word of the nibbles
     pdl_wait(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
+    n_rd = tl.minimum(n, N - 1)              # rows past N read row N - 1 (never stored): loads without a mask
     pid_k = tl.program_id(1)
     w8 = tl.arange(0, 8)
     acc0 = tl.zeros([BLOCK_N, 8], tl.float32)
@@ -169,14 +172,14 @@ def _dmin_gemv_kernel(x_ptr, w_ptr, part_ptr, b_ptr, y_ptr, N, sb_per_split, str
     acc3 = tl.zeros([BLOCK_N, 8], tl.float32)
     for i in range(0, sb_per_split):
         sb = pid_k * sb_per_split + i
-        row = w_ptr + n[:, None] * stride_wn + sb * WORDS
-        d, dmin, s0, s1, s2 = _dmin_head_tile(row, n_ok, w8)
+        row = w_ptr + n_rd[:, None] * stride_wn + sb * WORDS
+        d, dmin, s0, s1, s2 = _dmin_head_tile(row, w8)
         if HAS_QH:
-            qh = tl.load(row + 4 + w8[None, :], mask=n_ok[:, None], other=0)
+            qh = tl.load(row + 4 + w8[None, :])
         else:
             qh = tl.zeros([BLOCK_N, 8], tl.int32)
         for c in tl.static_range(4):
-            words = tl.load(row + QS + 8 * c + w8[None, :], mask=n_ok[:, None], other=0)
+            words = tl.load(row + QS + 8 * c + w8[None, :])
             sc, mn = _scale_min(s0, s1, s2, 2 * c)
             dsc_lo = d * sc
             dm_lo = dmin * mn
@@ -220,12 +223,16 @@ def _store_rows(acc0, acc1, acc2, acc3, part_ptr, b_ptr, y_ptr, n, N, pid_k, str
 
 
 @triton.jit
-def _q6k_codes(ql, qh, r: tl.constexpr, e: tl.constexpr):
+def _q6k_codes(ql, qh_up, magic, r: tl.constexpr, e: tl.constexpr):
     """``q - 32`` in fp32 of quarter ``r`` of a half, byte ``e`` of each halfword: ``ql`` the quarter's nibble
-    halfwords, ``qh`` the half's high-bit halfwords (both ``[BLOCK_N, 16]``, zero-extended to int32)."""
-    low = (ql >> (8 * e + 4 * (r // 2))) & 15
-    high = (qh >> (8 * e + 2 * r)) & 3
-    return (low | (high << 4) | 0x4B000000).to(tl.float32, bitcast=True) - 8388640.0     # 2^23 + 32
+    halfwords, ``qh_up`` the half's high-bit halfwords shifted left by ``4 + 4 * (r // 2) - 2 * r`` (both
+    ``[BLOCK_N, 16]`` int32; bits above 15 are never read). The six bits are put together where the nibble lies,
+    at ``P = 8e + 4 * (r // 2)`` (two LOP3s with ``magic``, 2^23's bits, in a register), and one FFMA gives
+    ``(2^23 + Q * 2^P) * 2^-P - 2^(23-P) - 32 = Q - 32``, exact (a power-of-two scale, then an integer)."""
+    P: tl.constexpr = 8 * e + 4 * (r // 2)
+    high = (qh_up & (0x30 << P)) | magic
+    v = ((ql & (0xF << P)) | high).to(tl.float32, bitcast=True)
+    return tl.fma(v, 2.0 ** -P, -(2.0 ** (23 - P) + 32.0))
 
 
 @triton.jit
@@ -241,13 +248,15 @@ def _q6k_row(acc, x_ptr, k0, c0, c1, dsc, NG: tl.constexpr):
 
 @triton.jit
 def _q6k_gemv_kernel(x_ptr, w_ptr, part_ptr, b_ptr, y_ptr, N, sb_per_split, stride_xm, stride_wn, stride_ps,
-                     stride_pm, stride_ym, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr,
+                     stride_pm, stride_ym, magic, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr,
                      HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
     """Q6_K (105 halfwords a super-block: ``ql`` 0..63, ``qh`` 64..95, int8 scales 96..103, fp16 ``d`` 104)
     against ``ROWS`` activation rows."""
     pdl_wait(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
+    # rows past N read row N - 1 (their results are never stored): loads without a mask, so no predicated
+    # halfword loads, each of which costs a register clear (PRMT) besides the load
+    n_rd = tl.minimum(n, N - 1)
     pid_k = tl.program_id(1)
     u = tl.arange(0, 16)
     first = (u < 8)[None, :]                 # halfword columns 0..7: the quarter's first group of 16
@@ -257,18 +266,19 @@ def _q6k_gemv_kernel(x_ptr, w_ptr, part_ptr, b_ptr, y_ptr, N, sb_per_split, stri
     acc3 = tl.zeros([BLOCK_N, 16], tl.float32)
     for i in range(0, sb_per_split):
         sb = pid_k * sb_per_split + i
-        row = w_ptr + n * stride_wn + sb * 105
-        d = _fp16_bits(tl.load(row + 104, mask=n_ok, other=0).to(tl.int32))
+        row1 = w_ptr + n_rd * stride_wn + sb * 105
+        d = _fp16_bits(tl.load(row1 + 104).to(tl.int32))[:, None]
+        row = row1[:, None]
         for h in tl.static_range(2):
-            qh = tl.load(row[:, None] + 64 + 16 * h + u[None, :], mask=n_ok[:, None], other=0).to(tl.int32) & 0xFFFF
+            qh = tl.load(row + 64 + 16 * h + u[None, :]).to(tl.int32)
             for r in tl.static_range(4):
-                ql = tl.load(row[:, None] + 32 * h + 16 * (r % 2) + u[None, :], mask=n_ok[:, None], other=0)
-                ql = ql.to(tl.int32) & 0xFFFF
-                sc2 = tl.load(row + 96 + 4 * h + r, mask=n_ok, other=0).to(tl.int32)     # the two int8 scales
-                dsc = tl.where(first, (d * ((sc2 << 24) >> 24).to(tl.float32))[:, None],
-                               (d * (sc2 >> 8).to(tl.float32))[:, None])
-                c0 = _q6k_codes(ql, qh, r, 0)
-                c1 = _q6k_codes(ql, qh, r, 1)
+                ql = tl.load(row + 32 * h + 16 * (r % 2) + u[None, :]).to(tl.int32)
+                qh_up = qh << (4 + 4 * (r // 2) - 2 * r)        # one shift serves both bytes of each halfword
+                sc2 = tl.load(row1 + 96 + 4 * h + r).to(tl.int32)     # the group's two int8 scales
+                dsc = tl.where(first, d * ((sc2 << 24) >> 24).to(tl.float32)[:, None],
+                               d * (sc2 >> 8).to(tl.float32)[:, None])
+                c0 = _q6k_codes(ql, qh_up, magic, r, 0)
+                c1 = _q6k_codes(ql, qh_up, magic, r, 1)
                 k0 = sb * 256 + 128 * h + 32 * r
                 acc0 = _q6k_row(acc0, x_ptr, k0, c0, c1, dsc, 16)
                 if ROWS > 1:
@@ -324,7 +334,7 @@ def kquant_gemv(packed, x2: torch.Tensor, bias: torch.Tensor | None = None,
     if kind == 14:
         w = packed.blocks.view(torch.int16)            # 105 halfwords a super-block: rows always 2-byte aligned
         _q6k_gemv_kernel[grid](x2, w, out.part, b, out.y, N, nb // splits, x2.stride(0), w.stride(0), ps, pm,
-                               out.y.stride(0), **common)
+                               out.y.stride(0), _MAGIC, **common)
     else:
         w = packed.blocks.view(torch.int32)
         _dmin_gemv_kernel[grid](x2, w, out.part, b, out.y, N, nb // splits, x2.stride(0), w.stride(0), ps, pm,
