@@ -7,6 +7,11 @@ and the served model lossless (speculative == plain, fp32) with the kernels insi
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 from _devices import DEVICES
@@ -353,3 +358,56 @@ def test_packed_fused_moe_equals_reference_and_captures(device, fmt):
         assert log.layer_calls(rows) == 3
     with pytest.raises(ValueError, match="2 logit rows for 1 rows"):
         moe(x[:1], logits[:2], k, True, stack)
+
+
+# Run under TRITON_INTERPRET=1 in a child process (the variable is read when the kernels are defined). Triton's
+# interpreter turns a loaded scalar used as a loop bound (the slot's pair count) into an index with int() of a
+# 1-element array, which numpy 2.4 refuses: the child first makes that conversion take the array's one element.
+_INTERPRETED_FP8_GEMV = textwrap.dedent("""
+    import torch
+    import triton.runtime.interpreter as ti
+    _patch = ti._patch_lang_tensor
+
+    def _patch_index(tensor, scope):
+        _patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+    ti._patch_lang_tensor = _patch_index
+
+    from edgespec.kernels import triton_moe_gemv_packed as gp
+    from edgespec.kernels.moe import route
+    from edgespec.kernels.moe_packed import StackedFP8Block, stacked_packed_expert_product_ref
+    from edgespec.kernels.quant_ref import quantize_fp8_block
+    from edgespec.kernels.triton_moe_quant import stacked_packed_expert_product_triton as product
+
+    gen = torch.Generator().manual_seed(0)
+    E, H, I, k = 3, 1024, 256, 1
+    parts = [quantize_fp8_block(torch.randn(2 * I, H, generator=gen) * H ** -0.5)
+             + quantize_fp8_block(torch.randn(H, I, generator=gen) * I ** -0.5) for _ in range(E + 1)]
+    stack = StackedFP8Block(*(torch.stack([p[i] for p in parts]) for i in range(4)), shared=True)
+    stack.check()
+    for waves, down_tiles in ((64, 1), (0, 1)):     # K split at its most, then nothing split
+        gp.PACKED_GEMV_TUNING.update(waves=waves, down_min_tiles=down_tiles)
+        x = torch.randn(2, H, generator=gen)
+        w, e = route(torch.randn(2, E, generator=gen), k)
+        e[1], w[1] = e[0], w[0]
+        gate = torch.sigmoid(torch.randn(2, 1, generator=gen))
+        two = product(x, w, e, stack, gate, path="gemv")
+        torch.testing.assert_close(two, stacked_packed_expert_product_ref(x, w, e, stack, gate), rtol=2e-5,
+                                   atol=2e-5)
+        for t in (0, 1):
+            assert torch.equal(product(x[t:t + 1], w[t:t + 1], e[t:t + 1], stack, gate[t:t + 1])[0], two[t])
+        print("splits", gp.packed_splits(stack, k + 1, 132))
+""")
+
+
+def test_fp8_gemv_in_the_interpreter():
+    """The block-FP8 CUDA-core kernels in Triton's CPU interpreter (fp32, no GPU): equal to the reference with the
+    K split at its most and with nothing split, a slot holding both rows, and a row
+    bit-identical alone and beside the other. (The NVFP4 kernels decode with inline PTX, which the interpreter
+    does not run: their checks are the GPU tests.)"""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", _INTERPRETED_FP8_GEMV], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:2] == ["splits (2, 2)", "splits (1, 1)"], done.stdout
