@@ -208,13 +208,17 @@ def packed_checkpoint(request, tmp_path_factory):
 
 def test_loaded_packed_experts_stack(packed_checkpoint):
     """Loaded NVFP4 / block-FP8 experts are stacked per layer (MTP head included) as views, the shared expert
-    last; the stacked reference equals the CPU forward over the per-expert modules."""
+    last, the router and shared gate one matrix; the stacked reference equals the CPU forward over the per-expert
+    modules."""
     model = load_target(packed_checkpoint, max_positions=64)
     blocks = [m for m in model.modules() if isinstance(m, SparseMoE)]
     assert blocks and all(b.qp is not None and b.qp.shared for b in blocks)
     moe = blocks[1]
     ptr = moe.experts[2].down_proj.weight.weight.data_ptr()
     assert ptr == moe.qp.q2[2].data_ptr()
+    # the loaded router and shared gate are views of one matrix (the fused routing's one GEMM)
+    assert moe.router_w is not None and moe.gate.weight.data_ptr() == moe.router_w.data_ptr()
+    assert torch.equal(moe.router_w[-1:], moe.shared_expert_gate.weight)
     x = torch.randn(4, 128)
     w, e = route(moe.gate(x), moe.top_k, moe.normalise)
     gate = torch.sigmoid(moe.shared_expert_gate(x))
@@ -299,7 +303,7 @@ def test_packed_gemv_path_equals_reference(device, fmt, dtype):
     name."""
     from edgespec.kernels import triton_moe_gemv_packed as gp
     from edgespec.kernels.triton_moe_quant import stacked_packed_expert_product_triton as product
-    E, H, I, k = 64, 512, 256, 8
+    E, H, I, k = 64, 1024, 256, 8          # 8 and 2 K tiles: both products split at 64 waves
     stack = random_stack(fmt, E + 1, H, I, True, seed=5, device=device)
     gen = torch.Generator().manual_seed(2)
     tol = 3e-2 if dtype == torch.bfloat16 else 2e-5
@@ -316,6 +320,7 @@ def test_packed_gemv_path_equals_reference(device, fmt, dtype):
             for t in (0, 1):
                 one = product(x[t:t + 1], w[t:t + 1], e[t:t + 1], stack, gate[t:t + 1])      # auto: gemv
                 assert torch.equal(one[0], two[t]), (waves, t)
+            assert gp.packed_splits(stack, k + 1, 132) == ((2, 2) if waves == 64 else (1, 1))
     finally:
         gp.PACKED_GEMV_TUNING.update(saved)
     x, w, e, gate = routing(3, E, k, H, device, dtype, gen)
