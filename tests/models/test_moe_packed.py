@@ -365,6 +365,23 @@ def test_packed_fused_moe_equals_reference_and_captures(device, fmt):
         moe(x[:1], logits[:2], k, True, stack)
 
 
+def test_packed_gemv_refuses_bad_launches():
+    """The CUDA-core path names what it cannot take before any launch: more rows than its ``max_rows``, and block
+    widths that do not divide the 128-row FP8 scale block."""
+    pytest.importorskip("triton")
+    from edgespec.kernels import triton_moe_gemv_packed as gp
+    stack = random_stack("fp8_block", 3, 128, 128, shared=False)
+    with pytest.raises(ValueError, match="fp8_block expert gemv: 3 rows; this path takes 1-2"):
+        gp.packed_expert_gemv(torch.randn(3, 128), {}, stack, 2)
+    saved = dict(gp.PACKED_GEMV_TUNING)
+    try:
+        gp.PACKED_GEMV_TUNING["up_block_n"] = 48
+        with pytest.raises(ValueError, match="block widths 48/32 must divide 128"):
+            gp.packed_expert_gemv(torch.randn(1, 128), {}, stack, 2)
+    finally:
+        gp.PACKED_GEMV_TUNING.update(saved)
+
+
 # Run under TRITON_INTERPRET=1 in a child process (the variable is read when the kernels are defined). Triton's
 # interpreter turns a loaded scalar used as a loop bound (the slot's pair count) into an index with int() of a
 # 1-element array, which numpy 2.4 refuses: the child first makes that conversion take the array's one element.
