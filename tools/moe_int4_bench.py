@@ -119,7 +119,7 @@ def packed_layer_bench(args: argparse.Namespace) -> dict:
         row = {"up_block_n": up, "down_block_n": down, "num_warps": warps, "num_stages": stages, "rows": {}}
         for rows, (x, w, e, gate, union) in inputs.items():
             def product(x=x, w=w, e=e, gate=gate):
-                return stacked_packed_expert_product_triton(x, w, e, stack, gate)
+                return stacked_packed_expert_product_triton(x, w, e, stack, gate, path="mma")
             if ci == 0:
                 ref = stacked_packed_expert_product_ref(x, w, e, stack, gate).float()
                 row.setdefault("max_rel_diff", {})[rows] = _rel_diff(product(), ref)
@@ -129,11 +129,41 @@ def packed_layer_bench(args: argparse.Namespace) -> dict:
             print(f"cfg {ci} up {up:>3} down {down:>3} warps {warps} stages {stages}  rows {rows:>2} union "
                   f"{union:>3}: {us:7.1f} us, limit {limit_us:6.1f} us = {100 * limit_us / us:5.1f}%", flush=True)
         results["configs"].append(row)
+    results["gemv"] = packed_gemv_rows(stack, per_expert, bw)
     for rows, (x, w, e, _, _) in inputs.items():
         us = graph_time_us(lambda x=x, w=w, e=e: stacked_expert_product_triton(x, w, e, w13, w2))
         results.setdefault("bf16_stacked_us", {})[rows] = us
         print(f"bf16 stacked (routed only) rows {rows:>2}: {us:7.1f} us", flush=True)
     return results
+
+
+def packed_gemv_rows(stack, per_expert: int, bw: float) -> dict:
+    """The NVFP4 / block-FP8 CUDA-core path (edgespec.kernels.triton_moe_gemv_packed, its kept launch) at 1 and 2
+    rows next to the tensor-core tiles at the same rows, checked against the torch reference."""
+    from edgespec.bench.timing import graph_time_us
+    from edgespec.kernels.moe import group_by_expert, route
+    from edgespec.kernels.moe_packed import stacked_packed_expert_product_ref
+    from edgespec.kernels.triton_moe_quant import stacked_packed_expert_product_triton
+
+    dev, E, H = stack.q13.device, stack.experts - 1, stack.hidden
+    gen = torch.Generator(device=dev).manual_seed(1)
+    out = {}
+    for rows in (1, 2):
+        x = torch.randn(rows, H, device=dev, dtype=torch.bfloat16, generator=gen)
+        w, e = route(torch.randn(rows, E, device=dev, generator=gen).to(torch.bfloat16), 8)
+        gate = torch.sigmoid(torch.randn(rows, 1, device=dev, generator=gen)).to(torch.bfloat16)
+        row = {"union": group_by_expert(e).union}
+        ref = stacked_packed_expert_product_ref(x, w, e, stack, gate).float()
+        for path in ("gemv", "mma"):
+            def product(x=x, w=w, e=e, gate=gate, path=path):
+                return stacked_packed_expert_product_triton(x, w, e, stack, gate, path=path)
+            row[f"{path}_max_rel_diff"] = _rel_diff(product(), ref)
+            row[f"{path}_us"] = graph_time_us(product)
+        row["limit_us"] = _limit_us(row["union"], per_expert, bw)
+        out[rows] = row
+        print(f"rows {rows}: CUDA cores {row['gemv_us']:6.1f} us (rel diff {row['gemv_max_rel_diff']:.1e}), tensor "
+              f"cores {row['mma_us']:6.1f} us, limit {row['limit_us']:5.1f} us", flush=True)
+    return out
 
 
 def layer_bench(args: argparse.Namespace) -> dict:
@@ -354,6 +384,7 @@ def int4_model(device: torch.device, max_len: int, lm_head: str, attention_only:
 def model_bench(args: argparse.Namespace) -> dict:
     from edgespec.bench.gpu import bench_max_len, bench_shape, sm_clock_mhz
     from edgespec.kernels import sm_count, triton_moe_gemv, triton_moe_int4
+    from edgespec.kernels.triton_moe_gemv_packed import PACKED_GEMV_TUNING
     from edgespec.models.moe import SparseMoE
     from edgespec.weights.base import PackedWeight
 
@@ -374,16 +405,16 @@ def model_bench(args: argparse.Namespace) -> dict:
     stacks = [b.q4 if args.format == "int4" else b.qp for b in blocks]
     assert all(st is not None for st in stacks), f"{args.format} experts not stacked"
     fused = sum(b.router_w is not None and b.fused_routing for b in blocks)
-    if args.format == "int4":
-        print(f"MoE path: routing fused into the grouping launch in {fused} of {len(blocks)} blocks; CUDA-core "
-              f"expert path up to {triton_moe_gemv.GEMV_TUNING['max_rows']} rows, tensor cores above", flush=True)
+    gemv_rows = (triton_moe_gemv.GEMV_TUNING if args.format == "int4" else PACKED_GEMV_TUNING)["max_rows"]
+    print(f"MoE path: routing fused into the grouping launch in {fused} of {len(blocks)} blocks; CUDA-core "
+          f"expert path up to {gemv_rows} rows, tensor cores above", flush=True)
     out = bench_shape(SHAPE, device=dev, kv_fp8=True, context=args.context, verify_rows=tuple(args.verify_rows),
                       prefill_lengths=(), model=model)
     head = model.lm_head.weight
     out.update(fused_routing_blocks=fused, moe_blocks=len(blocks))
     out.update(format=args.format, group_size=128 if args.format == "int4" else None, lm_head=lm_head,
                tuning=dict(triton_moe_int4.TUNING),
-               gemv_tuning=dict(triton_moe_gemv.GEMV_TUNING),
+               gemv_tuning=dict(triton_moe_gemv.GEMV_TUNING), packed_gemv_tuning=dict(PACKED_GEMV_TUNING),
                attention_only=args.attention_only,
                head_bytes=head.nbytes if isinstance(head, PackedWeight) else head.numel() * head.element_size(),
                sm_limit=args.sm_limit, sms=sm_count(dev), sm_clock_mhz=sm_clock_mhz(dev))
@@ -404,13 +435,16 @@ def bench_before(model, args: argparse.Namespace) -> dict:
     launch, the tensor-core product at every row count): decode and a 16-row verify."""
     from edgespec.bench.gpu import bench_shape
     from edgespec.kernels import triton_moe_gemv
+    from edgespec.kernels.triton_moe_gemv_packed import PACKED_GEMV_TUNING
     from edgespec.models.moe import SparseMoE
 
     blocks = [b for b in model.modules() if isinstance(b, SparseMoE)]
     saved = dict(triton_moe_gemv.GEMV_TUNING)
+    saved_packed = dict(PACKED_GEMV_TUNING)
     for b in blocks:
         b.fused_routing = False
     triton_moe_gemv.GEMV_TUNING["max_rows"] = 0
+    PACKED_GEMV_TUNING["max_rows"] = 0
     try:
         out = bench_shape(SHAPE, device=model.device, kv_fp8=True, context=args.context, verify_rows=(16,),
                           prefill_lengths=(), model=model)
@@ -418,6 +452,7 @@ def bench_before(model, args: argparse.Namespace) -> dict:
         for b in blocks:
             b.fused_routing = True
         triton_moe_gemv.GEMV_TUNING.update(saved)
+        PACKED_GEMV_TUNING.update(saved_packed)
     r = out["verify"][16]
     print(f"  before: decode {out['decode_ms']:.3f} ms = {out['decode_tok_s']:.1f} tok/s "
           f"({100 * out['decode_fraction_of_limit']:.1f}% of limit); verify 16: {r['ms']:.3f} ms (x{r['x_limit']:.2f} "

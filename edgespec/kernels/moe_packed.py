@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from edgespec.kernels import use_triton
-from edgespec.kernels.moe_quant import stacked_product_ref, with_shared_slot
+from edgespec.kernels.moe_quant import route_with_shared_ref, stacked_product_ref, with_shared_slot
 from edgespec.kernels.quant_ref import FP8_BLOCK, NVFP4_BLOCK, dequant_fp8_block, dequant_nvfp4
 
 # Inputs per kernel tile (one tensor-core K step of 128, as the dense NVFP4 and block-FP8 tiles take)
@@ -151,3 +151,17 @@ def stacked_packed_expert_product(x: torch.Tensor, weights: torch.Tensor, expert
         log[0][x.shape[0]] += len(torch.unique(experts))
         log[1][x.shape[0]] += 1
     return stacked_packed_expert_product_ref(x, weights, experts, stack, shared_weight)
+
+
+def stacked_packed_moe(x: torch.Tensor, logits: torch.Tensor, k: int, normalise: bool, stack: StackedPacked,
+                       log: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """The MoE block after its router GEMM: ``logits [T, E (+1)]`` (the shared gate logit last when the stack
+    holds the shared expert) routed (``edgespec.kernels.moe_quant.route_with_shared_ref``) and the stacked product
+    taken. On CUDA one Triton launch routes and groups (``edgespec.kernels.triton_moe_route``) and the product
+    follows (``edgespec.kernels.triton_moe_quant.stacked_packed_moe_triton``); elsewhere the torch references.
+    ``log``: as :func:`stacked_packed_expert_product`."""
+    if use_triton(x):
+        from edgespec.kernels.triton_moe_quant import stacked_packed_moe_triton
+        return stacked_packed_moe_triton(x, logits, k, normalise, stack, log)
+    weights, experts, gate = route_with_shared_ref(logits, k, normalise, stack)
+    return stacked_packed_expert_product(x, weights, experts, stack, gate, log)

@@ -141,7 +141,7 @@ def stacked_int4_expert_product(x: torch.Tensor, weights: torch.Tensor, experts:
     return stacked_int4_expert_product_ref(x, weights, experts, stack, shared_weight)
 
 
-def route_with_shared_ref(logits: torch.Tensor, k: int, normalise: bool, stack: StackedInt4
+def route_with_shared_ref(logits: torch.Tensor, k: int, normalise: bool, stack: ExpertStack
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``logits [T, E (+1)]`` -> (weights, experts ``[T, k]``, the shared gate ``[T, 1]`` or None): the routed
     experts' columns through :func:`edgespec.kernels.moe.route`, the shared gate logit (last column, when the

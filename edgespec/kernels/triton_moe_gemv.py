@@ -128,6 +128,19 @@ def _gemv_up_kernel(x_ptr, q_ptr, s_ptr, z_ptr, part_ptr, pair_row_ptr, slot_fir
 
 
 @triton.jit
+def _swiglu_tile(a_ptrs, up_splits, split_stride, I, TILE: tl.constexpr, ACT: tl.constexpr):
+    """``silu(gate) * up`` of ``TILE`` activations at ``a_ptrs`` (gate partials; the up ones ``I`` further), the up
+    kernel's K splits (``split_stride`` apart) summed in split order, rounded to x's dtype as the reference stores
+    the SwiGLU, as fp32."""
+    g = tl.zeros([TILE], tl.float32)
+    u = tl.zeros([TILE], tl.float32)
+    for sk in range(0, up_splits):
+        g += tl.load(a_ptrs + sk * split_stride)
+        u += tl.load(a_ptrs + sk * split_stride + I)
+    return (g / (1.0 + tl.exp(-g)) * u).to(ACT).to(tl.float32)
+
+
+@triton.jit
 def _gemv_down_kernel(part_ptr, q_ptr, s_ptr, z_ptr, out_ptr, pair_dst_ptr, pair_w_ptr, slot_first_ptr,
                       slot_count_ptr, slot_expert_ptr, H, I, P, up_splits, tiles_per_split, stride_qe, stride_qn,
                       stride_se, stride_sn, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr):
@@ -145,12 +158,7 @@ def _gemv_down_kernel(part_ptr, q_ptr, s_ptr, z_ptr, out_ptr, pair_dst_ptr, pair
             words = nxt
             q_ptrs += WORDS
             nxt = tl.load(q_ptrs, mask=n_ok[:, None] & (i + 1 < tiles_per_split), other=0)
-            g = tl.zeros([GROUP], tl.float32)
-            u = tl.zeros([GROUP], tl.float32)
-            for sk in range(0, up_splits):          # the up kernel's K splits, summed in split order
-                g += tl.load(a_ptrs + sk * P * 2 * I)
-                u += tl.load(a_ptrs + sk * P * 2 * I + I)
-            act = (g / (1.0 + tl.exp(-g)) * u).to(ACT).to(tl.float32)      # the SwiGLU as x's dtype stores it
+            act = _swiglu_tile(a_ptrs, up_splits, P * 2 * I, I, GROUP, ACT)
             acc += _word_dot(words, tl.load(zp + i, mask=n_ok, other=0).to(tl.int32),
                              tl.load(sp + i, mask=n_ok, other=0.0).to(tl.float32), act, WORDS)
             a_ptrs += GROUP
@@ -175,12 +183,18 @@ def _slot_sum_kernel(part_ptr, y_ptr, H, P, K1, splits, BLOCK: tl.constexpr):
 def gemv_splits(stack: StackedInt4, rows: int, k1: int, sms: int) -> tuple[int, int]:
     """(up splits, down splits) of a call of ``rows`` rows: K split until the touched experts' weight blocks
     reach ``waves`` programs per SM (the splits divide the K tiles evenly)."""
-    touched = min(rows * k1, stack.experts)
-    want = GEMV_TUNING["waves"] * sms
-    g = stack.group_size
-    up = wave_splits(touched * triton.cdiv(stack.width, GEMV_TUNING["up_block_n"]), stack.hidden // g, want)
-    down = wave_splits(touched * triton.cdiv(stack.hidden, GEMV_TUNING["down_block_n"]), stack.width // g, want,
-                       GEMV_TUNING["down_min_tiles"])
+    return expert_splits(min(rows * k1, stack.experts), stack.width, stack.hidden, stack.group_size, sms,
+                         GEMV_TUNING)
+
+
+def expert_splits(touched: int, width: int, hidden: int, tile: int, sms: int, tuning: dict[str, int]
+                  ) -> tuple[int, int]:
+    """(up splits, down splits) for ``touched`` experts of ``width`` x ``hidden`` read ``tile`` inputs at a time,
+    under ``tuning``'s block widths, waves and fewest down tiles (see :func:`gemv_splits`)."""
+    want = tuning["waves"] * sms
+    up = wave_splits(touched * triton.cdiv(width, tuning["up_block_n"]), hidden // tile, want)
+    down = wave_splits(touched * triton.cdiv(hidden, tuning["down_block_n"]), width // tile, want,
+                       tuning["down_min_tiles"])
     return up, down
 
 

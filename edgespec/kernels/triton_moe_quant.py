@@ -20,9 +20,15 @@ Decode per format (each exact in the activation type, so the products round only
   rows lie in one block row: its row count divides 128).
 
 The grid is sized for the worst case (P slots) and programs of unused slots exit at once, so CUDA graphs capture it
-whatever the routing; rows always run in 16-row blocks, so a row rounds the same at any row count. fp32 activations
-multiply the exact decoded tile on the FMA path (``input_precision="ieee"``). Contract:
+whatever the routing; rows always run in 16-row blocks, so a row rounds the same at any row count on this path. fp32
+activations multiply the exact decoded tile on the FMA path (``input_precision="ieee"``). Contract:
 ``edgespec.kernels.moe_packed.stacked_packed_expert_product_ref``.
+
+Up to ``PACKED_GEMV_TUNING["max_rows"]`` rows take the CUDA-core path of
+``edgespec.kernels.triton_moe_gemv_packed`` instead (:func:`grouped_packed_product` picks), as int4's do; a decode
+row and the same row in a 16-row verify then differ in the last bits of fp32 sums, which the fp32 speculative ==
+plain tests bound. :func:`stacked_packed_moe_triton` routes and groups in the fused routing launch of
+``edgespec.kernels.triton_moe_route`` first.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import triton.language as tl
 
 from edgespec.kernels import sm_count
 from edgespec.kernels.moe_packed import TILE, StackedFP8Block, StackedNVFP4, StackedPacked
+from edgespec.kernels.triton_moe_gemv_packed import PACKED_GEMV_TUNING, packed_expert_gemv
 from edgespec.kernels.triton_moe_int4 import MAX_ROWS, ROW_BLOCK, TUNING, _block_n, _slot_rows, group_pairs
 from edgespec.kernels.triton_quant_gemv import NVFP4_BF16_SHIFT, NVFP4_FP16_SHIFT, _pair_order_x
 from edgespec.kernels.triton_quant_wide import _nvfp4_word_tile
@@ -173,21 +180,60 @@ def _operands(stack: StackedPacked) -> tuple[tuple, tuple, bool]:
     raise ValueError(f"packed expert product: {type(stack).__name__} is not an NVFP4 or block-FP8 expert stack")
 
 
-def stacked_packed_expert_product_triton(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
-                                         stack: StackedPacked, shared_weight: torch.Tensor | None = None,
-                                         log: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """``x [T, H]`` (T <= 64; bf16, fp16 or fp32), routing ``weights``/``experts [T, k]``, the shared expert's
-    gate ``[T, 1]`` when stacked -> ``[T, H]`` in x's dtype (see the module doc)."""
+def check_packed_input(x: torch.Tensor, stack: StackedPacked) -> None:
+    """The rows, hidden size and dtype the packed expert kernels take; a named error otherwise."""
     T, H = x.shape
     if T > MAX_ROWS or H != stack.hidden or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"{stack.format} expert product: x {tuple(x.shape)} {x.dtype} must be 1-{MAX_ROWS} rows "
                          f"of hidden {stack.hidden} in bf16, fp16 or fp32")
-    (q13, s13, g13), (q2, s2, g2), nvfp4 = _operands(stack)
-    x = x.contiguous()
-    I = stack.width
-    k1 = experts.shape[1] + int(stack.shared)
-    P = T * k1
+
+
+def stacked_packed_expert_product_triton(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
+                                         stack: StackedPacked, shared_weight: torch.Tensor | None = None,
+                                         log: tuple[torch.Tensor, torch.Tensor] | None = None,
+                                         path: str = "auto") -> torch.Tensor:
+    """``x [T, H]`` (T <= 64; bf16, fp16 or fp32), routing ``weights``/``experts [T, k]``, the shared expert's
+    gate ``[T, 1]`` when stacked -> ``[T, H]`` in x's dtype (see the module doc). ``path``: see
+    :func:`grouped_packed_product`."""
+    check_packed_input(x, stack)
+    _operands(stack)            # an unknown stack type is named before any launch
     grp = group_pairs(experts, weights, stack, shared_weight, log)
+    return grouped_packed_product(x.contiguous(), grp, stack, experts.shape[1] + int(stack.shared), path)
+
+
+def stacked_packed_moe_triton(x: torch.Tensor, logits: torch.Tensor, k: int, normalise: bool, stack: StackedPacked,
+                              log: tuple[torch.Tensor, torch.Tensor] | None = None,
+                              path: str = "auto") -> torch.Tensor:
+    """The MoE block after its router GEMM (``logits [T, E (+1)]``, the shared gate logit last when stacked):
+    routed and grouped in one launch (``edgespec.kernels.triton_moe_route.route_group_pairs``), then the packed
+    product (:func:`grouped_packed_product`)."""
+    from edgespec.kernels.triton_moe_route import route_group_pairs
+    check_packed_input(x, stack)
+    if logits.shape[0] != x.shape[0]:
+        raise ValueError(f"fused routing: {logits.shape[0]} logit rows for {x.shape[0]} rows of x")
+    _, _, _, grp = route_group_pairs(logits, k, normalise, stack, log)
+    return grouped_packed_product(x.contiguous(), grp, stack, k + int(stack.shared), path)
+
+
+def grouped_packed_product(x: torch.Tensor, grp: dict[str, torch.Tensor], stack: StackedPacked, k1: int,
+                           path: str = "auto") -> torch.Tensor:
+    """The expert product of rows already grouped (``group_pairs`` or the fused routing launch), ``k1`` slots a
+    row. ``path``: ``"gemv"`` the CUDA-core path (``edgespec.kernels.triton_moe_gemv_packed``, up to its
+    ``max_rows``), ``"mma"`` the 16-row tensor-core tiles of this module, ``"auto"`` the first for up to
+    ``PACKED_GEMV_TUNING["max_rows"]`` rows, else the second."""
+    if path not in ("auto", "gemv", "mma"):
+        raise ValueError(f"{stack.format} expert product: path {path!r} is not one of auto, gemv, mma")
+    if path == "gemv" or path == "auto" and x.shape[0] <= PACKED_GEMV_TUNING["max_rows"]:
+        return packed_expert_gemv(x, grp, stack, k1)
+    return _mma_product(x, grp, stack, k1)
+
+
+def _mma_product(x: torch.Tensor, grp: dict[str, torch.Tensor], stack: StackedPacked, k1: int) -> torch.Tensor:
+    """The tensor-core path: gate+up, then down into per-pair fp32 rows, then the slots summed."""
+    T, H = x.shape
+    (q13, s13, g13), (q2, s2, g2), nvfp4 = _operands(stack)
+    I = stack.width
+    P = T * k1
     rb = triton.cdiv(T, ROW_BLOCK)
     touched = min(P, stack.experts)
     sms = sm_count(x.device)

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from edgespec.kernels.moe_quant import StackedInt4
+from edgespec.kernels.moe_quant import ExpertStack, StackedInt4
 from edgespec.kernels.triton_moe_int4 import _group_body, check_product_input, group_buffers, grouped_int4_product
 
 _ROW_BLOCK = 16     # most logits rows softmaxed at a time (16 x 256 experts: 32 fp32 a thread at 4 warps)
@@ -73,7 +73,7 @@ def _route_group_kernel(logits_ptr, stride_l, experts_ptr, weights_ptr, shared_p
                 slot_count_ptr, slot_expert_ptr, log_sums_ptr, log_calls_ptr, T, E, K, K1, P_PAD, BINS, SHARED, LOG)
 
 
-def route_group_pairs(logits: torch.Tensor, k: int, normalise: bool, stack: StackedInt4,
+def route_group_pairs(logits: torch.Tensor, k: int, normalise: bool, stack: ExpertStack,
                       log: tuple[torch.Tensor, torch.Tensor] | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
     """``logits [T, E (+1)]`` (the shared gate logit last when the stack holds the shared expert) ->

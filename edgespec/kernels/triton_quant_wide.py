@@ -69,16 +69,34 @@ def _int4_word_tile(words, z, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, IS_BF1
 
 
 @triton.jit
+def _nvfp4_word_pairs(words, sc, IS_BF16: tl.constexpr):
+    """``[BLOCK_N, 8, 2]`` words (block, word of the block) and their ``[BLOCK_N, 8]`` block scales (fp32, already
+    times 2^SHIFT) -> four int32 tensors of the words' shape: pair p of a word holds nibbles p and p + 4 as block-
+    scaled 16-bit values (times 2^-SHIFT, exact; see ``_NVFP4_PAIRS_BF16_ASM``), low half nibble p."""
+    spair = _half_pair_bits(sc, IS_BF16)[:, :, None] + tl.zeros_like(words)
+    asm: tl.constexpr = _NVFP4_PAIRS_BF16_ASM if IS_BF16 else _NVFP4_PAIRS_FP16_ASM
+    return tl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r,r", [words, spair], dtype=(tl.int32,) * 4, is_pure=True,
+                                     pack=1)
+
+
+@triton.jit
+def _nvfp4_row_scales(s8, SHIFT: tl.constexpr):
+    """A row's eight e4m3 block scales of a 128-input tile, loaded as one int64 per row (``s8 [BLOCK_N]``), taken
+    apart in registers -> ``[BLOCK_N, 8]`` fp32 times 2^SHIFT (an ``[BLOCK_N, 8]`` byte load lays a row in one
+    thread)."""
+    byte = (tl.arange(0, 8) * 8).to(tl.int64)
+    sc = ((s8[:, None] >> byte[None, :]) & 0xFF).to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    return sc * (2.0 ** SHIFT)
+
+
+@triton.jit
 def _nvfp4_word_tile(words, sc, BLOCK_N: tl.constexpr, IS_BF16: tl.constexpr, DEQUANT: tl.constexpr):
     """``[BLOCK_N, 128]`` block-scaled e2m1 weights (times 2^-SHIFT) in pair order from ``[BLOCK_N, 8, 2]`` words
     (block, word of the block) and the ``[BLOCK_N, 8]`` block scales (fp32, already times 2^SHIFT): a block's scale
     pair is made once and broadcast over its two words. (Words as ``[BLOCK_N, 16]`` with the scale pairs joined to
     them made Triton lay a whole row in one thread and convert the tile in 16 barriered rounds.)"""
     if DEQUANT:
-        spair = _half_pair_bits(sc, IS_BF16)[:, :, None] + tl.zeros_like(words)
-        asm: tl.constexpr = _NVFP4_PAIRS_BF16_ASM if IS_BF16 else _NVFP4_PAIRS_FP16_ASM
-        t0, t1, t2, t3 = tl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r,r", [words, spair], dtype=(tl.int32,) * 4,
-                                                   is_pure=True, pack=1)
+        t0, t1, t2, t3 = _nvfp4_word_pairs(words, sc, IS_BF16)
     else:
         t0, t1, t2, t3 = words, words, words, words
     return _pair_columns(tl.reshape(t0, [BLOCK_N, 16]), tl.reshape(t1, [BLOCK_N, 16]), tl.reshape(t2, [BLOCK_N, 16]),
@@ -137,17 +155,13 @@ def _nvfp4_t_kernel(x_ptr, q_ptr, s_ptr, scale2_ptr, part_ptr, b_ptr, y_ptr, M, 
     pdl_wait(PDL)
     pid_k, n, n_ok, m, lo_t = _pair_program(N, tiles_per_split, BLOCK_M, BLOCK_N)
     w_ptrs = q_ptr + n[:, None] * stride_qn + (lo_t * 16 + tl.arange(0, 16))[None, :]
-    # a row's eight e4m3 scales of a tile are one int64 (s_ptr is the scales viewed as int64): loaded as one value
-    # per row, their bytes taken apart in the words' layout (an [BLOCK_N, 8] byte load lays a row in one thread)
+    # a row's eight e4m3 scales of a tile are one int64 (s_ptr is the scales viewed as int64)
     s_ptrs = s_ptr + n * stride_sn + lo_t
-    byte = (tl.arange(0, 8) * 8).to(tl.int64)
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     xt_ptrs = x_ptr + m[None, :] * stride_xm + (lo_t * 128 + tl.arange(0, 128))[:, None]
     for _ in range(0, tiles_per_split):
         words = tl.reshape(tl.load(w_ptrs, mask=n_ok[:, None], other=0), [BLOCK_N, 8, 2])
-        s8 = tl.load(s_ptrs, mask=n_ok, other=0)
-        sc = ((s8[:, None] >> byte[None, :]) & 0xFF).to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        sc = sc * (2.0 ** SHIFT)
+        sc = _nvfp4_row_scales(tl.load(s_ptrs, mask=n_ok, other=0), SHIFT)
         w = _nvfp4_word_tile(words, sc, BLOCK_N, IS_BF16, DEQUANT)
         xt = tl.load(xt_ptrs, mask=m[None, :] < M, other=0.0)
         acc = tl.dot(w, xt, acc)

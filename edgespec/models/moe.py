@@ -16,7 +16,7 @@ from torch import nn
 
 from edgespec.kernels.linear import linear
 from edgespec.kernels.moe import group_by_expert, grouped_expert_product, route, stacked_expert_product
-from edgespec.kernels.moe_packed import StackedPacked, stacked_packed_expert_product
+from edgespec.kernels.moe_packed import StackedPacked, stacked_packed_expert_product, stacked_packed_moe
 from edgespec.kernels.moe_quant import KERNEL_GROUPS, StackedInt4, stacked_int4_expert_product, stacked_int4_moe
 from edgespec.models.config import ModelConfig
 from edgespec.models.expert_stacks import stack_packed_experts
@@ -90,10 +90,11 @@ class SparseMoE(nn.Module):
     q4: StackedInt4 | None = None
     # NVFP4 or block-FP8 experts stacked per layer (edgespec.models.expert_stacks): views of the same kind
     qp: StackedPacked | None = None
-    # With the shared expert stacked: the router's rows and the shared gate's row as one [E + 1, H] matrix (the
-    # two RouterLinear weights are views of it), so one GEMM gives the fused routing launch all its logits.
+    # With the shared expert stacked (int4, NVFP4 or block-FP8): the router's rows and the shared gate's row as one
+    # [E + 1, H] matrix (the two RouterLinear weights are views of it), so one GEMM gives the fused routing launch
+    # all its logits.
     router_w: torch.Tensor | None = None
-    # False: the int4 path routes with torch ops and groups in its own launch (the path before the fused one;
+    # False: the stacked paths route with torch ops and group in their own launch (the path before the fused one;
     # `tools/moe_int4_bench.py model --before` and its layer block profile compare the two).
     fused_routing: bool = True
 
@@ -130,6 +131,8 @@ class SparseMoE(nn.Module):
             return True
         self.qp = stack_packed_experts(self.experts, self.shared_expert)      # merged or not; mixed formats raise
         if self.qp is not None:
+            if self.qp.shared:
+                self._stack_router()
             return True
         mats = [(e.gate_up_proj, e.down_proj) for e in self.experts]
         if any(up is None for up, _ in mats) or mats[0][0].weight.device.type == "meta":
@@ -172,20 +175,28 @@ class SparseMoE(nn.Module):
                     stacks[short + part] = stack
         self.q4 = StackedInt4(**stacks, group_size=first.group_size, shared=with_shared)
         self.q4.check()
+        if with_shared:
+            self._stack_router()
+        return True
+
+    def _stack_router(self) -> None:
+        """The router's rows and the shared gate's row as one matrix, :attr:`router_w` (the two weights become
+        views of it: the memory is counted once), when they share a dtype and device: one GEMM then gives the
+        fused routing launch all its logits."""
         router, gate = self.gate.weight, self.shared_expert_gate.weight
-        if with_shared and router.dtype == gate.dtype and router.device == gate.device:
+        if router.dtype == gate.dtype and router.device == gate.device:
             with torch.no_grad():
                 self.router_w = torch.cat([router.data, gate.data])
-                router.data = self.router_w[:-1]            # views: the memory is counted once
+                router.data = self.router_w[:-1]
                 gate.data = self.router_w[-1:]
-        return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         log = self.routing_log
         if self.router_w is not None and self.fused_routing and x.is_cuda and x.shape[0] <= RoutingLog.MAX_ROWS:
             # one GEMM for the router and the shared gate, one launch to route and group, then the product
-            return stacked_int4_moe(x, linear(x, self.router_w), self.top_k, self.normalise, self.q4,
-                                    (log.sums, log.calls) if log is not None else None)
+            moe = stacked_int4_moe if self.q4 is not None else stacked_packed_moe
+            return moe(x, linear(x, self.router_w), self.top_k, self.normalise,
+                       self.q4 if self.q4 is not None else self.qp, (log.sums, log.calls) if log is not None else None)
         weights, experts = route(self.gate(x), self.top_k, self.normalise)     # [T, k] each
         stack = self.q4 if self.q4 is not None else self.qp
         if stack is not None and x.is_cuda and x.shape[0] <= RoutingLog.MAX_ROWS:

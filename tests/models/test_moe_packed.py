@@ -7,6 +7,11 @@ and the served model lossless (speculative == plain, fp32) with the kernels insi
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 from _devices import DEVICES
@@ -22,7 +27,9 @@ from edgespec.kernels.moe_packed import (
     StackedNVFP4,
     stacked_packed_expert_product,
     stacked_packed_expert_product_ref,
+    stacked_packed_moe,
 )
+from edgespec.kernels.moe_quant import route_with_shared_ref
 from edgespec.kernels.quant_ref import quantize_fp8_block, quantize_nvfp4
 from edgespec.loading.checkpoint import load_target
 from edgespec.loading.hf_config import parse_config
@@ -201,13 +208,17 @@ def packed_checkpoint(request, tmp_path_factory):
 
 def test_loaded_packed_experts_stack(packed_checkpoint):
     """Loaded NVFP4 / block-FP8 experts are stacked per layer (MTP head included) as views, the shared expert
-    last; the stacked reference equals the CPU forward over the per-expert modules."""
+    last, the router and shared gate one matrix; the stacked reference equals the CPU forward over the per-expert
+    modules."""
     model = load_target(packed_checkpoint, max_positions=64)
     blocks = [m for m in model.modules() if isinstance(m, SparseMoE)]
     assert blocks and all(b.qp is not None and b.qp.shared for b in blocks)
     moe = blocks[1]
     ptr = moe.experts[2].down_proj.weight.weight.data_ptr()
     assert ptr == moe.qp.q2[2].data_ptr()
+    # the loaded router and shared gate are views of one matrix (the fused routing's one GEMM)
+    assert moe.router_w is not None and moe.gate.weight.data_ptr() == moe.router_w.data_ptr()
+    assert torch.equal(moe.router_w[-1:], moe.shared_expert_gate.weight)
     x = torch.randn(4, 128)
     w, e = route(moe.gate(x), moe.top_k, moe.normalise)
     gate = torch.sigmoid(moe.shared_expert_gate(x))
@@ -229,8 +240,8 @@ def test_packed_kernel_row_rounds_the_same_and_captures(device, fmt):
     log = RoutingLog(device)
     many = product(x, w, e, stack, gate, (log.sums, log.calls))
     assert log.mean_union(64) == group_by_expert(e).union and log.layer_calls(64) == 1
-    for t in (0, 17, 63):
-        one = product(x[t:t + 1], w[t:t + 1], e[t:t + 1], stack, gate[t:t + 1], (log.sums, log.calls))
+    for t in (0, 17, 63):      # the tensor-core path (a lone row would take the CUDA-core one by default)
+        one = product(x[t:t + 1], w[t:t + 1], e[t:t + 1], stack, gate[t:t + 1], (log.sums, log.calls), path="mma")
         assert torch.equal(one[0], many[t]), t
     assert log.mean_union(1) == k
     torch.testing.assert_close(many.float(), stacked_packed_expert_product_ref(x, w, e, stack, gate).float(),
@@ -252,11 +263,173 @@ def test_packed_kernel_row_rounds_the_same_and_captures(device, fmt):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_packed_model_spec_equals_plain(packed_checkpoint):
-    """On CUDA the NVFP4 / block-FP8 experts (shared expert fused) run the Triton kernels inside the CUDA graphs:
-    logits close to the CPU model's, and greedy speculative output equal to plain in fp32 (n-gram and oracle
-    drafts, every rollback), with the expert union in the telemetry."""
+    """On CUDA the NVFP4 / block-FP8 experts (shared expert fused) run the Triton kernels inside the CUDA graphs,
+    routed by the fused routing launch (one GEMM for the router and the shared gate), a decode row on the CUDA-core
+    path and a verify of more rows on the tensor cores: logits close to the CPU model's, and greedy speculative
+    output equal to plain in fp32 (n-gram and oracle drafts, every rollback), with the expert union in the
+    telemetry."""
     cuda = torch.device("cuda")
     model = load_target(packed_checkpoint, device=cuda, max_positions=256)
     cpu_model = load_target(packed_checkpoint, max_positions=256)
-    assert all(b.qp is not None and b.qp.q13.is_cuda for b in model.modules() if isinstance(b, SparseMoE))
+    assert all(b.qp is not None and b.qp.q13.is_cuda and b.router_w is not None and b.fused_routing
+               for b in model.modules() if isinstance(b, SparseMoE))
     check_cuda_model(model, cpu_model, "rtx")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_packed_router_and_shared_gate_stacked_as_one_matrix(fmt):
+    """With NVFP4 / block-FP8 experts stacked with the shared expert, the router's rows and the shared gate's row
+    are one matrix (the two RouterLinear weights views of it, no second copy), and the fused MoE entry on its
+    logits equals the block's own forward (CPU: the torch references); logits of the wrong width are refused."""
+    moe = _packed_moe(fmt)
+    E = len(moe.experts)
+    assert moe.router_w is not None and moe.router_w.shape == (E + 1, 128)
+    assert moe.gate.weight.data_ptr() == moe.router_w.data_ptr()
+    assert moe.shared_expert_gate.weight.data_ptr() == moe.router_w[E].data_ptr()
+    x = torch.randn(3, 128)
+    got = stacked_packed_moe(x, x @ moe.router_w.T, moe.top_k, moe.normalise, moe.qp)
+    torch.testing.assert_close(got, moe.forward(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=rf"must be \[T, {E + 1}\]"):
+        stacked_packed_moe(x, x @ moe.router_w[:E].T, moe.top_k, moe.normalise, moe.qp)
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_packed_gemv_path_equals_reference(device, fmt, dtype):
+    """The CUDA-core path (1-2 rows) equals the reference at each K split it takes (1 wave: no split; 64: the
+    most), gives the same bits on a second call (no atomics), gives a row the same bits alone and beside a second
+    row (its splits are sized by one row's pairs), and refuses more rows than it takes, or an unknown path, by
+    name."""
+    from edgespec.kernels import triton_moe_gemv_packed as gp
+    from edgespec.kernels.triton_moe_quant import stacked_packed_expert_product_triton as product
+    E, H, I, k = 64, 1024, 256, 8          # 8 and 2 K tiles: both products split at 64 waves
+    stack = random_stack(fmt, E + 1, H, I, True, seed=5, device=device)
+    gen = torch.Generator().manual_seed(2)
+    tol = 3e-2 if dtype == torch.bfloat16 else 2e-5
+    saved = dict(gp.PACKED_GEMV_TUNING)
+    try:
+        for waves in (1, 64):
+            gp.PACKED_GEMV_TUNING.update(waves=waves, down_min_tiles=1)
+            x, w, e, gate = routing(2, E, k, H, device, dtype, gen)
+            e[1], w[1] = e[0], w[0]          # the second row routed as the first: slots of 2 pairs
+            two = product(x, w, e, stack, gate, path="gemv")
+            torch.testing.assert_close(two.float(), stacked_packed_expert_product_ref(x, w, e, stack, gate).float(),
+                                       rtol=tol, atol=tol)
+            assert torch.equal(two, product(x, w, e, stack, gate, path="gemv"))
+            for t in (0, 1):
+                one = product(x[t:t + 1], w[t:t + 1], e[t:t + 1], stack, gate[t:t + 1])      # auto: gemv
+                assert torch.equal(one[0], two[t]), (waves, t)
+            assert gp.packed_splits(stack, k + 1, 132) == ((2, 2) if waves == 64 else (1, 1))
+    finally:
+        gp.PACKED_GEMV_TUNING.update(saved)
+    x, w, e, gate = routing(3, E, k, H, device, dtype, gen)
+    with pytest.raises(ValueError, match="3 rows; this path takes 1-2"):
+        product(x, w, e, stack, gate, path="gemv")
+    with pytest.raises(ValueError, match="path 'tiles' is not one of"):
+        product(x, w, e, stack, gate, path="tiles")
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_packed_fused_moe_equals_reference_and_captures(device, fmt):
+    """The fused routing launch and the packed product (CUDA-core path at 1 and 2 rows, tensor cores at 16) equal
+    the torch routing and reference product; captured in a CUDA graph, each replay on new inputs (new routing)
+    gives the eager call's bits, and the routing log the graph adds to counts every replay."""
+    from edgespec.kernels.triton_moe_quant import stacked_packed_moe_triton as moe
+    E, H, I, k = 64, 256, 128, 8
+    stack = random_stack(fmt, E + 1, H, I, True, seed=7, device=device)
+    gen = torch.Generator().manual_seed(3)
+    for rows in (1, 2, 16):
+        x = torch.randn(rows, H, generator=gen).to(device, torch.bfloat16)
+        logits = torch.randn(rows, E + 1, generator=gen).to(device, torch.bfloat16)
+        w, e, gate = route_with_shared_ref(logits, k, True, stack)
+        torch.testing.assert_close(moe(x, logits, k, True, stack).float(),
+                                   stacked_packed_expert_product_ref(x, w, e, stack, gate).float(),
+                                   rtol=3e-2, atol=3e-2)
+        log = RoutingLog(device)
+        moe(x, logits, k, True, stack, (log.sums, log.calls))          # compile outside the capture
+        torch.cuda.synchronize()
+        log.clear()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = moe(x, logits, k, True, stack, (log.sums, log.calls))
+        for step in range(3):
+            x.copy_(torch.randn(rows, H, generator=gen).to(torch.bfloat16))
+            logits.copy_(torch.randn(rows, E + 1, generator=gen).to(torch.bfloat16))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, moe(x, logits, k, True, stack)), (rows, step)
+        assert log.layer_calls(rows) == 3
+    with pytest.raises(ValueError, match="2 logit rows for 1 rows"):
+        moe(x[:1], logits[:2], k, True, stack)
+
+
+def test_packed_gemv_refuses_bad_launches():
+    """The CUDA-core path names what it cannot take before any launch: more rows than its ``max_rows``, and block
+    widths that do not divide the 128-row FP8 scale block."""
+    pytest.importorskip("triton")
+    from edgespec.kernels import triton_moe_gemv_packed as gp
+    stack = random_stack("fp8_block", 3, 128, 128, shared=False)
+    with pytest.raises(ValueError, match="fp8_block expert gemv: 3 rows; this path takes 1-2"):
+        gp.packed_expert_gemv(torch.randn(3, 128), {}, stack, 2)
+    saved = dict(gp.PACKED_GEMV_TUNING)
+    try:
+        gp.PACKED_GEMV_TUNING["up_block_n"] = 48
+        with pytest.raises(ValueError, match="block widths 48/32 must divide 128"):
+            gp.packed_expert_gemv(torch.randn(1, 128), {}, stack, 2)
+    finally:
+        gp.PACKED_GEMV_TUNING.update(saved)
+
+
+# Run under TRITON_INTERPRET=1 in a child process (the variable is read when the kernels are defined). Triton's
+# interpreter turns a loaded scalar used as a loop bound (the slot's pair count) into an index with int() of a
+# 1-element array, which numpy 2.4 refuses: the child first makes that conversion take the array's one element.
+_INTERPRETED_FP8_GEMV = textwrap.dedent("""
+    import torch
+    import triton.runtime.interpreter as ti
+    _patch = ti._patch_lang_tensor
+
+    def _patch_index(tensor, scope):
+        _patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+    ti._patch_lang_tensor = _patch_index
+
+    from edgespec.kernels import triton_moe_gemv_packed as gp
+    from edgespec.kernels.moe import route
+    from edgespec.kernels.moe_packed import StackedFP8Block, stacked_packed_expert_product_ref
+    from edgespec.kernels.quant_ref import quantize_fp8_block
+    from edgespec.kernels.triton_moe_quant import stacked_packed_expert_product_triton as product
+
+    gen = torch.Generator().manual_seed(0)
+    E, H, I, k = 3, 1024, 256, 1
+    parts = [quantize_fp8_block(torch.randn(2 * I, H, generator=gen) * H ** -0.5)
+             + quantize_fp8_block(torch.randn(H, I, generator=gen) * I ** -0.5) for _ in range(E + 1)]
+    stack = StackedFP8Block(*(torch.stack([p[i] for p in parts]) for i in range(4)), shared=True)
+    stack.check()
+    for waves, down_tiles in ((64, 1), (0, 1)):     # K split at its most, then nothing split
+        gp.PACKED_GEMV_TUNING.update(waves=waves, down_min_tiles=down_tiles)
+        x = torch.randn(2, H, generator=gen)
+        w, e = route(torch.randn(2, E, generator=gen), k)
+        e[1], w[1] = e[0], w[0]
+        gate = torch.sigmoid(torch.randn(2, 1, generator=gen))
+        two = product(x, w, e, stack, gate, path="gemv")
+        torch.testing.assert_close(two, stacked_packed_expert_product_ref(x, w, e, stack, gate), rtol=2e-5,
+                                   atol=2e-5)
+        for t in (0, 1):
+            assert torch.equal(product(x[t:t + 1], w[t:t + 1], e[t:t + 1], stack, gate[t:t + 1])[0], two[t])
+        print("splits", gp.packed_splits(stack, k + 1, 132))
+""")
+
+
+def test_fp8_gemv_in_the_interpreter():
+    """The block-FP8 CUDA-core kernels in Triton's CPU interpreter (fp32, no GPU): equal to the reference with the
+    K split at its most and with nothing split, a slot holding both rows, and a row
+    bit-identical alone and beside the other. (The NVFP4 kernels decode with inline PTX, which the interpreter
+    does not run: their checks are the GPU tests.)"""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", _INTERPRETED_FP8_GEMV], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:2] == ["splits (2, 2)", "splits (1, 1)"], done.stdout
