@@ -9,7 +9,6 @@ its top opcodes. Needs only Triton (its bundled ptxas and cuobjdump):
 
     python lab/quant_sass.py                      # int4 and nvfp4: pair tiles, byte tiles, one-row word kernel
     python lab/quant_sass.py --block-n 256 --warps 8 --group 64
-    python lab/quant_sass.py --kquant             # GGUF Q4_K / Q5_K / Q6_K GEMV (its launch per type), 1 and 4 rows
 """
 
 from __future__ import annotations
@@ -49,28 +48,6 @@ def programs(args: argparse.Namespace) -> list[tuple[str, object, dict, dict, in
     ]
 
 
-def kquant_programs(rows: tuple[int, ...] = (1, 4)) -> list[tuple[str, object, dict, dict, int, int]]:
-    """(label, kernel, constexprs, pointer types, weights per loop pass, warps) of the GGUF K-quant GEMV
-    (``edgespec.kernels.triton_kquant_gemv``) at its launch per ggml type: one loop pass is one super-block (256
-    inputs) of ``BLOCK_N`` weight rows. Compiled as a K-split launch (partials stored), as the decode step runs
-    its small matrices."""
-    from edgespec.kernels import triton_kquant_gemv as kg
-    types = {"x_ptr": "*bf16", "w_ptr": "*i32", "part_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*bf16"}
-    out = []
-    for m in rows:
-        for name, kind in (("Q4_K", 12), ("Q5_K", 13), ("Q6_K", 14)):
-            launch = kg.GEMV_LAUNCH[kind]
-            consts = dict(ROWS=m, BLOCK_N=launch["BLOCK_N"], DIRECT=False, HAS_BIAS=False, PDL=True)
-            if kind == 14:
-                fn, ptypes = kg._q6k_gemv_kernel, {**types, "w_ptr": "*i16"}
-            else:
-                fn, ptypes = kg._dmin_gemv_kernel, types
-                consts["HAS_QH"] = kind == 13
-            out.append((f"{name} GEMV, {m} row(s), {launch['BLOCK_N']} rows a program", fn, consts, ptypes,
-                        launch["BLOCK_N"] * 256, launch["num_warps"]))
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--block-n", type=int, default=128)
@@ -79,17 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stages", type=int, default=3)
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--prefetch", type=int, default=0, help="pair tile: L2 lines per row asked for before the PDL wait")
-    ap.add_argument("--kquant", action="store_true", help="the GGUF K-quant GEMV instead (its own launch per type)")
     args = ap.parse_args(argv)
-    if args.kquant:
-        for label, fn, consts, types, weights, warps in kquant_programs():
-            # the launch's own options (edgespec.kernels.triton_kquant_gemv.kquant_gemv)
-            kernel = _compile_sm90(fn, consts, types, {"num_warps": warps, "num_stages": 1, "enable_fp_fusion": False})
-            resources, n, opcodes = loop_report(kernel, args.top)
-            print(f"{label}: {resources}, loop {n} per warp = {n * 32 * warps / weights:.2f} lane-instructions per "
-                  "weight")
-            print(opcodes)
-        return 0
     for label, fn, consts, types, weights in programs(args):
         kernel = _compile_sm90(fn, consts, types, {"num_warps": args.warps, "num_stages": args.stages})
         resources, n, opcodes = loop_report(kernel, args.top)

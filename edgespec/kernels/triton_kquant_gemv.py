@@ -15,15 +15,12 @@ format is sent here is ``edgespec.kernels.linear.KQUANT_GEMV_ROWS`` (measured: Q
 * Q4_K / Q5_K (read as int32 words, 36 / 44 per super-block): per sub-block of 32 the products ``sum(q * x)``
   are accumulated per word column, then scaled once: ``acc += (d * sc) * dot - (dmin * m) * sum(x)``. Q4_K's
   codes become floats without shifts or integer conversions: the nibble at bits ``s .. s + 3`` of a word, OR-ed
-  into the mantissa of 2^23 (one LOP3 with the mask), is ``2^23 + q * 2^s`` exactly, and one FFMA,
-  ``v * 2^-s - 2^(23-s)``, is ``q`` exactly. The top three nibbles come from the word shifted by 12 (one shift per
-  eight codes).
-* Q6_K (read as int16 halfwords: 210-byte super-blocks are not word aligned): each quarter of 32 codes is put
-  together where its ``ql`` nibble lies (the ``qh`` pair shifted once per quarter for both bytes of a halfword)
-  and becomes ``q - 32`` by the same FFMA; ``d * sc`` (one per 16) scales the products of its group.
-* Inputs: bf16 rows are read two to an int32 word, each thread only the columns of its own words (no regrouping
-  through shared memory); the super-block heads are read in the tile's layout; rows past ``N`` read row ``N - 1``
-  (never stored) so no load needs a mask. The loop's cost per weight: ``python lab/quant_sass.py --kquant``.
+  into the mantissa of 2^23, is ``2^23 + q * 2^s`` exactly (one AND-OR), and the activation it multiplies is taken
+  times ``2^-s`` (exact), so ``(v - 2^23) * x'`` is ``q * x`` to the bit. The top three nibbles come from the word
+  shifted by 12 (one shift per eight codes).
+* Q6_K (read as int16 halfwords: 210-byte super-blocks are not word aligned): each quarter of 32 codes is rebuilt
+  from its ``ql`` nibble and ``qh`` pair, ``q - 32`` placed the same way; ``d * sc`` (one per 16) scales the
+  products of its group.
 
 With a one-hot fp32 activation row every product above is exact, so the output is the CPU decode's fp32 weight
 bit for bit: the GPU tests check the decode that way. For general activations the sums run in another order than
@@ -37,7 +34,7 @@ import triton
 import triton.language as tl
 
 from edgespec.kernels import sm_count
-from edgespec.kernels.triton_kquant import LAYOUTS, _fp16_bits, _scale_min
+from edgespec.kernels.triton_kquant import LAYOUTS, _dmin_head, _fp16_bits, _scale_min
 from edgespec.kernels.triton_pdl import pdl_launch, pdl_release, pdl_wait
 from edgespec.kernels.triton_quant_gemv import _finish, wave_splits
 from edgespec.kernels.triton_rowblock import RowBlockOutputs
@@ -50,120 +47,81 @@ GEMV_MAX_ROWS = 4
 _Q4K_LAUNCH = {"BLOCK_N": 128, "num_warps": 4, "WAVES": 8, "MIN_SB": 1}
 GEMV_LAUNCH: dict[int, dict[str, int]] = {12: dict(_Q4K_LAUNCH), 13: dict(_Q4K_LAUNCH),
                                           14: {"BLOCK_N": 32, "num_warps": 4, "WAVES": 4, "MIN_SB": 1}}
-# 2^23's fp32 bits, a run-time argument of the kernels (see _magic)
-_MAGIC = 0x4B000000
 
 
 @triton.jit
-def _magic(bits, magic):
-    """fp32 ``v`` for an int32 ``bits`` holding ``v`` (an integer below 2^23) in its low 23 bits, exactly; ``magic``
-    is 2^23's bits (0x4B000000) given at run time, so the mask before and the OR here compile to one LOP3 (a
-    constant would be a second immediate, which LOP3 cannot take: two instructions)."""
-    return (bits | magic).to(tl.float32, bitcast=True) - 8388608.0
-
-
-@triton.jit
-def _magic_nibble(bits, magic, S: tl.constexpr):
-    """fp32 ``q`` for an int32 ``bits`` holding ``q * 2^S`` (``q`` < 16, ``S`` <= 19) in its low 23 bits, exactly:
-    ``(2^23 + q * 2^S) * 2^-S - 2^(23 - S)`` in one FFMA (both steps exact: a power-of-two scale, then an integer
-    result), so the nibble is read in place, without a shift, and its input needs no ``2^-S`` scaling."""
-    v = (bits | magic).to(tl.float32, bitcast=True)
-    if S == 0:
-        return v - 8388608.0
-    else:
-        return tl.fma(v, 2.0 ** -S, -(2.0 ** (23 - S)))
+def _magic(bits):
+    """fp32 ``v`` for an int32 ``bits`` holding ``v`` (an integer below 2^23) in its low 23 bits, exactly."""
+    return (bits | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
 
 
 @triton.jit
 def _x_quads(x_ptr, base):
-    """fp32 activations ``x[base + 4w + b]`` (w < 8) as four ``[8]`` vectors, b = 0..3: the inputs that byte ``b``
-    of word ``w`` multiplies. Loaded where they are used (each thread reads the columns of its own words), not
-    loaded flat and regrouped: a regrouping moves them through shared memory behind a barrier, once per chunk and
-    row."""
-    if x_ptr.dtype.element_ty == tl.bfloat16:
-        # two bf16 inputs a word: the low half is input 4w (4w + 2), the high half 4w + 1 (4w + 3); a bf16 is the
-        # top half of its fp32, so each takes one shift or mask
-        xw = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + base // 2 + 2 * tl.arange(0, 8)
-        even = tl.load(xw)
-        odd = tl.load(xw + 1)
-        return ((even << 16).to(tl.float32, bitcast=True), (even & -65536).to(tl.float32, bitcast=True),
-                (odd << 16).to(tl.float32, bitcast=True), (odd & -65536).to(tl.float32, bitcast=True))
-    else:
-        xs = x_ptr + base + 4 * tl.arange(0, 8)
-        return (tl.load(xs).to(tl.float32), tl.load(xs + 1).to(tl.float32), tl.load(xs + 2).to(tl.float32),
-                tl.load(xs + 3).to(tl.float32))
+    """fp32 activations ``x[base + 4w + b]`` (w < 8) as four ``[8]`` vectors, b = 0..3, from one contiguous load:
+    the inputs that byte ``b`` of word ``w`` multiplies."""
+    flat = tl.load(x_ptr + base + tl.arange(0, 32)).to(tl.float32)
+    even, odd = tl.split(tl.reshape(flat, [8, 2, 2]))            # b = 2i + j: j = 0 / 1
+    x0, x2 = tl.split(even)
+    x1, x3 = tl.split(odd)
+    return x0, x1, x2, x3
 
 
 @triton.jit
-def _q4k_codes(words, qh, magic, c: tl.constexpr, HAS_QH: tl.constexpr):
+def _q4k_codes(words, qh, c: tl.constexpr, HAS_QH: tl.constexpr):
     """The eight code planes of a ``[BLOCK_N, 8]`` word tile (chunk ``c`` of a Q4_K / Q5_K super-block), plane
     ``p = 2b + h`` = nibble ``h`` of byte ``b``: byte ``b`` of word ``w`` is weight ``4w + b`` of sub-block
-    ``2c + h``; each plane is the code in fp32 (Q5_K: ``q + 16 * (fifth bit)``). Q4_K reads each nibble where it
-    lies (:func:`_magic_nibble`); the top three nibbles come from the word shifted by 12 (one shift per eight
-    codes; the sign bits it drags in are masked)."""
+    ``2c + h``. Q4_K: plane ``p`` is ``q * 2^S[p]`` (``S`` = 0, 4, 8, 12, 16, 8, 12, 16; :func:`_dmin_row` takes
+    the inputs times ``2^-S``); Q5_K: ``q + 16 * (fifth bit)``, unscaled."""
     if HAS_QH:
-        h0 = _magic((words & 15) | (((qh >> c * 2) & 1) << 4), magic)
-        h1 = _magic(((words >> 4) & 15) | (((qh >> (c * 2 + 1)) & 1) << 4), magic)
-        h2 = _magic(((words >> 8) & 15) | (((qh >> (8 + c * 2)) & 1) << 4), magic)
-        h3 = _magic(((words >> 12) & 15) | (((qh >> (9 + c * 2)) & 1) << 4), magic)
-        h4 = _magic(((words >> 16) & 15) | (((qh >> (16 + c * 2)) & 1) << 4), magic)
-        h5 = _magic(((words >> 20) & 15) | (((qh >> (17 + c * 2)) & 1) << 4), magic)
-        h6 = _magic(((words >> 24) & 15) | (((qh >> (24 + c * 2)) & 1) << 4), magic)
-        h7 = _magic(((words >> 28) & 15) | (((qh >> (25 + c * 2)) & 1) << 4), magic)
+        h0 = _magic((words & 15) | (((qh >> c * 2) & 1) << 4))
+        h1 = _magic(((words >> 4) & 15) | (((qh >> (c * 2 + 1)) & 1) << 4))
+        h2 = _magic(((words >> 8) & 15) | (((qh >> (8 + c * 2)) & 1) << 4))
+        h3 = _magic(((words >> 12) & 15) | (((qh >> (9 + c * 2)) & 1) << 4))
+        h4 = _magic(((words >> 16) & 15) | (((qh >> (16 + c * 2)) & 1) << 4))
+        h5 = _magic(((words >> 20) & 15) | (((qh >> (17 + c * 2)) & 1) << 4))
+        h6 = _magic(((words >> 24) & 15) | (((qh >> (24 + c * 2)) & 1) << 4))
+        h7 = _magic(((words >> 28) & 15) | (((qh >> (25 + c * 2)) & 1) << 4))
         return h0, h1, h2, h3, h4, h5, h6, h7
-    top = words >> 12
-    return (_magic_nibble(words & 0xF, magic, 0), _magic_nibble(words & 0xF0, magic, 4),
-            _magic_nibble(words & 0xF00, magic, 8), _magic_nibble(words & 0xF000, magic, 12),
-            _magic_nibble(words & 0xF0000, magic, 16), _magic_nibble(top & 0xF00, magic, 8),
-            _magic_nibble(top & 0xF000, magic, 12), _magic_nibble(top & 0xF0000, magic, 16))
+    top = words >> 12                       # nibbles 5..7 to bits 8..19 (the sign bits it drags in are masked)
+    return (_magic(words & 0xF), _magic(words & 0xF0), _magic(words & 0xF00), _magic(words & 0xF000),
+            _magic(words & 0xF0000), _magic(top & 0xF00), _magic(top & 0xF000), _magic(top & 0xF0000))
 
 
 @triton.jit
-def _dmin_row(acc, x_ptr, k0, v0, v1, v2, v3, v4, v5, v6, v7, dsc_lo, dm_lo, dsc_hi, dm_hi):
+def _dmin_row(acc, x_ptr, k0, v0, v1, v2, v3, v4, v5, v6, v7, dsc_lo, dm_lo, dsc_hi, dm_hi, HAS_QH: tl.constexpr):
     """One activation row's products with one chunk (sub-blocks ``2c`` and ``2c + 1``, inputs ``k0 .. k0 + 63``)
-    into its ``[BLOCK_N, 8]`` accumulator: the codes' dot per word column, then the sub-block scale and min (the
-    ``[BLOCK_N, 1]`` ``d * sc`` and ``dmin * m``)."""
-    lo0, lo1, lo2, lo3 = _x_quads(x_ptr, k0)            # planes 0, 2, 4, 6: the low nibbles
+    into its ``[BLOCK_N, 8]`` accumulator: the codes' dot per word column, then the sub-block scale and min."""
+    # 2^-S of each plane (Q4_K; Q5_K's planes are unscaled): planes 0, 2, 4, 6 multiply the low-nibble inputs
+    F1: tl.constexpr = 1.0 if HAS_QH else 2.0 ** -4
+    F2: tl.constexpr = 1.0 if HAS_QH else 2.0 ** -8
+    F3: tl.constexpr = 1.0 if HAS_QH else 2.0 ** -12
+    F4: tl.constexpr = 1.0 if HAS_QH else 2.0 ** -16
+    lo0, lo1, lo2, lo3 = _x_quads(x_ptr, k0)
     hi0, hi1, hi2, hi3 = _x_quads(x_ptr, k0 + 32)
     dot = v0 * lo0[None, :]
-    dot = tl.fma(v2, lo1[None, :], dot)
-    dot = tl.fma(v4, lo2[None, :], dot)
-    dot = tl.fma(v6, lo3[None, :], dot)
-    acc = tl.fma(dot, dsc_lo, acc)
-    dot = v1 * hi0[None, :]
-    dot = tl.fma(v3, hi1[None, :], dot)
-    dot = tl.fma(v5, hi2[None, :], dot)
-    dot = tl.fma(v7, hi3[None, :], dot)
-    acc = tl.fma(dot, dsc_hi, acc)
-    acc = tl.fma(-dm_lo, (((lo0 + lo1) + lo2) + lo3)[None, :], acc)
-    return tl.fma(-dm_hi, (((hi0 + hi1) + hi2) + hi3)[None, :], acc)
-
-
-@triton.jit
-def _dmin_head_tile(row, w8):
-    """``d``, ``dmin`` (fp32) and the three scale words of a Q4_K / Q5_K super-block as ``[BLOCK_N, 1]`` columns
-    in the word tile's layout: the super-block's first eight words loaded as a tile and words 0..3 picked out by
-    a sum over the columns (exact: zeros beside one word). Loaded as ``[BLOCK_N]`` or ``[BLOCK_N, 1]`` they land in
-    another layout, and every scale of every chunk then moves to the tile's through shared memory behind a
-    barrier."""
-    head = tl.load(row + w8[None, :])
-    d_bits = tl.sum(tl.where(w8[None, :] == 0, head, 0), axis=1)[:, None]
-    s0 = tl.sum(tl.where(w8[None, :] == 1, head, 0), axis=1)[:, None]
-    s1 = tl.sum(tl.where(w8[None, :] == 2, head, 0), axis=1)[:, None]
-    s2 = tl.sum(tl.where(w8[None, :] == 3, head, 0), axis=1)[:, None]
-    return _fp16_bits(d_bits), _fp16_bits(d_bits >> 16), s0, s1, s2
+    dot = tl.fma(v2, (lo1 * F2)[None, :], dot)
+    dot = tl.fma(v4, (lo2 * F4)[None, :], dot)
+    dot = tl.fma(v6, (lo3 * F3)[None, :], dot)
+    acc = tl.fma(dot, dsc_lo[:, None], acc)
+    dot = v1 * (hi0 * F1)[None, :]
+    dot = tl.fma(v3, (hi1 * F3)[None, :], dot)
+    dot = tl.fma(v5, (hi2 * F2)[None, :], dot)
+    dot = tl.fma(v7, (hi3 * F4)[None, :], dot)
+    acc = tl.fma(dot, dsc_hi[:, None], acc)
+    acc = tl.fma(-dm_lo[:, None], (((lo0 + lo1) + lo2) + lo3)[None, :], acc)
+    return tl.fma(-dm_hi[:, None], (((hi0 + hi1) + hi2) + hi3)[None, :], acc)
 
 
 @triton.jit
 def _dmin_gemv_kernel(x_ptr, w_ptr, part_ptr, b_ptr, y_ptr, N, sb_per_split, stride_xm, stride_wn, stride_ps,
-                      stride_pm, stride_ym, magic, ROWS: tl.constexpr, HAS_QH: tl.constexpr, BLOCK_N: tl.constexpr,
+                      stride_pm, stride_ym, ROWS: tl.constexpr, HAS_QH: tl.constexpr, BLOCK_N: tl.constexpr,
                       DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
     """Q4_K (``HAS_QH`` False, 36 words a super-block) or Q5_K (44 words) against ``ROWS`` activation rows."""
     WORDS: tl.constexpr = 44 if HAS_QH else 36
     QS: tl.constexpr = 12 if HAS_QH else 4          # first word of the nibbles
     pdl_wait(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_rd = tl.minimum(n, N - 1)              # rows past N read row N - 1 (never stored): loads without a mask
+    n_ok = n < N
     pid_k = tl.program_id(1)
     w8 = tl.arange(0, 8)
     acc0 = tl.zeros([BLOCK_N, 8], tl.float32)
@@ -172,32 +130,32 @@ def _dmin_gemv_kernel(x_ptr, w_ptr, part_ptr, b_ptr, y_ptr, N, sb_per_split, str
     acc3 = tl.zeros([BLOCK_N, 8], tl.float32)
     for i in range(0, sb_per_split):
         sb = pid_k * sb_per_split + i
-        row = w_ptr + n_rd[:, None] * stride_wn + sb * WORDS
-        d, dmin, s0, s1, s2 = _dmin_head_tile(row, w8)
+        row = w_ptr + n * stride_wn + sb * WORDS
+        d, dmin, s0, s1, s2 = _dmin_head(row, n_ok)
         if HAS_QH:
-            qh = tl.load(row + 4 + w8[None, :])
+            qh = tl.load(row[:, None] + 4 + w8[None, :], mask=n_ok[:, None], other=0)
         else:
             qh = tl.zeros([BLOCK_N, 8], tl.int32)
         for c in tl.static_range(4):
-            words = tl.load(row + QS + 8 * c + w8[None, :])
+            words = tl.load(row[:, None] + QS + 8 * c + w8[None, :], mask=n_ok[:, None], other=0)
             sc, mn = _scale_min(s0, s1, s2, 2 * c)
             dsc_lo = d * sc
             dm_lo = dmin * mn
             sc, mn = _scale_min(s0, s1, s2, 2 * c + 1)
             dsc_hi = d * sc
             dm_hi = dmin * mn
-            v0, v1, v2, v3, v4, v5, v6, v7 = _q4k_codes(words, qh, magic, c, HAS_QH)
+            v0, v1, v2, v3, v4, v5, v6, v7 = _q4k_codes(words, qh, c, HAS_QH)
             k0 = sb * 256 + 64 * c
-            acc0 = _dmin_row(acc0, x_ptr, k0, v0, v1, v2, v3, v4, v5, v6, v7, dsc_lo, dm_lo, dsc_hi, dm_hi)
+            acc0 = _dmin_row(acc0, x_ptr, k0, v0, v1, v2, v3, v4, v5, v6, v7, dsc_lo, dm_lo, dsc_hi, dm_hi, HAS_QH)
             if ROWS > 1:
                 acc1 = _dmin_row(acc1, x_ptr + stride_xm, k0, v0, v1, v2, v3, v4, v5, v6, v7, dsc_lo, dm_lo, dsc_hi,
-                                 dm_hi)
+                                 dm_hi, HAS_QH)
             if ROWS > 2:
                 acc2 = _dmin_row(acc2, x_ptr + 2 * stride_xm, k0, v0, v1, v2, v3, v4, v5, v6, v7, dsc_lo, dm_lo,
-                                 dsc_hi, dm_hi)
+                                 dsc_hi, dm_hi, HAS_QH)
             if ROWS > 3:
                 acc3 = _dmin_row(acc3, x_ptr + 3 * stride_xm, k0, v0, v1, v2, v3, v4, v5, v6, v7, dsc_lo, dm_lo,
-                                 dsc_hi, dm_hi)
+                                 dsc_hi, dm_hi, HAS_QH)
     pdl_release(PDL)
     _store_rows(acc0, acc1, acc2, acc3, part_ptr, b_ptr, y_ptr, n, N, pid_k, stride_ps, stride_pm, stride_ym, ROWS,
                 DIRECT, HAS_BIAS)
@@ -223,16 +181,12 @@ def _store_rows(acc0, acc1, acc2, acc3, part_ptr, b_ptr, y_ptr, n, N, pid_k, str
 
 
 @triton.jit
-def _q6k_codes(ql, qh_up, magic, r: tl.constexpr, e: tl.constexpr):
+def _q6k_codes(ql, qh, r: tl.constexpr, e: tl.constexpr):
     """``q - 32`` in fp32 of quarter ``r`` of a half, byte ``e`` of each halfword: ``ql`` the quarter's nibble
-    halfwords, ``qh_up`` the half's high-bit halfwords shifted left by ``4 + 4 * (r // 2) - 2 * r`` (both
-    ``[BLOCK_N, 16]`` int32; bits above 15 are never read). The six bits are put together where the nibble lies,
-    at ``P = 8e + 4 * (r // 2)`` (two LOP3s with ``magic``, 2^23's bits, in a register), and one FFMA gives
-    ``(2^23 + Q * 2^P) * 2^-P - 2^(23-P) - 32 = Q - 32``, exact (a power-of-two scale, then an integer)."""
-    P: tl.constexpr = 8 * e + 4 * (r // 2)
-    high = (qh_up & (0x30 << P)) | magic
-    v = ((ql & (0xF << P)) | high).to(tl.float32, bitcast=True)
-    return tl.fma(v, 2.0 ** -P, -(2.0 ** (23 - P) + 32.0))
+    halfwords, ``qh`` the half's high-bit halfwords (both ``[BLOCK_N, 16]``, zero-extended to int32)."""
+    low = (ql >> (8 * e + 4 * (r // 2))) & 15
+    high = (qh >> (8 * e + 2 * r)) & 3
+    return (low | (high << 4) | 0x4B000000).to(tl.float32, bitcast=True) - 8388640.0     # 2^23 + 32
 
 
 @triton.jit
@@ -248,15 +202,13 @@ def _q6k_row(acc, x_ptr, k0, c0, c1, dsc, NG: tl.constexpr):
 
 @triton.jit
 def _q6k_gemv_kernel(x_ptr, w_ptr, part_ptr, b_ptr, y_ptr, N, sb_per_split, stride_xm, stride_wn, stride_ps,
-                     stride_pm, stride_ym, magic, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr,
+                     stride_pm, stride_ym, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr,
                      HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
     """Q6_K (105 halfwords a super-block: ``ql`` 0..63, ``qh`` 64..95, int8 scales 96..103, fp16 ``d`` 104)
     against ``ROWS`` activation rows."""
     pdl_wait(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    # rows past N read row N - 1 (their results are never stored): loads without a mask, so no predicated
-    # halfword loads, each of which costs a register clear (PRMT) besides the load
-    n_rd = tl.minimum(n, N - 1)
+    n_ok = n < N
     pid_k = tl.program_id(1)
     u = tl.arange(0, 16)
     first = (u < 8)[None, :]                 # halfword columns 0..7: the quarter's first group of 16
@@ -266,19 +218,18 @@ def _q6k_gemv_kernel(x_ptr, w_ptr, part_ptr, b_ptr, y_ptr, N, sb_per_split, stri
     acc3 = tl.zeros([BLOCK_N, 16], tl.float32)
     for i in range(0, sb_per_split):
         sb = pid_k * sb_per_split + i
-        row1 = w_ptr + n_rd * stride_wn + sb * 105
-        d = _fp16_bits(tl.load(row1 + 104).to(tl.int32))[:, None]
-        row = row1[:, None]
+        row = w_ptr + n * stride_wn + sb * 105
+        d = _fp16_bits(tl.load(row + 104, mask=n_ok, other=0).to(tl.int32))
         for h in tl.static_range(2):
-            qh = tl.load(row + 64 + 16 * h + u[None, :]).to(tl.int32)
+            qh = tl.load(row[:, None] + 64 + 16 * h + u[None, :], mask=n_ok[:, None], other=0).to(tl.int32) & 0xFFFF
             for r in tl.static_range(4):
-                ql = tl.load(row + 32 * h + 16 * (r % 2) + u[None, :]).to(tl.int32)
-                qh_up = qh << (4 + 4 * (r // 2) - 2 * r)        # one shift serves both bytes of each halfword
-                sc2 = tl.load(row1 + 96 + 4 * h + r).to(tl.int32)     # the group's two int8 scales
-                dsc = tl.where(first, d * ((sc2 << 24) >> 24).to(tl.float32)[:, None],
-                               d * (sc2 >> 8).to(tl.float32)[:, None])
-                c0 = _q6k_codes(ql, qh_up, magic, r, 0)
-                c1 = _q6k_codes(ql, qh_up, magic, r, 1)
+                ql = tl.load(row[:, None] + 32 * h + 16 * (r % 2) + u[None, :], mask=n_ok[:, None], other=0)
+                ql = ql.to(tl.int32) & 0xFFFF
+                sc2 = tl.load(row + 96 + 4 * h + r, mask=n_ok, other=0).to(tl.int32)     # the two int8 scales
+                dsc = tl.where(first, (d * ((sc2 << 24) >> 24).to(tl.float32))[:, None],
+                               (d * (sc2 >> 8).to(tl.float32))[:, None])
+                c0 = _q6k_codes(ql, qh, r, 0)
+                c1 = _q6k_codes(ql, qh, r, 1)
                 k0 = sb * 256 + 128 * h + 32 * r
                 acc0 = _q6k_row(acc0, x_ptr, k0, c0, c1, dsc, 16)
                 if ROWS > 1:
@@ -319,8 +270,6 @@ def kquant_gemv(packed, x2: torch.Tensor, bias: torch.Tensor | None = None,
     if K != packed.in_features or x2.stride(-1) != 1:
         raise ValueError(f"{packed.format} GEMV: x {tuple(x2.shape)} must be [rows, {packed.in_features}] with "
                          "contiguous rows")
-    if x2.dtype == torch.bfloat16 and (x2.data_ptr() % 4 or x2.stride(0) % 2):
-        x2 = x2.clone(memory_format=torch.contiguous_format)   # the kernels read bf16 inputs two to an int32 word
     cfg = kquant_gemv_config(kind, N, K, sm_count(x2.device), launch)
     nb = K // 256
     splits = max(d for d in range(1, min(cfg["SPLIT_K"], nb) + 1) if nb % d == 0)
@@ -334,9 +283,9 @@ def kquant_gemv(packed, x2: torch.Tensor, bias: torch.Tensor | None = None,
     if kind == 14:
         w = packed.blocks.view(torch.int16)            # 105 halfwords a super-block: rows always 2-byte aligned
         _q6k_gemv_kernel[grid](x2, w, out.part, b, out.y, N, nb // splits, x2.stride(0), w.stride(0), ps, pm,
-                               out.y.stride(0), _MAGIC, **common)
+                               out.y.stride(0), **common)
     else:
         w = packed.blocks.view(torch.int32)
         _dmin_gemv_kernel[grid](x2, w, out.part, b, out.y, N, nb // splits, x2.stride(0), w.stride(0), ps, pm,
-                                out.y.stride(0), _MAGIC, HAS_QH=kind == 13, **common)
+                                out.y.stride(0), HAS_QH=kind == 13, **common)
     return out.finish(bias, pdl)

@@ -80,19 +80,6 @@ def test_gemv_fp32_products_and_row_count_independence(kind: str) -> None:
         assert _rel(four, xd.double() @ w.t()) < lo, dtype
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_gemv_reads_bf16_rows_at_any_alignment(kind: str) -> None:
-    """bf16 inputs are read two to an int32 word: a row that starts on an odd element, or rows an odd number of
-    elements apart, give the bits of the same rows aligned."""
-    from edgespec.kernels.triton_kquant_gemv import kquant_gemv
-    _, gpu = _kquant(kind, 96, 512, seed=8)
-    flat = torch.randn(4 * 513 + 1, device=DEV, dtype=torch.bfloat16)
-    odd_start = flat[1:513].view(1, 512)
-    odd_stride = flat[:4 * 513].view(4, 513)[:, :512]
-    assert torch.equal(kquant_gemv(gpu, odd_start), kquant_gemv(gpu, odd_start.clone()))
-    assert torch.equal(kquant_gemv(gpu, odd_stride), kquant_gemv(gpu, odd_stride.contiguous()))
-
-
 @pytest.mark.parametrize("kind,gemv_rows", [("Q4_K", 1), ("Q6_K", 4)])
 def test_kquant_matmul_and_linear_route_the_gemv_rows(kind: str, gemv_rows: int) -> None:
     """``kquant_matmul`` (the weight's kernel) and ``linear`` send the rows ``KQUANT_GEMV_ROWS`` names to the
