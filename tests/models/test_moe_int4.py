@@ -255,7 +255,8 @@ def test_gemv_path_equals_reference(device, dtype):
     saved = dict(triton_moe_gemv.GEMV_TUNING)
     try:
         for waves, rows in itertools.product((1, 64), (1, 2, 3, 4)):     # 64 waves: K split to the most
-            triton_moe_gemv.GEMV_TUNING.update(waves=waves, down_min_tiles=1)
+            # max_rows 4: the kernel takes 1-4 rows; the served default sends it only what it won (1-2)
+            triton_moe_gemv.GEMV_TUNING.update(waves=waves, down_min_tiles=1, max_rows=4)
             x = torch.randn(rows, H, generator=gen).to(device, dtype)
             w, e = route(torch.randn(rows, E, generator=gen).to(device, dtype), k)
             if rows > 1:            # the last row routed as the first: slots of 2+ pairs
@@ -265,12 +266,12 @@ def test_gemv_path_equals_reference(device, dtype):
             torch.testing.assert_close(got.float(), stacked_int4_expert_product_ref(x, w, e, stack, gate).float(),
                                        rtol=tol, atol=tol)
             assert torch.equal(got, stacked_int4_expert_product_triton(x, w, e, stack, gate, path="gemv"))
+        x = torch.randn(5, H, device=device, dtype=dtype)
+        w, e = route(torch.randn(5, E, device=device, dtype=dtype), k)
+        with pytest.raises(ValueError, match="5 rows; this path takes 1-4"):
+            stacked_int4_expert_product_triton(x, w, e, stack, gate[:1].expand(5, 1).contiguous(), path="gemv")
     finally:
         triton_moe_gemv.GEMV_TUNING.update(saved)
-    x = torch.randn(5, H, device=device, dtype=dtype)
-    w, e = route(torch.randn(5, E, device=device, dtype=dtype), k)
-    with pytest.raises(ValueError, match="5 rows; this path takes 1-4"):
-        stacked_int4_expert_product_triton(x, w, e, stack, gate[:1].expand(5, 1).contiguous(), path="gemv")
     with pytest.raises(ValueError, match="path 'tiles' is not one of"):
         stacked_int4_expert_product_triton(x, w, e, stack, gate[:1].expand(5, 1).contiguous(), path="tiles")
 
