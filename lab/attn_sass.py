@@ -60,10 +60,11 @@ def compile_split_kernel(args: argparse.Namespace) -> triton.compiler.CompiledKe
     kv_ptr = "*fp8e4nv" if fp8 else "*bf16"
     types = {"q_ptr": "*bf16", "k_ptr": kv_ptr, "v_ptr": kv_ptr, "ks_ptr": "*fp32" if fp8 else kv_ptr,
              "vs_ptr": "*fp32" if fp8 else kv_ptr, "start_ptr": "*bf16", "o_part_ptr": "*fp32",
-             "lse_part_ptr": "*fp32", "qk_scale": "fp32"}
+             "lse_part_ptr": "*fp32", "tree_ptr": "*i64", "qk_scale": "fp32"}
     consts = dict(GROUP=args.group, HEAD_DIM=args.head_dim, BLOCK_M=args.block_m, BLOCK_N=args.block_n,
                   IS_FP8=fp8, START_FROM_PTR=False, DOT_IEEE=False, V_SCALE=3 if fp8 else 0, FP16_DOT=fp8,
-                  OPAQUE_CVT=args.opaque if fp8 else 0, PDL=True, V_BLOCK=args.v_block if fp8 else 0)
+                  OPAQUE_CVT=args.opaque if fp8 else 0, PDL=True, V_BLOCK=args.v_block if fp8 else 0,
+                  TREE=False)
     options = {"num_warps": args.warps, "num_stages": args.stages}
     if args.maxnreg:
         options["maxnreg"] = args.maxnreg

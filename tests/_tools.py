@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -18,5 +19,10 @@ def load_tool(name: str) -> ModuleType:
         path = ROOT / "lab" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"_tool_{name}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # As when the script runs: its own folder first on the path, so a lab script's helpers (lab/sass_loop.py) import
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
     return module
