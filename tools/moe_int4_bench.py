@@ -86,14 +86,11 @@ def random_packed_stack(fmt: str, E: int, H: int, I: int, device: torch.device, 
 
 
 def packed_layer_bench(args: argparse.Namespace) -> dict:
-    """``layer`` for NVFP4 or block-FP8 experts: their grouped kernels for each of the first ``--mma-configs``
-    launch configurations (the first checked against the torch reference), the bf16 stacked product beside them."""
+    """``layer`` for NVFP4 or block-FP8 experts: :func:`mma_sweep` over their grouped kernels, then their CUDA-core
+    path at 1-2 rows (:func:`packed_gemv_rows`)."""
     from edgespec.bench.gpu import measure_copy_bandwidth
-    from edgespec.bench.timing import graph_time_us
-    from edgespec.kernels import triton_moe_int4
     from edgespec.kernels.moe import group_by_expert, route
     from edgespec.kernels.moe_packed import stacked_packed_expert_product_ref
-    from edgespec.kernels.triton_moe import stacked_expert_product_triton
     from edgespec.kernels.triton_moe_quant import stacked_packed_expert_product_triton
 
     dev = torch.device("cuda")
@@ -101,11 +98,9 @@ def packed_layer_bench(args: argparse.Namespace) -> dict:
     gen = torch.Generator(device=dev).manual_seed(0)
     stack = random_packed_stack(args.format, E + 1, H, I, dev, gen)
     per_expert = sum(t[0].nbytes for t in vars(stack).values() if isinstance(t, torch.Tensor))
-    w13 = torch.randn(E, 2 * I, H, device=dev, dtype=torch.bfloat16, generator=gen) * 0.02
-    w2 = torch.randn(E, H, I, device=dev, dtype=torch.bfloat16, generator=gen) * 0.02
     bw = measure_copy_bandwidth(dev)
     print(f"{torch.cuda.get_device_name(dev)}  copy {bw / 1e9:.0f} GB/s  {args.format} expert "
-          f"{per_expert / 1e6:.3f} MB (bf16 {(w13[0].nbytes + w2[0].nbytes) / 1e6:.2f} MB)", flush=True)
+          f"{per_expert / 1e6:.3f} MB (bf16 {3 * H * I * 2 / 1e6:.2f} MB)", flush=True)
     inputs = {}
     for rows in args.rows:
         x = torch.randn(rows, H, device=dev, dtype=torch.bfloat16, generator=gen)
@@ -113,27 +108,10 @@ def packed_layer_bench(args: argparse.Namespace) -> dict:
         gate = torch.sigmoid(torch.randn(rows, 1, device=dev, generator=gen)).to(torch.bfloat16)
         inputs[rows] = (x, w, e, gate, group_by_expert(e).union)
     results = {"device": torch.cuda.get_device_name(dev), "bandwidth_GBps": bw / 1e9, "format": args.format,
-               f"per_expert_{args.format}_MB": per_expert / 1e6, "configs": []}
-    for ci, (up, down, warps, stages) in enumerate(CONFIGS[:args.mma_configs]):
-        triton_moe_int4.TUNING.update(up_block_n=up, down_block_n=down, num_warps=warps, num_stages=stages)
-        row = {"up_block_n": up, "down_block_n": down, "num_warps": warps, "num_stages": stages, "rows": {}}
-        for rows, (x, w, e, gate, union) in inputs.items():
-            def product(x=x, w=w, e=e, gate=gate):
-                return stacked_packed_expert_product_triton(x, w, e, stack, gate, path="mma")
-            if ci == 0:
-                ref = stacked_packed_expert_product_ref(x, w, e, stack, gate).float()
-                row.setdefault("max_rel_diff", {})[rows] = _rel_diff(product(), ref)
-            us = graph_time_us(product)
-            limit_us = _limit_us(union, per_expert, bw)
-            row["rows"][rows] = {"union": union, "us": us, "limit_us": limit_us, "fraction": limit_us / us}
-            print(f"cfg {ci} up {up:>3} down {down:>3} warps {warps} stages {stages}  rows {rows:>2} union "
-                  f"{union:>3}: {us:7.1f} us, limit {limit_us:6.1f} us = {100 * limit_us / us:5.1f}%", flush=True)
-        results["configs"].append(row)
+               f"per_expert_{args.format}_MB": per_expert / 1e6}
+    results.update(mma_sweep(args, stack, inputs, per_expert, bw, stacked_packed_expert_product_triton,
+                             stacked_packed_expert_product_ref))
     results["gemv"] = packed_gemv_rows(stack, per_expert, bw)
-    for rows, (x, w, e, _, _) in inputs.items():
-        us = graph_time_us(lambda x=x, w=w, e=e: stacked_expert_product_triton(x, w, e, w13, w2))
-        results.setdefault("bf16_stacked_us", {})[rows] = us
-        print(f"bf16 stacked (routed only) rows {rows:>2}: {us:7.1f} us", flush=True)
     return results
 
 
@@ -200,13 +178,18 @@ def _limit_us(union: int, per_expert: int, bw: float) -> float:
     return (union + 1) * per_expert / bw * 1e6
 
 
-def mma_sweep(args: argparse.Namespace, stack, inputs: dict, per_expert: int, bw: float) -> dict:
-    """The tensor-core path for each of the first ``--mma-configs`` of :data:`CONFIGS` (the first checked against
-    the reference), and the bf16 stacked product at the same rows; ``best``: least 1-row + 16-row time."""
+def mma_sweep(args: argparse.Namespace, stack, inputs: dict, per_expert: int, bw: float, kernel=None,
+              reference=None) -> dict:
+    """The tensor-core path (``kernel``, default the int4 one) for each of the first ``--mma-configs`` of
+    :data:`CONFIGS` (the first checked against ``reference``), and the bf16 stacked product at the same rows;
+    ``best``: least 1-row + 16-row time."""
     from edgespec.bench.timing import graph_time_us
     from edgespec.kernels import triton_moe_int4
     from edgespec.kernels.moe_quant import stacked_int4_expert_product_ref
     from edgespec.kernels.triton_moe import stacked_expert_product_triton
+
+    kernel = kernel or triton_moe_int4.stacked_int4_expert_product_triton
+    reference = reference or stacked_int4_expert_product_ref
 
     out: dict = {"configs": []}
     for ci, (up, down, warps, stages) in enumerate(CONFIGS[:args.mma_configs]):
@@ -214,9 +197,9 @@ def mma_sweep(args: argparse.Namespace, stack, inputs: dict, per_expert: int, bw
         row = {"up_block_n": up, "down_block_n": down, "num_warps": warps, "num_stages": stages, "rows": {}}
         for rows, (x, w, e, gate, union) in inputs.items():
             def product(x=x, w=w, e=e, gate=gate):
-                return triton_moe_int4.stacked_int4_expert_product_triton(x, w, e, stack, gate, path="mma")
+                return kernel(x, w, e, stack, gate, path="mma")
             if ci == 0:
-                ref = stacked_int4_expert_product_ref(x, w, e, stack, gate).float()
+                ref = reference(x, w, e, stack, gate).float()
                 row.setdefault("max_rel_diff", {})[rows] = _rel_diff(product(), ref)
             us = graph_time_us(product)
             limit_us = _limit_us(union, per_expert, bw)
