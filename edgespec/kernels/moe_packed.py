@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from edgespec.kernels import use_triton
-from edgespec.kernels.moe_quant import route_with_shared_ref, stacked_product_ref, with_shared_slot
+from edgespec.kernels.moe_quant import StackShape, route_with_shared_ref, stacked_product_ref, with_shared_slot
 from edgespec.kernels.quant_ref import FP8_BLOCK, NVFP4_BLOCK, dequant_fp8_block, dequant_nvfp4
 
 # Inputs per kernel tile (one tensor-core K step of 128, as the dense NVFP4 and block-FP8 tiles take)
@@ -45,29 +45,8 @@ def _check_tiles(kind: str, hidden: int, width: int) -> None:
                          "(the kernel's tile)")
 
 
-class _StackShape:
-    """The sizes both stacks read off their ``q13`` / ``q2`` codes (``CODES_PER_BYTE`` codes in a byte)."""
-
-    CODES_PER_BYTE = 1
-    q13: torch.Tensor
-    q2: torch.Tensor
-
-    @property
-    def experts(self) -> int:
-        """Stacked experts, the shared one included."""
-        return self.q13.shape[0]
-
-    @property
-    def hidden(self) -> int:
-        return self.q2.shape[1]
-
-    @property
-    def width(self) -> int:
-        return self.q2.shape[2] * self.CODES_PER_BYTE
-
-
 @dataclass
-class StackedNVFP4(_StackShape):
+class StackedNVFP4(StackShape):
     """NVFP4 experts of one layer (see the module doc for the layout); ``shared``: the last expert is the shared
     one."""
 
@@ -100,7 +79,7 @@ class StackedNVFP4(_StackShape):
 
 
 @dataclass
-class StackedFP8Block(_StackShape):
+class StackedFP8Block(StackShape):
     """Block-FP8 (128x128) experts of one layer (see the module doc for the layout); ``shared``: the last expert is
     the shared one."""
 

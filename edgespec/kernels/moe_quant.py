@@ -30,20 +30,13 @@ from edgespec.kernels.quant_ref import dequant_int4
 KERNEL_GROUPS = (32, 64, 128, 256)
 
 
-@dataclass
-class StackedInt4:
-    """int4 experts of one layer: ``q13 [E', 2I, H/2]`` / ``s13``, ``z13 [E', 2I, H/g]`` (each expert's gate
-    rows then its up rows, the merged ``gate_up_proj``) and ``q2 [E', H, I/2]`` / ``s2``, ``z2 [E', H, I/g]``.
-    ``shared``: the last of the E' experts is the shared expert (E' = routed experts + 1)."""
+class StackShape:
+    """The sizes every expert stack reads off its ``q13`` / ``q2`` codes (``CODES_PER_BYTE`` codes in a byte):
+    :class:`StackedInt4` here, the NVFP4 and block-FP8 stacks of ``edgespec.kernels.moe_packed``."""
 
+    CODES_PER_BYTE = 1
     q13: torch.Tensor
-    s13: torch.Tensor
-    z13: torch.Tensor
     q2: torch.Tensor
-    s2: torch.Tensor
-    z2: torch.Tensor
-    group_size: int
-    shared: bool
 
     @property
     def experts(self) -> int:
@@ -56,7 +49,24 @@ class StackedInt4:
 
     @property
     def width(self) -> int:
-        return self.q2.shape[2] * 2
+        return self.q2.shape[2] * self.CODES_PER_BYTE
+
+
+@dataclass
+class StackedInt4(StackShape):
+    """int4 experts of one layer: ``q13 [E', 2I, H/2]`` / ``s13``, ``z13 [E', 2I, H/g]`` (each expert's gate
+    rows then its up rows, the merged ``gate_up_proj``) and ``q2 [E', H, I/2]`` / ``s2``, ``z2 [E', H, I/g]``.
+    ``shared``: the last of the E' experts is the shared expert (E' = routed experts + 1)."""
+
+    q13: torch.Tensor
+    s13: torch.Tensor
+    z13: torch.Tensor
+    q2: torch.Tensor
+    s2: torch.Tensor
+    z2: torch.Tensor
+    group_size: int
+    shared: bool
+    CODES_PER_BYTE = 2
 
     def check(self) -> None:
         """Shapes and dtypes of the contract layout; a named error otherwise."""
