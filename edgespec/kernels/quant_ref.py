@@ -8,6 +8,8 @@
   float8_e4m3fn ``[out, in/16]``, ``weight_scale_2`` fp32 0-d; ``w = e2m1 * weight_scale * weight_scale_2``.
 * ``fp8_block``: ``weight`` float8_e4m3fn ``[out, in]``, ``weight_scale_inv`` fp32
   ``[ceil(out/128), ceil(in/128)]``; ``w = fp8 * scale`` of its 128x128 block (the name says "inv"; it multiplies).
+* ``mxfp4`` (OCP microscaling): ``weight`` uint8 ``[out, in/2]`` (e2m1 codes as nvfp4), ``weight_scale`` uint8
+  ``[out, in/32]`` of E8M0 exponents; ``w = e2m1 * 2^(weight_scale - 127)``.
 
 The weight classes (``edgespec.weights``) dequantize through these functions, so the class reference and the
 kernel reference are one piece of math. The ``quantize_*`` functions build packed tensors from a dense matrix
@@ -23,6 +25,7 @@ import torch
 # e2m1 code (sign in bit 3) -> value
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 NVFP4_BLOCK = 16
+MXFP4_BLOCK = 32
 FP8_BLOCK = 128
 FP8_MAX = 448.0
 
@@ -64,6 +67,17 @@ def dequant_nvfp4(weight: torch.Tensor, weight_scale: torch.Tensor, weight_scale
     v = e2m1_decode(unpack_nibbles(weight))
     s = weight_scale.to(torch.float32).repeat_interleave(NVFP4_BLOCK, dim=-1) * weight_scale_2.to(torch.float32)
     return (v * s).to(dtype)
+
+
+def e8m0_value(codes: torch.Tensor) -> torch.Tensor:
+    """E8M0 exponent codes (uint8) -> fp32 ``2^(code - 127)`` (code 255, NaN in the OCP spec, is not produced)."""
+    return torch.exp2(codes.to(torch.float32) - 127)
+
+
+def dequant_mxfp4(weight: torch.Tensor, weight_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[rows, in]`` dense rows of an MXFP4 weight."""
+    v = e2m1_decode(unpack_nibbles(weight))
+    return (v * e8m0_value(weight_scale).repeat_interleave(MXFP4_BLOCK, dim=-1)).to(dtype)
 
 
 def dequant_fp8_block(weight: torch.Tensor, weight_scale_inv: torch.Tensor, row_start: int,
@@ -109,6 +123,24 @@ def quantize_nvfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return pack_nibbles(codes.reshape(out, k)), ws, scale_2.to(torch.float32).reshape(())
 
 
+def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 of a dense ``[out, in]`` matrix: ``(weight, weight_scale)``, the OCP recipe: a 32-block's shared
+    exponent is ``floor(log2(amax)) - 2`` (e2m1's largest exponent), values rounded to the nearest e2m1 (saturating
+    at 6)."""
+    out, k = w.shape
+    if k % MXFP4_BLOCK:
+        raise ValueError(f"mxfp4: in_features {k} must be a multiple of {MXFP4_BLOCK}")
+    b = w.float().reshape(out, k // MXFP4_BLOCK, MXFP4_BLOCK)
+    amax = b.abs().amax(-1)
+    exp = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(2.0 ** -126))) - 2, torch.full_like(amax, -127))
+    exp = exp.clamp(-127, 127)
+    v = b / torch.exp2(exp)[..., None]
+    mags = torch.tensor(E2M1_VALUES[:8], device=w.device)
+    idx = (v.abs()[..., None] - mags).abs().argmin(-1)
+    codes = idx + 8 * (v < 0).long()
+    return pack_nibbles(codes.reshape(out, k)), (exp + 127).to(torch.uint8)
+
+
 def quantize_fp8_block(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Block-FP8 of a dense ``[out, in]`` matrix: ``(weight, weight_scale_inv)`` with 128x128 blocks."""
     out, k = w.shape
@@ -125,8 +157,8 @@ def quantize_fp8_block(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class RawPacked:
     """Packed tensors under the contract names, without the weight class around them (kernel tests and benches).
 
-    ``format`` is ``int4``, ``nvfp4`` or ``fp8_block``; ``tensors`` holds that format's buffers by name (they are
-    also readable as attributes, as on the weight classes)."""
+    ``format`` is ``int4``, ``nvfp4``, ``mxfp4`` or ``fp8_block``; ``tensors`` holds that format's buffers by name
+    (they are also readable as attributes, as on the weight classes)."""
 
     format: str
     out_features: int
@@ -161,10 +193,13 @@ def pack(fmt: str, w: torch.Tensor, group_size: int = 128) -> RawPacked:
     if fmt == "nvfp4":
         q, s, s2 = quantize_nvfp4(w)
         return RawPacked(fmt, out, k, {"weight": q, "weight_scale": s, "weight_scale_2": s2}, NVFP4_BLOCK)
+    if fmt == "mxfp4":
+        q, s = quantize_mxfp4(w)
+        return RawPacked(fmt, out, k, {"weight": q, "weight_scale": s}, MXFP4_BLOCK)
     if fmt == "fp8_block":
         q, s = quantize_fp8_block(w)
         return RawPacked(fmt, out, k, {"weight": q, "weight_scale_inv": s}, FP8_BLOCK)
-    raise ValueError(f"unknown packed format {fmt!r}: int4, nvfp4 or fp8_block")
+    raise ValueError(f"unknown packed format {fmt!r}: int4, nvfp4, mxfp4 or fp8_block")
 
 
 def dequantize_rows(packed, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
@@ -176,6 +211,8 @@ def dequantize_rows(packed, start: int, stop: int, dtype: torch.dtype) -> torch.
     if fmt == "nvfp4":
         return dequant_nvfp4(packed.weight[start:stop], packed.weight_scale[start:stop], packed.weight_scale_2,
                              dtype)
+    if fmt == "mxfp4":
+        return dequant_mxfp4(packed.weight[start:stop], packed.weight_scale[start:stop], dtype)
     if fmt == "fp8_block":
         return dequant_fp8_block(packed.weight[start:stop], packed.weight_scale_inv, start, dtype)
     raise ValueError(f"unknown packed format {fmt!r}")

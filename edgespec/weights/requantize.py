@@ -14,9 +14,10 @@ from edgespec.errors import ConfigError
 from edgespec.weights.base import PackedEmbedding, PackedLinear, PackedWeight, is_packed
 from edgespec.weights.fp8_block import FP8BlockWeight
 from edgespec.weights.int4 import Int4Weight
+from edgespec.weights.mxfp4 import MXFP4Weight
 from edgespec.weights.nvfp4 import NVFP4Weight
 
-PACKED_CHOICES = ("fp8", "int4", "nvfp4")
+PACKED_CHOICES = ("fp8", "int4", "nvfp4", "mxfp4")
 INT4_GROUPS = (128, 64, 32)     # the largest that divides the layer's inputs (the products take 32..256)
 # Rows quantized at a time: the format quantizers hold a few fp32 copies of what they are given (a 27B head in one
 # piece: ~15 GB of scratch on the serving device), a band of 8192 rows a few hundred MB. A multiple of 128, so FP8
@@ -28,8 +29,9 @@ def quantize_weight(fmt: str, w: torch.Tensor, compute_dtype: torch.dtype = torc
                     group_size: int | None = None, global_amax: torch.Tensor | None = None) -> PackedWeight | None:
     """``w [out, in]`` in ``fmt``: the one round-to-nearest entry for every format (``edgespec quantize``, the
     format bench, ``drafter_weights``, ``lm_head_weights``). fp8: 128x128 blocks; int4: ``group_size``, or else the
-    largest of 128/64/32 dividing ``in``; nvfp4: 16-blocks, ``global_amax`` shared by matrices served merged. None
-    when the format cannot hold this shape (int4: ``in`` not a multiple of the group; nvfp4: of 16)."""
+    largest of 128/64/32 dividing ``in``; nvfp4: 16-blocks, ``global_amax`` shared by matrices served merged;
+    mxfp4: 32-blocks. None when the format cannot hold this shape (int4: ``in`` not a multiple of the group; nvfp4:
+    of 16; mxfp4: of 32)."""
     if w.shape[0] > QUANT_BAND_ROWS and fmt in PACKED_CHOICES:
         # Band by band, stacked by the format's own cat: every row (FP8: every 128-row block) quantizes on its
         # own, and NVFP4's global scale comes from the whole matrix first, so the result is the same bits.
@@ -46,6 +48,8 @@ def quantize_weight(fmt: str, w: torch.Tensor, compute_dtype: torch.dtype = torc
         return Int4Weight.quantize(w, group, compute_dtype) if group and in_f % group == 0 else None
     if fmt == "nvfp4":
         return NVFP4Weight.quantize(w, compute_dtype, global_amax) if in_f % 16 == 0 else None
+    if fmt == "mxfp4":
+        return MXFP4Weight.quantize(w, compute_dtype) if in_f % 32 == 0 else None
     raise ConfigError(f"packed format {fmt!r}: choose one of {', '.join(PACKED_CHOICES)}")
 
 
