@@ -117,21 +117,46 @@ class ArchHooks:
         cache.reset()
 
     # -- weights ------------------------------------------------------------------------------------------------
-    def weight_kernel(self, packed: PackedWeight) -> Callable | None:
-        """The fast product for one packed weight on this hardware, or None for its torch reference. Base: the
-        Triton products of ``edgespec.kernels.triton_quant_gemv`` where they run (CUDA, Triton, a capability and
-        shape they accept); on CPU the GGUF formats keep their own compiled path."""
+    def weight_kernel(self, packed: PackedWeight, capability: tuple[int, int] | None = None) -> Callable | None:
+        """The fast product for one packed weight on this hardware, or None for its torch reference (CPU).
+        ``capability``: choose for that compute capability without the device (``edgespec.kernels.compile_targets``
+        records the launches of a GPU it does not have); the buffers are then left as they are."""
+        if capability is None:
+            if packed.device.type != "cuda":
+                return None
+            capability = torch.cuda.get_device_capability(packed.device)
+        return self.packed_kernel(packed, capability)
+
+    def packed_kernel(self, packed: PackedWeight, capability: tuple[int, int]) -> Callable | None:
+        """The portable choice on a CUDA device of ``capability``: the Triton products of
+        ``edgespec.kernels.triton_quant_gemv`` where they take the format and shape (the weights decoded to the
+        activation type for the tensor cores), MXFP4 on ``tl.dot_scaled`` (native from compute capability 10,
+        emulated before), GGUF K-quants and per-row FP8 on kernels of their own."""
+        from edgespec.kernels.triton_quant_gemv import choose_quant_kernel, prepare_for_kernel
+        kernel = choose_quant_kernel(packed, capability)
+        if kernel is not None:
+            if packed.device.type == "cuda":
+                prepare_for_kernel(packed)
+            return kernel
+        from edgespec.kernels.triton_block_scaled import choose_block_scaled_kernel
+        if packed.format == "mxfp4":
+            return choose_block_scaled_kernel(packed, native_only=False, capability=capability)
         if packed.device.type != "cuda":
             return None
-        from edgespec.kernels.triton_quant_gemv import choose_quant_kernel, prepare_for_kernel
-        kernel = choose_quant_kernel(packed)
-        if kernel is not None:
-            prepare_for_kernel(packed)
-            return kernel
         # Formats read in their own layout by kernels of their own: GGUF K-quants, per-row FP8 (issue 38).
         from edgespec.kernels.triton_fp8_row import choose_fp8_row_kernel
         from edgespec.kernels.triton_kquant import choose_kquant_kernel
         return choose_kquant_kernel(packed) or choose_fp8_row_kernel(packed)
+
+    def kernel_names(self, capability: tuple[int, int]) -> dict[str, str]:
+        """Which product each packed format gets on ``capability`` (``edgespec doctor``), by the kernel's name."""
+        from edgespec.kernels.quant_ref import pack
+        names = {}
+        for fmt in ("int4", "nvfp4", "mxfp4", "fp8_block"):
+            probe = pack(fmt, torch.zeros(128, 256))
+            kernel = self.weight_kernel(probe, capability)
+            names[fmt] = getattr(kernel, "__name__", "torch reference") if kernel is not None else "torch reference"
+        return names
 
     def choose_weight_kernels(self, *modules: torch.nn.Module) -> int:
         """Store :meth:`weight_kernel` in every packed weight of ``modules`` (the target, a drafter); returns how
@@ -207,6 +232,12 @@ class ArchHooks:
             return out
         return ForwardOutput(out.logits[:n], out.hidden[:n], None if out.taps is None else out.taps[:n],
                              out.greedy)
+
+    def rollback(self, model: TargetModel, cache: ModelCache, start: int, rows: torch.Tensor, keep: int,
+                 taps: Sequence[int], strategy: RollbackStrategy) -> ForwardOutput | None:
+        """Keep the first ``keep`` of the verify ``rows`` written at ``start`` the way ``strategy`` says (its
+        :meth:`~edgespec.arch.rollback.RollbackStrategy.rollback`); returns a replay forward's output when one ran."""
+        return strategy.rollback(model, cache, start, rows, keep, taps)
 
     def tree_forward(self, cache: ModelCache, rows: int) -> StaticTreeForward | None:
         """The smallest static tree verify that takes a tree of ``rows`` rows in ``cache`` now (None: verify it

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from edgespec.arch.base import ArchDefaults, ArchHooks
+from edgespec.weights.base import PackedWeight
+
+# RTX 50 (sm_120): NVFP4 x NVFP4 with E4M3 scales is a native mma.sync there (OMMA.SF); MXFP4 with e4m3
+# activations is not (Triton upcasts it), so MXFP4 stays on the bf16-staged path of the base hooks.
+RTX_BLOCK_SCALED = ("nvfp4",)
 
 
 class RtxHooks(ArchHooks):
@@ -11,7 +18,11 @@ class RtxHooks(ArchHooks):
     advances it by the accepted rows in one launch, where per-step checkpoints write the whole state once per
     row (docs/benchmarks.md). A replay
     re-runs the accepted rows as an eager forward, which on a launch-bound discrete GPU costs more than the
-    verify graph itself; ``checkpoint`` and ``replay`` stay available."""
+    verify graph itself; ``checkpoint`` and ``replay`` stay available.
+
+    Products (:meth:`packed_kernel`): bf16-staged, i.e. each packed weight decoded to the activation type in
+    registers and multiplied on the bf16 tensor cores, except NVFP4 on an RTX 50 (sm_120), which has the native
+    block-scaled mma."""
 
     name = "rtx"
 
@@ -21,3 +32,11 @@ class RtxHooks(ArchHooks):
                             window_seed=True, cuda_graphs=True, adaptive_k=False, tree_min_joint=0.0,
                             tree_row_cost=0.0, tree_budget=32,
                             graph_prefill_max=128)
+
+    def packed_kernel(self, packed: PackedWeight, capability: tuple[int, int]) -> Callable | None:
+        if capability[0] == 12 and packed.format in RTX_BLOCK_SCALED:
+            from edgespec.kernels.triton_block_scaled import choose_block_scaled_kernel
+            kernel = choose_block_scaled_kernel(packed, capability=capability)
+            if kernel is not None:
+                return kernel
+        return super().packed_kernel(packed, capability)

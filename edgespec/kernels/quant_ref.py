@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from edgespec.weights.mxfp4 import MXFP4_BLOCK, dequant_mxfp4, quantize_mxfp4
+
 # e2m1 code (sign in bit 3) -> value
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 NVFP4_BLOCK = 16
-MXFP4_BLOCK = 32
 FP8_BLOCK = 128
 FP8_MAX = 448.0
 
@@ -67,17 +68,6 @@ def dequant_nvfp4(weight: torch.Tensor, weight_scale: torch.Tensor, weight_scale
     v = e2m1_decode(unpack_nibbles(weight))
     s = weight_scale.to(torch.float32).repeat_interleave(NVFP4_BLOCK, dim=-1) * weight_scale_2.to(torch.float32)
     return (v * s).to(dtype)
-
-
-def e8m0_value(codes: torch.Tensor) -> torch.Tensor:
-    """E8M0 exponent codes (uint8) -> fp32 ``2^(code - 127)`` (code 255, NaN in the OCP spec, is not produced)."""
-    return torch.exp2(codes.to(torch.float32) - 127)
-
-
-def dequant_mxfp4(weight: torch.Tensor, weight_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``[rows, in]`` dense rows of an MXFP4 weight."""
-    v = e2m1_decode(unpack_nibbles(weight))
-    return (v * e8m0_value(weight_scale).repeat_interleave(MXFP4_BLOCK, dim=-1)).to(dtype)
 
 
 def dequant_fp8_block(weight: torch.Tensor, weight_scale_inv: torch.Tensor, row_start: int,
@@ -123,24 +113,6 @@ def quantize_nvfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return pack_nibbles(codes.reshape(out, k)), ws, scale_2.to(torch.float32).reshape(())
 
 
-def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """MXFP4 of a dense ``[out, in]`` matrix: ``(weight, weight_scale)``, the OCP recipe: a 32-block's shared
-    exponent is ``floor(log2(amax)) - 2`` (e2m1's largest exponent), values rounded to the nearest e2m1 (saturating
-    at 6)."""
-    out, k = w.shape
-    if k % MXFP4_BLOCK:
-        raise ValueError(f"mxfp4: in_features {k} must be a multiple of {MXFP4_BLOCK}")
-    b = w.float().reshape(out, k // MXFP4_BLOCK, MXFP4_BLOCK)
-    amax = b.abs().amax(-1)
-    exp = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(2.0 ** -126))) - 2, torch.full_like(amax, -127))
-    exp = exp.clamp(-127, 127)
-    v = b / torch.exp2(exp)[..., None]
-    mags = torch.tensor(E2M1_VALUES[:8], device=w.device)
-    idx = (v.abs()[..., None] - mags).abs().argmin(-1)
-    codes = idx + 8 * (v < 0).long()
-    return pack_nibbles(codes.reshape(out, k)), (exp + 127).to(torch.uint8)
-
-
 def quantize_fp8_block(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Block-FP8 of a dense ``[out, in]`` matrix: ``(weight, weight_scale_inv)`` with 128x128 blocks."""
     out, k = w.shape
@@ -176,6 +148,10 @@ class RawPacked:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.tensors.values())).device
 
     def dequantize_rows(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
         return dequantize_rows(self, start, stop, dtype)

@@ -290,16 +290,21 @@ def dot_scaled_available() -> bool:
     return hasattr(tl, "dot_scaled") and hasattr(ir, "deduce_scale_factor")
 
 
-def choose_block_scaled_kernel(packed, native_only: bool = True):
+def choose_block_scaled_kernel(packed, native_only: bool = True, capability: tuple[int, int] | None = None):
     """The block-scaled product for ``packed`` on its device, or None: an nvfp4/mxfp4 weight with ``in_features``
     a multiple of 128, on a GPU with the block-scaled MMA (``native_only``; else any CUDA GPU, emulated), with a
-    Triton that lowers its scale format (:func:`dot_scaled_available`)."""
+    Triton that lowers its scale format (:func:`dot_scaled_available`). ``capability``: choose for that compute
+    capability wherever the weight lives (``compile_targets``)."""
     from edgespec.kernels import triton_available
     fmt = getattr(packed, "format", None)
     if fmt not in BLOCK_SCALED_FORMATS or not triton_available() or packed.in_features % BLOCK_K:
         return None
     dev = packed.weight.device
-    if dev.type != "cuda" or (native_only and torch.cuda.get_device_capability(dev) < NATIVE_CAPABILITY):
+    if capability is None:
+        if dev.type != "cuda":
+            return None
+        capability = torch.cuda.get_device_capability(dev)
+    if native_only and capability < NATIVE_CAPABILITY:
         return None
     if fmt == "nvfp4" and not dot_scaled_available():
         return None

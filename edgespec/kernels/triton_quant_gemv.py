@@ -828,18 +828,21 @@ def quant_kernel(packed, x: torch.Tensor, bias: torch.Tensor | None = None) -> t
 MIN_CAPABILITY = {"int4": (8, 0), "nvfp4": (8, 0), "fp8_block": (8, 9)}
 
 
-def choose_quant_kernel(packed):
+def choose_quant_kernel(packed, capability: tuple[int, int] | None = None):
     """The fast product for a packed weight on its device (for the arch hooks to store in ``packed.kernel``), or
     None when there is none (CPU, no Triton, an unknown format, too old a GPU, a shape the kernels refuse).
+    ``capability``: choose for that compute capability, wherever the weight lives (``compile_targets``).
 
-    Hopper (rtx) and Thor (SM110) take the same Triton kernels: Thor's native FP4 tensor-core paths may replace
-    the nvfp4 one behind the same hook later."""
+    These are the Hopper-shaped products; from compute capability 10 the Thor hooks give NVFP4 and MXFP4 the
+    block-scaled MMA instead (``edgespec.kernels.triton_block_scaled``)."""
     from edgespec.kernels import triton_available
     fmt = getattr(packed, "format", None)
     if fmt not in MIN_CAPABILITY or not triton_available():
         return None
     dev = packed.weight.device if fmt != "int4" else packed.qweight.device
-    if dev.type != "cuda" or torch.cuda.get_device_capability(dev) < MIN_CAPABILITY[fmt]:
+    if capability is None and dev.type != "cuda":
+        return None
+    if (capability or torch.cuda.get_device_capability(dev)) < MIN_CAPABILITY[fmt]:
         return None
     if fmt == "int4" and (packed.group_size not in (32, 64, 128, 256) or packed.in_features % packed.group_size):
         return None

@@ -407,7 +407,7 @@ class SpecSession:
                 logits = _masked(logits, constraint.row_masks(draft.tokens.tolist(), logits.shape[-1], device))
                 greedy = None
             verdict = policy.accept(logits, draft.tokens, draft.probs, greedy)
-            replayed = self.rollback.rollback(model, cache, start, rows, verdict.accepted + 1, self.taps)
+            replayed = self.hooks.rollback(model, cache, start, rows, verdict.accepted + 1, self.taps, self.rollback)
         return Cycle(verdict, replayed if replayed is not None else step, drafted)
 
 

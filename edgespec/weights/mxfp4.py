@@ -10,8 +10,36 @@ from __future__ import annotations
 
 import torch
 
-from edgespec.kernels.quant_ref import MXFP4_BLOCK, dequant_mxfp4, quantize_mxfp4
 from edgespec.weights.base import PackedWeight, register_format
+from edgespec.weights.nvfp4 import e2m1_codes, e2m1_table, pack_nibbles, unpack_nibbles
+
+MXFP4_BLOCK = 32
+E2M1_EMAX = 2       # e2m1's largest exponent: a block's shared exponent is floor(log2(amax)) - 2 (OCP MX)
+
+
+def e8m0_value(codes: torch.Tensor) -> torch.Tensor:
+    """E8M0 exponent codes (uint8) -> fp32 ``2^(code - 127)`` (code 255, NaN in the OCP spec, is not produced)."""
+    return torch.exp2(codes.to(torch.float32) - 127)
+
+
+def dequant_mxfp4(weight: torch.Tensor, weight_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[rows, in]`` dense rows of MXFP4 buffers (the same rows of each)."""
+    values = e2m1_table(weight.device)[unpack_nibbles(weight)]
+    return (values * e8m0_value(weight_scale).repeat_interleave(MXFP4_BLOCK, dim=-1)).to(dtype)
+
+
+def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 of a dense ``[out, in]`` matrix: ``(weight, weight_scale)``, the OCP recipe: a 32-block's shared
+    exponent is ``floor(log2(amax)) - 2``, values rounded to the nearest e2m1 (saturating at 6)."""
+    out, k = w.shape
+    if k % MXFP4_BLOCK:
+        raise ValueError(f"mxfp4: in_features {k} must be a multiple of {MXFP4_BLOCK}")
+    b = w.float().reshape(out, k // MXFP4_BLOCK, MXFP4_BLOCK)
+    amax = b.abs().amax(-1)
+    exp = torch.floor(torch.log2(amax.clamp_min(2.0 ** -126))) - E2M1_EMAX
+    exp = torch.where(amax > 0, exp, torch.full_like(exp, -127)).clamp(-127, 127)
+    codes = e2m1_codes(b / torch.exp2(exp)[..., None])
+    return pack_nibbles(codes.reshape(out, k)), (exp + 127).to(torch.uint8)
 
 
 @register_format
