@@ -70,6 +70,11 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         print("\n".join(lines))
         budget.check()          # does not fit: refused with the numbers (exit 2)
         print("fits")
+    if args.compile:
+        from edgespec.doctor import compile_report
+        lines, problems = compile_report(args.compile, args.compile_shape, args.compile_format)
+        print("\n".join(lines + [f"PROBLEM: {p}" for p in problems]))
+        return 1 if problems else 0
     return 0
 
 
@@ -165,8 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="with --model: cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", help="with --model: activation dtype")
     p.add_argument("--load", action="store_true", help="with --model: also load it and print the measured peak")
-    from edgespec.doctor import add_shape_budget_arguments
+    from edgespec.doctor import add_compile_arguments, add_shape_budget_arguments
     add_shape_budget_arguments(p)
+    add_compile_arguments(p)
     p.set_defaults(func=_cmd_doctor)
     return parser
 

@@ -37,12 +37,14 @@ def report() -> dict[str, Any]:
             "free / total memory": f"{free / 2**30:.1f} / {total / 2**30:.1f} GiB",
             "detected arch": detect_arch(dev),
             "triton ptxas": ptxas_status(props.major, props.minor),
+            "products": products_line(detect_arch(dev), (props.major, props.minor)),
         })
     else:
         import os
         pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         info.update({"device": "cpu", "compute capability": "n/a", "cpu threads": torch.get_num_threads(),
-                     "free memory": f"{pages / 2**30:.1f} GiB", "detected arch": "base"})
+                     "free memory": f"{pages / 2**30:.1f} GiB", "detected arch": "base",
+                     "products": "torch reference for every packed format (no CUDA)"})
     info.update(power_status())        # Jetson only: nvpmodel power mode, jetson_clocks
     info["demo model"] = demo_model_status()
     info["serving stack"] = serving_status()
@@ -156,3 +158,44 @@ def shape_budget_report(args):
               f"{format_bytes(split['target_rest'])}",
               f"{'total':>18}: {budget.total / 1e9:.2f} GB of {budget.available / 1e9:.2f} GB"]
     return lines, budget
+
+
+def products_line(arch: str, capability: tuple[int, int]) -> str:
+    """Which hook set this device gets and the product each packed format runs on it (kernel names)."""
+    from edgespec.arch.detect import hooks_class
+
+    names = hooks_class(arch)().kernel_names(capability)
+    return f"{arch} hooks: " + ", ".join(f"{fmt} -> {name}" for fmt, name in names.items())
+
+
+def add_compile_arguments(p) -> None:
+    """``doctor --compile``: compile the kernels a shape launches for a GPU target (no GPU needed)."""
+    p.add_argument("--compile", nargs="?", const="auto", metavar="TARGET",
+                   help="compile every Triton/Gluon kernel the runtime launches for TARGET (sm_110a, sm_100a, "
+                        "sm_120a, sm_90a; default: this GPU's, sm_110a without one) and print registers, spills, "
+                        "shared memory and the MMA instruction of each (needs Triton; sm_110a/sm_120a a CUDA 13 "
+                        "ptxas: TRITON_PTXAS_PATH or the nvidia-cuda-nvcc wheel)")
+    p.add_argument("--compile-shape", default="qwen3.5-4b", help="with --compile: the model shape")
+    p.add_argument("--compile-format", default="nvfp4", help="with --compile: dense, fp8, int4, nvfp4 or mxfp4")
+
+
+def compile_report(target_name: str, shape: str, fmt: str) -> tuple[list[str], list[str]]:
+    """(report lines, problems) of ``doctor --compile``: every distinct launch of ``shape`` in ``fmt`` at the
+    runtime's row counts, compiled for the target (``edgespec.kernels.compile_targets``)."""
+    from edgespec.errors import ConfigError
+    from edgespec.kernels import compile_targets as ct
+
+    if target_name == "auto":
+        target_name = "sm_110a"
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            target_name = f"sm_{major}{minor}a"
+    if target_name not in ct.TARGETS:
+        raise ConfigError(f"--compile {target_name!r}: not one of {', '.join(ct.TARGETS)}")
+    target = ct.TARGETS[target_name]
+    ptxas = ct.ensure_ptxas()
+    results, failed = ct.compile_shape(shape, fmt, target)
+    lines = [f"{target.name} ({target.arch} hooks, {target.sms} SMs), {shape} {fmt}, ptxas "
+             f"{ptxas or 'bundled with Triton'}: {len(results)} distinct kernels", *ct.report_lines(results)]
+    lines += [f"not recorded: {why}" for why in failed]
+    return lines, ct.problems(results)

@@ -7,9 +7,10 @@ from collections.abc import Callable
 from edgespec.arch.base import ArchDefaults, ArchHooks
 from edgespec.weights.base import PackedWeight
 
-# RTX 50 (sm_120): NVFP4 x NVFP4 with E4M3 scales is a native mma.sync there (OMMA.SF); MXFP4 with e4m3
-# activations is not (Triton upcasts it), so MXFP4 stays on the bf16-staged path of the base hooks.
-RTX_BLOCK_SCALED = ("nvfp4",)
+# Formats on the block-scaled MMA by compute capability major: B200 (10) has tcgen05 block-scaled MMA for both; an
+# RTX 50 (12) has NVFP4 x NVFP4 with E4M3 scales as a native mma.sync (OMMA.SF) but MXFP4 with e4m3 activations is
+# upcast there, so MXFP4 stays on the base hooks' path.
+BLOCK_SCALED = {10: ("nvfp4", "mxfp4"), 12: ("nvfp4",)}
 
 
 class RtxHooks(ArchHooks):
@@ -21,8 +22,8 @@ class RtxHooks(ArchHooks):
     verify graph itself; ``checkpoint`` and ``replay`` stay available.
 
     Products (:meth:`packed_kernel`): bf16-staged, i.e. each packed weight decoded to the activation type in
-    registers and multiplied on the bf16 tensor cores, except NVFP4 on an RTX 50 (sm_120), which has the native
-    block-scaled mma."""
+    registers and multiplied on the bf16 tensor cores, except where the card has the block-scaled MMA for the
+    format (:data:`BLOCK_SCALED`: NVFP4 and MXFP4 on a B200, NVFP4 on an RTX 50)."""
 
     name = "rtx"
 
@@ -34,7 +35,7 @@ class RtxHooks(ArchHooks):
                             graph_prefill_max=128)
 
     def packed_kernel(self, packed: PackedWeight, capability: tuple[int, int]) -> Callable | None:
-        if capability[0] == 12 and packed.format in RTX_BLOCK_SCALED:
+        if packed.format in BLOCK_SCALED.get(capability[0], ()):
             from edgespec.kernels.triton_block_scaled import choose_block_scaled_kernel
             kernel = choose_block_scaled_kernel(packed, capability=capability)
             if kernel is not None:

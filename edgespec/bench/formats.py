@@ -48,6 +48,9 @@ def _packed_for(fmt: str, out_f: int, in_f: int, dtype: torch.dtype, group: int)
         return NVFP4Weight(out_f, in_f, dtype, device="meta")
     if fmt == "int4" and in_f % group == 0:
         return Int4Weight(out_f, in_f, dtype, group, device="meta")
+    if fmt == "mxfp4" and in_f % 32 == 0:
+        from edgespec.weights.mxfp4 import MXFP4Weight
+        return MXFP4Weight(out_f, in_f, dtype, device="meta")
     return None
 
 

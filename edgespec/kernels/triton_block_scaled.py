@@ -198,6 +198,14 @@ def max_columns(capability: tuple[int, int] | None) -> int:
     return MAX_COLUMNS.get(capability[0], 256) if capability else 256
 
 
+def emulated(fmt: str, capability: tuple[int, int] | None) -> bool:
+    """Whether ``tl.dot_scaled`` upcasts this format on ``capability`` (no native block-scaled kind): before
+    compute capability 10, and MXFP4's e4m3 activations on sm_120."""
+    if capability is None:
+        return False
+    return capability < (10, 0) or (capability[0] == 12 and fmt == "mxfp4")
+
+
 def quantize_activations_triton(x2: torch.Tensor, fmt: str, columns: int = 256) -> ActQuant:
     """``x2 [M, K]`` (K a multiple of :data:`BLOCK_K`) -> the residual series of ``block_scaled_ref`` in one launch
     (the same codes bit for bit)."""
@@ -247,6 +255,10 @@ def block_scaled_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = Non
     aq = quantize_activations_triton(x2, fmt, max_columns(capability))
     from edgespec.kernels import sm_count
     cfg = {**block_scaled_config(N, K, M, sm_count(x.device)), **(config or {})}
+    if (aq.columns > 64 or emulated(fmt, capability)) and not (config or {}).get("num_warps"):
+        # the epilogue holds the [128, columns] fp32 accumulator in registers (and an emulated product the
+        # upcast tiles): 4 warps would spill them
+        cfg["num_warps"] = 8
     n_tiles = K // BLOCK_K
     splits = max(d for d in range(1, min(cfg["SPLIT_K"], n_tiles) + 1) if n_tiles % d == 0)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)

@@ -50,6 +50,13 @@ _WORDS = tl.constexpr(TILE // 8)          # int32 words of e2m1 codes per tile r
 
 
 @triton.jit
+def _next_ok(ok, i, tiles):
+    """``ok`` where tile ``i + 1`` exists: the comparison is made a tensor of ``ok``'s shape first, because Triton
+    3.9's interpreter refuses a mask of a tensor and a Python bool."""
+    return ok & ((ok.to(tl.int32) * 0 + i + 1) < tiles)
+
+
+@triton.jit
 def _nvfp4_word_dot(words, s8, xf):
     """``[BLOCK_N, 8, 2]``: per weight row, scale block and word, the sum of the word's eight block-scaled weights
     (times 2^-63) times their inputs (of ``xf [128]`` fp32); ``s8 [BLOCK_N]``: the rows' eight block scales as one
@@ -106,7 +113,7 @@ def _nvfp4_up_kernel(x_ptr, q_ptr, s_ptr, g_ptr, part_ptr, pair_row_ptr, slot_fi
         for i in range(0, tiles_per_split):
             wg = nxt_g
             wu = nxt_u
-            more = w_ok & (i + 1 < tiles_per_split)
+            more = _next_ok(w_ok, i, tiles_per_split)
             qg += _WORDS
             nxt_g = tl.load(qg, mask=more, other=0)
             nxt_u = tl.load(qg + I * stride_qn, mask=more, other=0)
@@ -136,7 +143,7 @@ def _nvfp4_down_kernel(part_ptr, q_ptr, s_ptr, g_ptr, out_ptr, pair_dst_ptr, pai
         for i in range(0, tiles_per_split):
             words = nxt
             q_ptrs += _WORDS
-            nxt = tl.load(q_ptrs, mask=w_ok & (i + 1 < tiles_per_split), other=0)
+            nxt = tl.load(q_ptrs, mask=_next_ok(w_ok, i, tiles_per_split), other=0)
             act = _swiglu_tile(a_ptrs, up_splits, P * 2 * I, I, 128, ACT)
             acc += _nvfp4_word_dot(words, tl.load(sp + i, mask=n_ok, other=0), act)
             a_ptrs += 128
@@ -175,7 +182,7 @@ def _fp8_up_kernel(x_ptr, q_ptr, s_ptr, part_ptr, pair_row_ptr, slot_first_ptr, 
         for i in range(0, tiles_per_split):
             wg = nxt_g
             wu = nxt_u
-            more = w_ok & (i + 1 < tiles_per_split)
+            more = _next_ok(w_ok, i, tiles_per_split)
             qg += 128
             nxt_g = tl.load(qg, mask=more, other=0.0)
             nxt_u = tl.load(qg + I * stride_qn, mask=more, other=0.0)
@@ -206,7 +213,7 @@ def _fp8_down_kernel(part_ptr, q_ptr, s_ptr, out_ptr, pair_dst_ptr, pair_w_ptr, 
         for i in range(0, tiles_per_split):
             words = nxt
             q_ptrs += 128
-            nxt = tl.load(q_ptrs, mask=w_ok & (i + 1 < tiles_per_split), other=0.0)
+            nxt = tl.load(q_ptrs, mask=_next_ok(w_ok, i, tiles_per_split), other=0.0)
             act = _swiglu_tile(a_ptrs, up_splits, P * 2 * I, I, 128, ACT)
             acc += words.to(tl.float32) * (act * tl.load(sp + i))[None, :]
             a_ptrs += 128

@@ -55,7 +55,9 @@ def test_products_by_capability(monkeypatch):
     assert names(ThorHooks(), (9, 0))["nvfp4"] == "quant_kernel"       # no block-scaled MMA: the portable product
     hopper = names(RtxHooks(), (9, 0))
     assert hopper["nvfp4"] == "quant_kernel" and hopper["mxfp4"] == "block_scaled_kernel"   # mxfp4: emulated
-    assert names(RtxHooks(), (12, 0))["nvfp4"] == "block_scaled_kernel"
+    rtx50 = names(RtxHooks(), (12, 0))
+    assert rtx50["nvfp4"] == "block_scaled_kernel" and rtx50["int4"] == "quant_kernel"
+    assert names(RtxHooks(), (10, 0))["nvfp4"] == names(RtxHooks(), (10, 0))["mxfp4"] == "block_scaled_kernel"
     assert names(ArchHooks(), (10, 0))["nvfp4"] == "quant_kernel"
     assert ArchHooks().weight_kernel(probes["nvfp4"]) is None           # a CPU weight, no capability: reference
 
