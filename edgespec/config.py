@@ -87,12 +87,16 @@ class Settings:
                                   "of at least this many tokens recurs, the model drafter otherwise; 0 = off", min=0,
                                   max=64)
     ngram_gate: float = _knob(0.1, "n-gram proposer: stop drafting below this accepted/drafted ratio", min=0.0, max=1.0)
-    draft_tree: str = _knob("off", "verify a tree of drafts per cycle instead of a chain: off, a node budget 1..63, "
-                            "or auto (the arch's budget: 16 on CPU, 32 on GPU; edgespec profile writes the budget "
-                            "it measured best); on CPU each tree keeps the chain and adds only nodes worth their "
-                            "verify rows; "
-                            "dflash: best-first over the block's top tokens, ngram: several earlier continuations; "
-                            "needs rollback deferred or auto")
+    draft_tree: str = _knob("off", "verify a tree of drafts per cycle instead of a chain: off, a node budget 1..63 "
+                            "(every node of that budget verified), or auto (at most the arch's budget, 16 on CPU, "
+                            "31 on GPU: each tree keeps the chain and adds only the nodes worth their verify rows "
+                            "by measured cost and the drafter's calibrated confidence, the chain alone when a tree "
+                            "does not pay); dflash/mtp: best-first over each position's top tokens, ngram/suffix: "
+                            "several earlier continuations; needs rollback deferred or auto")
+    draft_tree_costs: str | None = _knob(
+        None, "draft_tree auto: measured verify costs per row count (row_costs.json, written by edgespec profile "
+        "for this device, weight format and model); None = measured at start-up from the captured graphs (GPU) or "
+        "fitted online (CPU)")
     adaptive_k: bool | None = _knob(None, "adapt drafts per cycle to acceptance (+2 after a full accept, "
                                     "accepted+1 after a rejection, within 1..K); None = arch default (on for CPU)")
     # suffix drafter (edgespec.drafters.suffix): this request + earlier outputs of this deployment, per client

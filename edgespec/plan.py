@@ -22,6 +22,7 @@ from edgespec.errors import ConfigError
 from edgespec.kernels.options import KernelOptions
 from edgespec.loading.checkpoint import resolve_dtype
 from edgespec.speculative.plan import SessionPlan
+from edgespec.speculative.tree_cost import RowCosts, device_label, load_row_costs
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,8 @@ class RuntimePlan:
             defaults, kv_fp8=None if kv == "auto" else kv == "fp8", rollback=settings.rollback,
             prefill_chunk=settings.prefill_chunk, max_len=settings.max_seq_len, cuda_graphs=settings.cuda_graphs,
             adaptive_k=settings.adaptive_k, graph_prefill_max=settings.graph_prefill_max,
-            stage_timing=settings.stage_timing, draft_tree=settings.draft_tree)
+            stage_timing=settings.stage_timing, draft_tree=settings.draft_tree,
+            tree_costs=_tree_costs(settings, device))
         return cls(settings=settings, device=device, dtype=resolve_dtype(settings.dtype, device), arch=arch,
                    defaults=defaults, session=session, drafter=drafter_plan(settings, defaults),
                    kernels=KernelOptions.from_settings(settings))
@@ -60,6 +62,13 @@ class RuntimePlan:
     def new_hooks(self) -> ArchHooks:
         """The hook set of this plan (one per engine: it owns the captured graphs of that engine's cache)."""
         return hooks_class(self.arch)()
+
+
+def _tree_costs(settings: Settings, device: torch.device) -> RowCosts | None:
+    """The measured row costs ``draft_tree_costs`` names, checked against this device and model; None when unset."""
+    if not settings.draft_tree_costs:
+        return None
+    return load_row_costs(settings.draft_tree_costs, {"device": device_label(device)})
 
 
 def drafter_plan(settings: Settings, defaults: ArchDefaults) -> DrafterPlan:

@@ -3,9 +3,12 @@
 The session drives it once per cycle: :meth:`JsonConstraint.valid_prefix` truncates the drafts at the first
 token the grammar rejects, :meth:`JsonConstraint.row_masks` gives one allowed-token mask per verify row (the
 matcher is advanced through the drafts and rolled back), and :meth:`JsonConstraint.commit` advances it by
-exactly the tokens the target committed. Generation ends when the value is complete (:meth:`is_finished`);
-while the grammar is in an accepting state the masks also allow the end-of-sequence tokens, so a model may
-stop there.
+exactly the tokens the target committed. A draft tree is judged the same way node by node
+(:meth:`JsonConstraint.tree_valid` drops the nodes the grammar rejects, :meth:`JsonConstraint.tree_masks` gives
+each verify row the mask of its own path's state, walking the tree depth first and rolling the matcher back to
+each parent), so constrained requests verify trees losslessly. Generation ends when the value is complete
+(:meth:`is_finished`); while the grammar is in an accepting state the masks also allow the end-of-sequence tokens,
+so a model may stop there.
 
 Every schema is bounded before it is compiled (:func:`bounded_schema`): an integer or number without limits may
 not exceed ``±JSON_MAX_INTEGER`` (2**53 - 1, the largest integer a double holds exactly), a number without
@@ -127,6 +130,71 @@ class JsonConstraint:
         out[:, :n] = torch.from_numpy(mask[:, :n].astype(np.bool_))
         return out.to(device)
 
+    def tree_valid(self, tokens: Sequence[int], parents: Sequence[int]) -> list[bool]:
+        """Per draft-tree node (pre-order; ``parents[i]`` -1 for the root's children): whether the grammar accepts
+        its whole path from the current state. The matcher ends where it began."""
+        return self._walk_tree(tokens, parents, None)
+
+    def tree_masks(self, tokens: Sequence[int], parents: Sequence[int], vocab_size: int,
+                   device: torch.device) -> torch.Tensor:
+        """Bool ``[N + 1, vocab_size]`` for a tree verify: row 0 = tokens allowed in the current state, row
+        ``i + 1`` = tokens allowed after node ``i``'s path (each node's mask from its own ancestors' state, never a
+        sibling's). Every node must be valid (:meth:`tree_valid`); the matcher ends where it began."""
+        self._check()
+        bits = np.zeros((len(tokens) + 1, self._words), dtype=np.int32)
+        valid = self._walk_tree(tokens, parents, bits)
+        if not all(valid):
+            raise ValueError(f"tree_masks: node {valid.index(False)} is not valid under the grammar (prune first)")
+        return self._unpack(bits, vocab_size, device)
+
+    def _walk_tree(self, tokens: Sequence[int], parents: Sequence[int], bits: np.ndarray | None) -> list[bool]:
+        """Depth-first over the tree in its pre-order: each node's token is tried in its parent's state (the
+        matcher rolled back to it), consumed when valid, its mask written to ``bits[i + 1]`` (row 0: the current
+        state's). A node in a stopped state (after a complete value or an end-of-sequence token) is a leaf: it is
+        valid when the grammar allows it there, never consumed, and its row allows everything (nothing after it is
+        emitted). Rolls every consumed token back at the end."""
+        m = self._m
+        if bits is not None:
+            m.unsafe_compute_mask_ptr(bits[0].ctypes.data, bits[0].nbytes)
+        valid = [False] * len(tokens)
+        leaf = [False] * len(tokens)
+        path: list[int] = []                     # consumed nodes from the root down to the current state
+        for i, (tok, parent) in enumerate(zip(tokens, parents, strict=True)):
+            if parent >= 0 and (not valid[parent] or leaf[parent]):
+                continue                         # below a rejected or final node
+            up = 0
+            while path and path[-1] != parent:   # pre-order: the parent is on the path of the previous node
+                path.pop()
+                up += 1
+            if up:
+                m.rollback(up)
+            if m.is_stopped():
+                valid[i] = leaf[i] = m.validate_tokens([int(tok)]) == 1
+                if bits is not None:
+                    bits[i + 1] = -1
+                continue
+            if m.validate_tokens([int(tok)]) != 1:
+                continue
+            m.consume_token(int(tok))
+            path.append(i)
+            valid[i] = True
+            if bits is not None:
+                m.unsafe_compute_mask_ptr(bits[i + 1].ctypes.data, bits[i + 1].nbytes)
+        if path:
+            m.rollback(len(path))
+        self._check()
+        return valid
+
+    def _unpack(self, bits: np.ndarray, vocab_size: int, device: torch.device) -> torch.Tensor:
+        """Bool ``[rows, vocab_size]`` from llguidance's 32-bit mask words; a row that allows nothing (past a final
+        token: never emitted) allows everything, so no row's distribution is empty."""
+        mask = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")
+        out = torch.zeros((bits.shape[0], vocab_size), dtype=torch.bool)
+        n = min(vocab_size, self._vocab)
+        out[:, :n] = torch.from_numpy(mask[:, :n].astype(np.bool_))
+        out[~out.any(dim=1)] = True
+        return out.to(device)
+
     def commit(self, tokens: Sequence[int]) -> None:
         """Advance by exactly the committed tokens."""
         if not self._m.consume_tokens([int(t) for t in tokens]):
@@ -216,6 +284,25 @@ class AfterThink:
         out = torch.ones((len(drafts) + 1, vocab_size), dtype=torch.bool, device=device)
         if drafts and drafts[-1] == self.close_id:
             out[-1] = self.inner.row_masks([], vocab_size, device)[0]
+        return out
+
+    def tree_valid(self, tokens: Sequence[int], parents: Sequence[int]) -> list[bool]:
+        """While thinking, every node not below a drafted ``</think>`` (as a chain's drafts are cut after it)."""
+        if not self.thinking:
+            return self.inner.tree_valid(tokens, parents)
+        below = [False] * len(tokens)
+        for i, p in enumerate(parents):
+            below[i] = p >= 0 and (below[p] or int(tokens[p]) == self.close_id)
+        return [not b for b in below]
+
+    def tree_masks(self, tokens: Sequence[int], parents: Sequence[int], vocab_size: int,
+                   device: torch.device) -> torch.Tensor:
+        if not self.thinking:
+            return self.inner.tree_masks(tokens, parents, vocab_size, device)
+        out = torch.ones((len(tokens) + 1, vocab_size), dtype=torch.bool, device=device)
+        closes = [i + 1 for i, t in enumerate(tokens) if int(t) == self.close_id]
+        if closes:
+            out[closes] = self.inner.row_masks([], vocab_size, device)[0]
         return out
 
     def commit(self, tokens: Sequence[int]) -> None:

@@ -173,29 +173,6 @@ class DraftTree:
         return torch.tensor(out, dtype=torch.long)
 
 
-class JointCalibration:
-    """How far a request's drafter probabilities can be trusted: the depths accepted over the joint probabilities of
-    the nodes verified, summed over the request's trees (for a calibrated drafter the summed joint probability of a
-    tree is its expected accepted depth, so the ratio is 1). A drafter that is confident on text it never saw (robot
-    requests worded unlike its training data) gets a ratio well below 1, and a node-probability floor divided by it
-    keeps its doubtful nodes out of the verify. Starts from one calibrated pseudo-tree; never exceeds 1."""
-
-    def __init__(self) -> None:
-        self.expected = self.accepted = 1.0
-
-    def reset(self) -> None:
-        self.expected = self.accepted = 1.0
-
-    @property
-    def factor(self) -> float:
-        return min(1.0, self.accepted / self.expected)
-
-    def record(self, tree: DraftTree, accepted: int) -> None:
-        """One verified tree and its accepted depth."""
-        self.expected += float(tree.joint_probs().sum())
-        self.accepted += accepted
-
-
 def _from_nodes(nodes: Sequence[tuple[int, int, float]]) -> DraftTree:
     """A tree from ``(parent, token, prob)`` triples in any order where parents come first; reordered into
     depth-first pre-order keeping each node's children in the given order."""
@@ -233,8 +210,8 @@ def chain_tree(tokens: torch.Tensor | Sequence[int], probs: torch.Tensor | None 
 def tree_setting(setting: int | str | None, auto_min_joint: float, auto_budget: int = AUTO_TREE_BUDGET
                  ) -> tuple[int | None, float]:
     """``(budget, least joint probability)`` of a ``draft_tree`` setting: ``off`` -> (None, 0: chains); a whole
-    number -> that budget, every node kept; ``auto`` -> ``auto_budget`` and ``auto_min_joint`` (the arch's, or
-    the budget ``edgespec profile`` measured best, which it writes as a number)."""
+    number -> that budget, every node kept; ``auto`` -> ``auto_budget`` and ``auto_min_joint`` (the arch's; the
+    session then sizes each tree by cost under that budget, :mod:`edgespec.speculative.tree_size`)."""
     budget = tree_budget(setting, auto_budget)
     auto = isinstance(setting, str) and setting.strip().lower() == "auto"
     return budget, auto_min_joint if auto else 0.0

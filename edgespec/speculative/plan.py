@@ -15,6 +15,7 @@ from edgespec.arch.rollback import RollbackStrategy, TreeVerify, rollback_strate
 from edgespec.drafters.base import Proposer
 from edgespec.drafters.tree import tree_setting
 from edgespec.errors import ConfigError
+from edgespec.speculative.tree_cost import RowCosts
 
 StageTiming = Literal["host", "device"]
 
@@ -31,15 +32,20 @@ class SessionPlan:
     adaptive_k: bool
     graph_prefill_max: int           # resumed prefills up to this many tokens replay a static forward (0: never)
     stage_timing: StageTiming = "host"
+    # draft_tree: auto sizes every tree by cost (a number verifies every node of its budget); tree_costs: the
+    # measured row costs it uses (edgespec profile's draft_tree_costs), None: measured by the session itself.
+    tree_sized: bool = False
+    tree_costs: RowCosts | None = None
 
     @classmethod
     def resolve(cls, defaults: ArchDefaults, *, kv_fp8: bool | None = None, rollback: str | None = "auto",
                 prefill_chunk: int | None = None, max_len: int = 4096, cuda_graphs: bool | None = None,
                 adaptive_k: bool | None = None, graph_prefill_max: int | None = None,
-                stage_timing: StageTiming = "host", draft_tree: int | str | None = "off") -> SessionPlan:
+                stage_timing: StageTiming = "host", draft_tree: int | str | None = "off",
+                tree_costs: RowCosts | None = None) -> SessionPlan:
         """Each knob given, or (None / ``auto``) the arch default. ``draft_tree`` other than off makes the rollback
         the tree strategy (:class:`~edgespec.arch.rollback.TreeVerify`, deferred), which an explicit other
-        rollback refuses."""
+        rollback refuses; ``auto`` also sizes each tree by cost (from ``tree_costs`` when given)."""
         def pick(value, default):
             return default if value is None else value
 
@@ -56,7 +62,12 @@ class SessionPlan:
                    prefill_chunk=pick(prefill_chunk, defaults.prefill_chunk), max_len=max_len,
                    cuda_graphs=pick(cuda_graphs, defaults.cuda_graphs),
                    adaptive_k=pick(adaptive_k, defaults.adaptive_k),
-                   graph_prefill_max=pick(graph_prefill_max, defaults.graph_prefill_max), stage_timing=stage_timing)
+                   graph_prefill_max=pick(graph_prefill_max, defaults.graph_prefill_max), stage_timing=stage_timing,
+                   tree_sized=budget is not None and _is_auto(draft_tree), tree_costs=tree_costs)
+
+
+def _is_auto(setting: int | str | None) -> bool:
+    return isinstance(setting, str) and setting.strip().lower() == "auto"
 
 
 def draft_tokens(k: int | None, proposer: Proposer | None) -> int:

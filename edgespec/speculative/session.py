@@ -16,19 +16,17 @@ import torch
 
 from edgespec.arch.base import ArchHooks
 from edgespec.arch.rollback import TreeVerify
-from edgespec.arch.tree_graphs import StaticTreeForward
 from edgespec.cache.prefix import PrefixCache
 from edgespec.drafters.base import Draft, Proposer
-from edgespec.drafters.tree import DraftTree, JointCalibration
+from edgespec.drafters.tree import DraftTree
 from edgespec.errors import PromptTooLongError, RequestError
 from edgespec.kernels import device_sync
-from edgespec.kernels.tree import TreeMask
 from edgespec.models.decoder import ForwardOutput, TargetModel
-from edgespec.speculative.acceptance import AcceptancePolicy, RejectionSampling, Verdict
+from edgespec.speculative.acceptance import AcceptancePolicy, RejectionSampling, StrictGreedy, Verdict
 from edgespec.speculative.plan import SessionPlan, draft_tokens
 from edgespec.speculative.telemetry import RequestTelemetry
-from edgespec.speculative.tree_accept import TreeVerdict, accept_tree, path_verdict, sample_tree_accept
-from edgespec.speculative.tree_size import CycleCost, size_tree
+from edgespec.speculative.tree_cost import CostModel, LineCost, MeasuredCost, measure_graph_costs
+from edgespec.speculative.tree_cycle import TreeCycles, supports_trees
 
 
 class TokenConstraint(Protocol):
@@ -45,6 +43,11 @@ class TokenConstraint(Protocol):
 
     def is_finished(self) -> bool:
         """True once the grammar has matched a complete value."""
+
+    # Optional, for draft trees (a constraint without them makes the session verify chains):
+    # ``tree_valid(tokens, parents) -> list[bool]``: per node (pre-order), whether its whole path is accepted;
+    # ``tree_masks(tokens, parents, vocab_size, device) -> [N + 1, vocab_size] bool``: each verify row's mask from
+    # its own path's state. Both leave the matcher where it was.
 
 
 @dataclass
@@ -71,6 +74,7 @@ class Cycle:
     verdict: Verdict                 # accepted drafts, then tokens = accepted drafts + the next token
     forward: ForwardOutput           # the forward whose rows 0 .. accepted are in the cache: logits [rows, vocab]
     drafted: int                     # draft tokens verified (0: a plain decode step); rows = drafted + 1
+    tree_forward: bool = False       # the rows were verified as a tree (not a chain)
 
     def commit_to(self, proposer: Proposer) -> None:
         proposer.commit(self.verdict.tokens, self.verdict.accepted, self.forward, self.drafted)
@@ -124,15 +128,14 @@ class SpecSession:
         self.cache = hooks.new_cache(model, plan.max_len, plan.kv_fp8, plan.rollback, max_rows=k + 1)
         # Tree verification (draft_tree): the node budget per cycle, None for chains. A bench may switch it off
         # between requests (the cache keeps the tree's room).
-        self.tree_budget = plan.rollback.budget if proposer is not None and isinstance(plan.rollback, TreeVerify) \
-            else None
-        self.tree_calibration = JointCalibration()     # per request: how far the drafter's probabilities hold
-        # Tree sizing by cost: what a verify row costs here, measured over this session's cycles (None: no sizing).
-        row_cost = plan.rollback.row_cost if isinstance(plan.rollback, TreeVerify) else 0.0
-        self.cycle_cost = CycleCost(row_cost) if row_cost > 0 else None
+        tree_on = proposer is not None and isinstance(plan.rollback, TreeVerify)
+        self.tree_budget = plan.rollback.budget if tree_on else None
         from edgespec.models.moe import attach_routing_log
         self.routing = attach_routing_log(model)      # MoE targets: expert unions per forward (telemetry)
         hooks.prepare(model, self.cache, k + 1, self.taps, plan.rollback, plan.cuda_graphs, plan.graph_prefill_max)
+        # The tree half (each cycle's tree chosen, verified, learned from); sized by cost under draft_tree: auto.
+        self.trees = TreeCycles(model, self.cache, hooks, plan.rollback, self.taps,
+                                self._tree_cost_model() if plan.tree_sized else None) if tree_on else None
 
     @classmethod
     def with_defaults(cls, model: TargetModel, hooks: ArchHooks, proposer: Proposer | None = None, *,
@@ -211,7 +214,6 @@ class SpecSession:
             # A drafter that cannot resume (resume_rows None) gets a full prefill; DFlash needs its window's rows.
             start = prefix.begin(prompt_ids, self.resume_rows)
         policy.begin(prompt_ids)
-        self.tree_calibration.reset()
 
         with tel.stage("prefill"):
             prefill = self._prefill(prompt_ids, start, prefix)
@@ -272,27 +274,28 @@ class SpecSession:
             last = out.tokens[-1]
             draft = tree = None
             t_cycle = time.perf_counter()
-            # Trees go without a grammar (its masks judge one chain of drafts). Their depth follows the draft
-            # length as a chain's would (adaptive on CPU, where each drafted depth costs a drafter head row).
-            use_tree = self.tree_budget is not None and constraint is None
+            # Trees judge a grammar node by node (a constraint that cannot gets chains). Their depth follows the
+            # draft length as a chain's would (adaptive on CPU, where each drafted depth costs a drafter head row).
+            use_tree = self.tree_budget is not None and self.trees is not None and supports_trees(constraint)
             if proposer is not None and (room > 0 or pending is not None):
                 with tel.stage("draft"):
                     if pending is not None:
                         pending.commit_to(proposer)
                         pending = None
                     if room > 0 and use_tree:
-                        tree = self._propose_tree(last, room)
+                        tree = self.trees.propose(proposer, last, room, self.tree_budget, constraint)
                     elif room > 0:
                         draft = self._propose(last, room, constraint)
             t_verify = time.perf_counter()
             if tree is not None:
-                cycle = self._verify_tree(last, tree, policy, tel)
+                cycle = self._verify_tree(last, tree, policy, constraint, tel)
             elif draft is None:
                 cycle = self._decode(last, policy, constraint, tel)
             else:
                 cycle = self._verify(last, draft, policy, constraint, tel)
-            if self.cycle_cost is not None:
-                self.cycle_cost.record(cycle.drafted + 1, time.perf_counter() - t_verify, t_verify - t_cycle)
+            if use_tree and self.trees.cost is not None:
+                self.trees.cost.record(cycle.drafted + 1, cycle.tree_forward, time.perf_counter() - t_verify,
+                                       t_verify - t_cycle)
             tel.record_cycle(cycle.drafted, cycle.verdict.accepted)
             draft_len.update(cycle.drafted if tree is None else tree.max_depth, cycle.verdict.accepted)
             if proposer is not None:
@@ -315,68 +318,37 @@ class SpecSession:
             tokens = tokens[:constraint.valid_prefix(tokens.tolist())]
         return None if tokens.numel() == 0 else type(draft)(tokens.to(self.model.device), draft.probs)
 
-    def _propose_tree(self, last: int, room: int) -> DraftTree | None:
-        """The proposer's tree cut to depth ``room`` and to the rows the cache has left (pre-order: a cut keeps
-        every parent); None when nothing is left."""
-        # Sized by cost, a tree holds the chain a chain verify would (its AL never falls below the chain's) and
-        # only the other nodes worth their rows.
-        tree = self.proposer.propose_tree(last, room, self.tree_budget, chain_first=self.cycle_cost is not None)
-        if tree is None:
-            return None
-        fit = min(tree.size, self.cache.max_len - self.cache.length - 1)
-        # The node floor tightens where this request's drafts have been accepted less often than their
-        # probabilities promised.
-        factor = self.tree_calibration.factor
-        tree = tree.pruned(room, fit, self.rollback.min_joint / factor)
-        if tree is not None and self.cycle_cost is not None:
-            tree = size_tree(tree, factor, self.cycle_cost.row_ratio)
-        return tree
+    def _tree_cost_model(self) -> CostModel:
+        """What sizes each tree by cost: the measured row costs the plan holds (``draft_tree_costs``, written by
+        ``edgespec profile``), else those of the captured chain and tree verifies timed now, else the online line
+        with the arch's prior (CPU: no graphs)."""
+        if self.plan.tree_costs is not None:
+            return MeasuredCost(self.plan.tree_costs)
+        chain = {r: s.graph for r, s in self.hooks.static.items() if s.graph is not None}
+        tree = {r: s.verify_graph for r, s in self.hooks.static_trees.items() if s.verify_graph is not None}
+        measured = measure_graph_costs(chain, tree)
+        self.cache.reset()
+        if measured is not None:
+            return MeasuredCost(measured)
+        return LineCost(self.plan.rollback.row_cost)
 
-    def _verify_tree(self, last: int, tree: DraftTree, policy: AcceptancePolicy, tel: RequestTelemetry) -> Cycle:
+    def _verify_tree(self, last: int, tree: DraftTree, policy: AcceptancePolicy, constraint: TokenConstraint | None,
+                     tel: RequestTelemetry) -> Cycle:
         """Verify ``last`` + every tree node in one forward, accept a path, keep only that path's rows and states.
         The proposer's commit sees the path's rows in order, as it would after a chain."""
-        model, cache, device = self.model, self.cache, self.model.device
         if tree.is_chain:
             # A tree sized down to its chain verifies as one: the chain's forward (compiled on CPU, captured on a
             # GPU) and rollback, and the same verdict (one-hot drafts on both rules).
-            cycle = self._verify(last, Draft(tree.tokens.to(device)), policy, None, tel)
+            cycle = self._verify(last, Draft(tree.tokens.to(self.model.device)), policy, constraint, tel)
             tel.record_tree(tree.size, False)
-            self.tree_calibration.record(tree, cycle.verdict.accepted)
+            exact = type(policy) is StrictGreedy
+            self.trees.record(list(range(cycle.verdict.accepted + 1)), cycle.verdict.tokens if exact else None, tel)
             return cycle
-        rows = torch.cat([torch.tensor([last]), tree.tokens]).to(device)
-        static = self.hooks.tree_forward(cache, tree.size + 1)
-        if static is not None:
-            verdict, kept = self._verify_tree_static(static, rows, tree, policy, tel)
-        else:
-            with tel.stage("verify"):
-                step = self.rollback.verify_tree(model, cache, rows,
-                                                 TreeMask.from_parents(tree.row_parents(), device), self.taps)
-            with tel.stage("accept"):
-                verdict = accept_tree(policy, step.logits, tree)
-                self.rollback.commit(cache, verdict.rows)
-                path = torch.tensor(verdict.rows, device=device)
-                kept = ForwardOutput(step.logits[path], step.hidden[path],
-                                     None if step.taps is None else step.taps[path])
+        verdict, kept = self.trees.verify(last, tree, policy, constraint, tel)
         tel.record_tree(tree.size, verdict.sibling)
-        self.tree_calibration.record(tree, verdict.accepted)
-        return Cycle(Verdict(verdict.accepted, verdict.tokens), kept, tree.size)
-
-    def _verify_tree_static(self, static: StaticTreeForward, rows: torch.Tensor, tree: DraftTree,
-                            policy: AcceptancePolicy, tel: RequestTelemetry) -> tuple[TreeVerdict, ForwardOutput]:
-        """The captured tree verify (graphs on): the forward and, for a greedy policy, the verdict and the commit
-        replayed back to back, then one copy of the verdict's integers; a sampling policy picks the path from the
-        logits on the host and the same commit graph keeps it."""
-        with tel.stage("verify"):
-            step = static.verify(rows, tree.row_parents())
-        with tel.stage("accept"):
-            if isinstance(policy, RejectionSampling):
-                verdict = sample_tree_accept(step.logits, tree, policy)
-                static.commit_rows(verdict.rows)
-            else:
-                path, next_token = static.commit_greedy()
-                verdict = path_verdict(tree, path, next_token)
-            kept = static.kept(len(verdict.rows))
-        return verdict, kept
+        greedy = not isinstance(policy, RejectionSampling)        # trees are judged strictly under every greedy rule
+        self.trees.record(verdict.rows, verdict.tokens if greedy else None, tel)
+        return Cycle(Verdict(verdict.accepted, verdict.tokens), kept, tree.size, tree_forward=True)
 
     def _decode(self, last: int, policy: AcceptancePolicy, constraint: TokenConstraint | None,
                 tel: RequestTelemetry) -> Cycle:

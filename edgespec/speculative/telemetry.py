@@ -9,6 +9,11 @@ in :class:`RequestTelemetry`, summed over requests in :class:`CumulativeTelemetr
 - per-position rate ``i`` = ``accepted_per_pos[i] / drafts`` (draft ``i`` accepted, 0-based);
 - decode tok/s = ``(generated_tokens - 1) / decode time`` (the first token comes out of prefill).
 
+Draft trees add their own counts: tree verifies, their nodes and sibling accepts, and per node class (on the chain
+of first choices or beside it, by depth) the candidate nodes of known fate, their summed joint draft probability,
+the right ones, the verified ones and the accepted ones (:mod:`edgespec.speculative.tree_stats`): right / joint is
+the drafter's calibration, and right nodes that were not verified are what a wider tree would have added.
+
 Publishing. The sinks only read the counts: :func:`log_summary` (one log line), :func:`telemetry_dict` (the JSON
 of ``edgespec generate --json`` and of the profiler), and the server's Prometheus counters
 (``edgespec.serving.metrics.ServerMetrics.observe``), where the same formulas read, in PromQL,
@@ -24,6 +29,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+from edgespec.speculative.tree_stats import NodeStats
 
 STAGES = ("prefill", "draft", "verify", "accept", "other")
 
@@ -94,6 +101,8 @@ class RequestTelemetry(AcceptanceCounts):
     tree_cycles: int = 0
     tree_nodes: int = 0
     tree_sibling_accepts: int = 0
+    # What became of every candidate tree node, by class (chain or side, depth): edgespec.speculative.tree_stats.
+    node_stats: NodeStats = field(default_factory=NodeStats)
     sync: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     # MoE targets: rows of a decode/verify forward -> mean distinct experts it read per layer (its weight bytes)
     expert_union: dict[int, float] = field(default_factory=dict)
@@ -153,8 +162,9 @@ class CumulativeTelemetry(AcceptanceCounts):
 
 def telemetry_dict(t: RequestTelemetry) -> dict[str, Any]:
     """One request's counts and derived rates as plain JSON values (rates rounded)."""
-    tree = {} if not t.tree_cycles else {
-        "tree_cycles": t.tree_cycles, "tree_nodes": t.tree_nodes, "tree_sibling_accepts": t.tree_sibling_accepts}
+    tree = {} if not (t.tree_cycles or t.node_stats.cycles) else {
+        "tree_cycles": t.tree_cycles, "tree_nodes": t.tree_nodes, "tree_sibling_accepts": t.tree_sibling_accepts,
+        "tree_candidate_cycles": t.node_stats.cycles, "tree_node_stats": t.node_stats.to_dict()}
     return tree | {
         "drafter": t.drafter, "prompt_tokens": t.prompt_tokens, "generated_tokens": t.generated_tokens,
         "cycles": t.cycles, "drafts": t.drafts, "draft_tokens": t.draft_tokens,

@@ -124,17 +124,3 @@ def test_draft_tree_setting():
     assert tree_setting(" Auto ", 0.0) == (AUTO_TREE_BUDGET, 0.0)
     assert tree_setting("auto", 0.0, 12) == (12, 0.0)                 # the arch's budget
     assert tree_setting("20", 0.1, 12) == (20, 0.0)
-
-
-def test_joint_calibration_tightens_for_an_overconfident_drafter():
-    from edgespec.drafters.tree import JointCalibration
-    cal = JointCalibration()
-    assert cal.factor == 1.0
-    sure = chain_tree([1, 2, 3], probs=torch.tensor([0.9, 0.9, 0.9]))         # joint sum 0.9 + 0.81 + 0.729
-    for _ in range(4):
-        cal.record(sure, 0)                                                      # ... and nothing accepted
-    assert cal.factor == pytest.approx(1.0 / (1.0 + 4 * (0.9 + 0.81 + 0.729)))
-    cal.reset()
-    for _ in range(4):
-        cal.record(sure, 3)                                                      # better than promised: capped
-    assert cal.factor == 1.0

@@ -79,7 +79,6 @@ def test_greedy_tree_equals_plain_ngram(tiny_models, family, kv_fp8):
             oracle = OracleTree(NGramProposer(), plain, vocab, seed=n)
             session = SpecSession.with_defaults(model, select_hooks(arch, CPU), oracle, k=6, kv_fp8=kv_fp8,
                                                 max_len=256, draft_tree=8)
-            session.cycle_cost = None      # every node of the oracle's trees: its sibling accepts are the point
             out = session.generate(prompt, max_tokens=n, policy=StrictGreedy())
             assert out.token_ids == plain, arch
             tel = out.telemetry
@@ -105,7 +104,6 @@ def test_greedy_tree_equals_plain_dflash(tiny_models, drafters, family, kv_fp8):
         oracle = OracleTree(prop, plain, vocab, seed=len(arch))
         session = SpecSession.with_defaults(model, select_hooks(arch, CPU), oracle, kv_fp8=kv_fp8, max_len=128,
                                             draft_tree=12)
-        session.cycle_cost = None
         out = session.generate(prompt, max_tokens=n, policy=StrictGreedy())
         assert out.token_ids == plain, arch
         assert out.telemetry.tree_sibling_accepts > 0 and oracle.trees > 0
@@ -135,14 +133,14 @@ def test_greedy_tree_equals_plain_mtp(tiny_models, kv_fp8):
 def test_trees_sized_down_to_their_chain_verify_as_chains(tiny_models, drafters):  # noqa: F811
     """Rows dearer than any node's chance: every DFlash tree is its chain, verified by the chain's forward (never
     the tree forward), and the output is still plain decoding's."""
-    from edgespec.speculative.tree_size import CycleCost
+    from edgespec.speculative.tree_cost import LineCost
 
     model = tiny_models["qwen3_5"]
     prompt = prompt_ids(model.config.vocab_size, n=21, seed=5)
     plain = _plain(model, prompt, 18, False)
     prop = load_dflash_checkpoint(drafters["qwen3_5"], model, window_size=8)
-    session = SpecSession.with_defaults(model, select_hooks("base", CPU), prop, max_len=128, draft_tree=12)
-    session.cycle_cost = CycleCost(prior=1.0, min_cycles=10**9)
+    session = SpecSession.with_defaults(model, select_hooks("base", CPU), prop, max_len=128, draft_tree="auto")
+    session.trees.cost = LineCost(prior=1.0, min_cycles=10**9)
     tree_forwards = []
     verify_tree = session.rollback.verify_tree
     session.rollback.verify_tree = lambda *a, **kw: tree_forwards.append(1) or verify_tree(*a, **kw)
