@@ -141,6 +141,17 @@ def write_dflash_drafter(folder: str | Path, target: str | Path | dict[str, Any]
     return folder
 
 
+def dflash2_config_dict(target: str | Path | dict[str, Any], *, conv_taps: int = 2, conv_group: int = 16,
+                        selector_rank: int = 256, selector_top_k: int = 16, **config: Any) -> dict[str, Any]:
+    """A DFlash2 ``config.json`` dict for ``target``: :func:`dflash_config_dict`'s (nested layout) declaring
+    ``DFlash2DraftModel``, with block size, convolution and selector sizes in ``dflash_config``."""
+    raw = dflash_config_dict(target, layout="nested", **config)
+    raw["architectures"] = [DFLASH2]
+    raw["dflash_config"].update(block_size=raw.pop("block_size"), conv_kernel_size=conv_taps,
+                                conv_group_size=conv_group, selector_rank=selector_rank, selector_top_k=selector_top_k)
+    return raw
+
+
 def write_dflash2_drafter(folder: str | Path, target: str | Path | dict[str, Any], *, seed: int = 0,
                           dtype: torch.dtype = torch.float32, conv_taps: int = 2, conv_group: int = 16,
                           selector_rank: int = 256, selector_top_k: int = 16, **config: Any) -> Path:
@@ -152,10 +163,8 @@ def write_dflash2_drafter(folder: str | Path, target: str | Path | dict[str, Any
     folder.mkdir(parents=True, exist_ok=True)
     tcfg_raw = _target_config(target)
     tcfg = parse_config(tcfg_raw)
-    raw = dflash_config_dict(tcfg_raw, layout="nested", **config)
-    raw["architectures"] = [DFLASH2]
-    raw["dflash_config"].update(block_size=raw.pop("block_size"), conv_kernel_size=conv_taps,
-                                conv_group_size=conv_group, selector_rank=selector_rank, selector_top_k=selector_top_k)
+    raw = dflash2_config_dict(tcfg_raw, conv_taps=conv_taps, conv_group=conv_group, selector_rank=selector_rank,
+                              selector_top_k=selector_top_k, **config)
     cfg = parse_dflash2_config(raw, tcfg.num_hidden_layers)
     with torch.device("meta"):
         model = DFlash2DraftModel(cfg, tcfg.hidden_size, tcfg.vocab_size).to(dtype)

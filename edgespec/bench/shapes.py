@@ -67,7 +67,8 @@ DRAFTER_SHAPES: dict[str, dict[str, Any]] = {
                                 mask_token_id=248070, target_layer_ids=[5, 19, 33, 47, 61], sliding_layers=5,
                                 sliding_window=2048, intermediate_size=17408, num_heads=32, num_kv_heads=8,
                                 head_dim=128, rope_theta=1e7, conv_taps=2, conv_group=16, selector_rank=256,
-                                selector_top_k=16),
+                                selector_top_k=16, published_al=5.47,
+                                al_source="published: Qwen3.8-27B EXL3 4.0 bpw, RTX 3090, exllamav3 PR 379"),
 }
 
 # Tiny shapes for tests: small enough for CPU golden checks, but every mechanism present (GQA, q/k norm,
