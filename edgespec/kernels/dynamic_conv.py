@@ -22,14 +22,15 @@ from edgespec.kernels import use_triton
 
 
 def dynamic_conv_ref(x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor, group_size: int) -> torch.Tensor:
-    """The torch reference: ``x [T, H]``, ``dynamic [T, taps, H // group_size]``, ``base [taps, H]`` -> ``[T, H]``
-    in ``x``'s dtype (see the module docstring)."""
-    T = x.shape[0]
-    coeff = base.float()[None] + dynamic.float().repeat_interleave(group_size, dim=-1)     # [T, taps, H]
+    """The torch reference: ``x [..., T, H]``, ``dynamic [..., T, taps, H // group_size]``, ``base [taps, H]`` ->
+    ``[..., T, H]`` in ``x``'s dtype (see the module docstring); leading dimensions are independent blocks (the
+    training objective's many blocks at once). Differentiable."""
+    T = x.shape[-2]
+    coeff = base.float() + dynamic.float().repeat_interleave(group_size, dim=-1)     # [..., T, taps, H]
     xf = x.float()
-    out = coeff[:, 0] * xf
+    out = coeff[..., 0, :] * xf
     for o in range(1, min(base.shape[0], T)):
-        out = out + coeff[:, o] * F.pad(xf[:-o], (0, 0, o, 0))
+        out = out + coeff[..., o, :] * F.pad(xf[..., :-o, :], (0, 0, o, 0))
     return out.to(x.dtype)
 
 

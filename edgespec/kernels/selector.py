@@ -25,25 +25,30 @@ from edgespec.kernels import use_triton
 
 def selector_transitions(gates: torch.Tensor, ids: torch.Tensor, anchor: torch.Tensor, pred: torch.Tensor,
                          succ: torch.Tensor) -> torch.Tensor:
-    """Bilinear terms ``[D, K, K]`` fp32 (module docstring) of ``gates [D, r]``, candidates ``ids [D, K]`` and the
-    anchor token ``anchor [1]`` (int64, on the device), with the codebooks ``pred`` / ``succ [V, r]``."""
-    D, K = ids.shape
-    prev = torch.cat([anchor.view(1, 1).expand(1, K), ids[:-1]])                        # [D, K] predecessor ids
-    a = pred[prev.reshape(-1)].view(D, K, -1).float() * gates.float()[:, None]       # [D, K_prev, r]
-    b = succ[ids.reshape(-1)].view(D, K, -1).float()                                  # [D, K, r]
-    return torch.bmm(a, b.transpose(1, 2))
+    """Bilinear terms ``[..., D, K, K]`` fp32 (module docstring) of ``gates [..., D, r]``, candidates ``ids [...,
+    D, K]`` and the anchor tokens ``anchor [...]`` (``[1]`` for one draft; int64, on the device), with the
+    codebooks ``pred`` / ``succ [V, r]``. Leading dimensions are independent drafts. Differentiable."""
+    D, K = ids.shape[-2:]
+    lead = ids.shape[:-2]
+    first = anchor.reshape(*lead, 1, 1).expand(*lead, 1, K)
+    prev = torch.cat([first, ids[..., :-1, :]], dim=-2)                              # [..., D, K] predecessor ids
+    a = pred[prev].float() * gates.float()[..., None, :]                             # [..., D, K_prev, r]
+    return a @ succ[ids].float().transpose(-1, -2)                                   # [..., D, K_prev, K]
 
 
 def selector_walk_ref(unary: torch.Tensor, transitions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The torch reference of the greedy walk: ``(choice [D] int64, path_scores [D, K] fp32)``."""
-    prev = torch.zeros(1, dtype=torch.int64, device=unary.device)
+    """The torch reference of the greedy walk: ``(choice [..., D] int64, path_scores [..., D, K] fp32)`` of
+    ``unary [..., D, K]`` and ``transitions [..., D, K, K]`` (leading dimensions: independent drafts)."""
+    lead, K = unary.shape[:-2], unary.shape[-1]
+    prev = torch.zeros(*lead, 1, 1, dtype=torch.int64, device=unary.device).expand(*lead, 1, K)
     choices, scores = [], []
-    for d in range(unary.shape[0]):
-        s = unary[d].float() + transitions[d].index_select(0, prev)[0]
-        prev = s.argmax().view(1)
-        choices.append(prev)
+    for d in range(unary.shape[-2]):
+        s = unary[..., d, :].float() + transitions[..., d, :, :].gather(-2, prev)[..., 0, :]
+        choice = s.argmax(-1)
+        prev = choice[..., None, None].expand(*lead, 1, K)
+        choices.append(choice)
         scores.append(s)
-    return torch.cat(choices), torch.stack(scores)
+    return torch.stack(choices, -1), torch.stack(scores, -2)
 
 
 def selector_walk(unary: torch.Tensor, transitions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
