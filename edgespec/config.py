@@ -63,7 +63,10 @@ class Settings:
     # --- speculation -------------------------------------------------------------------------------------------
     drafter: Literal["none", "ngram", "suffix", "dflash", "mtp"] = _knob("none", "draft proposer",
                                                                          section="speculation")
-    drafter_path: str | None = _knob(None, "DFlash drafter checkpoint folder")
+    drafter_path: str | None = _knob(None, "DFlash drafter checkpoint folder (DFlash or DFlash2: its config.json's "
+                                     "architectures say which)")
+    dflash_selector: bool = _knob(True, "DFlash2 drafters: draft the candidate selector's path through each "
+                                  "position's top tokens (False: each position's argmax, as a DFlash drafter)")
     drafter_weights: Literal["model", "fp8", "int4", "nvfp4"] = _knob(
         "model", "DFlash drafter linear layers: model = as the checkpoint; fp8, int4 or nvfp4 = quantized at load "
         "(fewer bytes per draft; acceptance may move, the output cannot)")

@@ -138,8 +138,11 @@ def add_shape_budget_arguments(p) -> None:
     p.add_argument("--shape", help="a published shape (e.g. qwen3.5-35b-a3b): print its memory budget in --format")
     p.add_argument("--format", default="int4", help="with --shape: dense, fp8, nvfp4 or int4 (group 128)")
     p.add_argument("--kv", default="fp8", choices=("fp8", "model"), help="with --shape: KV cache format")
-    p.add_argument("--drafter", default="none", help="with --shape: mtp (the shape's MTP head), a drafter folder, "
-                   "or none")
+    p.add_argument("--drafter", default="none", help="with --shape: mtp (the shape's MTP head), a published drafter "
+                   "shape (qwen3.8-27b-dflash2: also prints the Thor projection of its cycle), a drafter folder, or "
+                   "none")
+    p.add_argument("--drafter-format", help="with --shape and a drafter shape: its weights (dense, fp8, nvfp4, "
+                   "int4); default --format")
     p.add_argument("--memory", help="with --shape: the memory to fit (24GB, 24GiB); default: free on this machine")
 
 
@@ -150,13 +153,18 @@ def shape_budget_report(args):
 
     memory = parse_memory(args.memory) if args.memory else None
     drafter = None if args.drafter == "none" else args.drafter
-    budget, split = shape_budget(args.shape, args.format, args.max_seq_len, args.kv == "fp8", drafter, memory)
+    dformat = getattr(args, "drafter_format", None)
+    budget, split = shape_budget(args.shape, args.format, args.max_seq_len, args.kv == "fp8", drafter, memory,
+                                 drafter_format=dformat)
+    named = f"{args.drafter} ({dformat or args.format})" if "drafter_weights" in split else args.drafter
     lines = [f"shape {args.shape}, {args.format} weights, {args.kv} KV cache of {args.max_seq_len} tokens, drafter "
-             f"{args.drafter} (from the config alone: no weights read)"]
+             f"{named} (from the config alone: no weights read)"]
     lines += budget.lines()
     lines += [f"{'of the weights':>18}: experts {format_bytes(split['experts'])}, rest "
-              f"{format_bytes(split['target_rest'])}",
-              f"{'total':>18}: {budget.total / 1e9:.2f} GB of {budget.available / 1e9:.2f} GB"]
+              f"{format_bytes(split['target_rest'])}"]
+    if "drafter_weights" in split:
+        lines += _drafter_lines(args, split)
+    lines += [f"{'total':>18}: {budget.total / 1e9:.2f} GB of {budget.available / 1e9:.2f} GB"]
     return lines, budget
 
 
@@ -199,3 +207,18 @@ def compile_report(target_name: str, shape: str, fmt: str) -> tuple[list[str], l
              f"{ptxas or 'bundled with Triton'}: {len(results)} distinct kernels", *ct.report_lines(results)]
     lines += [f"not recorded: {why}" for why in failed]
     return lines, ct.problems(results)
+
+def _drafter_lines(args, split: dict[str, int]) -> list[str]:
+    """The drafter shape's parts and the Thor projection of its cycle (``doctor --shape --drafter SHAPE``)."""
+    from edgespec.bench.formats import shape_config
+    from edgespec.bench.shape_budget import thor_projection_lines
+    from edgespec.bench.shapes import DRAFTER_SHAPES
+    from edgespec.loading.hf_config import parse_config
+    from edgespec.memory import format_bytes
+
+    spec = DRAFTER_SHAPES[args.drafter]
+    lines = [f"{'of the drafter':>18}: weights {format_bytes(split['drafter_weights'])}, window "
+             f"{format_bytes(split['drafter_window'])}; one draft reads {format_bytes(split['drafter_read'])} of "
+             f"them + the target's lm_head {format_bytes(split['head'])}"]
+    return lines + thor_projection_lines(split, parse_config(shape_config(args.shape)), args.max_seq_len,
+                                         args.kv == "fp8", spec["published_al"], spec["al_source"])

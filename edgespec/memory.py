@@ -109,6 +109,23 @@ def kv_cache_bytes(cfg: ModelConfig, max_len: int, dtype: torch.dtype, kv_fp8: b
     return kv + n_gdn * ((conv + rec) * slots + pending)
 
 
+def drafter_window_bytes(layers: int, kv_heads: int, head_dim: int, hidden: int, window: int,
+                         block_size: int) -> int:
+    """Bytes of a DFlash / DFlash2 drafter's per-token context window (float32,
+    :class:`~edgespec.drafters.window.FeatureWindow`): ``window`` features, every layer's keys and values of the
+    window and one block of scratch rows, the slots' positions."""
+    return 4 * window * hidden + 2 * 4 * layers * (window + block_size) * kv_heads * head_dim + 8 * window
+
+
+def gdn_state_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes of every Gated DeltaNet layer's recurrent (float32) and conv state: what one forward reads (and a
+    commit writes back) besides weights and KV, whatever the context length."""
+    elt = torch.empty((), dtype=dtype).element_size()
+    n_gdn = sum(kind == "linear_attention" for kind in cfg.layer_types)
+    rec = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+    return n_gdn * (rec + cfg.gdn_conv_dim * (cfg.linear_conv_kernel_dim - 1) * elt)
+
+
 def workspace_bytes(cfg: ModelConfig, dtype: torch.dtype, packed: bool, rows: int = PREFILL_CHUNK) -> int:
     """Activations of the largest forward (``rows`` tokens: every projection's output, logits of the last row),
     plus the reference product's dequantized tile when some weight is packed (it also covers the GPU prefill's

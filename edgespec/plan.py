@@ -79,7 +79,8 @@ def drafter_plan(settings: Settings, defaults: ArchDefaults) -> DrafterPlan:
     return DrafterPlan(
         name=settings.drafter, max_seq_len=settings.max_seq_len, num_draft_tokens=settings.num_draft_tokens,
         dflash_path=dflash_folder(settings), dflash_packaged=is_packaged_drafter(settings),
-        weights=settings.drafter_weights, window_size=pick(settings.window_size, defaults.window_size),
+        weights=settings.drafter_weights, dflash_selector=settings.dflash_selector,
+        window_size=pick(settings.window_size, defaults.window_size),
         window_seed=pick(settings.window_seed, defaults.window_seed),
         cuda_graphs=pick(settings.cuda_graphs, defaults.cuda_graphs),
         ngram=NGramKnobs(max_match=settings.ngram_max_match, min_match=settings.ngram_min_match,

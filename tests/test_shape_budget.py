@@ -61,3 +61,39 @@ def test_shape_budget_bad_input():
     with pytest.raises(ConfigError, match="has no MTP head"):
         shape_budget("qwen3-4b", "int4", 1024, True, "mtp", None)
     assert main(["doctor", "--shape", SHAPE, "--memory", "lots"]) == 2
+
+
+def test_qwen38_int4_dflash2_int4_32k_fp8_fits_and_projects(capsys):
+    """Qwen3.8-27B int4 + z-lab's DFlash2 drafter shape in int4 + a 32k FP8 KV cache against a 32 GB share of a
+    Thor's memory: the drafter's bytes computed here from its published shape (merged q/k/v and gate/up, two conv
+    kernel projections per layer, fc over five taps, the selector; int4 g128 = codes + fp16 scales + uint8 zeros;
+    norms, convolution kernels and the two 248320 x 256 codebooks in bf16), the cycle's bytes and the projection."""
+    from edgespec.bench.shape_budget import cycle_bytes
+    from edgespec.bench.shapes import qwen38_config
+
+    budget, split = shape_budget("qwen3.8-27b", "int4", 32768, True, "qwen3.8-27b-dflash2", parse_memory("32GB"))
+    per_matrix = lambda out_f, in_f: out_f * in_f // 2 + out_f * (in_f // 128) * 3     # noqa: E731
+    H, L, V = 5120, 5, 248320
+    linears = L * (per_matrix(4096 + 2 * 1024, H) + per_matrix(H, 4096) + per_matrix(2 * 17408, H)
+                   + per_matrix(H, 17408) + 2 * per_matrix(H // 16 * 4, H)) + per_matrix(H, 5 * H) + per_matrix(256, H)
+    bf16 = 2 * (L * (2 * H + 2 * 128 + 2 * 2 * 2 * H) + 2 * H + 2 * V * 256)
+    assert split["drafter_weights"] == linears + bf16
+    window = 4 * 128 * H + 2 * 4 * L * (128 + 8) * 8 * 128 + 8 * 128
+    assert split["drafter_window"] == window and budget.drafter == linears + bf16 + window
+    assert split["drafter_read"] == linears + bf16 - 2 * 2 * V * 256 + 2 * 2 * 7 * 16 * 256 + window
+    assert split["head"] == V * H * 2                                    # the borrowed lm_head, read by each draft
+    cfg = parse_config(qwen38_config(config_dict(**SHAPES["qwen3.8-27b"])))
+    assert budget.kv_cache == kv_cache_bytes(cfg, 32768, torch.bfloat16, kv_fp8=True)
+    assert budget.fits and budget.total <= 32e9
+    parts = cycle_bytes(split, cfg, 32768, True)
+    assert parts["kv"] == 2 * 16 * 32768 * 4 * (256 + 4)                 # fp8 values + a float32 scale per head
+    assert parts["states"] == 2 * 48 * (48 * 128 * 128 * 4 + (2 * 16 * 128 + 48 * 128) * 3 * 2)
+    assert main(["doctor", "--shape", "qwen3.8-27b", "--format", "int4", "--max-seq-len", "32768", "--drafter",
+                 "qwen3.8-27b-dflash2", "--memory", "32GB"]) == 0
+    out = capsys.readouterr().out
+    assert "Thor projection: context 32768: cycle reads" in out and "at AL 5.47" in out and out.rstrip().endswith(
+        "fits")
+    with pytest.raises(ConfigError, match="drafts for 'qwen3.8-27b', not 'qwen3.5-9b'"):
+        shape_budget("qwen3.5-9b", "int4", 1024, True, "qwen3.8-27b-dflash2", None)
+    with pytest.raises(ConfigError, match="drafter format 'int3'"):
+        shape_budget("qwen3.8-27b", "int4", 1024, True, "qwen3.8-27b-dflash2", None, drafter_format="int3")

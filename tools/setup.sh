@@ -30,6 +30,19 @@ PYTHONWARNINGS="ignore:Editable installation" python -m pip install -q -e ".[ser
 if ! command -v nvidia-smi >/dev/null 2>&1; then
   python -m pip install -q "triton==3.9.0" "nvidia-cuda-nvcc==13.5.37"
 fi
+# z-lab's DFlash package: the test-time oracle of the DFlash2 drafter (tests/drafters/test_dflash2.py). Its `local`
+# extra pins torch and transformers versions of its own; what it imports (torch, transformers) the test extra has.
+python -m pip install -q --no-deps "dflash==0.1.0"
+# Snowflake's Arctic Inference: the suffix-decoding peer of `edgespec bench session` (bench/test time only). The
+# sdist compiles its C++ suffix tree (nanobind, cmake, a C++ compiler; no CUDA, no vLLM: the CUDA ops build only
+# on request). Built without isolation so its unpinned `torch` build requirement takes the torch installed here
+# rather than fetching a CUDA build; without a compiler the peer column says why it is missing.
+if ! python -c "import arctic_inference.suffix_decoding" 2>/dev/null; then
+  command -v cmake >/dev/null 2>&1 || python -m pip install -q cmake
+  python -m pip install -q "nanobind==2.9.2" ninja grpcio-tools
+  python -m pip install -q --no-build-isolation --no-deps "arctic-inference==0.3.0" \
+    || echo "setup: arctic-inference did not build (bench session runs without its arctic column)" >&2
+fi
 # The compiled GGUF block products and CPU step helpers (edgespec/kernels/gguf_cpu.c); without a compiler the
 # torch reference paths run instead.
 python -c "from edgespec.kernels.gguf_native import build; build()" || true

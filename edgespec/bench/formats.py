@@ -84,15 +84,23 @@ def meta_model(cfg_dict: dict[str, Any], fmt: str, dtype: torch.dtype, group: in
         for name, p in model.named_parameters():
             if name.endswith(("A_log", "dt_bias")):
                 p.data = p.data.float()
-    if fmt != "dense":
-        for name, module in list(model.named_modules()):
-            if isinstance(module, Linear) and name != "lm_head":
-                packed = _packed_for(fmt, module.out_features, module.in_features, dtype, group)
-                if packed is not None:
-                    parent, _, leaf = name.rpartition(".")
-                    setattr(model.get_submodule(parent), leaf, PackedLinear(packed))
+    pack_meta_linears(model, fmt, dtype, group)
     model.merge_projections()
     return model
+
+
+def pack_meta_linears(root: torch.nn.Module, fmt: str, dtype: torch.dtype, group: int = 128,
+                      keep: tuple[str, ...] = ("lm_head",)) -> None:
+    """Replace every :class:`Linear` under ``root`` (leaf names in ``keep`` excepted) by a meta
+    :class:`PackedLinear` in ``fmt`` where the format fits its shape: the served sizes, nothing allocated."""
+    if fmt == "dense":
+        return
+    for name, module in list(root.named_modules()):
+        if isinstance(module, Linear) and name.rpartition(".")[2] not in keep:
+            packed = _packed_for(fmt, module.out_features, module.in_features, dtype, group)
+            if packed is not None:
+                parent, _, leaf = name.rpartition(".")
+                setattr(root.get_submodule(parent) if parent else root, leaf, PackedLinear(packed))
 
 
 def format_model(cfg_dict: dict[str, Any], fmt: str, device: torch.device, dtype: torch.dtype, max_len: int,

@@ -1,4 +1,4 @@
-"""Write random-weight drafters for a target checkpoint: DFlash folders in the public format, or MTP weights.
+"""Write random-weight drafters for a target checkpoint: DFlash / DFlash2 folders in the public format, or MTP weights.
 
 No hub access is possible in tests or on an air-gapped robot, so this builds drafters of the right *shapes*
 (random values) for any target ``config.json``: enough to exercise loading, the window and the speculative loop,
@@ -14,6 +14,8 @@ Command line (from the repository root; ``tools/make_drafter.py`` runs :func:`ma
 
     python tools/make_drafter.py dflash --target DIR --out DIR [--layers 2] [--block-size 16] [--sliding 1
         --sliding-window 2048] [--layout nested|top] [--prefix model.] [--own-embed] [--own-lm-head]
+    python tools/make_drafter.py dflash2 --target DIR --out DIR [the dflash options] [--conv-taps 2]
+        [--conv-group 16] [--selector-rank 256] [--selector-top-k 16]
     python tools/make_drafter.py mtp --target DIR          # adds mtp.* to a Qwen3.5 checkpoint in place
 
 A tiny Qwen3.5 target that already has MTP weights: ``edgespec.bench.shapes.write_random_checkpoint(folder,
@@ -31,6 +33,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from edgespec.drafters.dflash2_net import ARCHITECTURE as DFLASH2
+from edgespec.drafters.dflash2_net import DFlash2DraftModel, parse_dflash2_config
 from edgespec.drafters.dflash_net import DFlashDraftModel, default_target_layer_ids, parse_dflash_config
 from edgespec.loading.hf_config import parse_config, read_json
 from edgespec.loading.weights import weight_files
@@ -137,6 +141,45 @@ def write_dflash_drafter(folder: str | Path, target: str | Path | dict[str, Any]
     return folder
 
 
+def dflash2_config_dict(target: str | Path | dict[str, Any], *, conv_taps: int = 2, conv_group: int = 16,
+                        selector_rank: int = 256, selector_top_k: int = 16, **config: Any) -> dict[str, Any]:
+    """A DFlash2 ``config.json`` dict for ``target``: :func:`dflash_config_dict`'s (nested layout) declaring
+    ``DFlash2DraftModel``, with block size, convolution and selector sizes in ``dflash_config``."""
+    raw = dflash_config_dict(target, layout="nested", **config)
+    raw["architectures"] = [DFLASH2]
+    raw["dflash_config"].update(block_size=raw.pop("block_size"), conv_kernel_size=conv_taps,
+                                conv_group_size=conv_group, selector_rank=selector_rank, selector_top_k=selector_top_k)
+    return raw
+
+
+def write_dflash2_drafter(folder: str | Path, target: str | Path | dict[str, Any], *, seed: int = 0,
+                          dtype: torch.dtype = torch.float32, conv_taps: int = 2, conv_group: int = 16,
+                          selector_rank: int = 256, selector_top_k: int = 16, **config: Any) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` of a random DFlash2 drafter for ``target``: a DFlash drafter
+    (keywords as :func:`dflash_config_dict`, the convolution and selector sizes in ``dflash_config``) with each
+    layer's convolutions -- their learnt kernels around the identity, so the block's signal survives -- and the
+    selector's codebooks stored bare, as published."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tcfg_raw = _target_config(target)
+    tcfg = parse_config(tcfg_raw)
+    raw = dflash2_config_dict(tcfg_raw, conv_taps=conv_taps, conv_group=conv_group, selector_rank=selector_rank,
+                              selector_top_k=selector_top_k, **config)
+    cfg = parse_dflash2_config(raw, tcfg.num_hidden_layers)
+    with torch.device("meta"):
+        model = DFlash2DraftModel(cfg, tcfg.hidden_size, tcfg.vocab_size).to(dtype)
+    model = model.to_empty(device="cpu")
+    _randomise(model, seed, zero_centred=False)
+    with torch.no_grad():
+        for layer in model.layers:
+            for conv in (layer.attention_conv, layer.mlp_conv):
+                conv.base_kernel[:, 0] += 1.0
+    (folder / "config.json").write_text(json.dumps(raw, indent=2))
+    tensors = {name: t.contiguous() for name, t in model.state_dict().items()}
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
 def add_mtp_weights(folder: str | Path, seed: int = 0, num_layers: int | None = None,
                     dtype: torch.dtype = torch.float32) -> Path:
     """Add random ``mtp.*`` weights to a Qwen3.5/3.6 checkpoint folder (written to ``mtp.safetensors``; a
@@ -192,21 +235,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--head-dim", type=int, default=None)
     p.add_argument("--dtype", choices=tuple(_DTYPES), default="bfloat16")
     p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("dflash2", help="write a random DFlash2 drafter folder for a target", parents=[p],
+                       add_help=False)
+    p.add_argument("--conv-taps", type=int, default=2, help="conv_kernel_size")
+    p.add_argument("--conv-group", type=int, default=16, help="conv_group_size")
+    p.add_argument("--selector-rank", type=int, default=256)
+    p.add_argument("--selector-top-k", type=int, default=16)
     p = sub.add_parser("mtp", help="add random mtp.* weights to a Qwen3.5/3.6 checkpoint folder (in place)")
     p.add_argument("--target", required=True, help="target checkpoint folder")
     p.add_argument("--layers", type=int, default=None, help="mtp_num_hidden_layers (default: config or 1)")
     p.add_argument("--dtype", choices=tuple(_DTYPES), default="bfloat16")
     p.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    if args.command == "dflash":
+    if args.command in ("dflash", "dflash2"):
         taps = [int(t) for t in args.taps.split(",")] if args.taps else None
-        out = write_dflash_drafter(
-            args.out, args.target, seed=args.seed, prefix=args.prefix, own_embed=args.own_embed,
-            own_lm_head=args.own_lm_head, dtype=_DTYPES[args.dtype], num_layers=args.layers,
-            block_size=args.block_size, mask_token_id=args.mask_token_id, target_layer_ids=taps,
-            write_layer_ids=not args.no_taps, sliding_layers=args.sliding, sliding_window=args.sliding_window,
-            layout=args.layout, intermediate_size=args.intermediate_size, num_heads=args.heads,
-            num_kv_heads=args.kv_heads, head_dim=args.head_dim)
+        shape = dict(num_layers=args.layers, block_size=args.block_size, mask_token_id=args.mask_token_id,
+                     target_layer_ids=taps, write_layer_ids=not args.no_taps, sliding_layers=args.sliding,
+                     sliding_window=args.sliding_window, intermediate_size=args.intermediate_size,
+                     num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=args.head_dim)
+        if args.command == "dflash":
+            out = write_dflash_drafter(args.out, args.target, seed=args.seed, prefix=args.prefix,
+                                       own_embed=args.own_embed, own_lm_head=args.own_lm_head,
+                                       dtype=_DTYPES[args.dtype], layout=args.layout, **shape)
+        else:
+            out = write_dflash2_drafter(args.out, args.target, seed=args.seed, dtype=_DTYPES[args.dtype],
+                                        conv_taps=args.conv_taps, conv_group=args.conv_group,
+                                        selector_rank=args.selector_rank, selector_top_k=args.selector_top_k,
+                                        **shape)
     else:
         out = add_mtp_weights(args.target, seed=args.seed, num_layers=args.layers, dtype=_DTYPES[args.dtype])
     print(out)

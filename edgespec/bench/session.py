@@ -33,14 +33,19 @@ DRAFTERS: dict[str, dict[str, Any]] = {
     "dflash": {"drafter": "dflash", "lookup_drafter": "ngram"},
     "dflash+suffix": {"drafter": "dflash", "lookup_drafter": "suffix"},
 }
+# Peer columns: a library's proposer in the engine of one of ours (same model, cache, K and verify), for a
+# side-by-side acceptance length; ``arctic`` is Arctic Inference's suffix decoding beside ``suffix``
+# (edgespec.bench.peer_arctic; a test/bench-time library, built by tools/setup.sh).
+PEERS: dict[str, str] = {"arctic": "suffix"}
 CLIENT = "session-bench"      # one client: the whole stream shares one suffix-cache partition
 
 
 def add_session_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``edgespec bench session`` that say which stream and which drafters."""
     p.add_argument("--session-drafters", default="ngram,suffix,dflash,dflash+suffix",
-                   help=f"comma list of {', '.join(d for d in DRAFTERS if d != 'plain')} (plain "
-                   "always runs: the speed baseline and the output every drafter must equal)")
+                   help=f"comma list of {', '.join(_COLUMNS)} (plain always runs: the speed baseline "
+                   "and the output every drafter must equal; arctic: Arctic Inference's suffix decoding, the "
+                   "peer of suffix, when it is installed)")
     p.add_argument("--session-requests", type=int, default=24, help="generated requests")
     p.add_argument("--session-seed", type=int, default=0, help="seed of the generated stream")
     p.add_argument("--session-first", type=int, default=4, help="requests counted as 'first' "
@@ -80,14 +85,37 @@ class Column:
                 "same_as_plain": f"{self.same}/{self.requests}"}
 
 
+_COLUMNS = [d for d in DRAFTERS if d != "plain"] + list(PEERS)
+
+
 def parse_drafters(spec: str) -> list[str]:
     """``plain`` first, then the named drafters in order; unknown names are an error naming them."""
     names = [s.strip() for s in spec.split(",") if s.strip()]
-    bad = [n for n in names if n not in DRAFTERS or n == "plain"]
+    bad = [n for n in names if n not in _COLUMNS]
     if bad or not names:
         raise ConfigError(f"--session-drafters {spec!r}: {', '.join(bad) or 'empty'} not among "
-                          f"{', '.join(d for d in DRAFTERS if d != 'plain')}")
+                          f"{', '.join(_COLUMNS)}")
     return ["plain"] + list(dict.fromkeys(names))
+
+
+def _peer_engine(settings: Settings, base: Engine, name: str) -> Engine | None:
+    """The engine of peer ``name``: the engine of the drafter it stands beside, its proposer swapped for the peer's
+    (same taps, K and draft sizing, so the session, its cache and verify stay as they are). None, after saying
+    why, when the peer's library is not installed."""
+    from edgespec.bench.peer_arctic import ArcticSuffixProposer, arctic_available
+
+    reason = arctic_available()
+    if reason is not None:
+        print(f"session: no {name} column: {reason}")
+        return None
+    engine = Engine.around(settings.with_overrides(**DRAFTERS[PEERS[name]]), base.model, base.tokenizer,
+                           base.model_dir)
+    peer = ArcticSuffixProposer(max_depth=engine.plan.drafter.suffix.max_depth)
+    ours = engine.proposer
+    if peer.taps != ours.taps or peer.sizes_drafts != ours.sizes_drafts or engine.session.k > peer.max_k:
+        raise ConfigError(f"peer {name} cannot stand in for {ours.name}: taps, draft sizing or K differ")
+    engine.proposer = engine.session.proposer = engine.suffix_cache = peer
+    return engine
 
 
 def session_requests(args: argparse.Namespace) -> list[Request]:
@@ -105,6 +133,23 @@ def session_requests(args: argparse.Namespace) -> list[Request]:
             for text in robot_stream(args.session_requests, args.session_seed)]
 
 
+def _peer_lines(figures: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """Each peer's AL beside the drafter it stands beside, per range of requests, printed and returned."""
+    out: dict[str, Any] = {}
+    for peer, ours in PEERS.items():
+        if peer not in names or ours not in names:
+            continue
+        for label in ("first", "steady"):
+            if label not in figures:
+                continue
+            a, b = figures[label][ours]["al"], figures[label][peer]["al"]
+            ratio = a / b if b else None
+            out[f"{ours}/{peer} {label}"] = {"ours": a, "peer": b, "ratio": None if ratio is None else round(ratio, 3)}
+            print(f"{ours} vs {peer} ({label}): AL {a:.2f} vs {b:.2f}"
+                  + ("" if ratio is None else f" = {ratio:.3f}x"))
+    return out
+
+
 def run_session(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     """Run the stream on every drafter's engine, print a row per request and the two summaries, return all."""
     names = parse_drafters(args.session_drafters)
@@ -114,8 +159,14 @@ def run_session(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     base = Engine.from_settings(settings.with_overrides(**DRAFTERS["plain"]))
     engines = {"plain": base}
     for name in names[1:]:
+        if name in PEERS:
+            peer = _peer_engine(settings, base, name)
+            if peer is not None:
+                engines[name] = peer
+            continue
         engines[name] = Engine.around(settings.with_overrides(**DRAFTERS[name]), base.model, base.tokenizer,
                                       base.model_dir)
+    names = [n for n in names if n in engines]
     # Warm-up, untimed, under another client key: kernels and first-call costs out of the first request, and
     # nothing of it in the stream's suffix-cache partition.
     for engine in engines.values():
@@ -154,6 +205,7 @@ def run_session(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
               + "; ".join(f"{n} AL {d['al']:.2f} {d['tok_s']:.1f} tok/s ({d['x_plain']:.2f}x plain, "
                           f"draft {d['draft_ms_per_cycle'] or 0:.2f} ms/cycle, same {d['same_as_plain']})"
                           for n, d in figures[label].items()))
+    figures["peers"] = _peer_lines(figures, names)
     figures["suffix"] = {}
     for name, engine in engines.items():
         cache = engine.suffix_cache

@@ -30,6 +30,11 @@ SHAPES: dict[str, dict[str, Any]] = {
     "qwen3.5-27b": dict(model_type="qwen3_5_text", hidden_size=5120, num_hidden_layers=64, num_attention_heads=24,
                         num_key_value_heads=4, intermediate_size=17408, linear_num_key_heads=16,
                         linear_num_value_heads=48, tie_word_embeddings=False),
+    # Qwen3.8-27B: Qwen3.5/3.6-27B's text model (Qwen3_5ForConditionalGeneration, model_type qwen3_5, 64 layers
+    # 3:1 Gated DeltaNet to gated attention, one MTP layer, 262k positions), served text-only.
+    "qwen3.8-27b": dict(model_type="qwen3_5_text", hidden_size=5120, num_hidden_layers=64, num_attention_heads=24,
+                        num_key_value_heads=4, intermediate_size=17408, linear_num_key_heads=16,
+                        linear_num_value_heads=48, tie_word_embeddings=False, mtp_num_hidden_layers=1),
     # The MoE hybrid (Qwen3.5/3.6-35B-A3B): 256 experts, 8 routed + 1 shared, expert width 512.
     "qwen3.5-35b-a3b": dict(model_type="qwen3_5_moe_text", hidden_size=2048, num_hidden_layers=40,
                             num_attention_heads=16, num_key_value_heads=2, linear_num_key_heads=16,
@@ -50,6 +55,20 @@ SHAPES: dict[str, dict[str, Any]] = {
     "peer-llama": dict(model_type="llama", hidden_size=3072, num_hidden_layers=28, num_attention_heads=24,
                        num_key_value_heads=8, intermediate_size=8192, vocab_size=49152,
                        tie_word_embeddings=False, rope_theta=500000.0, rms_norm_eps=1e-5),
+}
+
+# Published drafters, for memory budgets and projections without weights (``edgespec doctor --shape --drafter``):
+# the target shape each one drafts for and the keywords of ``edgespec.bench.random_drafter``'s config writers.
+# z-lab/Qwen3.8-27B-DFlash2 (config.json and safetensors header: 1.924 G parameters in bf16): 5 sliding-window
+# layers (2048) of hidden 5120, 32/8 heads of 128, MLP 17408, taps 5/19/33/47/61, block 8, two-tap convolutions
+# in groups of 16, a rank-256 selector over the top 16.
+DRAFTER_SHAPES: dict[str, dict[str, Any]] = {
+    "qwen3.8-27b-dflash2": dict(kind="dflash2", target="qwen3.8-27b", num_layers=5, block_size=8,
+                                mask_token_id=248070, target_layer_ids=[5, 19, 33, 47, 61], sliding_layers=5,
+                                sliding_window=2048, intermediate_size=17408, num_heads=32, num_kv_heads=8,
+                                head_dim=128, rope_theta=1e7, conv_taps=2, conv_group=16, selector_rank=256,
+                                selector_top_k=16, published_al=5.47,
+                                al_source="published: Qwen3.8-27B EXL3 4.0 bpw, RTX 3090, exllamav3 PR 379"),
 }
 
 # Tiny shapes for tests: small enough for CPU golden checks, but every mechanism present (GQA, q/k norm,
@@ -102,6 +121,30 @@ def tiny_config(family: str, **overrides: Any) -> dict[str, Any]:
 _ARCH = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM",
          "qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
          "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration"}
+
+
+def qwen38_config(text: dict[str, Any], *, mrope_section: list[int] | None = None) -> dict[str, Any]:
+    """The ``config.json`` layout Qwen3.8-27B ships (as Qwen3.6-27B: ``Qwen3_5ForConditionalGeneration``,
+    ``model_type`` ``qwen3_5``, the text model under ``text_config`` as ``qwen3_5_text`` with interleaved M-RoPE
+    sections in ``rope_parameters``, a ``vision_config``, ``transformers_version`` 5.8.0.dev0) around the text
+    fields ``text`` (a :func:`config_dict`). ``mrope_section``: the three sections (default: the published
+    [11, 11, 10] scaled to the text model's rotary dimension)."""
+    text = {**text, "model_type": "qwen3_5_text", "mamba_ssm_dtype": "float32", "attn_output_gate": True,
+            "mtp_use_dedicated_embeddings": False}
+    rope = dict(text.get("rope_parameters") or {})
+    half = int(text["head_dim"] * rope.get("partial_rotary_factor", 1.0)) // 2
+    if mrope_section is None:
+        a = round(half * 11 / 32)
+        mrope_section = [a, a, half - 2 * a]
+    text["rope_parameters"] = {**rope, "mrope_interleaved": True, "mrope_section": mrope_section}
+    text.pop("architectures", None)
+    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "in_channels": 3,
+              "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+              "out_hidden_size": text["hidden_size"], "num_position_embeddings": 64}
+    return {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "text_config": text,
+            "vision_config": vision, "tie_word_embeddings": text.get("tie_word_embeddings", False),
+            "image_token_id": 248056, "video_token_id": 248057, "vision_start_token_id": 248053,
+            "vision_end_token_id": 248054, "transformers_version": "5.8.0.dev0"}
 
 
 def randomise_(model: TargetModel, seed: int, norm_spread: float = 0.5) -> None:

@@ -13,12 +13,11 @@ from edgespec.config import Settings
 from edgespec.drafters.dflash_net import DFlashConfig, DFlashDraftModel, parse_dflash_config
 from edgespec.drafters.dflash_proposer import DFlashProposer
 from edgespec.drafters.plan import DrafterPlan
-from edgespec.drafters.quantize import DRAFTER_WEIGHTS, quantize_linears
+from edgespec.drafters.quantize import DRAFTER_WEIGHTS, serve_quantized
 from edgespec.errors import CheckpointError, ConfigError
 from edgespec.loading.hf_config import read_json
 from edgespec.loading.weights import load_parameters, weight_files
 from edgespec.models.decoder import TargetModel
-from edgespec.models.layers import merge_all_projections
 
 
 def _checkpoint_index(files: list[Path]) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -89,6 +88,31 @@ def _drafter_dtype(target: TargetModel) -> torch.dtype:
     return torch.bfloat16 if target.dtype == torch.float16 else target.dtype
 
 
+def open_drafter_folder(folder: str | Path, weights: str, kind: str) -> tuple[Path, dict]:
+    """Check the ``drafter_weights`` format and that ``folder`` exists; returns the folder and its config dict."""
+    if weights not in DRAFTER_WEIGHTS:
+        raise ConfigError(f"drafter_weights {weights!r}: choose one of {', '.join(DRAFTER_WEIGHTS)}")
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise CheckpointError(f"{kind} drafter folder not found: {folder}")
+    return folder, read_json(folder / "config.json")
+
+
+def fill_drafter(build: Callable[[], nn.Module], target: TargetModel, files: list[Path], key_names: dict[str, str],
+                 folder: Path, kind: str) -> nn.Module:
+    """The drafter ``build`` makes, built on the meta device, allocated on the target's device in the drafter
+    dtype and filled from ``files`` (checkpoint key -> parameter name: ``key_names``); every problem named."""
+    with torch.device("meta"):
+        drafter = build()
+    drafter = drafter.to_empty(device=target.device).to(_drafter_dtype(target))
+    fc_hint = f" (= {len(drafter.cfg.target_layer_ids)} taps x target hidden {target.config.hidden_size})"
+    problems = load_parameters(dict(drafter.named_parameters()), files, key_names.get,
+                               lambda name: fc_hint if name == "fc.weight" else "")
+    if problems:
+        raise CheckpointError(f"{kind} drafter {folder} does not fit its config: " + " | ".join(problems))
+    return drafter
+
+
 def load_dflash_checkpoint(folder: str | Path, target: TargetModel, *, window_size: int = 128,
                            window_seed: bool = True, cuda_graphs: bool = False, weights: str = "model",
                            choose_kernels: Callable[[nn.Module], int] | None = None) -> DFlashProposer:
@@ -102,37 +126,15 @@ def load_dflash_checkpoint(folder: str | Path, target: TargetModel, *, window_si
     mismatches, and :class:`ConfigError` when the drafter was made for another target (hidden size,
     vocabulary, mask id, tap layers, layer count).
     """
-    if weights not in DRAFTER_WEIGHTS:
-        raise ConfigError(f"drafter_weights {weights!r}: choose one of {', '.join(DRAFTER_WEIGHTS)}")
-    folder = Path(folder).expanduser()
-    if not folder.is_dir():
-        raise CheckpointError(f"DFlash drafter folder not found: {folder}")
-    raw = read_json(folder / "config.json")
+    folder, raw = open_drafter_folder(folder, weights, "DFlash")
     cfg = parse_dflash_config(raw, target.config.num_hidden_layers, source=str(folder / "config.json"))
     check_window(window_size, cfg.block_size, folder)
     files = weight_files(folder)
     index = _checkpoint_index(files)
-    key_names = {key: name for key, (name, _) in index.items()}
     embed_vocab, head_vocab = _check_fit(cfg, target, dict(index.values()), folder)
-
-    dtype, device = _drafter_dtype(target), target.device
-    with torch.device("meta"):
-        drafter = DFlashDraftModel(cfg, target.config.hidden_size, embed_vocab, head_vocab)
-    drafter = drafter.to_empty(device=device).to(dtype)
-    fc_hint = f" (= {len(cfg.target_layer_ids)} taps x target hidden {target.config.hidden_size})"
-    problems = load_parameters(dict(drafter.named_parameters()), files, key_names.get,
-                               lambda name: fc_hint if name == "fc.weight" else "")
-    if problems:
-        raise CheckpointError(f"DFlash drafter {folder} does not fit its config: " + " | ".join(problems))
-    if weights != "model":
-        # Merge q/k/v and gate/up first so each merged matrix is quantized whole, then pick each packed layer's
-        # product (before the proposer captures any graph).
-        merge_all_projections(drafter)
-        quantize_linears(drafter, weights, dtype)
-        if choose_kernels is None:
-            from edgespec.arch.base import ArchHooks
-            choose_kernels = ArchHooks().choose_weight_kernels
-        choose_kernels(drafter)
+    drafter = fill_drafter(lambda: DFlashDraftModel(cfg, target.config.hidden_size, embed_vocab, head_vocab),
+                           target, files, {key: name for key, (name, _) in index.items()}, folder, "DFlash")
+    serve_quantized(drafter, weights, drafter.fc.weight.dtype, choose_kernels)
     # Loaded under the checkpoint's names; the proposer merges q/k/v and gate/up (+ fused SiLU), as in the target.
     return DFlashProposer(drafter, target, window_size=window_size, window_seed=window_seed, cuda_graphs=cuda_graphs)
 
@@ -172,11 +174,16 @@ def load_dflash(plan: DrafterPlan, model: TargetModel,
         # The packaged drafter serves the embedded demo model only: name the setting that picks another.
         raise ConfigError(f"the packaged demo DFlash drafter does not fit this target ({e}); set drafter_path "
                           f"(--drafter-path / EDGESPEC_DRAFTER_PATH) to a drafter trained for it") from None
-    k = plan.num_draft_tokens
-    if k is not None and k > proposer.max_k:
-        raise ConfigError(f"num_draft_tokens {k} exceeds what the DFlash drafter can draft in one block "
-                          f"(block_size {proposer.block_size} -> at most {proposer.max_k})")
+    check_draft_count(plan.num_draft_tokens, proposer)
     return proposer
 
 
-__all__ = ["demo_drafter_path", "dflash_folder", "is_packaged_drafter", "load_dflash", "load_dflash_checkpoint"]
+def check_draft_count(k: int | None, proposer: DFlashProposer) -> None:
+    """Raise ConfigError when ``num_draft_tokens`` ``k`` is more than one block of ``proposer`` drafts."""
+    if k is not None and k > proposer.max_k:
+        raise ConfigError(f"num_draft_tokens {k} exceeds what the {proposer.name} drafter can draft in one block "
+                          f"(block_size {proposer.block_size} -> at most {proposer.max_k})")
+
+
+__all__ = ["check_draft_count", "demo_drafter_path", "dflash_folder", "fill_drafter", "is_packaged_drafter",
+           "load_dflash", "load_dflash_checkpoint", "open_drafter_folder"]

@@ -18,7 +18,7 @@ from edgespec.models.decoder import TargetModel
 def build_proposer(plan: DrafterPlan, model: TargetModel,
                    choose_kernels: Callable[[nn.Module], int] | None = None) -> Proposer | None:
     """``none`` -> None; ``ngram`` -> prompt lookup; ``suffix`` -> suffix tries over the request and earlier
-    outputs; ``dflash`` / ``mtp`` -> model-based drafters.
+    outputs; ``dflash`` (a DFlash or DFlash2 checkpoint) / ``mtp`` -> model-based drafters.
     ``choose_kernels``: the engine's hooks pick a quantized drafter's products (``ArchHooks.choose_weight_kernels``)."""
     name = plan.name
     if name == "none":
@@ -32,6 +32,11 @@ def build_proposer(plan: DrafterPlan, model: TargetModel,
     if name == "suffix":
         return build_suffix(plan, model, min_match=1)
     if name == "dflash":
+        # DFlash and DFlash2 share the setting: the checkpoint's config.json says which network it holds.
+        from edgespec.drafters.dflash2_loader import is_dflash2_folder
+        if is_dflash2_folder(plan.dflash_path):
+            from edgespec.drafters.dflash2_loader import load_dflash2
+            return _with_lookup(load_dflash2(plan, model, choose_kernels), plan, model)
         from edgespec.drafters.dflash import load_dflash
         return _with_lookup(load_dflash(plan, model, choose_kernels), plan, model)
     if name == "mtp":

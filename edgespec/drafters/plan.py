@@ -39,6 +39,7 @@ class DrafterPlan:
     dflash_path: str | None = None     # DFlash checkpoint folder (drafter_path, or the packaged demo drafter)
     dflash_packaged: bool = False      # the packaged demo drafter, served because the model is the demo
     weights: str = "model"             # the DFlash drafter's weight format (drafter_weights)
+    dflash_selector: bool = True       # a DFlash2 drafter drafts its selector's path (dflash_selector)
     window_size: int = 128
     window_seed: bool = True
     cuda_graphs: bool = False

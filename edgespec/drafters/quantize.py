@@ -10,10 +10,12 @@ dense, as does a layer whose shape the format refuses.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
-from edgespec.models.layers import Linear
+from edgespec.models.layers import Linear, merge_all_projections
 from edgespec.weights.base import PackedLinear
 from edgespec.weights.requantize import PACKED_CHOICES, quantize_weight
 
@@ -43,4 +45,20 @@ def quantize_linears(root: nn.Module, fmt: str, compute_dtype: torch.dtype) -> i
     return packed
 
 
-__all__ = ["DRAFTER_WEIGHTS", "quantize_linears"]
+def serve_quantized(drafter: nn.Module, fmt: str, compute_dtype: torch.dtype,
+                    choose_kernels: Callable[[nn.Module], int] | None = None) -> None:
+    """Serve a loaded drafter's linear layers in ``fmt`` (``drafter_weights``; ``model``: nothing changes): merge
+    q/k/v and gate/up first so each merged matrix is quantized whole, pack the layers, then pick each packed
+    layer's product (before any graph is captured) with ``choose_kernels`` (the engine's
+    ``ArchHooks.choose_weight_kernels``; None: the portable choice every arch shares)."""
+    if fmt == "model":
+        return
+    merge_all_projections(drafter)
+    quantize_linears(drafter, fmt, compute_dtype)
+    if choose_kernels is None:
+        from edgespec.arch.base import ArchHooks
+        choose_kernels = ArchHooks().choose_weight_kernels
+    choose_kernels(drafter)
+
+
+__all__ = ["DRAFTER_WEIGHTS", "quantize_linears", "serve_quantized"]
