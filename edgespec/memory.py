@@ -132,8 +132,8 @@ def workspace_bytes(cfg: ModelConfig, dtype: torch.dtype, packed: bool, rows: in
 
 
 # The image size the vision budget is sized for when the caller does not say: a 1280x720 camera frame (resized to
-# 1280x736 by the processor's multiple-of-32 rule).
-VISION_PIXELS = 1280 * 736
+# 1280x704 by the processor's multiple-of-32 rule).
+VISION_PIXELS = 1280 * 704
 # Frames whose tokens the encoder keeps (edgespec.models.multimodal.ImageEncoder).
 ENCODER_CACHED = 4
 

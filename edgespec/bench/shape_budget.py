@@ -30,12 +30,14 @@ def parse_memory(text: str) -> int:
 
 
 def shape_budget(shape: str, fmt: str, max_seq_len: int, kv_fp8: bool, drafter: str | None,
-                 memory: int | None, group_size: int = 128, dtype: torch.dtype = torch.bfloat16
-                 ) -> tuple[MemoryBudget, dict[str, int]]:
+                 memory: int | None, group_size: int = 128, dtype: torch.dtype = torch.bfloat16,
+                 vision: bool = False) -> tuple[MemoryBudget, dict[str, int]]:
     """The :class:`MemoryBudget` of serving ``shape`` (an ``edgespec.bench.shapes.SHAPES`` name) in ``fmt``
     with a KV cache of ``max_seq_len`` tokens, and ``drafter``: ``"mtp"`` (the shape's MTP head in the same
     format), a drafter checkpoint folder, or None. ``memory``: the bytes to fit (a share of a device); None: what
-    this machine has free. Also returns the weights' split: experts, the rest of the target, the MTP head."""
+    this machine has free. ``vision``: with the Qwen3.5/3.6 vision tower in bf16 (as the releases ship it) sized for
+    1280x720 frames (edgespec.memory.vision_bytes). Also returns the weights' split: experts, the rest of the
+    target, the MTP head, the tower."""
     from edgespec.bench.formats import meta_model, shape_config
     from edgespec.loading.hf_config import parse_config
     from edgespec.loading.weights import checkpoint_bytes
@@ -57,9 +59,18 @@ def shape_budget(shape: str, fmt: str, max_seq_len: int, kv_fp8: bool, drafter: 
                   and not n.startswith("mtp."))
     target = module_bytes(model) - head
     drafter_bytes = head if mtp else checkpoint_bytes(drafter)
+    tower = 0
+    if vision:
+        from edgespec.bench.vision_shapes import QWEN35_TOWER
+        from edgespec.models.config import VisionConfig
+        from edgespec.models.vision import VisionTower
+
+        cfg.vision = VisionConfig(**QWEN35_TOWER, out_hidden_size=cfg.hidden_size)
+        with torch.device("meta"):
+            tower = module_bytes(VisionTower(cfg.vision).to(dtype))
     budget = plan_budget(cfg, target, torch.device("cpu"), dtype, max_seq_len, kv_fp8=kv_fp8,
-                         drafter=drafter_bytes, packed=fmt != "dense")
+                         drafter=drafter_bytes, packed=fmt != "dense", vision_weights=tower)
     if memory is not None:
         budget.available = memory
         budget.device = f"a {memory / 1e9:.1f} GB share"
-    return budget, {"experts": experts, "target_rest": target - experts, "mtp_head": head}
+    return budget, {"experts": experts, "target_rest": target - experts, "mtp_head": head, "vision_tower": tower}

@@ -55,11 +55,13 @@ CHAT_TEMPLATE_VL = """\
 
 def tiny_vl_config(**text_overrides: Any) -> dict[str, Any]:
     """The config.json of a tiny Qwen3.5 VLM: the tiny hybrid text model (6 layers, MTP), rotary over half the
-    head (8 frequencies, M-RoPE sections 3/3/2 interleaved) and the tiny tower; image tokens after the byte
-    tokenizer's 261 ids."""
+    head (head_dim 32: 8 frequencies, M-RoPE sections 3/3/2 interleaved) and the tiny tower; image tokens after the
+    byte tokenizer's 261 ids."""
     text = tiny_config("qwen3_5", **text_overrides)
+    pairs = text["head_dim"] // 4             # rotary over half the head: head_dim / 4 frequency pairs
+    h, w = int(pairs * 11 / 32 + 0.5), pairs * 10 // 32        # Qwen3.5's 11/11/10 of 32, scaled
     text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.5,
-                               "mrope_section": [3, 3, 2], "mrope_interleaved": True}
+                               "mrope_section": [pairs - h - w, h, w], "mrope_interleaved": True}
     tie = text.pop("tie_word_embeddings", False)
     text.pop("architectures", None)
     ids = {tok: 261 + i for i, tok in enumerate(VISION_TOKENS)}

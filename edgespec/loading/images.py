@@ -100,8 +100,8 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     """The processor's target size: both sides multiples of ``factor``, ``min_pixels <= h * w <= max_pixels``, the
     aspect ratio kept as far as that allows (transformers' ``smart_resize``, Python's round-half-even included).
 
-    Example: 640 x 480 at factor 32 -> (480, 640) as it is; 1280 x 720 -> (736, 1280); 64 x 48 with
-    min_pixels 65536 -> (224, 288)."""
+    Example: 640 x 480 at factor 32 -> (480, 640) as it is; 1280 x 720 -> (704, 1280); 64 x 48 with
+    min_pixels 65536 -> (224, 320)."""
     if max(height, width) / min(height, width) > 200:
         raise ImageError(f"image of {width}x{height} pixels: the aspect ratio must be below 200:1")
     h_bar = round(height / factor) * factor

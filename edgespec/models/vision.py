@@ -88,8 +88,9 @@ class VisionAttention(nn.Module):
         c, s = cos[:, None, :], sin[:, None, :]
         q = (q.float() * c + rotate_half(q.float()) * s).to(x.dtype)
         k = (k.float() * c + rotate_half(k.float()) * s).to(x.dtype)
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1))
-        return self.proj(out.transpose(0, 1).reshape(N, self.n_heads * self.hd))
+        # [1, heads, N, hd]: the fused (flash / memory-efficient) kernels take 4-D inputs; no N x N scores in memory
+        out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None])
+        return self.proj(out[0].transpose(0, 1).reshape(N, self.n_heads * self.hd))
 
 
 class VisionBlock(nn.Module):
