@@ -19,6 +19,7 @@ from edgespec.cache.model_cache import ModelCache
 from edgespec.cache.state import StateMode
 from edgespec.models.decoder import ForwardOutput, TargetModel
 from edgespec.models.moe import moe_blocks
+from edgespec.models.multimodal import ImageRows
 from edgespec.weights.base import PackedWeight
 
 
@@ -171,9 +172,12 @@ class ArchHooks:
 
     # -- stages -------------------------------------------------------------------------------------------------
     def prefill(self, model: TargetModel, cache: ModelCache, prompt: torch.Tensor, chunk: int,
-                taps: Sequence[int], logits: bool = True) -> ForwardOutput:
+                taps: Sequence[int], logits: bool = True, images: ImageRows | None = None) -> ForwardOutput:
         """Fill the cache with the prompt; logits of the last row (``logits=False``: a piece whose logits nobody
-        reads may skip them), hidden/taps of every row."""
+        reads may skip them), hidden/taps of every row. ``images``: image rows among the prompt's and every row's
+        M-RoPE position (:mod:`edgespec.models.multimodal`); such a prefill runs eagerly."""
+        if images is not None:
+            return model.prefill(prompt, cache, chunk=chunk, taps=taps, logits=logits, images=images)
         out = self._graph_prefill(cache, prompt)
         return out if out is not None else model.prefill(prompt, cache, chunk=chunk, taps=taps, logits=logits)
 

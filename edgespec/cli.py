@@ -18,7 +18,10 @@ from edgespec.errors import EdgespecError
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from edgespec.engine import Engine, Request
+    from edgespec.loading.images import ImageRef
     from edgespec.speculative.sampling import SamplingParams
 
     settings = load_settings(cli=args)
@@ -29,9 +32,14 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     req = Request(max_tokens=settings.max_tokens, sampling=sampling, stop=args.stop or (),
                   on_text=None if args.json else (lambda t: print(t, end="", flush=True)))
     if args.raw:
+        if args.image:
+            raise EdgespecError("--image needs the chat template (leave out --raw)")
         req.prompt = prompt
     else:
-        req.messages = [{"role": "user", "content": prompt}]
+        # Images first, then the question (the order the Qwen-VL cards show).
+        content = [{"type": "image"} for _ in args.image or ()] + [{"type": "text", "text": prompt}]
+        req.messages = [{"role": "user", "content": content if args.image else prompt}]
+        req.images = [ImageRef(Path(p), f"--image {p}") for p in args.image or ()]
         req.enable_thinking = args.thinking
     out = engine.complete(req)
     if args.json:
@@ -129,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="chat template enable_thinking switch")
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    p.add_argument("--image", action="append", metavar="PATH",
+                   help="a PNG, JPEG or WebP file shown before the prompt (repeatable; a vision-language model)")
     p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser("serve", help="run the OpenAI-compatible agent server", parents=[settings_parent(SECTIONS)])

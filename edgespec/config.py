@@ -60,6 +60,19 @@ class Settings:
     arch: Literal["auto", "base", "rtx", "thor"] = _knob(
         "auto", "hardware hook set; auto: CC 11.x -> thor, other CUDA -> rtx, no CUDA -> base")
     enable_thinking: bool = _knob(False, "default thinking switch of the chat template (per request overridable)")
+    # images (vision-language checkpoints: Qwen3.5/3.6 with model.visual.*; edgespec.models.multimodal)
+    vision: bool = _knob(True, "load the vision tower of a vision-language checkpoint and serve images; false = "
+                         "text only (the tower's memory is saved, requests with images get a 400)")
+    image_max_pixels: int | None = _knob(
+        None, "resize bound: larger images are scaled down to at most this many pixels (fewer tokens per frame: "
+        "1024 pixels each); None = the checkpoint's preprocessor_config.json", min=1024)
+    max_images: int = _knob(4, "images one request may send (more: 400)", min=0, max=64)
+    max_image_bytes: int = _knob(8 << 20, "encoded size of one image (more: 400); images arrive inside the request "
+                                 "body, so max_body_bytes bounds them too", min=1024)
+    max_image_pixels: int = _knob(4096 * 4096, "width x height of one decoded image before resizing (more: 400, "
+                                  "checked from the header before decoding)", min=1024)
+    image_cache: int = _knob(4, "recent frames whose vision-tower tokens are kept, keyed by their pixels (a "
+                             "repeated frame skips the encoder); 0 = none", min=0, max=64)
     # --- speculation -------------------------------------------------------------------------------------------
     drafter: Literal["none", "ngram", "suffix", "dflash", "mtp"] = _knob("none", "draft proposer",
                                                                          section="speculation")

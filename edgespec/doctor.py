@@ -73,15 +73,17 @@ def model_budget(model_dir: str, max_seq_len: int, device_name: str = "auto", dt
     cfg = load_config(folder)
     spec = detect_quantization(folder)
     raw = read_headers(weight_files(folder))
-    entries = {n: e for k, e in raw.items() if (n := normalise_key(k)) is not None}
-    def record(weights: int, packed: bool):
+    vision = cfg.vision is not None and any(k.startswith("model.visual.") for k in raw)
+    entries = {n: e for k, e in raw.items() if (n := normalise_key(k, vision)) is not None}
+    def record(weights: int, packed: bool, tower: int):
         return plan_budget(cfg, weights, device, dtype, max_seq_len, drafter=checkpoint_bytes(drafter_path),
-                           packed=packed)
+                           packed=packed, vision_weights=tower)
 
     # Built on the meta device only: exact bytes of every tensor as it would be held.
     meta = build_empty(cfg, dtype, torch.device("meta"), 1, with_mtp=any(k.startswith("mtp.") for k in raw),
-                       quant=spec, entries=entries, budget=None, merge=True)
-    budget = record(module_bytes(meta), any(isinstance(m, PackedWeight) for m in meta.modules()))
+                       quant=spec, entries=entries, budget=None, merge=True, with_vision=vision)
+    tower = module_bytes(meta.visual) if meta.visual is not None else 0
+    budget = record(module_bytes(meta) - tower, any(isinstance(m, PackedWeight) for m in meta.modules()), tower)
     lines = [f"model {folder} ({cfg.model_type}, {spec.method if spec else 'dense'} weights, {str(dtype)[6:]} "
              f"activations, max_seq_len {max_seq_len})"]
     lines += budget.lines()
@@ -144,6 +146,8 @@ def add_shape_budget_arguments(p) -> None:
     p.add_argument("--drafter-format", help="with --shape and a drafter shape: its weights (dense, fp8, nvfp4, "
                    "int4); default --format")
     p.add_argument("--memory", help="with --shape: the memory to fit (24GB, 24GiB); default: free on this machine")
+    p.add_argument("--vision", action="store_true", help="with --shape: also the Qwen3.5/3.6 vision tower (bf16) "
+                   "and one 1280x720 frame's activations and encoder cache")
 
 
 def shape_budget_report(args):
@@ -155,10 +159,10 @@ def shape_budget_report(args):
     drafter = None if args.drafter == "none" else args.drafter
     dformat = getattr(args, "drafter_format", None)
     budget, split = shape_budget(args.shape, args.format, args.max_seq_len, args.kv == "fp8", drafter, memory,
-                                 drafter_format=dformat)
+                                 drafter_format=dformat, vision=args.vision)
     named = f"{args.drafter} ({dformat or args.format})" if "drafter_weights" in split else args.drafter
     lines = [f"shape {args.shape}, {args.format} weights, {args.kv} KV cache of {args.max_seq_len} tokens, drafter "
-             f"{named} (from the config alone: no weights read)"]
+             f"{named}{', vision tower' if args.vision else ''} (from the config alone: no weights read)"]
     lines += budget.lines()
     lines += [f"{'of the weights':>18}: experts {format_bytes(split['experts'])}, rest "
               f"{format_bytes(split['target_rest'])}"]
@@ -207,6 +211,7 @@ def compile_report(target_name: str, shape: str, fmt: str) -> tuple[list[str], l
              f"{ptxas or 'bundled with Triton'}: {len(results)} distinct kernels", *ct.report_lines(results)]
     lines += [f"not recorded: {why}" for why in failed]
     return lines, ct.problems(results)
+
 
 def _drafter_lines(args, split: dict[str, int]) -> list[str]:
     """The drafter shape's parts and the Thor projection of its cycle (``doctor --shape --drafter SHAPE``)."""

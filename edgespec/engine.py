@@ -19,12 +19,14 @@ from edgespec.cache.prefix import PrefixCache
 from edgespec.config import Settings
 from edgespec.drafters.factory import build_proposer
 from edgespec.energy import EnergyReading, EnergySpan, open_meter
-from edgespec.errors import ConfigError, RequestError
+from edgespec.errors import ConfigError, ImageError, RequestError
 from edgespec.kernels import options as kernel_options
 from edgespec.kernels.linear import configure_cpu
 from edgespec.loading.checkpoint import load_target
+from edgespec.loading.images import ImageLimits, ImageRef, ProcessorConfig, load_image
 from edgespec.loading.resumable_encoder import ResumableEncoder
 from edgespec.loading.tokenizer import ChatTokenizer
+from edgespec.models.multimodal import ImageEncoder, VisionPrompt
 from edgespec.plan import RuntimePlan
 from edgespec.speculative.acceptance import AcceptancePolicy, RejectionSampling, RelaxedThinking, StrictGreedy
 from edgespec.speculative.plan import draft_tokens
@@ -56,6 +58,11 @@ class Request:
     # and the suffix drafter's cache of earlier outputs is partitioned by it.
     cache_key: str | None = None
     partial: Partial | None = None
+    # Images of the chat messages, in the order their ``{"type": "image"}`` parts appear (vision-language models):
+    # data: URLs, encoded bytes or file paths, each with the request field it came from.
+    images: Sequence[ImageRef] = ()
+    # Set by Engine.check: the images preprocessed and placed in the expanded prompt ids.
+    vision: VisionPrompt | None = None
 
 
 @dataclass
@@ -123,6 +130,14 @@ class Engine:
             raise ConfigError("acceptance relaxed_thinking needs <think> and </think> tokens, and the tokenizer of "
                               f"{model_dir} has none")
         self.totals = CumulativeTelemetry()
+        # Images (a checkpoint with a vision tower): the tower behind its cache of recent frames, the processor's
+        # resize rules and the request limits.
+        self.image_encoder = self.image_processor = None
+        if getattr(model, "visual", None) is not None:
+            self.image_encoder = ImageEncoder(model.visual, self.device, max_cached=settings.image_cache)
+            self.image_processor = ProcessorConfig.from_folder(model_dir, model.config.vision,
+                                                               settings.image_max_pixels)
+        self.image_limits = ImageLimits(settings.max_images, settings.max_image_bytes, settings.max_image_pixels)
         self._prefix_key: str | None = None     # the client key whose tokens the prefix cache holds
         # Joules per request (NVML on a discrete GPU, INA3221 rails on a Jetson, none on CPU; edgespec.energy).
         self.energy = open_meter(self.device) if settings.energy_meter else None
@@ -171,7 +186,8 @@ class Engine:
                                                 max_positions=settings.max_seq_len, drafter_bytes=drafter_bytes)
         else:
             model = load_target(model_dir, dtype=dtype, device=device, max_positions=settings.max_seq_len,
-                                kv_fp8=settings.kv_dtype == "fp8", drafter_bytes=drafter_bytes)
+                                kv_fp8=settings.kv_dtype == "fp8", drafter_bytes=drafter_bytes,
+                                vision=settings.vision)
         if settings.lm_head_weights != "model":
             from edgespec.weights.requantize import quantize_lm_head
             quantize_lm_head(model, settings.lm_head_weights)
@@ -211,10 +227,30 @@ class Engine:
         return StrictGreedy()
 
     def check(self, req: Request) -> list[int]:
-        """Validate a request and tokenise its prompt, before any device work."""
+        """Validate a request and tokenise its prompt, before any device work. A request with images gets them
+        decoded, preprocessed and placed (``req.vision``); the ids returned are the expanded prompt's."""
+        if req.images and req.vision is None:
+            self._check_images(req)
         ids = self.prompt_ids(req)
+        if req.images and req.vision is None:
+            req.vision = VisionPrompt.place(ids, [self._load_image(ref) for ref in req.images], self.image_encoder)
+        if req.vision is not None:
+            ids = req.vision.ids
         self.session.check_request(len(ids), req.max_tokens, req.num_draft_tokens)
         return ids
+
+    def _check_images(self, req: Request) -> None:
+        """The images a request may send: a model with a vision tower, at most ``max_images``."""
+        if self.image_encoder is None:
+            why = "its vision tower is switched off (vision: false)" if getattr(self.model.config, "vision", None) \
+                and not self.settings.vision else "it is a text-only model (no vision tower in the checkpoint)"
+            raise ImageError(f"model {self.model_id} does not take images: {why}", req.images[0].where)
+        if len(req.images) > self.image_limits.max_images:
+            raise ImageError(f"{len(req.images)} images in one request; this server takes at most "
+                             f"{self.image_limits.max_images} (max_images)", req.images[-1].where)
+
+    def _load_image(self, ref: ImageRef):
+        return load_image(ref.data, self.image_processor, self.image_limits, ref.where)
 
     def complete(self, req: Request) -> Completion:
         """Run one request to the end (streaming through ``req.on_text`` if given), or until ``req.preempt`` pauses
@@ -253,7 +289,7 @@ class Engine:
         result = self.session.generate(
             ids + part.tokens, max_tokens=req.max_tokens - len(part.tokens), policy=part.policy,
             stop_ids=self.tokenizer.stop_token_ids, on_tokens=on_tokens, cancelled=stop,
-            constraint=req.constraint, k=req.num_draft_tokens, prefix=self.prefix)
+            constraint=req.constraint, k=req.num_draft_tokens, prefix=self.prefix, vision=req.vision)
         used = span.stop()      # the tokens are on the host: the device work is done
         if used is not None:
             before = part.energy or EnergyReading(0.0, 0.0)

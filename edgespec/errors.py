@@ -30,3 +30,12 @@ class RequestError(EdgespecError, ValueError):
 
 class PromptTooLongError(RequestError):
     """The prompt plus the requested tokens do not fit the configured maximum sequence length."""
+
+
+class ImageError(RequestError):
+    """An image a request sent cannot be served: undecodable, over a limit, too many, a remote URL, or a model
+    without a vision tower. ``param``: the request field it came from (``messages[1].content[0]``), when known."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param

@@ -48,10 +48,14 @@ class MemoryBudget:
     drafter: int
     workspace: int
     available: int
+    # The vision tower (vision-language checkpoints): its weights, the activations of one image of the largest size
+    # served and the encoder's cache of recent frames' tokens (vision_bytes). Image tokens sit in the KV cache's
+    # max_seq_len rows like text (image_kv_bytes tells what one frame takes).
+    vision: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.drafter + self.workspace
+        return self.weights + self.kv_cache + self.drafter + self.workspace + self.vision
 
     @property
     def fits(self) -> bool:
@@ -60,13 +64,15 @@ class MemoryBudget:
     def lines(self) -> list[str]:
         """Human-readable split, one part per line."""
         rows = [("weights", self.weights), ("kv cache + states", self.kv_cache), ("drafter", self.drafter),
-                ("workspace", self.workspace), ("total", self.total), (f"free on {self.device}", self.available)]
+                ("workspace", self.workspace)] + ([("vision tower", self.vision)] if self.vision else []) + [
+                ("total", self.total), (f"free on {self.device}", self.available)]
         return [f"{name:>18}: {format_bytes(value):>11}" for name, value in rows]
 
     def summary(self) -> str:
         f = format_bytes
+        vision = f" + vision tower {f(self.vision)}" if self.vision else ""
         return (f"weights {f(self.weights)} + kv {f(self.kv_cache)} + drafter {f(self.drafter)} + workspace "
-                f"{f(self.workspace)} = {f(self.total)}; free on {self.device}: {f(self.available)}")
+                f"{f(self.workspace)}{vision} = {f(self.total)}; free on {self.device}: {f(self.available)}")
 
     def check(self) -> None:
         """Raise :class:`MemoryBudgetError` naming every part when the total exceeds the free memory."""
@@ -77,7 +83,7 @@ class MemoryBudget:
 
     def to_dict(self) -> dict[str, int | str]:
         return {"device": self.device, "weights": self.weights, "kv_cache": self.kv_cache, "drafter": self.drafter,
-                "workspace": self.workspace, "total": self.total, "available": self.available}
+                "workspace": self.workspace, "vision": self.vision, "total": self.total, "available": self.available}
 
 
 def module_bytes(module: nn.Module) -> int:
@@ -142,6 +148,38 @@ def workspace_bytes(cfg: ModelConfig, dtype: torch.dtype, packed: bool, rows: in
     return acts + logits + tile + SLACK_BYTES
 
 
+# The image size the vision budget is sized for when the caller does not say: a 1280x720 camera frame (resized to
+# 1280x704 by the processor's multiple-of-32 rule).
+VISION_PIXELS = 1280 * 704
+# Frames whose tokens the encoder keeps (edgespec.models.multimodal.ImageEncoder).
+ENCODER_CACHED = 4
+
+
+def vision_bytes(cfg: ModelConfig, tower_weights: int, dtype: torch.dtype, pixels: int = VISION_PIXELS,
+                 cached: int = ENCODER_CACHED) -> int:
+    """The vision tower's part of the budget: its weights, the activations of one image of ``pixels`` pixels
+    (after resizing: ``pixels / patch^2`` patches through a block -- residual, norm, q/k/v, MLP width, in float32
+    where the rotary maths runs; attention runs fused, no patches x patches scores) and ``cached`` frames' tokens."""
+    vis = cfg.vision
+    if vis is None or not tower_weights:
+        return 0
+    elt = torch.empty((), dtype=dtype).element_size()
+    patches = pixels // (vis.patch_size ** 2)
+    per_patch = (6 * vis.hidden_size + vis.intermediate_size) * max(elt, 4) + vis.patch_dim * 4
+    tokens = patches // vis.merge_unit
+    cache = cached * tokens * vis.out_hidden_size * elt * (1 + len(vis.deepstack_visual_indexes))
+    return tower_weights + patches * per_patch + cache
+
+
+def image_kv_bytes(cfg: ModelConfig, tokens: int, dtype: torch.dtype, kv_fp8: bool = False) -> int:
+    """KV-cache bytes of ``tokens`` prompt rows (an image's tokens take rows like text; the cache is preallocated
+    for max_seq_len, so this is the share of it one frame uses)."""
+    elt = torch.empty((), dtype=dtype).element_size()
+    n_attn = sum(kind == "full_attention" for kind in cfg.layer_types)
+    per_tok = cfg.num_key_value_heads * (cfg.head_dim * (1 if kv_fp8 else elt) + (4 if kv_fp8 else 0))
+    return 2 * n_attn * tokens * per_tok
+
+
 def available_bytes(device: torch.device) -> int:
     """Memory free for a new model on ``device``: the CUDA driver's free bytes, else ``MemAvailable``."""
     if device.type == "cuda" and not getattr(torch.cuda.get_device_properties(device), "is_integrated", False):
@@ -178,7 +216,10 @@ def host_peak_rss() -> int:
 
 
 def plan_budget(cfg: ModelConfig, weights: int, device: torch.device, dtype: torch.dtype, max_len: int,
-                kv_fp8: bool = False, drafter: int = 0, packed: bool = False) -> MemoryBudget:
-    """The :class:`MemoryBudget` of serving ``cfg`` with ``weights`` bytes of weights on ``device``."""
+                kv_fp8: bool = False, drafter: int = 0, packed: bool = False, vision_weights: int = 0,
+                vision_pixels: int = VISION_PIXELS) -> MemoryBudget:
+    """The :class:`MemoryBudget` of serving ``cfg`` with ``weights`` bytes of weights on ``device`` (and
+    ``vision_weights`` of a vision tower serving images of up to ``vision_pixels``)."""
     return MemoryBudget(str(device), weights, kv_cache_bytes(cfg, max_len, dtype, kv_fp8), drafter,
-                        workspace_bytes(cfg, dtype, packed), available_bytes(device))
+                        workspace_bytes(cfg, dtype, packed), available_bytes(device),
+                        vision_bytes(cfg, vision_weights, dtype, vision_pixels))

@@ -31,7 +31,7 @@ from starlette.concurrency import run_in_threadpool
 from edgespec.config import Settings
 from edgespec.engine import Completion, Engine
 from edgespec.engine import Request as EngineRequest
-from edgespec.errors import ConfigError, EdgespecError, PromptTooLongError
+from edgespec.errors import ConfigError, EdgespecError, ImageError, PromptTooLongError
 
 from . import logs, protocol, systemd
 from .errors import APIError, SafeJSONResponse, error_body, error_responses, find_invalid_text, install_error_handlers
@@ -238,6 +238,8 @@ def _prepare(state: ServerState, engine: Engine, req: EngineRequest,
         ids = engine.check(req)
     except PromptTooLongError as exc:
         raise APIError(400, str(exc), param=param, code="context_length_exceeded") from None
+    except ImageError as exc:
+        raise APIError(400, str(exc), param=exc.param or param, code="invalid_image") from None
     except EdgespecError as exc:
         p = "edgespec.num_draft_tokens" if "num_draft_tokens" in str(exc) else param
         raise APIError(400, str(exc), param=p, code="invalid_request") from None

@@ -15,10 +15,11 @@ from typing import Any
 from edgespec.config import Settings
 from edgespec.engine import Completion, Request
 from edgespec.errors import RequestError
+from edgespec.loading.images import ImageRef
 from edgespec.speculative.sampling import GREEDY_BELOW, SamplingParams
 
 from .errors import APIError
-from .schemas import ChatCompletionRequest, ChatMessage, CommonFields, CompletionRequest
+from .schemas import ChatCompletionRequest, ChatMessage, CommonFields, CompletionRequest, ContentPart
 from .tools import Delta, OutputSplitter
 
 
@@ -43,24 +44,45 @@ def _tool_arguments(text: str, param: str) -> dict[str, Any]:
     return args
 
 
-def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as the chat template expects them: role + string content (text parts joined); assistant tool calls
-    with their arguments as objects (Qwen templates iterate them), tool results with their call id."""
+def _content(content: list[ContentPart], i: int, images: list[ImageRef]) -> str | list[dict[str, Any]]:
+    """A content list as the template takes it: the text parts joined, or, with images, text and
+    ``{"type": "image"}`` parts in order (the image itself goes to ``images``, decoded by the engine)."""
+    pieces: list[str | dict[str, Any]] = []
+    for j, part in enumerate(content):
+        where = f"messages[{i}].content[{j}]"
+        if part.type == "image_url":
+            if part.image_url is None:
+                raise APIError(400, "an image_url part needs image_url.url", param=where, code="invalid_image")
+            images.append(ImageRef(part.image_url.url, where))
+            pieces.append({"type": "image"})
+        elif part.type == "text" and part.text is not None:
+            pieces.append(part.text)
+        else:
+            raise APIError(400, f"content part of type {part.type!r} is not supported (text and image_url)",
+                           param=where, code="unsupported_content")
+    if all(isinstance(p, str) for p in pieces):
+        return "".join(p for p in pieces if isinstance(p, str))
+    return [{"type": "text", "text": p} if isinstance(p, str) else p for p in pieces]
+
+
+def chat_messages(messages: list[ChatMessage], images: list[ImageRef] | None = None) -> list[dict[str, Any]]:
+    """Messages as the chat template expects them: role + string content (text parts joined; with image parts, a
+    list of text and image parts, each image appended to ``images``); assistant tool calls with their arguments as
+    objects (Qwen templates iterate them), tool results with their call id."""
     out = []
+    found: list[ImageRef] = [] if images is None else images
     for i, m in enumerate(messages):
         content = m.content
         if content is None:
-            text = ""
+            text: str | list[dict[str, Any]] = ""
         elif isinstance(content, str):
             text = content
         else:
-            pieces = []
-            for j, part in enumerate(content):
-                if part.type != "text" or part.text is None:
-                    raise APIError(400, f"content part of type {part.type!r} is not supported (text only)",
-                                   param=f"messages[{i}].content[{j}]", code="unsupported_content")
-                pieces.append(part.text)
-            text = "".join(pieces)
+            before = len(found)
+            text = _content(content, i, found)
+            if images is None and len(found) > before:
+                raise APIError(400, "image parts are only served on chat completions", param=f"messages[{i}]",
+                               code="unsupported_content")
         role = "system" if m.role == "developer" else m.role
         msg: dict[str, Any] = {"role": role, "content": text}
         if m.name:
@@ -180,9 +202,10 @@ def engine_request(body: ChatCompletionRequest | CompletionRequest, settings: Se
         max_tokens = body.max_completion_tokens or body.max_tokens or settings.max_tokens
         thinking = body.chat_template_kwargs.enable_thinking if body.chat_template_kwargs else None
         plan = tool_plan(body)
-        return Request(messages=chat_messages(body.messages), max_tokens=max_tokens, sampling=sampling,
+        images: list[ImageRef] = []
+        return Request(messages=chat_messages(body.messages, images), max_tokens=max_tokens, sampling=sampling,
                        stop=stop, enable_thinking=thinking, num_draft_tokens=num_draft,
-                       tools=plan.specs if plan is not None else None)
+                       tools=plan.specs if plan is not None else None, images=images)
     max_tokens = body.max_tokens or settings.max_tokens
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
@@ -244,6 +267,7 @@ def telemetry(completion: Completion, *, queue_ms: float, timed_out: bool) -> di
         "stage_ms": stages,
         "timed_out": timed_out,
         "energy": energy(completion),
+        **({"vision": t.vision} if t.vision else {}),
     }
 
 

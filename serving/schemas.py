@@ -24,12 +24,22 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(strict=True)
 
 
+class ImageURL(StrictModel):
+    """``image_url`` of an image part: a ``data:image/png|jpeg|webp;base64,...`` URL (remote URLs are refused)."""
+
+    model_config = ConfigDict(extra="allow")
+    url: str = Field(examples=["data:image/jpeg;base64,/9j/4AAQ..."])
+    detail: str | None = None
+
+
 class ContentPart(StrictModel):
-    """One part of a message's content list; only ``{"type": "text", "text": ...}`` is served."""
+    """One part of a message's content list: ``{"type": "text", "text": ...}`` or, for a vision-language model,
+    ``{"type": "image_url", "image_url": {"url": "data:..."}}``."""
 
     model_config = ConfigDict(extra="allow")
     type: str = Field(examples=["text"])
     text: str | None = Field(None, examples=["Where is the cup?"])
+    image_url: ImageURL | None = None
 
 
 class FunctionCall(StrictModel):

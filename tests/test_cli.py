@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from edgespec.cli import main
 
 
@@ -47,3 +49,23 @@ def test_bench_shape_sweep_rejects_bad_input_before_any_work(capsys):
     if not torch.cuda.is_available():
         assert main(["bench", "shapes", "qwen3.5-4b"]) == 2
         assert "CUDA" in capsys.readouterr().err
+
+
+def test_generate_with_an_image_file(tmp_path, capsys):
+    """``edgespec generate --image PATH`` on a tiny vision-language model: answered with the vision telemetry; a
+    missing file and an image with --raw exit 2 naming the problem."""
+    pytest.importorskip("PIL")
+    from edgespec.bench.vision_shapes import encode_frame, synthetic_frame, write_tiny_vl_checkpoint
+
+    folder = write_tiny_vl_checkpoint(tmp_path / "vl", seed=1)
+    frame = tmp_path / "frame.jpg"
+    frame.write_bytes(encode_frame(synthetic_frame(120, 160, seed=2), "JPEG"))
+    code = main(["generate", "--model", str(folder), "--image", str(frame), "--max-tokens", "6", "--json",
+                 "Where is the cube?"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["telemetry"]["vision"]["images"] == 1 and out["telemetry"]["vision"]["encoded"] == 1
+    assert main(["generate", "--model", str(folder), "--image", str(tmp_path / "none.png"), "x"]) == 2
+    assert "cannot read image file" in capsys.readouterr().err
+    assert main(["generate", "--model", str(folder), "--image", str(frame), "--raw", "x"]) == 2
+    assert "--raw" in capsys.readouterr().err

@@ -97,3 +97,21 @@ def test_qwen38_int4_dflash2_int4_32k_fp8_fits_and_projects(capsys):
         shape_budget("qwen3.5-9b", "int4", 1024, True, "qwen3.8-27b-dflash2", None)
     with pytest.raises(ConfigError, match="drafter format 'int3'"):
         shape_budget("qwen3.8-27b", "int4", 1024, True, "qwen3.8-27b-dflash2", None, drafter_format="int3")
+
+
+def test_27b_int4_with_the_vision_tower_and_32k_fp8_kv_fits_thor():
+    """Qwen3.5-27B int4 + its MTP head + the bf16 vision tower (sized for 1280x720 frames) + a 32k FP8 KV cache:
+    the tower is its own part of the budget (its ~0.9 GB of weights counted once) and the whole fits a 32 GB share
+    of Thor's 128 GB."""
+    from edgespec.memory import vision_bytes
+
+    text, _ = shape_budget("qwen3.5-27b", "int4", 32768, True, "mtp", parse_memory("32GB"))
+    budget, split = shape_budget("qwen3.5-27b", "int4", 32768, True, "mtp", parse_memory("32GB"), vision=True)
+    assert text.vision == 0 and budget.weights == text.weights and budget.kv_cache == text.kv_cache
+    assert 0.8e9 < split["vision_tower"] < 1.0e9
+    cfg = parse_config(config_dict(**SHAPES["qwen3.5-27b"]))
+    from edgespec.bench.vision_shapes import QWEN35_TOWER
+    from edgespec.models.config import VisionConfig
+    cfg.vision = VisionConfig(**QWEN35_TOWER, out_hidden_size=cfg.hidden_size)
+    assert budget.vision == vision_bytes(cfg, split["vision_tower"], torch.bfloat16) > split["vision_tower"]
+    assert budget.fits and budget.total <= 32e9

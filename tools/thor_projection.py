@@ -5,6 +5,7 @@
     python tools/thor_projection.py --sm-runs c16.json c24.json [--als 4.57,6,8] [--stacks q16.json q24.json]
     python tools/thor_projection.py --sm-runs c16.json c24.json --tree-cost tree16.json [tree_full.json]
     python tools/thor_projection.py --tree-cycle-ms 41.5 [--als 4.57,6,8]
+    python tools/thor_projection.py --vision vision_bench_sm16.json vision_bench_sm24.json
 
 Input: the JSON ``tools/cycle_bench.py`` writes ($OUT/cycle_bench.json): per stage of one cycle (draft, verify,
 accept+rollback, other) the time measured on the GPU, the bytes the draft and verify stages read, and the GPU's SM
@@ -43,6 +44,11 @@ same shape and format, projects the tree cycle: the chain cycle of the DFlash dr
 the measured tree/chain-verify ratio of that budget, its rollback replaced by the commit (scaled like the verify,
 from the measured GPU to Thor). ``--tree-cycle-ms`` takes a tree cycle as it is (measured or projected elsewhere).
 Both print tok/s at each AL of ``--als`` (a tree's AL comes from the drafter, not from these random weights).
+
+Camera frames: ``--vision`` takes ``tools/vision_bench.py --sm-limit`` files (16 and 24 SMs) and projects the vision
+tower's time per frame size the same way (interpolated to 20 SMs, x the clock ratio, never below its weight bytes
+at 259 GB/s), with the prefill of the frame's tokens and the frame's price in decode steps when the files timed a
+text model (``--decode-shape``).
 """
 
 from __future__ import annotations
@@ -336,6 +342,60 @@ def print_tree_cycles(cycles: list[tuple[str, float]], als: list[float]) -> None
         print(f"{label:<72} {ms:>8.1f} " + " ".join(f"{al / ms * 1e3:>7.1f}" for al in als))
 
 
+def vision_projection(paths: list[str], clock_mhz: float) -> dict:
+    """Each camera frame of ``tools/vision_bench.py --sm-limit`` files (16 and 24 SMs) on Thor: the tower's time
+    (and, when the files timed a text model, the prefill of the frame's tokens and a decode step) interpolated to 20
+    SMs and scaled by the clock ratio, against the tower's weight bytes at 259 GB/s (it reads them once a frame)."""
+    runs = _by_granted(paths, "frames", "tools/vision_bench.py file")
+    sample = next(iter(runs.values()))
+    clock_ratio = sample["sm_clock_mhz"] / clock_mhz
+    tower_bytes_ms = sample["tower_bytes"] / THOR_READ_BW * 1e3
+
+    def at_thor(values: dict[int, float]) -> float:
+        return interpolate_ms(values, THOR_SMS) * clock_ratio
+
+    frames = []
+    for i, f in enumerate(sample["frames"]):
+        tower = at_thor({n: r["frames"][i]["tower_ms"] for n, r in runs.items()})
+        row = {"frame": f["frame"], "tokens": f["tokens"], "tflop": f["tflop"], "tower_ms": max(tower, tower_bytes_ms),
+               "bound": "bytes" if tower_bytes_ms >= tower else "SMs",
+               "measured_ms": {n: r["frames"][i]["tower_ms"] for n, r in runs.items()}}
+        if all("prefill_ms" in r["frames"][i] for r in runs.values()):
+            row["prefill_ms"] = at_thor({n: r["frames"][i]["prefill_ms"] for n, r in runs.items()})
+        frames.append(row)
+    out = {"sms": sorted(runs), "clock_ratio": clock_ratio, "tower_bytes": sample["tower_bytes"], "frames": frames,
+           "device": sample["device"]}
+    if all("text" in r for r in runs.values()):
+        text = sample["text"]
+        # a decode step reads every weight once: it cannot beat its bytes at Thor's read rate
+        decode = max(at_thor({n: r["text"]["decode_ms"] for n, r in runs.items()}),
+                     text["weight_bytes"] / THOR_READ_BW * 1e3)
+        out["text"] = {"shape": text["shape"], "format": text["format"], "decode_ms": decode}
+        for row in frames:
+            row["decode_steps"] = (row["tower_ms"] + row.get("prefill_ms", 0.0)) / decode
+    return out
+
+
+def vision_table(paths: list[str], clock_mhz: float) -> int:
+    """Print :func:`vision_projection`."""
+    p = vision_projection(paths, clock_mhz)
+    print(f"Jetson AGX Thor PROJECTION of the vision tower ({p['tower_bytes'] / 1e9:.2f} GB bf16) from "
+          f"{'/'.join(map(str, p['sms']))}-SM runs on {p['device']}: times interpolated to {THOR_SMS} SMs x clock "
+          f"ratio {p['clock_ratio']:.2f}, tower bytes at {THOR_READ_BW / 1e9:.0f} GB/s as the floor")
+    text = p.get("text")
+    if text:
+        print(f"text model {text['shape']} {text['format']}: decode {text['decode_ms']:.2f} ms/token "
+              f"({1e3 / text['decode_ms']:.1f} tok/s plain)")
+    print(f"{'frame':<11} {'tokens':>6} {'TFLOP':>6} {'measured tower ms (SMs)':<28} {'Thor tower ms':>13} {'bound':>5}"
+          + (f" {'prefill ms':>10} {'decode steps':>12}" if text else ""))
+    for f in p["frames"]:
+        measured = ", ".join(f"{ms:.1f} ({n})" for n, ms in sorted(f["measured_ms"].items()))
+        tail = (f" {f.get('prefill_ms', float('nan')):>10.1f} {f['decode_steps']:>12.1f}" if text else "")
+        print(f"{f['frame']:<11} {f['tokens']:>6} {f['tflop']:>6.2f} {measured:<28} {f['tower_ms']:>13.1f} "
+              f"{f['bound']:>5}{tail}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("files", nargs="*", help="cycle_bench.json files (full chip)")
@@ -355,7 +415,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tree-cost", nargs="+", default=[], help="tools/tree_cost.py --json files: the tree cycle "
                     "projected from --sm-runs of the same shape and format")
     ap.add_argument("--tree-cycle-ms", type=float, default=None, help="a tree cycle (ms): tok/s at each AL of --als")
+    ap.add_argument("--vision", nargs="+", default=[], help="tools/vision_bench.py files written with --sm-limit (16 "
+                    "and 24): the vision tower per camera frame on Thor, beside the text model's decode step")
     args = ap.parse_args(argv)
+    if args.vision:
+        try:
+            return vision_table(args.vision, args.thor_clock_mhz)
+        except (ValueError, KeyError) as e:
+            print(f"thor_projection: {e}", file=sys.stderr)
+            return 2
     if args.moe:
         try:
             return moe_table(args.moe, [float(a) for a in args.mtp_als.split(",") if a], args.thor_clock_mhz,

@@ -78,14 +78,17 @@ def _drafter_split(name: str, shape: str, fmt: str, dtype: torch.dtype, group_si
 
 def shape_budget(shape: str, fmt: str, max_seq_len: int, kv_fp8: bool, drafter: str | None,
                  memory: int | None, group_size: int = 128, dtype: torch.dtype = torch.bfloat16,
-                 drafter_format: str | None = None, window: int = 128) -> tuple[MemoryBudget, dict[str, int]]:
+                 drafter_format: str | None = None, window: int = 128,
+                 vision: bool = False) -> tuple[MemoryBudget, dict[str, int]]:
     """The :class:`MemoryBudget` of serving ``shape`` (an ``edgespec.bench.shapes.SHAPES`` name) in ``fmt``
     with a KV cache of ``max_seq_len`` tokens, and ``drafter``: ``"mtp"`` (the shape's MTP head in the same
     format), a published drafter shape (``DRAFTER_SHAPES``: its weights in ``drafter_format``, default ``fmt``,
     plus its context window of ``window`` tokens), a drafter checkpoint folder, or None. ``memory``: the bytes
-    to fit (a share of a device); None: what this machine has free. Also returns the weights' split: experts, the
-    rest of the target, the MTP head; the bytes one verify reads (``target_read``: every matrix, one embedding
-    row) and, for a drafter shape, its parts and the bytes one draft reads (:func:`cycle_bytes`)."""
+    to fit (a share of a device); None: what this machine has free. ``vision``: with the Qwen3.5/3.6 vision
+    tower in bf16 (as the releases ship it) sized for 1280x720 frames (edgespec.memory.vision_bytes). Also
+    returns the weights' split: experts, the rest of the target, the MTP head, the tower; the bytes one verify
+    reads (``target_read``: every matrix, one embedding row) and, for a drafter shape, its parts and
+    the bytes one draft reads (:func:`cycle_bytes`)."""
     from edgespec.bench.formats import meta_model, shape_config
     from edgespec.bench.gpu import weight_bytes_per_token
     from edgespec.bench.shapes import DRAFTER_SHAPES
@@ -115,11 +118,21 @@ def shape_budget(shape: str, fmt: str, max_seq_len: int, kv_fp8: bool, drafter: 
         drafter_bytes = split["drafter_weights"] + split["drafter_window"]
     else:
         drafter_bytes = head if mtp else checkpoint_bytes(drafter)
+    tower = 0
+    if vision:
+        from edgespec.bench.vision_shapes import QWEN35_TOWER
+        from edgespec.models.config import VisionConfig
+        from edgespec.models.vision import VisionTower
+
+        cfg.vision = VisionConfig(**QWEN35_TOWER, out_hidden_size=cfg.hidden_size)
+        with torch.device("meta"):
+            tower = module_bytes(VisionTower(cfg.vision).to(dtype))
     budget = plan_budget(cfg, target, torch.device("cpu"), dtype, max_seq_len, kv_fp8=kv_fp8,
-                         drafter=drafter_bytes, packed=fmt != "dense")
+                         drafter=drafter_bytes, packed=fmt != "dense", vision_weights=tower)
     if memory is not None:
         budget.available = memory
         budget.device = f"a {memory / 1e9:.1f} GB share"
+    split["vision_tower"] = tower
     return budget, split
 
 

@@ -156,7 +156,9 @@ def randomise_(model: TargetModel, seed: int, norm_spread: float = 0.5) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             leaf = name.rsplit(".", 1)[-1]
-            if "norm" in name and leaf == "weight":
+            if name.startswith("visual."):
+                _randomise_vision_(name, p, gen, norm_spread)
+            elif "norm" in name and leaf == "weight":
                 centre = 0.0 if (model.config.zero_centred_norms and "linear_attn.norm" not in name) else 1.0
                 p.copy_(centre + norm_spread * (2 * torch.rand(p.shape, generator=gen) - 1))
             elif leaf == "A_log":
@@ -170,6 +172,20 @@ def randomise_(model: TargetModel, seed: int, norm_spread: float = 0.5) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * (fan_in ** -0.5))
 
 
+def _randomise_vision_(name: str, p: torch.Tensor, gen: torch.Generator, norm_spread: float) -> None:
+    """A vision-tower parameter: LayerNorm weights around 1 (plain ``w``), small biases, weights by true fan-in
+    (the patch embedding's Conv3d reads channels x frames x patch x patch values)."""
+    leaf = name.rsplit(".", 1)[-1]
+    if "norm" in name and leaf == "weight":
+        p.copy_(1.0 + norm_spread * (2 * torch.rand(p.shape, generator=gen) - 1))
+    elif leaf == "bias":
+        p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+    elif "pos_embed" in name:
+        p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+    else:
+        p.copy_(torch.randn(p.shape, generator=gen) * (p[0].numel() ** -0.5))
+
+
 def write_random_checkpoint(folder: str | Path, cfg: dict[str, Any], seed: int = 0, *, prefix: str = "model.",
                             shards: int = 1, with_mtp: bool = False,
                             dtype: torch.dtype = torch.float32) -> Path:
@@ -177,18 +193,22 @@ def write_random_checkpoint(folder: str | Path, cfg: dict[str, Any], seed: int =
 
     ``prefix``: ``"model."`` (text-only layout) or ``"model.language_model."`` (Qwen3.5 VLM layout).
     ``shards > 1`` writes ``model-0000i-of-0000n.safetensors`` plus ``model.safetensors.index.json``.
-    ``with_mtp``: also write ``mtp.*`` weights (needs ``mtp_num_hidden_layers`` >= 1 in cfg).
+    ``with_mtp``: also write ``mtp.*`` weights (needs ``mtp_num_hidden_layers`` >= 1 in cfg). A config with a
+    ``vision_config`` (:func:`edgespec.bench.vision_shapes.tiny_vl_config`) also gets a random vision tower under
+    ``model.visual.``.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     model_cfg = parse_config(cfg)
-    model = TargetModel(model_cfg, max_positions=8, with_mtp=with_mtp)
+    model = TargetModel(model_cfg, max_positions=8, with_mtp=with_mtp, with_vision=model_cfg.vision is not None)
     randomise_(model, seed)
     tensors = {}
     for name, t in model.state_dict().items():
         if name.startswith("rope."):
             continue
-        if name.startswith("model."):
+        if name.startswith("visual."):
+            name = "model." + name
+        elif name.startswith("model."):
             name = prefix + name[len("model."):]
         tensors[name] = t.to(dtype).contiguous()
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
@@ -212,10 +232,8 @@ def write_random_checkpoint(folder: str | Path, cfg: dict[str, Any], seed: int =
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 THINK = ["<think>", "</think>"]
 
-CHAT_TEMPLATE = """\
-{%- for message in messages %}
-{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
-{%- endfor %}
+# The assistant turn's opening, thinking on or off (Qwen3.5's), shared by the chat templates of the test tokenizers.
+GENERATION_PROMPT = """\
 {%- if add_generation_prompt %}
 {{- '<|im_start|>assistant\\n' }}
 {%- if enable_thinking is defined and enable_thinking is false %}
@@ -225,6 +243,12 @@ CHAT_TEMPLATE = """\
 {%- endif %}
 {%- endif %}
 """
+
+CHAT_TEMPLATE = """\
+{%- for message in messages %}
+{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+{%- endfor %}
+""" + GENERATION_PROMPT
 
 
 

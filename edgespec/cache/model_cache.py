@@ -37,6 +37,11 @@ class ModelCache:
         self._defer_rows = 0
         self._tree_start: int | None = None     # start of a tree forward not settled by commit_path yet
         self._tree_rows = 0
+        # Multimodal RoPE: rows after a prompt's images sit at position = cache index + rope_delta (negative after
+        # an image; edgespec.models.multimodal). The device copy (allocated by a model with a vision tower) is what
+        # captured forwards read.
+        self.rope_delta = 0
+        self.rope_delta_t: torch.Tensor | None = None
 
     # -- queries ------------------------------------------------------------------------------------------------
     @property
@@ -80,7 +85,16 @@ class ModelCache:
                 f"sequence of {start + rows} tokens exceeds max_seq_len {self.max_len}")
 
     # -- mutation -----------------------------------------------------------------------------------------------
+    def set_rope_delta(self, delta: int) -> None:
+        """Position minus cache index of the rows written from now on (text after a prompt's images)."""
+        if delta != self.rope_delta:
+            if self.rope_delta_t is None:
+                raise ValueError("a rope delta needs a cache of a model with a vision tower (rope_delta_t)")
+            self.rope_delta_t.fill_(delta)
+            self.rope_delta = delta
+
     def reset(self) -> None:
+        self.set_rope_delta(0)
         self.length = 0
         self.resets += 1
         self._ckpt_start = None

@@ -27,9 +27,12 @@ log = logging.getLogger(__name__)
 _FP32_PARAMS = ("A_log", "dt_bias")
 
 
-def normalise_key(key: str) -> str | None:
-    """Map a checkpoint key to our parameter name; None for keys deliberately ignored."""
-    if key.startswith("model.visual.") or key.endswith("rotary_emb.inv_freq"):
+def normalise_key(key: str, vision: bool = False) -> str | None:
+    """Map a checkpoint key to our parameter name; None for keys deliberately ignored (the vision tower's
+    ``model.visual.*`` unless ``vision``: then they load as ``visual.*``)."""
+    if key.startswith("model.visual."):
+        return "visual." + key[len("model.visual."):] if vision else None
+    if key.endswith("rotary_emb.inv_freq"):
         return None
     if key.startswith("model.language_model."):
         return "model." + key[len("model.language_model."):]
@@ -44,7 +47,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                 max_positions: int | None = None, merge: bool = True, *, kv_fp8: bool = False,
-                drafter_bytes: int = 0, check_memory: bool = True) -> TargetModel:
+                drafter_bytes: int = 0, check_memory: bool = True, vision: bool = True) -> TargetModel:
     """Build the model described by ``folder/config.json`` and load its safetensors weights.
 
     ``merge``: merge the projections as served (see :meth:`TargetModel.merge_projections`); ``False`` keeps the
@@ -56,6 +59,9 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
     budget (weights + KV cache for ``max_positions`` + ``drafter_bytes`` + workspace) is compared with the
     device's free memory (``check_memory``); the budget is kept as ``model.memory_budget``.
 
+    ``vision``: load the vision tower (``model.visual.*``, as ``model.visual``) when the checkpoint has one; False
+    leaves it on disk (a text-only deployment saves its memory).
+
     Errors name the file and key: unexpected keys, missing keys and shape mismatches are all reported at
     once (a partly loaded model would produce plausible-looking garbage).
     """
@@ -65,10 +71,11 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
     files = weight_files(folder)
     raw = split_fused_experts(read_headers(files), cfg)     # fused MoE experts -> per-expert entries
     has_mtp = any(k.startswith("mtp.") for k in raw)
+    with_vision = vision and cfg.vision is not None and any(k.startswith("model.visual.") for k in raw)
     device = torch.device(device)
 
     def name_of(key: str) -> str | None:
-        name = normalise_key(key)
+        name = normalise_key(key, with_vision)
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             return None  # tied: the embedding serves as the head
         if name is not None and spec is not None and ignored(name):
@@ -78,12 +85,12 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
     entries = {n: e for k, e in raw.items() if (n := name_of(k)) is not None}
     max_len = max_positions or cfg.max_position_embeddings
 
-    def budget_of(weights: int, packed: bool) -> MemoryBudget:
+    def budget_of(weights: int, packed: bool, vision_weights: int = 0) -> MemoryBudget:
         return plan_budget(cfg, weights, device, dtype, max_len, kv_fp8=kv_fp8, drafter=drafter_bytes,
-                           packed=packed)
+                           packed=packed, vision_weights=vision_weights)
 
     model = build_empty(cfg, dtype, device, max_positions, with_mtp=has_mtp, quant=spec, entries=entries,
-                        budget=budget_of if check_memory else None, merge=merge)
+                        budget=budget_of if check_memory else None, merge=merge, with_vision=with_vision)
     problems = fill_slots(model_slots(model, spec), raw, name_of)
     if problems:
         raise CheckpointError(f"checkpoint {folder} does not fit model_type {cfg.model_type!r}"
@@ -129,7 +136,8 @@ def model_slots(model: TargetModel, spec: QuantSpec | None) -> dict[str, Slot]:
 def build_empty(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int | None,
                 with_mtp: bool = False, *, quant: QuantSpec | None = None,
                 entries: dict[str, TensorEntry] | None = None,
-                budget: Callable[[int, bool], MemoryBudget] | None = None, merge: bool = False) -> TargetModel:
+                budget: Callable[..., MemoryBudget] | None = None, merge: bool = False,
+                with_vision: bool = False) -> TargetModel:
     """Construct the module tree on the meta device, give every tensor its serving dtype or packed format there,
     then allocate each once on ``device`` (no fp32 staging: peak memory is the weights themselves).
 
@@ -137,9 +145,10 @@ def build_empty(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_
     :class:`PackedLinear` s. ``budget``: called with the weight bytes (and whether any layer is packed) before
     allocation; its :class:`MemoryBudget` is checked and kept as ``model.memory_budget``. ``merge``: merge the
     projections on the meta device, so loading fills each merged layer part by part (no second copy).
+    ``with_vision``: build the vision tower too (its weights are counted apart in the budget).
     """
     with torch.device("meta"):
-        model = TargetModel(cfg, max_positions=1, with_mtp=with_mtp)
+        model = TargetModel(cfg, max_positions=1, with_mtp=with_mtp, with_vision=with_vision)
         model.to(dtype)
         for name, p in model.named_parameters():
             if name.rsplit(".", 1)[-1] in _FP32_PARAMS:
@@ -149,7 +158,11 @@ def build_empty(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_
         model.merge_projections()
     plan = None
     if budget is not None:
-        plan = budget(module_bytes(model), packed > 0)
+        if model.visual is None:
+            plan = budget(module_bytes(model), packed > 0)
+        else:       # the tower's weights are a part of the budget of their own
+            tower = module_bytes(model.visual)
+            plan = budget(module_bytes(model) - tower, packed > 0, tower)
         plan.check()
     model = model.to_empty(device=device)
     model.memory_budget = plan

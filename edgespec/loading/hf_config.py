@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from edgespec.errors import CheckpointError, UnsupportedModelError
-from edgespec.models.config import ModelConfig
+from edgespec.models.config import ModelConfig, VisionConfig
 
 # model_type -> implementation family
 _FAMILIES = {
@@ -113,6 +113,8 @@ def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfi
         eos_token_ids=_as_id_list(text.get("eos_token_id", raw.get("eos_token_id"))),
         torch_dtype=text.get("dtype") or text.get("torch_dtype") or raw.get("torch_dtype"),
     )
+    cfg.mrope_section, cfg.mrope_interleaved = _mrope(rope or text.get("rope_scaling") or {}, cfg, source)
+    cfg.vision = _vision_config(raw, source)
     if heads % cfg.num_key_value_heads:
         raise CheckpointError(f"{source}: num_attention_heads {heads} is not a multiple of "
                               f"num_key_value_heads {cfg.num_key_value_heads}")
@@ -121,6 +123,53 @@ def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfi
     if moe:
         _check_moe(cfg, source)
     return cfg
+
+
+def _mrope(rope: dict[str, Any], cfg: ModelConfig, source: str) -> tuple[list[int] | None, bool]:
+    """The multimodal RoPE sections (frequency pairs per t/h/w axis), checked against the rotary width."""
+    section = rope.get("mrope_section")
+    if section is None:
+        return None, True
+    section = [int(s) for s in section]
+    if len(section) != 3 or any(s < 0 for s in section) or 2 * sum(section) != cfg.rotary_dim:
+        raise CheckpointError(f"{source}: mrope_section {section} must be three sizes summing to half the rotary "
+                              f"dimension ({cfg.rotary_dim // 2})")
+    return section, bool(rope.get("mrope_interleaved", True))
+
+
+_VISION_REQUIRED = ("depth", "hidden_size", "intermediate_size", "num_heads", "out_hidden_size")
+
+
+def _vision_config(raw: dict[str, Any], source: str) -> VisionConfig | None:
+    """The ``vision_config`` of a vision-language checkpoint (None for a text-only one)."""
+    vis = raw.get("vision_config")
+    if not isinstance(vis, dict):
+        return None
+    missing = [k for k in _VISION_REQUIRED if k not in vis]
+    if missing or "image_token_id" not in raw:
+        raise CheckpointError(f"{source}: vision_config lacks {', '.join(missing or ['image_token_id'])}")
+    rope = vis.get("rope_parameters") or {}
+    out = VisionConfig(
+        depth=int(vis["depth"]), hidden_size=int(vis["hidden_size"]), intermediate_size=int(vis["intermediate_size"]),
+        num_heads=int(vis["num_heads"]), out_hidden_size=int(vis["out_hidden_size"]),
+        patch_size=int(vis.get("patch_size", 16)), temporal_patch_size=int(vis.get("temporal_patch_size", 2)),
+        spatial_merge_size=int(vis.get("spatial_merge_size", 2)), in_channels=int(vis.get("in_channels", 3)),
+        num_position_embeddings=int(vis.get("num_position_embeddings", 2304)),
+        hidden_act=str(vis.get("hidden_act", "gelu_pytorch_tanh")),
+        rope_theta=float(rope.get("rope_theta", vis.get("rope_theta", 10000.0))),
+        deepstack_visual_indexes=[int(i) for i in vis.get("deepstack_visual_indexes") or []],
+        image_token_id=int(raw["image_token_id"]),
+        vision_start_token_id=int(raw.get("vision_start_token_id", -1)),
+        vision_end_token_id=int(raw.get("vision_end_token_id", -1)))
+    if out.hidden_size % out.num_heads or (out.head_dim // 2) % 2:
+        raise CheckpointError(f"{source}: vision hidden_size {out.hidden_size} over {out.num_heads} heads must give "
+                              "a head dimension divisible by 4 (2-D rotary positions)")
+    if int(out.num_position_embeddings ** 0.5) ** 2 != out.num_position_embeddings:
+        raise CheckpointError(f"{source}: vision num_position_embeddings {out.num_position_embeddings} is not a "
+                              "square grid")
+    if out.hidden_act not in ("gelu_pytorch_tanh", "gelu"):
+        raise UnsupportedModelError(f"{source}: vision hidden_act {out.hidden_act!r} is not supported")
+    return out
 
 
 def _layer_types(text: dict[str, Any], family: str, n_layers: int, source: str) -> list[str] | None:

@@ -9,6 +9,50 @@ LayerKind = Literal["full_attention", "linear_attention"]
 
 
 @dataclass
+class VisionConfig:
+    """The vision tower of a Qwen3.5/3.6 (or Qwen3-VL) checkpoint (``vision_config`` of ``config.json``).
+
+    An image is cut into ``patch_size`` squares, each repeated to ``temporal_patch_size`` frames (a still image is a
+    two-frame clip), embedded, run through ``depth`` ViT blocks, and every ``spatial_merge_size`` x
+    ``spatial_merge_size`` block of patches is merged into one token of the text model's hidden size
+    (``out_hidden_size``). ``deepstack_visual_indexes``: blocks whose output is merged again and added to the text
+    model's hidden states at the image rows after its first decoder layers (Qwen3-VL; empty for Qwen3.5).
+    """
+
+    depth: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    out_hidden_size: int
+    patch_size: int = 16
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    in_channels: int = 3
+    num_position_embeddings: int = 2304
+    hidden_act: str = "gelu_pytorch_tanh"
+    rope_theta: float = 10000.0
+    deepstack_visual_indexes: list[int] = field(default_factory=list)
+    # Token ids of the text model's vocabulary that frame an image in a prompt.
+    image_token_id: int = 0
+    vision_start_token_id: int = 0
+    vision_end_token_id: int = 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def patch_dim(self) -> int:
+        """Values of one flattened patch: channels x frames x patch x patch (the processor's layout)."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size * self.patch_size
+
+    @property
+    def merge_unit(self) -> int:
+        """Patches merged into one text token."""
+        return self.spatial_merge_size ** 2
+
+
+@dataclass
 class ModelConfig:
     """Shape and math switches of a target model. ``family`` selects the implementation.
 
@@ -56,6 +100,12 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     torch_dtype: str | None = None
+    # Multimodal RoPE (Qwen3.5/3.6, Qwen3-VL): the rotary frequencies split into temporal, height and width
+    # sections (``mrope_section``, in frequency pairs), interleaved t,h,w,t,h,w,... or in three runs. For text the
+    # three positions are equal and it is plain RoPE; image tokens get their own (t, h, w) (edgespec.models.mrope).
+    mrope_section: list[int] | None = None
+    mrope_interleaved: bool = True
+    vision: VisionConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.layer_types:

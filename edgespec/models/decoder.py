@@ -24,6 +24,8 @@ from edgespec.models.config import ModelConfig
 from edgespec.models.gdn import GatedDeltaNet
 from edgespec.models.layers import Attention, Linear, RMSNorm, RotaryEmbedding, gather_rows, merge_all_projections
 from edgespec.models.moe import feed_forward
+from edgespec.models.multimodal import ImageRows
+from edgespec.models.vision import VisionTower
 
 
 @dataclass
@@ -115,12 +117,15 @@ class TargetModel(nn.Module):
     # The loader's MemoryBudget (edgespec.memory) of serving this model; None for a model built by hand.
     memory_budget = None
 
-    def __init__(self, cfg: ModelConfig, max_positions: int | None = None, with_mtp: bool = False) -> None:
+    def __init__(self, cfg: ModelConfig, max_positions: int | None = None, with_mtp: bool = False,
+                 with_vision: bool = False) -> None:
         super().__init__()
         self.config = cfg
         self.model = _Backbone(cfg)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.mtp = MTPHead(cfg) if with_mtp and cfg.mtp_num_hidden_layers > 0 else None
+        # The vision tower (checkpoint keys model.visual.*), for prompts with images (edgespec.models.multimodal).
+        self.visual = VisionTower(cfg.vision) if with_vision and cfg.vision is not None else None
         self.rope = RotaryEmbedding(cfg, max_positions or cfg.max_position_embeddings)
 
     # -- properties ---------------------------------------------------------------------------------------------
@@ -169,14 +174,19 @@ class TargetModel(nn.Module):
                                       fp8=kv_fp8))
             else:
                 layers.append(next(states))
-        return ModelCache(layers, max_len, bank)
+        cache = ModelCache(layers, max_len, bank)
+        if self.visual is not None:
+            # Positions after an image are cache index + a delta; graph replays read it on the device.
+            cache.rope_delta_t = torch.zeros(1, dtype=torch.long, device=self.device)
+        return cache
 
     # -- forwards -----------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: ModelCache, *, taps: Sequence[int] = (),
                 mode: StateMode = StateMode.ADVANCE, chunked: bool | None = None,
                 logits: Literal["all", "last", "none"] = "all",
-                pos_t: torch.Tensor | None = None, tree: TreeMask | None = None) -> ForwardOutput:
+                pos_t: torch.Tensor | None = None, tree: TreeMask | None = None,
+                images: ImageRows | None = None) -> ForwardOutput:
         """Run ``tokens [T]`` at positions ``cache.length ..``; returns logits, final hidden and taps.
 
         ``taps``: layer ids whose OUTPUT is captured (id L = HF ``hidden_states[L+1]``).
@@ -191,6 +201,9 @@ class TargetModel(nn.Module):
         the prefix and its ancestors; GDN layers defer. Rows are written at ``start ..`` in row order, and
         :meth:`ModelCache.commit_path` (which must follow) keeps one root-to-node path. With ``pos_t`` too (a
         captured tree verify, ``edgespec.arch.tree_graphs``) the caller does the host bookkeeping and the commit.
+        ``images``: prompt rows holding image tokens (a prefill): their embeddings are the vision tower's tokens and
+        every row takes its multimodal RoPE position from it. Otherwise rows sit at cache index + the cache's rope
+        delta (:meth:`ModelCache.set_rope_delta`; 0 without images).
         """
         T = tokens.shape[0]
         start = cache.length
@@ -217,16 +230,18 @@ class TargetModel(nn.Module):
         elif defer and pos_t is None:
             cache.begin_deferred_forward(start, T)
         h = self.embed(tokens)
+        if images is not None:
+            h[images.rows] = images.embeds.to(h.dtype)
         tap_out = torch.empty(T, len(taps), h.shape[-1], dtype=h.dtype, device=h.device) if taps else None
         tap_index = {layer: i for i, layer in enumerate(taps)}
         delta = None
-        if tree is None:
-            cs = self.rope.angles(start, T, pos_t, h.dtype) if cache.kv_layers else None
-        else:
-            base = start if pos_t is None else pos_t
-            cs = self.rope.angles_at(base + tree.depths, h.dtype) if cache.kv_layers else None
+        cs = self._angles(cache, start, T, pos_t, tree, images, h.dtype) if cache.kv_layers else None
+        deepstack = images.deepstack if images is not None else []
         for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers, strict=True)):
             h, delta = layer(h, delta, layer_cache, start, self.rope, chunked, mode, pos_t, cs, tree=tree)
+            if i < len(deepstack):
+                # Qwen3-VL: the tower's deepstack features join the image rows after the first decoder layers.
+                h[images.rows] += deepstack[i].to(h.dtype)
             if tap_out is not None and i in tap_index:
                 tap_out[:, tap_index[i]] = h + delta
         if pos_t is None:
@@ -240,12 +255,29 @@ class TargetModel(nn.Module):
             out_logits = None
         return ForwardOutput(out_logits, hidden, tap_out)
 
+    def _angles(self, cache: ModelCache, start: int, T: int, pos_t: torch.Tensor | None, tree: TreeMask | None,
+                images: ImageRows | None, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward's rotary angles: the images' multimodal positions, or cache index + the rope delta (on the
+        device under graphs), at each tree row's depth for a tree."""
+        if images is not None:
+            if tree is not None:
+                raise ValueError("a tree verify carries no image rows")
+            return self.rope.angles_mrope(images.positions, dtype)
+        delta_t = cache.rope_delta_t
+        if tree is None:
+            return self.rope.angles(start + cache.rope_delta, T, pos_t, dtype, delta_t)
+        if pos_t is None:
+            return self.rope.angles_at(start + cache.rope_delta + tree.depths, dtype)
+        base = pos_t if delta_t is None else pos_t + delta_t
+        return self.rope.angles_at(base + tree.depths, dtype)
+
     def prefill(self, tokens: torch.Tensor, cache: ModelCache, chunk: int | None = None,
-                taps: Sequence[int] = (), logits: bool = True) -> ForwardOutput:
+                taps: Sequence[int] = (), logits: bool = True, images: ImageRows | None = None) -> ForwardOutput:
         """Process a prompt in chunks of ``chunk`` tokens (bounded activation memory).
 
         Returns logits of the last row only (none with ``logits=False``: the first piece of a prefill paused for a
-        snapshot, whose last row is not the prompt's); ``hidden`` and ``taps`` cover every prompt row.
+        snapshot, whose last row is not the prompt's); ``hidden`` and ``taps`` cover every prompt row. ``images``:
+        the image rows among ``tokens`` and every row's M-RoPE position (see :meth:`forward`).
         """
         T = tokens.shape[0]
         cache.check_room(cache.length, T)
@@ -254,7 +286,8 @@ class TargetModel(nn.Module):
         for s in range(0, T, chunk):
             piece = tokens[s:s + chunk]
             outs.append(self.forward(piece, cache, taps=taps, chunked=piece.shape[0] >= self.CHUNKED_MIN_ROWS,
-                                     logits="last" if logits and s + chunk >= T else "none"))
+                                     logits="last" if logits and s + chunk >= T else "none",
+                                     images=None if images is None else images.piece(s, s + piece.shape[0])))
         hidden = torch.cat([o.hidden for o in outs]) if len(outs) > 1 else outs[0].hidden
         tap_all = None
         if taps:

@@ -19,6 +19,7 @@ from edgespec.kernels.norm import add_rms_norm, rms_norm
 from edgespec.kernels.rope import qk_norm_rope_write, rope_ref
 from edgespec.kernels.tree import TreeMask, tree_attention
 from edgespec.models.config import ModelConfig
+from edgespec.models.mrope import rotary_axes
 from edgespec.weights.base import PackedLinear, is_packed
 
 
@@ -132,10 +133,16 @@ class RotaryEmbedding(nn.Module):
         # YaRN's attention factor rides on the tables, so every consumer (fused kernels included) applies it.
         self.register_buffer("cos", emb.cos() * attention_factor, persistent=False)
         self.register_buffer("sin", emb.sin() * attention_factor, persistent=False)
+        # Multimodal RoPE: the position axis (t, h, w) each table channel turns with (edgespec.models.multimodal).
+        axes = None
+        if cfg.mrope_section is not None:
+            axes = rotary_axes(cfg.mrope_section, cfg.mrope_interleaved, dim)
+        self.register_buffer("mrope_axes", axes, persistent=False)
 
-    def angles(self, start: int, T: int, pos_t: torch.Tensor | None, dtype: torch.dtype
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin) [T, 1, rotary_dim]`` in ``dtype`` for positions ``start ..`` (or ``pos_t[0] ..``).
+    def angles(self, start: int, T: int, pos_t: torch.Tensor | None, dtype: torch.dtype,
+               delta_t: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin) [T, 1, rotary_dim]`` in ``dtype`` for positions ``start ..`` (or ``pos_t[0] ..``, plus the
+        one-element ``delta_t`` when given: a multimodal cache's rope delta, read on the device by graph replays).
 
         A forward computes them once and hands them to every layer: per layer and per q/k they were four small
         gathers and casts each (on a GPU ~120 kernels of a Qwen3.5-4B decode step, and a slow index_select on
@@ -145,9 +152,21 @@ class RotaryEmbedding(nn.Module):
             sin = self.sin[start:start + T, None, :]
         else:
             idx = pos_t + torch.arange(T, device=pos_t.device)
+            if delta_t is not None:
+                idx = idx + delta_t
             cos = gather_rows(self.cos, idx)[:, None, :]
             sin = gather_rows(self.sin, idx)[:, None, :]
         return cos.to(dtype), sin.to(dtype)
+
+    def angles_mrope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin) [T, 1, rotary_dim]`` of multimodal positions ``[T, 3]`` (t, h, w): each channel read from the
+        1-D table at the position of its axis, so a text row (three equal positions) gets exactly
+        :meth:`angles`' values."""
+        if self.mrope_axes is None:
+            raise ValueError("multimodal positions for a model without mrope_section in its config")
+        idx = positions[:, self.mrope_axes]                              # [T, rotary_dim]
+        channel = torch.arange(self.rotary_dim, device=positions.device)
+        return self.cos[idx, channel][:, None, :].to(dtype), self.sin[idx, channel][:, None, :].to(dtype)
 
     def angles_at(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, sin) [T, 1, rotary_dim]`` of arbitrary positions (a tree verify: start + each row's depth)."""

@@ -22,6 +22,7 @@ from edgespec.drafters.tree import DraftTree
 from edgespec.errors import PromptTooLongError, RequestError
 from edgespec.kernels import device_sync
 from edgespec.models.decoder import ForwardOutput, TargetModel
+from edgespec.models.multimodal import VisionPrompt
 from edgespec.speculative.acceptance import AcceptancePolicy, RejectionSampling, StrictGreedy, Verdict
 from edgespec.speculative.plan import SessionPlan, draft_tokens
 from edgespec.speculative.telemetry import RequestTelemetry
@@ -192,12 +193,14 @@ class SpecSession:
                  stop_ids: Sequence[int] = (), on_tokens: TokenSink | None = None,
                  cancelled: Callable[[], bool] | None = None,
                  constraint: TokenConstraint | None = None, k: int | None = None,
-                 prefix: PrefixCache | None = None) -> GenerationResult:
+                 prefix: PrefixCache | None = None, vision: VisionPrompt | None = None) -> GenerationResult:
         """Generate up to ``max_tokens`` tokens after ``prompt_ids``; stop ids end generation (and are dropped).
 
         ``k`` lowers the drafts per cycle for this request (0 = plain decoding); it cannot exceed the session's K,
         which sized the checkpoint slots. With ``prefix`` (the record of what this session's cache holds) the
-        request resumes from the longest prompt prefix still in the cache instead of an empty one.
+        request resumes from the longest prompt prefix still in the cache instead of an empty one. ``vision``: the
+        images among ``prompt_ids`` (their rows keyed by pixel digest in the prefix cache; the tower runs, under
+        stage ``vision``, only for images the resumed prefix does not hold).
         """
         self.check_request(len(prompt_ids), max_tokens, k)
         k = self.k if k is None else k
@@ -208,15 +211,19 @@ class SpecSession:
             self.routing.clear()
         out = Emitter(max_tokens, stop_ids, policy, on_tokens, constraint)
         start = 0
+        keys = prompt_ids if vision is None else vision.keys(prompt_ids)
         if prefix is None:
             self.cache.reset()
         else:
             # A drafter that cannot resume (resume_rows None) gets a full prefill; DFlash needs its window's rows.
-            start = prefix.begin(prompt_ids, self.resume_rows)
+            start = prefix.begin(keys, self.resume_rows)
         policy.begin(prompt_ids)
+        if vision is not None:
+            with tel.stage("vision"):
+                tel.vision = vision.encode_from(start).to_dict()
 
         with tel.stage("prefill"):
-            prefill = self._prefill(prompt_ids, start, prefix)
+            prefill = self._prefill(prompt_ids, start, prefix, keys, vision)
             logits = prefill.logits[-1]
             if constraint is not None:
                 logits = _masked(logits[None], constraint.row_masks([], logits.shape[-1], device))[0]
@@ -233,25 +240,43 @@ class SpecSession:
         if self.routing is not None:      # decode steps and verifies only, not the prefill
             tel.expert_union = {r: round(u, 2) for r, u in self.routing.summary().items() if r <= self.k + 1}
         if prefix is not None:
-            prefix.finished(list(prompt_ids) + out.tokens)
+            prefix.finished(list(keys) + out.tokens)
         return GenerationResult(out.tokens, finish, tel)
 
-    def _prefill(self, prompt_ids: Sequence[int], start: int, prefix: PrefixCache | None) -> ForwardOutput:
+    def _prefill(self, prompt_ids: Sequence[int], start: int, prefix: PrefixCache | None, keys: Sequence,
+                 vision: VisionPrompt | None) -> ForwardOutput:
         """Fill the cache with the prompt from ``start`` (the prefix already in the cache); logits of the last row,
-        hidden/taps of every row prefilled."""
-        model, hooks, cache = self.model, self.hooks, self.cache
-        prompt = torch.tensor(list(prompt_ids)[start:], dtype=torch.long, device=model.device)
-        cut = None if prefix is None else prefix.split(prompt_ids, start)
+        hidden/taps of every row prefilled. ``keys``: the prefix cache's key of every prompt row."""
+        prompt = torch.tensor(list(prompt_ids)[start:], dtype=torch.long, device=self.model.device)
+        end = len(prompt_ids)
+        cut = None if prefix is None else prefix.split(keys, start)
         if cut is None:
-            prefill = hooks.prefill(model, cache, prompt, self.prefill_chunk, self.taps)
+            prefill = self._prefill_rows(prompt, start, end, vision)
         else:
             # Pause at the last turn boundary so the next turn can resume a hybrid model's state there.
-            head = hooks.prefill(model, cache, prompt[:cut - start], self.prefill_chunk, self.taps, logits=False)
-            prefix.mark(prompt_ids, cut)
-            prefill = _joined(head, hooks.prefill(model, cache, prompt[cut - start:], self.prefill_chunk, self.taps))
+            head = self._prefill_rows(prompt[:cut - start], start, cut, vision, logits=False)
+            prefix.mark(keys, cut)
+            prefill = _joined(head, self._prefill_rows(prompt[cut - start:], cut, end, vision))
         if prefix is not None:
-            prefix.prefilled(prompt_ids)
+            prefix.prefilled(keys)
         return prefill
+
+    def _prefill_rows(self, tokens: torch.Tensor, first: int, stop: int, vision: VisionPrompt | None,
+                      logits: bool = True) -> ForwardOutput:
+        """Prefill prompt rows ``first:stop`` (``tokens``). With images among them the forward takes their tokens
+        and every row's M-RoPE position; text rows sit at cache index + the rope delta of the image before them,
+        which the cache keeps for the rows after."""
+        model, hooks, cache = self.model, self.hooks, self.cache
+        images = None if vision is None else vision.rows(first, stop)
+        if vision is not None and images is None:
+            cache.set_rope_delta(vision.delta_at(first))
+        if images is None:
+            out = hooks.prefill(model, cache, tokens, self.prefill_chunk, self.taps, logits=logits)
+        else:
+            out = hooks.prefill(model, cache, tokens, self.prefill_chunk, self.taps, logits=logits, images=images)
+        if vision is not None:
+            cache.set_rope_delta(vision.delta_at(stop))
+        return out
 
     def _cycles(self, out: Emitter, policy: AcceptancePolicy, constraint: TokenConstraint | None,
                 cancelled: Callable[[], bool] | None, draft_len: DraftLength, tel: RequestTelemetry,

@@ -106,6 +106,9 @@ class RequestTelemetry(AcceptanceCounts):
     sync: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     # MoE targets: rows of a decode/verify forward -> mean distinct experts it read per layer (its weight bytes)
     expert_union: dict[int, float] = field(default_factory=dict)
+    # Prompts with images (edgespec.models.multimodal.VisionStats): images, their rows, and how many the tower
+    # encoded, the encoder cache held or the prefix cache held already; the tower's time is stage ``vision``.
+    vision: dict[str, Any] | None = None
 
     @property
     def decode_tok_s(self) -> float:
@@ -134,7 +137,7 @@ class RequestTelemetry(AcceptanceCounts):
         finally:
             if self.sync is not None:
                 self.sync()
-            self.stage_ms[name] += (time.perf_counter() - t0) * 1000.0
+            self.stage_ms[name] = self.stage_ms.get(name, 0.0) + (time.perf_counter() - t0) * 1000.0
 
     def to_dict(self) -> dict[str, Any]:
         return telemetry_dict(self)
@@ -173,6 +176,7 @@ def telemetry_dict(t: RequestTelemetry) -> dict[str, Any]:
         "acceptance_length": round(t.acceptance_length, 4), "acceptance_rate": round(t.acceptance_rate, 4),
         "per_position_rate": [round(x, 4) for x in t.per_position_rate], "decode_tok_s": round(t.decode_tok_s, 2),
         **({"expert_union": {str(r): u for r, u in t.expert_union.items()}} if t.expert_union else {}),
+        **({"vision": dict(t.vision)} if t.vision else {}),
     }
 
 
@@ -185,4 +189,6 @@ def log_summary(t: RequestTelemetry) -> str:
             f"AL={t.acceptance_length:.2f} accept={t.acceptance_rate:.0%} "
             f"decode={t.decode_tok_s:.1f} tok/s prefill={s['prefill']:.0f}ms draft={s['draft']:.0f}ms "
             f"verify={s['verify']:.0f}ms accept={s['accept']:.0f}ms other={s['other']:.0f}ms"
-            + "".join(f" experts@{r}={u:.1f}" for r, u in t.expert_union.items()))
+            + "".join(f" experts@{r}={u:.1f}" for r, u in t.expert_union.items())
+            + (f" images={t.vision['images']} encoded={t.vision['encoded']} "
+               f"vision={s.get('vision', 0.0):.0f}ms" if t.vision else ""))
