@@ -217,21 +217,22 @@ class TargetModel(nn.Module):
         elif defer and pos_t is None:
             cache.begin_deferred_forward(start, T)
         h = self.embed(tokens)
-        tap_out = torch.empty(T, len(taps), h.shape[-1], dtype=h.dtype, device=h.device) if taps else None
-        tap_index = {layer: i for i, layer in enumerate(taps)}
-        delta = None
         if tree is None:
             cs = self.rope.angles(start, T, pos_t, h.dtype) if cache.kv_layers else None
         else:
             base = start if pos_t is None else pos_t
             cs = self.rope.angles_at(base + tree.depths, h.dtype) if cache.kv_layers else None
-        for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers, strict=True)):
-            h, delta = layer(h, delta, layer_cache, start, self.rope, chunked, mode, pos_t, cs, tree=tree)
-            if tap_out is not None and i in tap_index:
-                tap_out[:, tap_index[i]] = h + delta
+        stacked = None
+        if tree is None and pos_t is None and cs is not None and h.device.type == "cpu":
+            # The whole stack in one compiled call where it applies (edgespec.models.cpu_stack).
+            from edgespec.models.cpu_stack import stack_forward
+            stacked = stack_forward(self, h, cache, start, cs, taps)
+        if stacked is None:
+            hidden, tap_out = self._layer_loop(h, cache, start, taps, chunked, mode, pos_t, cs, tree)
+        else:
+            hidden, tap_out = stacked
         if pos_t is None:
             cache.length = start + T
-        _, hidden = self.model.norm.add_forward(delta, h)
         if logits == "all":
             out_logits = self.logits(hidden)
         elif logits == "last":
@@ -239,6 +240,20 @@ class TargetModel(nn.Module):
         else:
             out_logits = None
         return ForwardOutput(out_logits, hidden, tap_out)
+
+    def _layer_loop(self, h: torch.Tensor, cache: ModelCache, start: int, taps: Sequence[int], chunked: bool,
+                    mode: StateMode, pos_t: torch.Tensor | None, cs: tuple[torch.Tensor, torch.Tensor] | None,
+                    tree: TreeMask | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The layers one by one from the embedding rows ``h``: ``(final-normed rows, taps or None)``."""
+        T = h.shape[0]
+        tap_out = torch.empty(T, len(taps), h.shape[-1], dtype=h.dtype, device=h.device) if taps else None
+        tap_index = {layer: i for i, layer in enumerate(taps)}
+        delta = None
+        for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers, strict=True)):
+            h, delta = layer(h, delta, layer_cache, start, self.rope, chunked, mode, pos_t, cs, tree=tree)
+            if tap_out is not None and i in tap_index:
+                tap_out[:, tap_index[i]] = h + delta
+        return self.model.norm.add_forward(delta, h)[1], tap_out
 
     def prefill(self, tokens: torch.Tensor, cache: ModelCache, chunk: int | None = None,
                 taps: Sequence[int] = (), logits: bool = True) -> ForwardOutput:
