@@ -311,10 +311,10 @@ static void rope_head(const float *x, float *dst, const float *c, const float *s
 
 /* Attention of one layer: shapes and pointers shared by its tasks. */
 typedef struct {
-    const float *qkv, *cos, *sin, *q_norm, *k_norm;
+    const float *qkv, *cos, *sin, *q_norm, *k_norm, *bias;
     const float *kc, *vc;
     float *out, *scratch;
-    int T, H, Hkv, hd, rd, start;
+    int T, H, Hkv, hd, rd, kv_row, causal;
     size_t scratch_floats; /* per worker */
     float scale, eps;
 } attn_job;
@@ -332,15 +332,46 @@ static void norm_rope_head(const float *x, const float *norm, float eps, const f
 static void attn_task(const void *ctx, int task, int worker) {
     const attn_job *a = ctx;
     const int t = task / a->H, h = task % a->H, rep = a->H / a->Hkv;
-    const int row = (a->H + 2 * a->Hkv) * a->hd;
+    const int row = (a->H + 2 * a->Hkv) * a->hd, keys = a->kv_row + a->T;
     float *scratch = a->scratch + a->scratch_floats * (size_t)worker;
     float *q = scratch, *tmp = scratch + a->hd, *scores = scratch + 2 * a->hd;
     const size_t stride = (size_t)a->Hkv * a->hd;
     norm_rope_head(a->qkv + (size_t)t * row + (size_t)h * a->hd, a->q_norm, a->eps, a->cos + (size_t)t * a->rd,
                    a->sin + (size_t)t * a->rd, a->rd, a->hd, q, tmp);
     const int g = h / rep;
-    isa()->attend(q, a->kc + (size_t)g * a->hd, a->vc + (size_t)g * a->hd, stride, a->start + t + 1, a->hd,
-                  a->scale, scores, a->out + (size_t)t * a->H * a->hd + (size_t)h * a->hd);
+    isa()->attend(q, a->kc + (size_t)g * a->hd, a->vc + (size_t)g * a->hd, stride,
+                  a->causal ? a->kv_row + t + 1 : keys, a->hd, a->scale,
+                  a->bias == NULL ? NULL : a->bias + (size_t)t * keys, scores,
+                  a->out + (size_t)t * a->H * a->hd + (size_t)h * a->hd);
+}
+
+int block_attention_f32(const float *qkv, int T, int H, int Hkv, int hd, const float *cos, const float *sin, int rd,
+                        const float *q_norm, const float *k_norm, float eps, float *kc, float *vc, int kv_row,
+                        int causal, const float *bias, float scale, float *out, int threads) {
+    if (hd % 16 || hd > 512 || H % Hkv)
+        return -1;
+    const int row = (H + 2 * Hkv) * hd, qo = H * hd;
+    float tmp[512];
+    for (int t = 0; t < T; t++) {
+        const float *src = qkv + (size_t)t * row;
+        for (int h = 0; h < Hkv; h++) {
+            float *kd = kc + ((size_t)(kv_row + t) * Hkv + h) * hd;
+            norm_rope_head(src + qo + h * hd, k_norm, eps, cos + (size_t)t * rd, sin + (size_t)t * rd, rd, hd, kd,
+                           tmp);
+            memcpy(vc + ((size_t)(kv_row + t) * Hkv + h) * hd, src + qo + Hkv * hd + h * hd, sizeof(float) * hd);
+        }
+    }
+    const int slots = pool_slots(threads);
+    const size_t per = 2 * (size_t)hd + (size_t)(kv_row + T) + 16;
+    float *scratch = malloc(sizeof(float) * per * (size_t)slots);
+    if (scratch == NULL)
+        return -2;
+    const attn_job a = {qkv, cos, sin, q_norm, k_norm, bias, kc, vc, out, scratch, T, H, Hkv, hd, rd, kv_row,
+                        causal, per, scale, eps};
+    /* a short context's heads cost less than waking the pool */
+    run_tasks(attn_task, &a, T * H, T * H * (kv_row + T) >= 1024 ? threads : 1);
+    free(scratch);
+    return 0;
 }
 
 /* RoPE (after the q/k norms when given) of the merged projection rows qkv [T, (H + 2 Hkv) hd] of positions
@@ -350,31 +381,8 @@ static void attn_task(const void *ctx, int task, int worker) {
 int llama_attention_f32(const float *qkv, int T, int H, int Hkv, int hd, const float *cos, const float *sin, int rd,
                         const float *q_norm, const float *k_norm, float eps, float *kc, float *vc, int start,
                         float scale, float *out, int threads) {
-    if (hd % 16 || H % Hkv)
-        return -1;
-    const int row = (H + 2 * Hkv) * hd, qo = H * hd;
-    float tmp[512];
-    if (hd > 512)
-        return -1;
-    for (int t = 0; t < T; t++) {
-        const float *src = qkv + (size_t)t * row;
-        for (int h = 0; h < Hkv; h++) {
-            float *kd = kc + ((size_t)(start + t) * Hkv + h) * hd;
-            norm_rope_head(src + qo + h * hd, k_norm, eps, cos + (size_t)t * rd, sin + (size_t)t * rd, rd, hd, kd,
-                           tmp);
-            memcpy(vc + ((size_t)(start + t) * Hkv + h) * hd, src + qo + Hkv * hd + h * hd, sizeof(float) * hd);
-        }
-    }
-    const int slots = pool_slots(threads);
-    const size_t per = 2 * (size_t)hd + (size_t)(start + T) + 16;
-    float *scratch = malloc(sizeof(float) * per * (size_t)slots);
-    if (scratch == NULL)
-        return -2;
-    const attn_job a = {qkv, cos, sin, q_norm, k_norm, kc, vc, out, scratch, T, H, Hkv, hd, rd, start, per, scale, eps};
-    /* a short context's heads cost less than waking the pool */
-    run_tasks(attn_task, &a, T * H, T * H * (start + T) >= 1024 ? threads : 1);
-    free(scratch);
-    return 0;
+    return block_attention_f32(qkv, T, H, Hkv, hd, cos, sin, rd, q_norm, k_norm, eps, kc, vc, start, 1, NULL, scale,
+                               out, threads);
 }
 
 /* ---- the layer stack ---------------------------------------------------------------------------------------
@@ -408,13 +416,15 @@ int gguf_stack_check(const gguf_stack_t *s) {
     return 0;
 }
 
-/* h [T, D]: the rows' embeddings (overwritten: the residual stream). kc[i] / vc[i]: layer i's K/V cache
- * [max_len, Hkv, hd] (rows start .. start+T-1 are written). cos/sin [T, rd]. taps [T, n_taps, D]: the output of
- * layer tap_ids[j] goes to taps[:, j] (tap_ids ascending). hidden [T, D]: the final-normed rows. Returns 0, -1 for
- * a description gguf_stack_check refuses, -2 when out of memory. */
-int gguf_stack_forward(const gguf_stack_t *s, float *const *kc, float *const *vc, int start, int T,
-                       const float *cos, const float *sin, float *h, const int *tap_ids, int n_taps, float *taps,
-                       float *hidden, int threads) {
+/* h [T, D]: the rows' embeddings (overwritten: the residual stream). kc[i] / vc[i]: layer i's keys/values
+ * [rows, Hkv, hd]; rows kv_row .. kv_row+T-1 are written with this call's (a decoder's KV cache: kv_row = the
+ * position of row 0; a DFlash block: the window's scratch rows after its kv_row keys). cos/sin [T, rd]. bias: NULL,
+ * or per layer NULL or [T, kv_row + T] added to the scores (masks). taps [T, n_taps, D]: the output of layer
+ * tap_ids[j] goes to taps[:, j] (tap_ids ascending). hidden [T, D]: the final-normed rows. Returns 0, -1 for a
+ * description gguf_stack_check refuses, -2 when out of memory. */
+int gguf_stack_forward(const gguf_stack_t *s, float *const *kc, float *const *vc, int kv_row, int T,
+                       const float *cos, const float *sin, const float *const *bias, float *h, const int *tap_ids,
+                       int n_taps, float *taps, float *hidden, int threads) {
     if (gguf_stack_check(s) != 0)
         return -1;
     const int D = s->D, q = (s->H + 2 * s->Hkv) * s->hd, ao = s->H * s->hd, I = s->I;
@@ -430,8 +440,8 @@ int gguf_stack_forward(const gguf_stack_t *s, float *const *kc, float *const *vc
         const gguf_layer_t *l = &s->layers[i];
         isa()->add_rms_norm(i == 0 ? NULL : delta, h, l->in_norm, s->eps, T, D, h, x);
         linear_rows(&l->qkv, x, T, qkv, threads);
-        rc = llama_attention_f32(qkv, T, s->H, s->Hkv, s->hd, cos, sin, s->rd, l->q_norm, l->k_norm, s->eps, kc[i],
-                                 vc[i], start, s->scale, att, threads);
+        rc = block_attention_f32(qkv, T, s->H, s->Hkv, s->hd, cos, sin, s->rd, l->q_norm, l->k_norm, s->eps, kc[i],
+                                 vc[i], kv_row, l->causal, bias == NULL ? NULL : bias[i], s->scale, att, threads);
         linear_rows(&l->o, att, T, delta, threads);
         isa()->add_rms_norm(delta, h, l->post_norm, s->eps, T, D, h, x);
         linear_rows(&l->gate_up, x, T, gu, threads);

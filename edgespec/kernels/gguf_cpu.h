@@ -18,6 +18,11 @@ void silu_mul_f32(const float *gate_up, int T, int I, float *out);
 int llama_attention_f32(const float *qkv, int T, int H, int Hkv, int hd, const float *cos, const float *sin, int rd,
                         const float *q_norm, const float *k_norm, float eps, float *kc, float *vc, int start,
                         float scale, float *out, int threads);
+/* The same over keys 0 .. kv_row+T-1 with the rows' K/V written at kv_row: causal (row t sees keys up to
+ * kv_row + t) or not (every row sees all kv_row + T keys), bias [T, kv_row + T] added to the scores (or NULL). */
+int block_attention_f32(const float *qkv, int T, int H, int Hkv, int hd, const float *cos, const float *sin, int rd,
+                        const float *q_norm, const float *k_norm, float eps, float *kc, float *vc, int kv_row,
+                        int causal, const float *bias, float scale, float *out, int threads);
 
 /* ---- the layer stack: a Llama / Qwen3 decoder described once, run for T rows per call ---- */
 typedef struct {
@@ -30,6 +35,7 @@ typedef struct {
     const float *in_norm, *post_norm; /* [D] */
     const float *q_norm, *k_norm;     /* [hd] (Qwen3) or NULL (Llama) */
     gguf_weight_t qkv, o, gate_up, down;
+    int causal;                       /* block rows see only earlier rows (a decoder: 1) */
 } gguf_layer_t;
 
 typedef struct {
@@ -40,8 +46,8 @@ typedef struct {
 } gguf_stack_t;
 
 int gguf_stack_check(const gguf_stack_t *s);
-int gguf_stack_forward(const gguf_stack_t *s, float *const *kc, float *const *vc, int start, int T,
-                       const float *cos, const float *sin, float *h, const int *tap_ids, int n_taps, float *taps,
-                       float *hidden, int threads);
+int gguf_stack_forward(const gguf_stack_t *s, float *const *kc, float *const *vc, int kv_row, int T,
+                       const float *cos, const float *sin, const float *const *bias, float *h, const int *tap_ids,
+                       int n_taps, float *taps, float *hidden, int threads);
 
 #endif

@@ -25,10 +25,11 @@ typedef struct {
     /* s = r + x (x NULL: s = r); y = w * (s / sqrt(mean(s^2) + eps)); T rows of D. s may alias r. */
     void (*add_rms_norm)(const float *x, const float *r, const float *w, float eps, int T, int D, float *s,
                          float *y);
-    /* One attention row and head: q [hd] (normed and rotated) against keys/values 0 .. L-1 of KV head g
-     * (rows of stride floats), o [hd]. scratch: L + 16 floats. hd a multiple of 16. */
+    /* One attention row and head: q [hd] (normed and rotated) against keys/values 0 .. L-1 (rows of stride
+     * floats), scores q.k * scale (+ bias[j] when bias is not NULL: 0 or -inf masks), o [hd]. scratch: L + 16
+     * floats. hd a multiple of 16. */
     void (*attend)(const float *q, const float *k, const float *v, size_t stride, int L, int hd, float scale,
-                   float *scratch, float *o);
+                   const float *bias, float *scratch, float *o);
     /* out[t, i] = silu(g[t, i]) * g[t, I + i] (SwiGLU of the merged gate/up rows). */
     void (*silu_mul)(const float *gate_up, int T, int I, float *out);
     /* dst[i] = v[i] + w[i] over n floats. */

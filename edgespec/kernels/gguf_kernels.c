@@ -277,16 +277,22 @@ static void add_rms_norm(const float *x, const float *r, const float *w, float e
 }
 
 static void attend(const float *q, const float *k, const float *v, size_t stride, int L, int hd, float scale,
-                   float *scratch, float *o) {
+                   const float *bias, float *scratch, float *o) {
     float m = -INFINITY;
     for (int j = 0; j < L; j++) {
-        const float s = dot(q, k + (size_t)j * stride, hd) * scale;
+        float s = dot(q, k + (size_t)j * stride, hd) * scale;
+        if (bias != NULL)
+            s = s + bias[j];
         scratch[j] = s;
         m = s > m ? s : m;
     }
     const int Lp = (L + 15) & ~15;
     for (int j = L; j < Lp; j++)
         scratch[j] = -INFINITY; /* padding lanes: exp gives 0 */
+    if (m == -INFINITY) { /* every key masked: no attention (zeros), as a -inf row's softmax has no mass */
+        memset(o, 0, sizeof(float) * (size_t)hd);
+        return;
+    }
     const v16 mv = v_set1(m);
     v16 total = v_zero();
     for (int j = 0; j < Lp; j += 16) {

@@ -67,7 +67,9 @@ def cases(seed: int = 0) -> list[Case]:
     for T, inter in ((2, 40), (1, 1536)):
         g = (rng.standard_normal((T, 2 * inter)) * 6).astype(np.float32)
         out.append(Case(f"silu-{T}x{inter}", [str(T), str(inter)], g.tobytes()))
-    for T, start, rd, norms in ((5, 0, 32, 0), (5, 37, 32, 1), (1, 200, 16, 0), (8, 3, 32, 1)):
+    attn = ((5, 0, 32, 0, 1, 0), (5, 37, 32, 1, 1, 0), (1, 200, 16, 0, 1, 0), (8, 3, 32, 1, 1, 0),
+            (6, 40, 32, 1, 0, 1), (4, 20, 32, 0, 1, 1))      # the last two: a DFlash block (all rows, masks)
+    for T, start, rd, norms, causal, masked in attn:
         H, Hkv, hd, length = 6, 2, 32, 256
         qkv = rng.standard_normal((T, (H + 2 * Hkv) * hd)).astype(np.float32)
         angles = rng.standard_normal((T, rd // 2)).astype(np.float32)
@@ -75,12 +77,15 @@ def cases(seed: int = 0) -> list[Case]:
         parts = [qkv, cos.astype(np.float32), sin.astype(np.float32)]
         if norms:
             parts += [rng.standard_normal(hd).astype(np.float32) for _ in range(2)]
+        if masked:
+            parts.append(np.where(rng.random((T, start + T)) < 0.3, -np.inf, 0.0).astype(np.float32))
+            parts[-1][:, start:] = 0.0                      # a row always sees the block's own keys
         cache = np.zeros((2, length, Hkv, hd), dtype=np.float32)
         cache[:, :start] = rng.standard_normal((2, start, Hkv, hd))
         data = b"".join(p.tobytes() for p in parts) + cache.tobytes()
         args = [str(v) for v in (T, H, Hkv, hd, rd, start, length, repr(float(np.float32(hd ** -0.5))), "1e-06",
-                                 norms)]
-        out.append(Case(f"attn-{T}-{start}-{rd}-{norms}", args, data))
+                                 norms, causal, masked)]
+        out.append(Case(f"attn-{T}-{start}-{rd}-{norms}-{causal}-{masked}", args, data))
     return out
 
 
@@ -114,7 +119,7 @@ def run_native(case: Case) -> bytes:
         lib.silu_mul_f32(g.data_ptr(), T, inter, o.data_ptr())
         return o.numpy().tobytes()
     T, H, Hkv, hd, rd, start, length = (int(a) for a in case.args[:7])
-    scale, eps, norms = float(case.args[7]), float(case.args[8]), int(case.args[9])
+    scale, eps, norms, causal, masked = float(case.args[7]), float(case.args[8]), *(int(a) for a in case.args[9:])
     floats = _f32(data, 0, len(data) // 4)
     at = 0
 
@@ -125,11 +130,13 @@ def run_native(case: Case) -> bytes:
 
     qkv, cos, sin = take(T * (H + 2 * Hkv) * hd), take(T * rd), take(T * rd)
     qn, kn = (take(hd), take(hd)) if norms else (None, None)
+    bias = take(T * (start + T)) if masked else None
     kc, vc = take(length * Hkv * hd).clone(), take(length * Hkv * hd).clone()
     o = torch.empty(T * H * hd)
-    rc = lib.llama_attention_f32(qkv.data_ptr(), T, H, Hkv, hd, cos.data_ptr(), sin.data_ptr(), rd,
+    rc = lib.block_attention_f32(qkv.data_ptr(), T, H, Hkv, hd, cos.data_ptr(), sin.data_ptr(), rd,
                                  None if qn is None else qn.data_ptr(), None if kn is None else kn.data_ptr(), eps,
-                                 kc.data_ptr(), vc.data_ptr(), start, scale, o.data_ptr(), 2)
+                                 kc.data_ptr(), vc.data_ptr(), start, causal, None if bias is None else bias.data_ptr(),
+                                 scale, o.data_ptr(), 2)
     assert rc == 0, case.name
     return o.numpy().tobytes() + kc.numpy().tobytes() + vc.numpy().tobytes()
 

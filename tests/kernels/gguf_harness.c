@@ -8,9 +8,9 @@
  *   harness rows IN OUT kind N K n                       IN: W bytes, idx [n] int64 -> OUT: [n, K]
  *   harness norm IN OUT T D eps                          IN: x, r [T, D], w [D] -> OUT: s, y
  *   harness silu IN OUT T I                              IN: gate_up [T, 2I] -> OUT: [T, I]
- *   harness attn IN OUT T H Hkv hd rd start len scale eps norms
- *        IN: qkv [T, (H+2Hkv)hd], cos, sin [T, rd], (norms: q_norm, k_norm [hd]), kc, vc [len, Hkv, hd]
- *        -> OUT: out [T, H hd], kc, vc
+ *   harness attn IN OUT T H Hkv hd rd start len scale eps norms causal bias
+ *        IN: qkv [T, (H+2Hkv)hd], cos, sin [T, rd], (norms: q_norm, k_norm [hd]), (bias: [T, start+T]),
+ *        kc, vc [len, Hkv, hd] -> OUT: out [T, H hd], kc, vc
  *   harness greedy MODEL OUT n_new threads               MODEL: a stack dump (write_stack_dump in the test) ->
  *        OUT: n_new int32 greedy tokens after the dump's prompt
  * Every command accepts an ISA name as a last argument (else the best one).
@@ -114,6 +114,7 @@ static int greedy(const char *model, const char *out, int n_new, int threads) {
         layers[i].o = take_weight(&c);
         layers[i].gate_up = take_weight(&c);
         layers[i].down = take_weight(&c);
+        layers[i].causal = 1;
     }
     s.layers = layers;
     const int *prompt = take(&c, sizeof(int) * (size_t)n_prompt);
@@ -136,8 +137,8 @@ static int greedy(const char *model, const char *out, int n_new, int threads) {
         idx[t] = prompt[t];
     for (int step = 0; step < n_new; step++) {
         if (gguf_rows(embed.kind, embed.data, embed.N, embed.K, idx, T, h) != 0 ||
-            gguf_stack_forward(&s, kc, vc, start, T, cos + (size_t)start * s.rd, sin + (size_t)start * s.rd, h, NULL,
-                               0, NULL, hidden, threads) != 0 ||
+            gguf_stack_forward(&s, kc, vc, start, T, cos + (size_t)start * s.rd, sin + (size_t)start * s.rd, NULL, h,
+                               NULL, 0, NULL, hidden, threads) != 0 ||
             gguf_matmul(head.kind, head.data, head.N, head.K, hidden + (size_t)(T - 1) * s.D, 1, logits, threads) != 0) {
             fprintf(stderr, "forward failed at step %d\n", step);
             return 2;
@@ -157,7 +158,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *cmd = argv[1];
-    const int want[] = {['i'] = 2, ['m'] = 8, ['r'] = 8, ['n'] = 7, ['s'] = 6, ['a'] = 14, ['g'] = 6};
+    const int want[] = {['i'] = 2, ['m'] = 8, ['r'] = 8, ['n'] = 7, ['s'] = 6, ['a'] = 16, ['g'] = 6};
     const int n = want[(unsigned char)cmd[0]];
     if (n == 0 || argc < n) {
         fprintf(stderr, "%s: wrong arguments\n", cmd);
@@ -199,17 +200,18 @@ int main(int argc, char **argv) {
         spill(out, o, sizeof(float) * (size_t)T * I, NULL, 0, NULL, 0);
     } else if (strcmp(cmd, "attn") == 0) {
         const int T = atoi(argv[4]), H = atoi(argv[5]), Hkv = atoi(argv[6]), hd = atoi(argv[7]), rd = atoi(argv[8]);
-        const int start = atoi(argv[9]), len = atoi(argv[10]), norms = atoi(argv[13]);
+        const int start = atoi(argv[9]), len = atoi(argv[10]), norms = atoi(argv[13]), causal = atoi(argv[14]);
         const float *qkv = (const float *)in, *cos = qkv + (size_t)T * (H + 2 * Hkv) * hd, *sin = cos + (size_t)T * rd;
         const float *qn = norms ? sin + (size_t)T * rd : NULL, *kn = norms ? qn + hd : NULL;
-        const float *cache = norms ? kn + hd : sin + (size_t)T * rd;
+        const float *bias = atoi(argv[15]) ? sin + (size_t)T * rd + (norms ? 2 * hd : 0) : NULL;
+        const float *cache = sin + (size_t)T * rd + (norms ? 2 * hd : 0) + (bias ? (size_t)T * (start + T) : 0);
         const size_t kv = (size_t)len * Hkv * hd;
         float *kc = malloc(sizeof(float) * kv), *vc = malloc(sizeof(float) * kv);
         memcpy(kc, cache, sizeof(float) * kv);
         memcpy(vc, cache + kv, sizeof(float) * kv);
         float *o = malloc(sizeof(float) * (size_t)T * H * hd);
-        if (llama_attention_f32(qkv, T, H, Hkv, hd, cos, sin, rd, qn, kn, (float)atof(argv[12]), kc, vc, start,
-                                (float)atof(argv[11]), o, 2) != 0)
+        if (block_attention_f32(qkv, T, H, Hkv, hd, cos, sin, rd, qn, kn, (float)atof(argv[12]), kc, vc, start,
+                                causal, bias, (float)atof(argv[11]), o, 2) != 0)
             return 4;
         spill(out, o, sizeof(float) * (size_t)T * H * hd, kc, sizeof(float) * kv, vc, sizeof(float) * kv);
     } else {
