@@ -91,8 +91,10 @@ int gguf_use_isa(const char *name) {
  * fills the other slot only after every task of the current job is done, and a worker uses a slot only after a
  * compare-and-swap on the counter proves the generation it read the slot under is still current.
  *
- * Pinning (gguf_set_pinning, on by default): worker i runs on the i-th CPU this process may use and the caller on
- * the first, so the pool's threads never share a core while another sits idle, and each keeps its caches. */
+ * Pinning (gguf_set_pinning, on by default): worker i runs on the i-th CPU this process may use (i >= 1), so the
+ * workers never share a core while another sits idle, and each keeps its caches. The caller is left free: a
+ * thread's affinity is inherited by the threads and processes it starts (a server's, a benchmark's peer), which
+ * would all be held to one core. */
 typedef void (*task_fn)(const void *ctx, int task, int worker);
 typedef struct {
     task_fn fn;
@@ -109,7 +111,7 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static int workers;
 static uint32_t generation;
-static int pinning = 1, caller_pinned;
+static int pinning = 1;
 #define SPIN 20000
 
 static inline void cpu_relax(void) {
@@ -201,8 +203,7 @@ static void start_workers(int want) {
     }
 }
 
-/* Pin the pool's threads (on = 1, the default) or leave them to the scheduler; applies to workers started later
- * and to the calling thread at its next parallel job. */
+/* Pin the pool's workers (on = 1, the default) or leave them to the scheduler; applies to workers started later. */
 void gguf_set_pinning(int on) { pinning = on != 0; }
 
 /* Run fn(ctx, task, worker) for tasks 0 .. tasks-1 on `threads` threads (the caller is worker 0; worker ids stay
@@ -212,10 +213,6 @@ static void run_tasks(task_fn fn, const void *ctx, int tasks, int threads) {
         for (int t = 0; t < tasks; t++)
             fn(ctx, t, 0);
         return;
-    }
-    if (pinning && !caller_pinned) {
-        pin_to(0);
-        caller_pinned = 1;
     }
     start_workers(threads - 1);
     job_t *j = &jobs[(generation + 1) & 1];
@@ -238,12 +235,17 @@ static void run_tasks(task_fn fn, const void *ctx, int tasks, int threads) {
 static int pool_slots(int threads) { return (threads > workers + 1 ? threads : workers + 1); }
 
 /* ---- products ----------------------------------------------------------------------------------------------- */
-/* Output rows handed to a thread at a time: small enough to balance 2-16 threads on the demo's 192-row
- * matrices, large enough that the per-task overhead stays negligible. */
-#define CHUNK 16
+/* A product's output rows are split into TASKS_PER_THREAD tasks per thread (of at least MIN_ROWS rows, a multiple of
+ * 16): few enough that taking a task (an atomic on a shared line) stays far below its work even on the demo's
+ * 576-row matrices (16-row tasks spent more time in the counter than in the product), enough that a thread the
+ * scheduler holds back leaves its share to the others. */
+#ifndef TASKS_PER_THREAD
+#define TASKS_PER_THREAD 2
+#endif
+#define MIN_ROWS 16
 
 typedef struct {
-    int kind, N, K, M;
+    int kind, N, K, M, rows;
     size_t row_bytes;
     const uint8_t *w;
     const float *x;
@@ -253,8 +255,8 @@ typedef struct {
 static void product_task(const void *ctx, int c, int worker) {
     (void)worker;
     const product_job *p = ctx;
-    const int n1 = (c + 1) * CHUNK < p->N ? (c + 1) * CHUNK : p->N;
-    isa()->product(p->kind, p->w, p->row_bytes, p->K, p->x, p->M, p->y, (size_t)p->N, c * CHUNK, n1);
+    const int n0 = c * p->rows, n1 = n0 + p->rows < p->N ? n0 + p->rows : p->N;
+    isa()->product(p->kind, p->w, p->row_bytes, p->K, p->x, p->M, p->y, (size_t)p->N, n0, n1);
 }
 
 static int product_shape_ok(int kind, int K) {
@@ -262,8 +264,12 @@ static int product_shape_ok(int kind, int K) {
 }
 
 static void product_run(int kind, const void *w, int N, int K, const float *x, int M, float *y, int threads) {
-    const product_job p = {kind, N, K, M, gguf_block_bytes(kind) * (size_t)(K / gguf_block_weights(kind)), w, x, y};
-    run_tasks(product_task, &p, (N + CHUNK - 1) / CHUNK, threads);
+    const int parts = threads > 1 ? threads * TASKS_PER_THREAD : 1;
+    int rows = (N + parts - 1) / parts;
+    rows = rows < MIN_ROWS ? MIN_ROWS : (rows + 15) / 16 * 16;
+    const product_job p = {kind, N, K, M, rows, gguf_block_bytes(kind) * (size_t)(K / gguf_block_weights(kind)), w,
+                           x, y};
+    run_tasks(product_task, &p, (N + rows - 1) / rows, threads);
 }
 
 /* y[M, N] = x[M, K] @ W[N, K]^T with W in ggml type `kind`, on `threads` threads. Returns 0, or -1 for a type
