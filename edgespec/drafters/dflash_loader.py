@@ -19,6 +19,7 @@ from edgespec.loading.hf_config import read_json
 from edgespec.loading.weights import load_parameters, weight_files
 from edgespec.models.decoder import TargetModel
 from edgespec.models.layers import merge_all_projections
+from edgespec.models.meta_init import meta_modules
 
 
 def _checkpoint_index(files: list[Path]) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -116,7 +117,7 @@ def load_dflash_checkpoint(folder: str | Path, target: TargetModel, *, window_si
     embed_vocab, head_vocab = _check_fit(cfg, target, dict(index.values()), folder)
 
     dtype, device = _drafter_dtype(target), target.device
-    with torch.device("meta"):
+    with meta_modules():   # no throw-away random init (edgespec.models.meta_init)
         drafter = DFlashDraftModel(cfg, target.config.hidden_size, embed_vocab, head_vocab)
     drafter = drafter.to_empty(device=device).to(dtype)
     fc_hint = f" (= {len(cfg.target_layer_ids)} taps x target hidden {target.config.hidden_size})"

@@ -19,6 +19,7 @@ from edgespec.memory import MemoryBudget, module_bytes, plan_budget
 from edgespec.models.config import ModelConfig
 from edgespec.models.decoder import TargetModel
 from edgespec.models.layers import RotaryEmbedding
+from edgespec.models.meta_init import meta_modules
 from edgespec.weights.base import PackedLinear
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ def build_empty(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_
     allocation; its :class:`MemoryBudget` is checked and kept as ``model.memory_budget``. ``merge``: merge the
     projections on the meta device, so loading fills each merged layer part by part (no second copy).
     """
-    with torch.device("meta"):
+    with meta_modules():   # no throw-away random init (edgespec.models.meta_init)
         model = TargetModel(cfg, max_positions=1, with_mtp=with_mtp)
         model.to(dtype)
         for name, p in model.named_parameters():

@@ -8,6 +8,7 @@ advances ``cache.length`` by T. The speculative session rolls back with :meth:`M
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -15,7 +16,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from edgespec.cache.kv import KVCache
+from edgespec.cache.kv import KVCache, lazy_zeros
 from edgespec.cache.model_cache import ModelCache
 from edgespec.cache.state import GDNState, GDNStateBank, StateMode
 from edgespec.kernels.linear import linear
@@ -163,10 +164,17 @@ class TargetModel(nn.Module):
                             checkpoint_slots=checkpoint_rows + 1, defer_rows=defer_rows) if n_gdn else None
         states = iter(bank.layers if bank is not None else [])
         layers: list[KVCache | GDNState] = []
+        shape = (max_len, cfg.num_key_value_heads, cfg.head_dim)
+        blocks = iter(())
+        if self.device.type == "cpu" and not kv_fp8:
+            # one lazily zeroed block for every layer's K and V: resident only as rows are written
+            n_kv = 2 * sum(kind == "full_attention" for kind in cfg.layer_types)
+            blocks = iter(lazy_zeros(n_kv * math.prod(shape), self.dtype).view(n_kv, *shape))
         for kind in cfg.layer_types:
             if kind == "full_attention":
+                storage = (next(blocks), next(blocks)) if self.device.type == "cpu" and not kv_fp8 else None
                 layers.append(KVCache(max_len, cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device,
-                                      fp8=kv_fp8))
+                                      fp8=kv_fp8, storage=storage))
             else:
                 layers.append(next(states))
         return ModelCache(layers, max_len, bank)
