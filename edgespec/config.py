@@ -155,6 +155,11 @@ class Settings:
     gguf_native: bool = _knob(True, "compiled GGUF CPU products (built on first use); false = torch reference")
     gguf_threads: int | None = _knob(None, "threads of one GGUF CPU product; None = every core this process may use",
                                      min=1)
+    gguf_isa: Literal["auto", "avx512", "avx2", "neon", "scalar"] = _knob(
+        "auto", "instruction set of the compiled CPU kernels: auto = the best this CPU runs (identical results on "
+        "every one; a lesser one for A/B runs)")
+    gguf_pin: bool = _knob(True, "pin the compiled CPU kernels' threads one per core; false = leave them to the "
+                                 "scheduler")
     # --- generation defaults -----------------------------------------------------------------------------------
     max_tokens: int = _knob(256, "default completion length", min=1, section="sampling")
     temperature: float = _knob(0.0, "default temperature; 0 = greedy", min=0.0, max=5.0)

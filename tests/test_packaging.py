@@ -30,6 +30,9 @@ def test_every_python_package_of_the_tree_is_declared():
 def test_runtime_data_files_are_package_data():
     data = _setuptools()["package-data"]
     assert "*.c" in data["edgespec.kernels"] and (ROOT / "edgespec/kernels/gguf_cpu.c").is_file()
+    # the per-ISA kernels' headers are compiled with them (edgespec.kernels.gguf_native.HEADERS)
+    from edgespec.kernels.gguf_native import HEADERS
+    assert "*.h" in data["edgespec.kernels"] and all((ROOT / "edgespec/kernels" / h).is_file() for h in HEADERS)
     assert "*.yaml" in data["edgespec.data"]
     drafter = ROOT / "edgespec/data/drafters/smollm2-135m-dflash"
     assert {"*/*.json", "*/*.safetensors"} <= set(data["edgespec.data.drafters"])

@@ -293,7 +293,14 @@ class DFlashDraftModel(nn.Module):
         """The layer stack over the block's input embeddings ``h [bs, H]``: each layer's queries attend to its
         context ``keys[i]`` / ``values[i]`` and the block's own keys under ``biases`` (:meth:`attn_biases`), with
         the block rows' rotary angles ``cs``. Returns the final-normed hidden states ``[bs, H]``. The residual
-        stream is carried as ``(h, delta)`` with each add fused into the next norm (see ``DecoderLayer``)."""
+        stream is carried as ``(h, delta)`` with each add fused into the next norm (see ``DecoderLayer``). On the
+        CPU the whole stack is one compiled call (:func:`edgespec.models.cpu_stack.drafter_block_forward`)."""
+        if h.device.type == "cpu":
+            from edgespec.models.cpu_stack import drafter_block_forward
+            out = drafter_block_forward(self, h, keys, values,
+                                        [biases[(layer.causal, layer.sliding_window)] for layer in self.layers], cs)
+            if out is not None:
+                return out
         delta = None
         for i, layer in enumerate(self.layers):
             if delta is None:

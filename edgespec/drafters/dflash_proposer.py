@@ -45,6 +45,7 @@ from edgespec.kernels.argmax import row_argmax
 from edgespec.kernels.linear import linear
 from edgespec.models.decoder import ForwardOutput, TargetModel
 from edgespec.models.layers import RotaryEmbedding, gather_rows, merge_all_projections
+from edgespec.weights.base import is_packed
 
 
 class DFlashProposer(Proposer):
@@ -101,6 +102,8 @@ class DFlashProposer(Proposer):
             self._head_weight = drafter.embed_tokens.weight
         else:
             self._head_weight = target.lm_head_weight
+        self.block_rows = "full"            # set_cpu_step: the rows of a draft's block forward, and
+        self._head_prefix = None            # the head's rows over the draft vocabulary (None: all of it)
         self.history: list[int] = []     # prompt + emitted tokens; the window covers history[end-length : end]
         # Head output of the last propose in the head's dtype (see last_logits); in graph mode a view of the static
         # output, valid until the next propose.
@@ -169,7 +172,8 @@ class DFlashProposer(Proposer):
             # rows before that, and last_logits is documented as valid until the next propose.
             scores, tokens = scores[:k], tokens[:k]
         else:
-            scores = self._head(self.block_hidden(last_token)[1:1 + k])
+            rows = k + 1 if self.block_rows == "drafts" else self.block_size
+            scores = self._draft_head(self.block_hidden(last_token, rows)[1:1 + k])
             tokens = scores.argmax(-1)
         self._last_scores = scores
         return Draft(tokens)
@@ -191,23 +195,49 @@ class DFlashProposer(Proposer):
         ``[bs-1, V]`` each cycle (15 MB for a 248k vocabulary)."""
         return linear(hidden.to(self._head_weight.dtype), self._head_weight)
 
-    @torch.inference_mode()
-    def block_hidden(self, anchor: int) -> torch.Tensor:
-        """Final-normed hidden states ``[bs, H]`` of the block ``[anchor, MASK x (bs-1)]`` at positions
-        ``end .. end+bs-1`` attending to the cached window (row 0 is the anchor; rows 1.. give the drafts)."""
-        self._block_ids[0] = anchor
-        return self._block_forward(self.window.end, None)
+    def _draft_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """:meth:`_head` over the draft vocabulary (:meth:`set_cpu_step`'s ``draft_vocab`` first token ids), else
+        over all of it."""
+        weight = self._head_prefix if self._head_prefix is not None else self._head_weight
+        return linear(hidden.to(weight.dtype), weight)
 
-    def _block_forward(self, start: int, pos_t: torch.Tensor | None) -> torch.Tensor:
-        """The drafter's block forward over ``self._block_ids`` at ``start`` (or the device position ``pos_t``),
-        attending to the window."""
-        h = gather_rows(self._embed_weight, self._block_ids).to(self.dtype)
+    def set_cpu_step(self, block_rows: str = "full", draft_vocab: int = 0) -> None:
+        """Trade draft quality for a cheaper draft step (what a CPU needs: there a draft costs per row and per head
+        column, unlike a GPU's). ``block_rows``: ``full`` runs the block of ``block_size`` rows the drafter was
+        trained on; ``drafts`` only the anchor and the k drafts asked for (the later mask rows, which the full
+        layers' bidirectional attention also reads, are left out). ``draft_vocab``: score only token ids below
+        this (0: all): the head's leading rows, a view of the same weight (BPE vocabularies number frequent tokens
+        first). Neither can change the output, only which drafts the target is asked to verify."""
+        if block_rows not in ("full", "drafts"):
+            raise ValueError(f"block_rows {block_rows!r}: give full or drafts")
+        self.block_rows = block_rows
+        self._head_prefix = None
+        vocab = self._head_weight.shape[0] if not is_packed(self._head_weight) else self._head_weight.out_features
+        if 0 < draft_vocab < vocab:
+            self._head_prefix = _leading_rows(self._head_weight, draft_vocab)
+
+    @torch.inference_mode()
+    def block_hidden(self, anchor: int, rows: int | None = None) -> torch.Tensor:
+        """Final-normed hidden states ``[rows, H]`` of the block ``[anchor, MASK x (rows-1)]`` (rows: block_size
+        unless given) at positions ``end ..`` attending to the cached window (row 0 is the anchor; rows 1.. give
+        the drafts)."""
+        self._block_ids[0] = anchor
+        return self._block_forward(self.window.end, None, rows or self.block_size)
+
+    def _block_forward(self, start: int, pos_t: torch.Tensor | None, rows: int | None = None) -> torch.Tensor:
+        """The drafter's block forward over the first ``rows`` (default all) of ``self._block_ids`` at ``start``
+        (or the device position ``pos_t``), attending to the window."""
+        rows = rows or self.block_size
+        h = gather_rows(self._embed_weight, self._block_ids[:rows]).to(self.dtype)
         if self.cfg.input_embedding_scale != 1.0:
             h = h * self.cfg.input_embedding_scale
-        q_pos = (start if pos_t is None else pos_t) + self._block_offsets
+        q_pos = (start if pos_t is None else pos_t) + self._block_offsets[:rows]
         biases = self.drafter.attn_biases(q_pos, torch.cat([self.window.positions, q_pos]))
-        cs = self.rope.angles(start, h.shape[0], pos_t, h.dtype)      # block rows: queries and own keys alike
-        return self.drafter.block_forward(h, self.window.keys, self.window.values, biases, cs)
+        cs = self.rope.angles(start, rows, pos_t, h.dtype)      # block rows: queries and own keys alike
+        keys, values = self.window.keys, self.window.values
+        if rows < self.block_size:     # the window and the first scratch rows: the block's K/V go right after it
+            keys, values = keys[:, :self.window.capacity + rows], values[:, :self.window.capacity + rows]
+        return self.drafter.block_forward(h, keys, values, biases, cs)
 
     # -- graph mode ---------------------------------------------------------------------------------------------
     def _static_draft(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -290,6 +320,20 @@ class DFlashProposer(Proposer):
     def window_tokens(self) -> list[int]:
         """Token ids whose features the window holds, oldest first."""
         return self.history[self.window.end - self.window.length:self.window.end]
+
+
+def _leading_rows(weight: torch.Tensor, n: int) -> torch.Tensor | None:
+    """The first ``n`` rows of a head weight, sharing its storage (dense rows, GGUF blocks); None for a packed
+    format without row views (the whole head is used)."""
+    from edgespec.weights.gguf import GGUFBlockWeight
+
+    if not is_packed(weight):
+        return weight[:n]
+    if isinstance(weight, GGUFBlockWeight):
+        rows = type(weight)(weight.blocks[:n], n, weight.in_features, weight.compute_dtype)
+        rows.kernel = weight.kernel
+        return rows
+    return None
 
 
 __all__ = ["DFlashProposer"]

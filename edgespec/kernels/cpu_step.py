@@ -59,15 +59,14 @@ def llama_attention_cpu(qkv: torch.Tensor, cache: KVCache, start: int, cs: tuple
     applicable (see the module doc)."""
     cos, sin = cs
     T = qkv.shape[0]
-    if (T > ROWS_MAX or cache.fp8 or cache.v_block or head_dim > _MAX_HEAD_DIM or n_heads % n_kv
+    if (T > ROWS_MAX or cache.fp8 or cache.v_block or head_dim > _MAX_HEAD_DIM or head_dim % 16 or n_heads % n_kv
             or qkv.shape[-1] != (n_heads + 2 * n_kv) * head_dim or cos.shape[-1] % 2 or cos.shape[-1] > head_dim):
         return None
     cos, sin = cos.reshape(T, -1).contiguous(), sin.reshape(T, -1).contiguous()
     if not _ok(qkv, cos, sin, cache.k, cache.v):
         return None
     out = torch.empty(T, n_heads * head_dim)
-    scratch = torch.empty(start + T)
-    gguf_native.library().llama_attention_f32(
-        qkv.data_ptr(), T, n_heads, n_kv, head_dim, cos.data_ptr(), sin.data_ptr(), cos.shape[-1],
-        cache.k.data_ptr(), cache.v.data_ptr(), start, scale, out.data_ptr(), scratch.data_ptr())
-    return out
+    rc = gguf_native.library().llama_attention_f32(
+        qkv.data_ptr(), T, n_heads, n_kv, head_dim, cos.data_ptr(), sin.data_ptr(), cos.shape[-1], None, None, 0.0,
+        cache.k.data_ptr(), cache.v.data_ptr(), start, scale, out.data_ptr(), gguf_native.threads())
+    return out if rc == 0 else None

@@ -1,19 +1,23 @@
-/* Products of GGUF Q4_0 / Q4_1 / Q8_0 (and K-quant Q4_K / Q5_K / Q6_K, below) weights with fp32 activations, read
- * straight from the GGUF blocks.
+/* The compiled CPU path: products of GGUF-block (Q4_0 / Q4_1 / Q8_0, K-quant Q4_K / Q5_K / Q6_K) and dense
+ * (F32 / F16 / BF16) weights with fp32 activations, the small per-layer steps, and the whole Llama/Qwen3 layer
+ * stack of a forward in one call, on a thread pool of its own.
  *
- * Built by edgespec.kernels.gguf_native (gcc -O3 -march=native -fopenmp) and called through ctypes.
- * The weight is the file's own bytes: row n of an [N, K] matrix is K/32 consecutive blocks
+ * Built by edgespec.kernels.gguf_native and called through ctypes. This file is the portable driver (compiled
+ * without ISA flags, so it runs on any CPU of its architecture); the arithmetic lives in gguf_kernels.c, compiled
+ * once per instruction set (AVX-512, AVX2, NEON, portable C). gguf_isa() picks the best one this CPU and OS
+ * support at first use (gguf_use_isa overrides it, for tests and A/B runs), so a build never executes an
+ * instruction the CPU lacks. Every ISA computes the same IEEE operations in the same order (gguf_kernels.c), so
+ * outputs are identical across ISAs, row counts and thread counts: a verify row rounds exactly like a plain
+ * decode step of the same token (speculative == plain), and an Arm run equals an x86 run.
+ *
+ * GGUF weights are the file's own bytes: row n of an [N, K] matrix is K/32 consecutive blocks
  *   Q4_0: fp16 d, 16 bytes of nibbles          w = d * (q - 8)
  *   Q4_1: fp16 d, fp16 m, 16 bytes of nibbles  w = d * q + m
  *   Q8_0: fp16 d, 32 int8                      w = d * q
- * (byte j of the nibbles holds weight j in its low and weight j + 16 in its high nibble).
- *
- * Every output y[m, n] is computed by the same sequence of fp32 operations whatever the number of rows M and
- * threads: a verify row rounds exactly like a plain decode step of the same token (speculative == plain). The
- * scales are widened fp16 -> fp32 exactly; the only difference from the dequantize-then-dot oracle is the order
- * of the fp32 sums (per block: dot(q, x) then times d).
+ * (byte j of the nibbles holds weight j in its low and weight j + 16 in its high nibble); K-quants in
+ * edgespec/weights/gguf_kquants.py.
  */
-#include <immintrin.h>
+#define _GNU_SOURCE
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -22,203 +26,80 @@
 #include <stdlib.h>
 #include <string.h>
 
-static inline float half_at(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
+#include "gguf_cpu.h"
+#include "gguf_isa.h"
+
+/* ---- instruction set ---------------------------------------------------------------------------------------- */
+static const gguf_isa_t *isa_table;
+
+static const gguf_isa_t *best_isa(void) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    /* __builtin_cpu_supports reports AVX / AVX-512 only where the OS saves their registers too */
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        return &gguf_isa_avx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        return &gguf_isa_avx2;
+#elif defined(__aarch64__)
+    return &gguf_isa_neon; /* AdvSIMD is part of the AArch64 base architecture */
+#endif
+    return &gguf_isa_scalar;
 }
 
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+static const gguf_isa_t *isa(void) {
+    if (isa_table == NULL)
+        isa_table = best_isa();
+    return isa_table;
 }
 
-/* The 32 weights of one block as 4 x 8 fp32 lanes (Q4_1: q, its m term is added separately); returns d. */
-static inline __attribute__((always_inline)) float decode(int kind, const uint8_t *blk, __m256 w[4]) {
-    const __m128i low = _mm_set1_epi8(0x0F);
-    __m256i a, b, c, d;
-    if (kind == 8) {
-        __m128i q0 = _mm_loadu_si128((const __m128i *)(blk + 2));
-        __m128i q1 = _mm_loadu_si128((const __m128i *)(blk + 18));
-        a = _mm256_cvtepi8_epi32(q0);
-        b = _mm256_cvtepi8_epi32(_mm_srli_si128(q0, 8));
-        c = _mm256_cvtepi8_epi32(q1);
-        d = _mm256_cvtepi8_epi32(_mm_srli_si128(q1, 8));
-    } else if (kind == 2) {
-        const __m128i eight = _mm_set1_epi8(8);
-        __m128i raw = _mm_loadu_si128((const __m128i *)(blk + 2));
-        __m128i lo = _mm_sub_epi8(_mm_and_si128(raw, low), eight);
-        __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), low), eight);
-        a = _mm256_cvtepi8_epi32(lo);
-        b = _mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8));
-        c = _mm256_cvtepi8_epi32(hi);
-        d = _mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8));
-    } else {
-        __m128i raw = _mm_loadu_si128((const __m128i *)(blk + 4));
-        __m128i lo = _mm_and_si128(raw, low);
-        __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
-        a = _mm256_cvtepu8_epi32(lo);
-        b = _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8));
-        c = _mm256_cvtepu8_epi32(hi);
-        d = _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8));
+/* The name of the kernels in use: "avx512", "avx2", "neon" or "scalar". */
+const char *gguf_isa(void) { return isa()->name; }
+
+/* Use the kernels of `name` from now on; 0, or -1 when they are not built in or this CPU cannot run them. */
+int gguf_use_isa(const char *name) {
+    const gguf_isa_t *best = best_isa();
+    const gguf_isa_t *all[] = {
+        &gguf_isa_scalar,
+#if defined(__x86_64__)
+        &gguf_isa_avx2, &gguf_isa_avx512,
+#elif defined(__aarch64__)
+        &gguf_isa_neon,
+#endif
+    };
+    int rank_best = 0, rank_want = -1;
+    for (int i = 0; i < (int)(sizeof all / sizeof all[0]); i++) {
+        if (all[i] == best)
+            rank_best = i;
+        if (strcmp(all[i]->name, name) == 0)
+            rank_want = i;
     }
-    w[0] = _mm256_cvtepi32_ps(a);
-    w[1] = _mm256_cvtepi32_ps(b);
-    w[2] = _mm256_cvtepi32_ps(c);
-    w[3] = _mm256_cvtepi32_ps(d);
-    return half_at(blk);
+    if (rank_want < 0 || rank_want > rank_best) /* the list is ordered: each ISA needs the ones before it */
+        return -1;
+    isa_table = all[rank_want];
+    return 0;
 }
-
-/* One weight row against R activation rows (R = 1..4, a constant after inlining): each block is decoded once
- * and used R times. Row r's sums are the same fp32 operations in the same order for every R, so its result
- * does not depend on how many rows share the call. */
-static inline __attribute__((always_inline)) void
-rows(int kind, const uint8_t *row, size_t bpb, int nb, const float *x, size_t K, const float *xsum, float *y,
-     size_t N, const int R) {
-    __m256 acc[4];
-    float macc[4];
-    for (int r = 0; r < R; r++) {
-        acc[r] = _mm256_setzero_ps();
-        macc[r] = 0.0f;
-    }
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = row + bpb * b;
-        __m256 w[4];
-        const __m256 d = _mm256_set1_ps(decode(kind, blk, w));
-        for (int r = 0; r < R; r++) {
-            const float *xb = x + r * K + 32 * b;
-            __m256 s = _mm256_mul_ps(w[0], _mm256_loadu_ps(xb));
-            s = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), s);
-            s = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xb + 16), s);
-            s = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xb + 24), s);
-            acc[r] = _mm256_fmadd_ps(s, d, acc[r]);
-            if (kind == 3)
-                macc[r] += half_at(blk + 2) * xsum[r * nb + b];
-        }
-    }
-    for (int r = 0; r < R; r++)
-        y[r * N] = hsum8(acc[r]) + macc[r];
-}
-
-#define ROWS_FOR(KIND)                                                                                       \
-    switch (R) {                                                                                             \
-    case 1: rows(KIND, row, bpb, nb, x, K, xsum, y, N, 1); break;                                            \
-    case 2: rows(KIND, row, bpb, nb, x, K, xsum, y, N, 2); break;                                            \
-    case 3: rows(KIND, row, bpb, nb, x, K, xsum, y, N, 3); break;                                            \
-    default: rows(KIND, row, bpb, nb, x, K, xsum, y, N, 4); break;                                           \
-    }
-
-/* ---- K-quants: super-blocks of 256 weights (layouts in edgespec/weights/gguf_kquants.py) ----------------------
- * A super-block is decoded to 256 fp32 weights with the reference's operations in its order (d * sc first, then
- * times the code, minus dmin * m), so the weights are the oracle's bit for bit; the product then sums w * x in
- * 8 lanes. Decoded once per weight row and used for every activation row of the call. */
-static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
-static void decode_k(int kind, const uint8_t *b, float *w) {
-    if (kind == 14) { /* Q6_K: ql[128], qh[64], int8 scales[16], fp16 d */
-        const float d = half_at(b + 208);
-        const int8_t *sc = (const int8_t *)(b + 192);
-        float ds[16];
-        for (int i = 0; i < 16; i++)
-            ds[i] = d * (float)sc[i];
-        for (int n = 0; n < 2; n++) {
-            /* weight l + 32k of this half: nibble k / 2 of ql[l + 32 (k % 2)], bits 2k..2k+1 of qh[l] above */
-            const uint8_t *ql = b + 64 * n, *qh = b + 128 + 32 * n;
-            const float *s = ds + 8 * n;
-            float *o = w + 128 * n;
-            for (int l = 0; l < 32; l++) {
-                const int h = qh[l], is = l / 16;
-                o[l] = s[is] * (float)(((ql[l] & 0xF) | ((h & 3) << 4)) - 32);
-                o[l + 32] = s[is + 2] * (float)(((ql[l + 32] & 0xF) | (((h >> 2) & 3) << 4)) - 32);
-                o[l + 64] = s[is + 4] * (float)(((ql[l] >> 4) | (((h >> 4) & 3) << 4)) - 32);
-                o[l + 96] = s[is + 6] * (float)(((ql[l + 32] >> 4) | (((h >> 6) & 3) << 4)) - 32);
-            }
-        }
-        return;
-    }
-    /* Q4_K / Q5_K: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, (Q5_K: qh[32]), qs[128] */
-    const float d = half_at(b), dmin = half_at(b + 2);
-    const uint8_t *qh = b + 16, *qs = b + (kind == 13 ? 48 : 16);
-    for (int j = 0; j < 8; j++) {
-        int sc, m;
-        scale_min_k4(j, b + 4, &sc, &m);
-        const float d1 = d * (float)sc, m1 = dmin * (float)m;
-        const uint8_t *q = qs + 32 * (j / 2);
-        const int shift = 4 * (j & 1);
-        for (int l = 0; l < 32; l++) {
-            int v = (q[l] >> shift) & 0xF;
-            if (kind == 13)
-                v += ((qh[l] >> j) & 1) << 4;
-            w[32 * j + l] = d1 * (float)v - m1;
-        }
-    }
-}
-
-static void rows_k(int kind, const uint8_t *row, size_t bpb, int nb, const float *x, size_t K, float *y, size_t N,
-                   int R) {
-    __m256 acc[4];
-    float w[256] __attribute__((aligned(32)));
-    for (int r = 0; r < R; r++)
-        acc[r] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        decode_k(kind, row + bpb * b, w);
-        for (int r = 0; r < R; r++) {
-            const float *xb = x + r * K + 256 * (size_t)b;
-            __m256 a = acc[r];
-            for (int i = 0; i < 256; i += 8)
-                a = _mm256_fmadd_ps(_mm256_load_ps(w + i), _mm256_loadu_ps(xb + i), a);
-            acc[r] = a;
-        }
-    }
-    for (int r = 0; r < R; r++)
-        y[r * N] = hsum8(acc[r]);
-}
-
-static void rows_kind(int kind, const uint8_t *row, size_t bpb, int nb, const float *x, size_t K,
-                      const float *xsum, float *y, size_t N, int R) {
-    if (kind >= 12) {
-        rows_k(kind, row, bpb, nb, x, K, y, N, R);
-    } else if (kind == 2) {
-        ROWS_FOR(2)
-    } else if (kind == 3) {
-        ROWS_FOR(3)
-    } else {
-        ROWS_FOR(8)
-    }
-}
-
-enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 }; /* ggml type ids */
-
-/* Output rows handed to a thread at a time: small enough to balance 2-16 threads on the demo's 192-row
- * matrices, large enough that the per-chunk overhead stays negligible. */
-#define CHUNK 16
 
 /* ---- threads ----------------------------------------------------------------------------------------------
- * A product is split into chunks of CHUNK output rows that the calling thread and the pool's workers take from
- * a shared counter. The caller never waits for a worker to *arrive* (OpenMP's barrier did: on a shared,
- * oversubscribed machine every product then waited for a descheduled thread, one time slice each, and a decode
- * step of 211 products took a second); it waits only for chunks a worker has actually taken. Idle workers spin
- * briefly (the next product follows within microseconds during a forward), then sleep on a condition variable.
+ * A job is split into tasks (chunks of output rows, attention heads) that the calling thread and the pool's
+ * workers take from a shared counter. The caller never waits for a worker to *arrive* (OpenMP's barrier did: on a
+ * shared, oversubscribed machine every product then waited for a descheduled thread, one time slice each); it
+ * waits only for tasks a worker has actually taken. Idle workers spin briefly (the next job follows within
+ * microseconds during a forward), then sleep on a condition variable.
  *
- * The counter holds (generation << 32 | next chunk). A job's parameters live in jobs[generation & 1]; the
- * caller fills the other slot only after every chunk of the current job is done, and a worker uses a slot only
- * after a compare-and-swap on the counter proves the generation it read the slot under is still current. */
+ * The counter holds (generation << 32 | next task). A job's parameters live in jobs[generation & 1]; the caller
+ * fills the other slot only after every task of the current job is done, and a worker uses a slot only after a
+ * compare-and-swap on the counter proves the generation it read the slot under is still current.
+ *
+ * Pinning (gguf_set_pinning, on by default): worker i runs on the i-th CPU this process may use (i >= 1), so the
+ * workers never share a core while another sits idle, and each keeps its caches. The caller is left free: a
+ * thread's affinity is inherited by the threads and processes it starts (a server's, a benchmark's peer), which
+ * would all be held to one core. */
+typedef void (*task_fn)(const void *ctx, int task, int worker);
 typedef struct {
-    int kind, N, M, nb, chunks;
-    size_t K, bpb, row_bytes;
-    const uint8_t *w;
-    const float *x, *xsum;
-    float *y;
+    task_fn fn;
+    const void *ctx;
+    int tasks;
 } job_t;
 
 static job_t jobs[2];
@@ -230,45 +111,67 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static int workers;
 static uint32_t generation;
+static int pinning = 1;
 #define SPIN 20000
 
-static void run_chunk(const job_t *j, int c) {
-    const int n1 = (c + 1) * CHUNK < j->N ? (c + 1) * CHUNK : j->N;
-    for (int m = 0; m < j->M; m += 4) {
-        const int R = j->M - m < 4 ? j->M - m : 4;
-        for (int n = c * CHUNK; n < n1; n++)
-            rows_kind(j->kind, j->w + (size_t)n * j->row_bytes, j->bpb, j->nb, j->x + (size_t)m * j->K, j->K,
-                      j->kind == Q4_1 ? j->xsum + (size_t)m * j->nb : NULL, j->y + (size_t)m * j->N + n,
-                      (size_t)j->N, R);
+static inline void cpu_relax(void) {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Pin the calling thread to the slot-th CPU of the process's affinity mask (modulo its size). */
+static void pin_to(int slot) {
+    cpu_set_t allowed, one;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0)
+        return;
+    const int n = CPU_COUNT(&allowed);
+    if (n <= 1)
+        return;
+    for (int cpu = 0, seen = 0; cpu < CPU_SETSIZE; cpu++) {
+        if (!CPU_ISSET(cpu, &allowed))
+            continue;
+        if (seen++ == slot % n) {
+            CPU_ZERO(&one);
+            CPU_SET(cpu, &one);
+            pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+            return;
+        }
     }
 }
 
-/* Take and run chunks of generation g until none is left (or a newer job replaced it). */
-static void take_chunks(uint32_t g) {
+/* Take and run tasks of generation g until none is left (or a newer job replaced it). */
+static void take_tasks(uint32_t g, int worker) {
     for (;;) {
         uint64_t v = atomic_load(&counter);
         if ((uint32_t)(v >> 32) != g)
             return;
         const job_t *j = &jobs[g & 1];
-        const int c = (int)(uint32_t)v, chunks = j->chunks;
-        if (c >= chunks)
+        const int t = (int)(uint32_t)v, tasks = j->tasks;
+        const task_fn fn = j->fn;
+        const void *ctx = j->ctx;
+        if (t >= tasks)
             return;
         if (!atomic_compare_exchange_weak(&counter, &v, v + 1))
             continue;
-        run_chunk(j, c);
+        fn(ctx, t, worker);
         atomic_fetch_add(&done, 1);
     }
 }
 
-static void *worker(void *arg) {
-    (void)arg;
+static void *worker_main(void *arg) {
+    const int id = (int)(intptr_t)arg;
+    if (pinning)
+        pin_to(id);
     uint32_t seen = atomic_load(&published);
     for (;;) {
         uint32_t g;
         int spins = 0;
         while ((g = atomic_load(&published)) == seen) {
             if (++spins < SPIN) {
-                _mm_pause();
+                cpu_relax();
                 if (spins % 256 == 0)
                     sched_yield();
                 continue;
@@ -282,7 +185,7 @@ static void *worker(void *arg) {
             spins = 0;
         }
         seen = g;
-        take_chunks(g);
+        take_tasks(g, id);
     }
     return NULL;
 }
@@ -293,103 +196,112 @@ static void start_workers(int want) {
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        int rc = pthread_create(&t, &attr, worker, NULL);
+        int rc = pthread_create(&t, &attr, worker_main, (void *)(intptr_t)(workers + 1));
         pthread_attr_destroy(&attr);
         if (rc != 0)
             break;
     }
 }
 
-/* y[M, N] = x[M, K] @ W[N, K]^T with W in ggml type `kind` (K a multiple of 32, of 256 for K-quants), on `threads` threads (the
- * caller plus a pool kept for the process). Not reentrant: one product at a time (the model runs one forward
- * at a time). Returns 0, -1 for an unknown kind, -2 when out of memory. */
-int gguf_matmul(int kind, const uint8_t *w, int N, int K, const float *x, int M, float *y, int threads) {
-    const int nb = K / (kind >= Q4_K ? 256 : 32); /* blocks per row: K-quant super-blocks hold 256 */
-    size_t bpb;
-    switch (kind) {
-    case Q4_0: bpb = 18; break;
-    case Q4_1: bpb = 20; break;
-    case Q8_0: bpb = 34; break;
-    case Q4_K: bpb = 144; break;
-    case Q5_K: bpb = 176; break;
-    case Q6_K: bpb = 210; break;
-    default: return -1;
+/* Pin the pool's workers (on = 1, the default) or leave them to the scheduler; applies to workers started later. */
+void gguf_set_pinning(int on) { pinning = on != 0; }
+
+/* Run fn(ctx, task, worker) for tasks 0 .. tasks-1 on `threads` threads (the caller is worker 0; worker ids stay
+ * below gguf_pool_slots()). Not reentrant: one job at a time (the model runs one forward at a time). */
+static void run_tasks(task_fn fn, const void *ctx, int tasks, int threads) {
+    if (threads <= 1 || tasks < 2) {
+        for (int t = 0; t < tasks; t++)
+            fn(ctx, t, 0);
+        return;
     }
-    float *xsum = NULL;
-    if (kind == Q4_1) {
-        /* the m term of Q4_1: m * (sum of x over the block), one scalar sum per row and block */
-        xsum = malloc(sizeof(float) * (size_t)M * nb + 1);
-        if (xsum == NULL)
-            return -2;
-        for (size_t i = 0; i < (size_t)M * nb; i++) {
-            float s = 0.0f;
-            for (int j = 0; j < 32; j++)
-                s += x[32 * i + j];
-            xsum[i] = s;
-        }
-    }
-    const int chunks = (N + CHUNK - 1) / CHUNK;
+    start_workers(threads - 1);
     job_t *j = &jobs[(generation + 1) & 1];
-    *j = (job_t){kind, N, M, nb, chunks, (size_t)K, bpb, bpb * (size_t)nb, w, x, xsum, y};
-    if (threads <= 1 || chunks < 2) {
-        for (int c = 0; c < chunks; c++)
-            run_chunk(j, c);
-    } else {
-        start_workers(threads - 1);
-        const uint32_t g = ++generation;
-        atomic_store(&done, 0);
-        atomic_store(&counter, (uint64_t)g << 32);
-        atomic_store(&published, g);
-        if (atomic_load(&sleepers) > 0) {
-            pthread_mutex_lock(&mu);
-            pthread_cond_broadcast(&cv);
-            pthread_mutex_unlock(&mu);
-        }
-        take_chunks(g);
-        while (atomic_load(&done) < chunks)
-            _mm_pause();
+    *j = (job_t){fn, ctx, tasks};
+    const uint32_t g = ++generation;
+    atomic_store(&done, 0);
+    atomic_store(&counter, (uint64_t)g << 32);
+    atomic_store(&published, g);
+    if (atomic_load(&sleepers) > 0) {
+        pthread_mutex_lock(&mu);
+        pthread_cond_broadcast(&cv);
+        pthread_mutex_unlock(&mu);
     }
-    free(xsum);
+    take_tasks(g, 0);
+    while (atomic_load(&done) < tasks)
+        cpu_relax();
+}
+
+/* Worker ids a job of `threads` threads may see: per-worker scratch is sized by this. */
+static int pool_slots(int threads) { return (threads > workers + 1 ? threads : workers + 1); }
+
+/* ---- products ----------------------------------------------------------------------------------------------- */
+/* A product's output rows are split into TASKS_PER_THREAD tasks per thread (of at least MIN_ROWS rows, a multiple of
+ * 16): few enough that taking a task (an atomic on a shared line) stays far below its work even on the demo's
+ * 576-row matrices (16-row tasks spent more time in the counter than in the product), enough that a thread the
+ * scheduler holds back leaves its share to the others. */
+#ifndef TASKS_PER_THREAD
+#define TASKS_PER_THREAD 2
+#endif
+#define MIN_ROWS 16
+
+typedef struct {
+    int kind, N, K, M, rows;
+    size_t row_bytes;
+    const uint8_t *w;
+    const float *x;
+    float *y;
+} product_job;
+
+static void product_task(const void *ctx, int c, int worker) {
+    (void)worker;
+    const product_job *p = ctx;
+    const int n0 = c * p->rows, n1 = n0 + p->rows < p->N ? n0 + p->rows : p->N;
+    isa()->product(p->kind, p->w, p->row_bytes, p->K, p->x, p->M, p->y, (size_t)p->N, n0, n1);
+}
+
+static int product_shape_ok(int kind, int K) {
+    return gguf_block_bytes(kind) != 0 && K > 0 && K % gguf_block_weights(kind) == 0;
+}
+
+static void product_run(int kind, const void *w, int N, int K, const float *x, int M, float *y, int threads) {
+    const int parts = threads > 1 ? threads * TASKS_PER_THREAD : 1;
+    int rows = (N + parts - 1) / parts;
+    rows = rows < MIN_ROWS ? MIN_ROWS : (rows + 15) / 16 * 16;
+    const product_job p = {kind, N, K, M, rows, gguf_block_bytes(kind) * (size_t)(K / gguf_block_weights(kind)), w,
+                           x, y};
+    run_tasks(product_task, &p, (N + rows - 1) / rows, threads);
+}
+
+/* y[M, N] = x[M, K] @ W[N, K]^T with W in ggml type `kind`, on `threads` threads. Returns 0, or -1 for a type
+ * without a product or a K that is not a whole number of its blocks. */
+int gguf_matmul(int kind, const uint8_t *w, int N, int K, const float *x, int M, float *y, int threads) {
+    if (!product_shape_ok(kind, K))
+        return -1;
+    product_run(kind, w, N, K, x, M, y, threads);
     return 0;
 }
 
-/* ---- step helpers of the fp32 CPU decode ------------------------------------------------------------------
- * One call each for work that costs a dozen small torch operations per layer (each a few microseconds of
- * dispatch on a small CPU, more than the arithmetic): the residual add + RMSNorm, and a Llama attention layer
- * (RoPE of q and k, K/V cache write, causal GQA attention). Each output row is computed by the same operations
- * whatever the number of rows in the call, like the products above. */
-
-static inline float dot(const float *a, const float *b, int n) {
-    __m256 acc = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    float s = hsum8(acc);
-    for (; i < n; i++)
-        s += a[i] * b[i];
-    return s;
+/* out[r, :] = row idx[r] of W [N, K] decoded to fp32 (an embedding lookup); 0, or -1 for a type without a
+ * decoder, a K that is not a whole number of its blocks, or an index outside 0 .. N-1. */
+int gguf_rows(int kind, const uint8_t *w, int N, int K, const int64_t *idx, int n, float *out) {
+    if (!product_shape_ok(kind, K))
+        return -1;
+    for (int r = 0; r < n; r++)
+        if (idx[r] < 0 || idx[r] >= N)
+            return -1;
+    isa()->decode_rows(kind, w, gguf_block_bytes(kind) * (size_t)(K / gguf_block_weights(kind)), K, idx, n, out);
+    return 0;
 }
 
-/* sum = residual + x (when x is not NULL; else sum = residual); norm = w * (sum * 1/sqrt(mean(sum^2) + eps)),
- * rows of D. */
+/* ---- step helpers ------------------------------------------------------------------------------------------- */
+/* sum = residual + x (x NULL: sum = residual); norm = w * (sum / sqrt(mean(sum^2) + eps)), T rows of D. */
 void add_rms_norm_f32(const float *x, const float *residual, const float *w, float eps, int T, int D, float *sum,
                       float *norm) {
-    for (int t = 0; t < T; t++) {
-        const float *r = residual + (size_t)t * D;
-        float *s = sum + (size_t)t * D;
-        if (x != NULL) {
-            const float *xt = x + (size_t)t * D;
-            for (int i = 0; i < D; i++)
-                s[i] = r[i] + xt[i];
-        } else if (s != r) {
-            memcpy(s, r, sizeof(float) * D);
-        }
-        const float inv = 1.0f / sqrtf(dot(s, s, D) / (float)D + eps);
-        float *y = norm + (size_t)t * D;
-        for (int i = 0; i < D; i++)
-            y[i] = w[i] * (s[i] * inv);
-    }
+    isa()->add_rms_norm(x, residual, w, eps, T, D, sum, norm);
 }
+
+/* out[t, i] = silu(gate_up[t, i]) * gate_up[t, I + i] (SwiGLU of the merged gate/up projection rows). */
+void silu_mul_f32(const float *gate_up, int T, int I, float *out) { isa()->silu_mul(gate_up, T, I, out); }
 
 /* NeoX (rotate-half) RoPE of one head over its first rd channels (the rest copied). */
 static void rope_head(const float *x, float *dst, const float *c, const float *s, int rd, int hd) {
@@ -403,58 +315,150 @@ static void rope_head(const float *x, float *dst, const float *c, const float *s
         dst[i] = x[i];
 }
 
-/* qkv [T, (H + 2 Hkv) hd] (merged projection rows of positions start..start+T-1), cos/sin [T, rd];
- * kc/vc [max_len, Hkv, hd] (rows start.. are written); out [T, H hd]. scratch: start + T floats.
- * Row t attends to keys 0..start+t; query head h reads KV head h / (H / Hkv). */
-void llama_attention_f32(const float *qkv, int T, int H, int Hkv, int hd, const float *cos, const float *sin,
-                         int rd, float *kc, float *vc, int start, float scale, float *out, float *scratch) {
-    const int qo = H * hd, row = qo + 2 * Hkv * hd, rep = H / Hkv;
-    float q[512];
+/* Attention of one layer: shapes and pointers shared by its tasks. */
+typedef struct {
+    const float *qkv, *cos, *sin, *q_norm, *k_norm, *bias;
+    const float *kc, *vc;
+    float *out, *scratch;
+    int T, H, Hkv, hd, rd, kv_row, causal;
+    size_t scratch_floats; /* per worker */
+    float scale, eps;
+} attn_job;
+
+/* q/k norm (Qwen3: w * x̂ per head; NULL: none) then RoPE of one head, into dst. */
+static void norm_rope_head(const float *x, const float *norm, float eps, const float *c, const float *s, int rd,
+                           int hd, float *dst, float *tmp) {
+    if (norm != NULL) {
+        isa()->add_rms_norm(NULL, x, norm, eps, 1, hd, tmp, tmp);
+        x = tmp;
+    }
+    rope_head(x, dst, c, s, rd, hd);
+}
+
+static void attn_task(const void *ctx, int task, int worker) {
+    const attn_job *a = ctx;
+    const int t = task / a->H, h = task % a->H, rep = a->H / a->Hkv;
+    const int row = (a->H + 2 * a->Hkv) * a->hd, keys = a->kv_row + a->T;
+    float *scratch = a->scratch + a->scratch_floats * (size_t)worker;
+    float *q = scratch, *tmp = scratch + a->hd, *scores = scratch + 2 * a->hd;
+    const size_t stride = (size_t)a->Hkv * a->hd;
+    norm_rope_head(a->qkv + (size_t)t * row + (size_t)h * a->hd, a->q_norm, a->eps, a->cos + (size_t)t * a->rd,
+                   a->sin + (size_t)t * a->rd, a->rd, a->hd, q, tmp);
+    const int g = h / rep;
+    isa()->attend(q, a->kc + (size_t)g * a->hd, a->vc + (size_t)g * a->hd, stride,
+                  a->causal ? a->kv_row + t + 1 : keys, a->hd, a->scale,
+                  a->bias == NULL ? NULL : a->bias + (size_t)t * keys, scores,
+                  a->out + (size_t)t * a->H * a->hd + (size_t)h * a->hd);
+}
+
+int block_attention_f32(const float *qkv, int T, int H, int Hkv, int hd, const float *cos, const float *sin, int rd,
+                        const float *q_norm, const float *k_norm, float eps, float *kc, float *vc, int kv_row,
+                        int causal, const float *bias, float scale, float *out, int threads) {
+    if (hd % 16 || hd > 512 || H % Hkv)
+        return -1;
+    const int row = (H + 2 * Hkv) * hd, qo = H * hd;
+    float tmp[512];
     for (int t = 0; t < T; t++) {
         const float *src = qkv + (size_t)t * row;
         for (int h = 0; h < Hkv; h++) {
-            float *kd = kc + ((size_t)(start + t) * Hkv + h) * hd;
-            rope_head(src + qo + h * hd, kd, cos + (size_t)t * rd, sin + (size_t)t * rd, rd, hd);
-            memcpy(vc + ((size_t)(start + t) * Hkv + h) * hd, src + qo + Hkv * hd + h * hd, sizeof(float) * hd);
+            float *kd = kc + ((size_t)(kv_row + t) * Hkv + h) * hd;
+            norm_rope_head(src + qo + h * hd, k_norm, eps, cos + (size_t)t * rd, sin + (size_t)t * rd, rd, hd, kd,
+                           tmp);
+            memcpy(vc + ((size_t)(kv_row + t) * Hkv + h) * hd, src + qo + Hkv * hd + h * hd, sizeof(float) * hd);
         }
     }
-    for (int t = 0; t < T; t++) {
-        const int L = start + t + 1;
-        for (int h = 0; h < H; h++) {
-            const int g = h / rep;
-            rope_head(qkv + (size_t)t * row + h * hd, q, cos + (size_t)t * rd, sin + (size_t)t * rd, rd, hd);
-            float m = -INFINITY;
-            for (int j = 0; j < L; j++) {
-                const float s = dot(q, kc + ((size_t)j * Hkv + g) * hd, hd) * scale;
-                scratch[j] = s;
-                m = s > m ? s : m;
-            }
-            float total = 0.0f;
-            for (int j = 0; j < L; j++) {
-                scratch[j] = expf(scratch[j] - m);
-                total += scratch[j];
-            }
-            float *o = out + (size_t)t * qo + h * hd;
-            memset(o, 0, sizeof(float) * hd);
-            for (int j = 0; j < L; j++) {
-                const float p = scratch[j];
-                const float *v = vc + ((size_t)j * Hkv + g) * hd;
-                for (int i = 0; i < hd; i++)
-                    o[i] += p * v[i];
-            }
-            const float inv = 1.0f / total;
-            for (int i = 0; i < hd; i++)
-                o[i] *= inv;
-        }
-    }
+    const int slots = pool_slots(threads);
+    const size_t per = 2 * (size_t)hd + (size_t)(kv_row + T) + 16;
+    float *scratch = malloc(sizeof(float) * per * (size_t)slots);
+    if (scratch == NULL)
+        return -2;
+    const attn_job a = {qkv, cos, sin, q_norm, k_norm, bias, kc, vc, out, scratch, T, H, Hkv, hd, rd, kv_row,
+                        causal, per, scale, eps};
+    /* a short context's heads cost less than waking the pool */
+    run_tasks(attn_task, &a, T * H, T * H * (kv_row + T) >= 1024 ? threads : 1);
+    free(scratch);
+    return 0;
 }
 
-/* out[t, i] = silu(gate_up[t, i]) * gate_up[t, I + i] (SwiGLU of the merged gate/up projection rows). */
-void silu_mul_f32(const float *gate_up, int T, int I, float *out) {
-    for (int t = 0; t < T; t++) {
-        const float *g = gate_up + (size_t)t * 2 * I, *u = g + I;
-        float *o = out + (size_t)t * I;
-        for (int i = 0; i < I; i++)
-            o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+/* RoPE (after the q/k norms when given) of the merged projection rows qkv [T, (H + 2 Hkv) hd] of positions
+ * start .. start+T-1, their K/V written to kc/vc [max_len, Hkv, hd], and causal GQA attention: row t attends to
+ * keys 0 .. start+t, query head h reads KV head h / (H / Hkv). cos/sin [T, rd]; out [T, H hd]. Returns 0, -1 for a
+ * head size that is not a multiple of 16, -2 when out of memory. */
+int llama_attention_f32(const float *qkv, int T, int H, int Hkv, int hd, const float *cos, const float *sin, int rd,
+                        const float *q_norm, const float *k_norm, float eps, float *kc, float *vc, int start,
+                        float scale, float *out, int threads) {
+    return block_attention_f32(qkv, T, H, Hkv, hd, cos, sin, rd, q_norm, k_norm, eps, kc, vc, start, 1, NULL, scale,
+                               out, threads);
+}
+
+/* ---- the layer stack ---------------------------------------------------------------------------------------
+ * A Llama / Qwen3 decoder stack (pre-norm attention + SwiGLU MLP per layer) for T rows in one call: the products,
+ * norms and attention above, in the order and with the residual bookkeeping of edgespec.models.decoder
+ * (DecoderLayer: each residual add fused into the next norm), so its outputs equal the per-layer path's bit for
+ * bit. Python describes the model once (gguf_weight_t / gguf_layer_t / gguf_stack_t, edgespec.models.cpu_stack). */
+/* (gguf_weight_t, gguf_layer_t, gguf_stack_t: gguf_cpu.h) */
+static void linear_rows(const gguf_weight_t *w, const float *x, int T, float *y, int threads) {
+    product_run(w->kind, w->data, w->N, w->K, x, T, y, threads);
+    if (w->bias != NULL)
+        for (int t = 0; t < T; t++)
+            isa()->add(y + (size_t)t * w->N, w->bias, w->N, y + (size_t)t * w->N);
+}
+
+static int weight_ok(const gguf_weight_t *w, int N, int K) {
+    return w->N == N && w->K == K && product_shape_ok(w->kind, K) && w->data != NULL;
+}
+
+/* Check a stack description; 0 when every weight has the shape and a format the products read. */
+int gguf_stack_check(const gguf_stack_t *s) {
+    if (s->hd % 16 || s->hd > 512 || s->H % s->Hkv || s->rd % 2 || s->rd > s->hd)
+        return -1;
+    const int q = (s->H + 2 * s->Hkv) * s->hd;
+    for (int i = 0; i < s->n_layers; i++) {
+        const gguf_layer_t *l = &s->layers[i];
+        if (!weight_ok(&l->qkv, q, s->D) || !weight_ok(&l->o, s->D, s->H * s->hd) ||
+            !weight_ok(&l->gate_up, 2 * s->I, s->D) || !weight_ok(&l->down, s->D, s->I))
+            return -1 - i;
     }
+    return 0;
+}
+
+/* h [T, D]: the rows' embeddings (overwritten: the residual stream). kc[i] / vc[i]: layer i's keys/values
+ * [rows, Hkv, hd]; rows kv_row .. kv_row+T-1 are written with this call's (a decoder's KV cache: kv_row = the
+ * position of row 0; a DFlash block: the window's scratch rows after its kv_row keys). cos/sin [T, rd]. bias: NULL,
+ * or per layer NULL or [T, kv_row + T] added to the scores (masks). taps [T, n_taps, D]: the output of layer
+ * tap_ids[j] goes to taps[:, j] (tap_ids ascending). hidden [T, D]: the final-normed rows. Returns 0, -1 for a
+ * description gguf_stack_check refuses, -2 when out of memory. */
+int gguf_stack_forward(const gguf_stack_t *s, float *const *kc, float *const *vc, int kv_row, int T,
+                       const float *cos, const float *sin, const float *const *bias, float *h, const int *tap_ids,
+                       int n_taps, float *taps, float *hidden, int threads) {
+    if (gguf_stack_check(s) != 0)
+        return -1;
+    const int D = s->D, q = (s->H + 2 * s->Hkv) * s->hd, ao = s->H * s->hd, I = s->I;
+    const size_t rows = (size_t)T;
+    const size_t floats = rows * (2 * (size_t)D + q + ao + 3 * (size_t)I + D);
+    float *buf = malloc(sizeof(float) * floats);
+    if (buf == NULL)
+        return -2;
+    float *x = buf, *delta = x + rows * D, *qkv = delta + rows * D, *att = qkv + rows * q, *gu = att + rows * ao,
+          *act = gu + rows * 2 * I;
+    int next_tap = 0, rc = 0;
+    for (int i = 0; i < s->n_layers && rc == 0; i++) {
+        const gguf_layer_t *l = &s->layers[i];
+        isa()->add_rms_norm(i == 0 ? NULL : delta, h, l->in_norm, s->eps, T, D, h, x);
+        linear_rows(&l->qkv, x, T, qkv, threads);
+        rc = block_attention_f32(qkv, T, s->H, s->Hkv, s->hd, cos, sin, s->rd, l->q_norm, l->k_norm, s->eps, kc[i],
+                                 vc[i], kv_row, l->causal, bias == NULL ? NULL : bias[i], s->scale, att, threads);
+        linear_rows(&l->o, att, T, delta, threads);
+        isa()->add_rms_norm(delta, h, l->post_norm, s->eps, T, D, h, x);
+        linear_rows(&l->gate_up, x, T, gu, threads);
+        isa()->silu_mul(gu, T, I, act);
+        linear_rows(&l->down, act, T, delta, threads);
+        for (; next_tap < n_taps && tap_ids[next_tap] == i; next_tap++)
+            for (int t = 0; t < T; t++)
+                isa()->add(h + (size_t)t * D, delta + (size_t)t * D, D, taps + ((size_t)t * n_taps + next_tap) * D);
+    }
+    if (rc == 0)
+        isa()->add_rms_norm(s->n_layers > 0 ? delta : NULL, h, s->final_norm, s->eps, T, D, h, hidden);
+    free(buf);
+    return rc;
 }

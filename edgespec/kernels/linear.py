@@ -77,7 +77,7 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 
 
 # The products linear() runs, by name: what linear_route returns and a RouteLog counts.
-ROUTES = ("packed", "gemv", "skinny", "cublas", "blas", "torch", "kquant_gemv")
+ROUTES = ("packed", "gemv", "skinny", "cublas", "blas", "native", "torch", "kquant_gemv")
 # Rows of the skinny GEMM's one 16-row tile (edgespec.kernels.triton_gemv): more rows go to cuBLAS.
 SKINNY_MAX_ROWS = 16
 # GGUF K-quant weights: up to this many rows on CUDA take the CUDA-core GEMV that reads the file's super-blocks
@@ -101,6 +101,8 @@ class RouteFacts(NamedTuple):
     grad: bool = False           # autograd records the call: only torch's products have a backward
     row_major: bool = True       # the weight's rows are contiguous, as the Triton kernels read them
     options: KernelOptions = KernelOptions()
+    cpu_native: bool = False     # the compiled CPU product reads this weight (edgespec.kernels.gguf_native built,
+                                 # contiguous rows, in_features a multiple of 32)
 
 
 def skinny_pays(N: int, sm_count: int, options: KernelOptions | None = None) -> bool:
@@ -123,8 +125,10 @@ def linear_route(rows: int, fmt: str, shape: tuple[int, int], facts: RouteFacts)
     ``float32``, ...; ``mixed`` when they differ).
 
     On CUDA one bf16/fp16 row takes the Triton GEMV (``gemv``), 2-16 rows the skinny GEMM where
-    :func:`skinny_pays` (``skinny``), anything else ``cublas`` (torch's CUDA product); on the CPU fp32 takes
-    OpenBLAS while it is active (``blas``), anything else ``torch``. Gradients, a strided weight or no Triton always
+    :func:`skinny_pays` (``skinny``), anything else ``cublas`` (torch's CUDA product); on the CPU fp32 up to
+    :data:`ROWS_MAX` rows takes the compiled product (``native``: the kernels of the packed GGUF weights and the
+    layer stack, so a per-layer forward rounds as the stack does), more rows OpenBLAS while it is active
+    (``blas``), anything else ``torch``. Gradients, a strided weight or no Triton always
     leave the Triton kernels out. A GGUF K-quant weight on its Triton products (``triton``: the arch hooks chose
     them) takes the CUDA-core GEMV for 1..:data:`KQUANT_GEMV_ROWS` rows of its format (``kquant_gemv``), its own
     tiles beyond (``packed``)."""
@@ -146,6 +150,8 @@ def linear_route(rows: int, fmt: str, shape: tuple[int, int], facts: RouteFacts)
             if skinny_pays(shape[0], facts.sms, facts.options):
                 return "skinny"
         return "cublas"
+    if fmt == "float32" and facts.cpu_native and not facts.grad and 1 <= rows <= ROWS_MAX:
+        return "native"
     return "blas" if fmt == "float32" and facts.cpu_blas and not facts.grad else "torch"
 
 
@@ -168,6 +174,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         from edgespec.kernels.triton_gemv import gemv_triton, skinny_gemm_triton
         product = gemv_triton if route == "gemv" else skinny_gemm_triton
         return product(x.reshape(-1, x.shape[-1]), weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+    if route == "native":
+        return _native_linear(x, weight, bias)
     if route != "blas":
         return F.linear(x, weight, bias)
     lead = x.shape[:-1]
@@ -190,12 +198,32 @@ def _route_of(x: torch.Tensor, weight: torch.Tensor) -> str:
     if weight.dtype != x.dtype:
         fmt = "mixed"
     cuda = x.is_cuda
+    native = (not cuda and weight.dtype == torch.float32 and weight.shape[-1] % 32 == 0 and weight.is_contiguous()
+              and _native_built())
     facts = RouteFacts(cuda, cuda and triton_available(), sm_count(x.device) if cuda else 0,
-                       not cuda and cpu_blas_active(), torch.is_grad_enabled(), weight.stride(-1) == 1, active())
+                       not cuda and cpu_blas_active(), torch.is_grad_enabled(), weight.stride(-1) == 1, active(),
+                       native)
     return linear_route(rows, fmt, weight.shape, facts)
 
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+def _native_built() -> bool:
+    from edgespec.kernels import gguf_native
+    return gguf_native.library() is not None
+
+
+def _native_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ weight^T (+ bias)`` for fp32 ``weight`` rows by the compiled product (every row as in a one-row call)."""
+    from edgespec.kernels import gguf_native
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    out = torch.empty(x2.shape[0], weight.shape[0])
+    gguf_native.matmul(0, weight, weight.shape[0], weight.shape[1], x2, out, gguf_native.threads())
+    if bias is not None:
+        out += bias
+    return out.reshape(*lead, weight.shape[0])
 
 
 _route_log: Counter[str] | None = None     # counts of the routes taken while a route_log() block runs

@@ -50,6 +50,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centred: bo
     if use_triton(x):
         from edgespec.kernels.triton_norm import rms_norm_triton
         return rms_norm_triton(x, weight, eps, zero_centred)
+    if not zero_centred and x.device.type == "cpu":
+        # the compiled norm, as add_rms_norm's: a CPU forward's norms all round alike (edgespec.models.cpu_stack)
+        from edgespec.kernels.cpu_step import add_rms_norm_cpu
+        done = add_rms_norm_cpu(None, x, weight, eps)
+        if done is not None:
+            return done[1]
     return rms_norm_ref(x, weight, eps, zero_centred)
 
 

@@ -21,6 +21,8 @@ from edgespec.errors import ConfigError
 # A tree verify's conv and GDN on CUDA (edgespec.kernels.tree): both torch references, the Triton conv only, or both
 # Triton kernels.
 TREE_KERNELS = ("reference", "conv", "triton")
+# Instruction sets of the compiled CPU kernels (edgespec.kernels.gguf_native): auto picks the best this CPU runs.
+GGUF_ISAS = ("auto", "avx512", "avx2", "neon", "scalar")
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class KernelOptions:
     draft_tree_kernels: str = "reference"    # a tree verify's conv / GDN on CUDA: "reference", "conv" or "triton"
     gguf_native: bool = True           # the compiled GGUF CPU products (False: torch reference)
     gguf_threads: int | None = None    # threads of one GGUF CPU product (None: every core this process may use)
+    gguf_isa: str = "auto"             # instruction set of the compiled CPU kernels (auto: the best this CPU runs)
+    gguf_pin: bool = True              # pin the compiled CPU kernels' threads one per core
 
     def __post_init__(self) -> None:
         if self.skinny not in ("all", "wide"):
@@ -47,6 +51,8 @@ class KernelOptions:
             raise ConfigError(f"gdn_block_v {tile}: give a power of two >= 4 (or leave it unset)")
         if self.gdn_warps is not None and self.gdn_warps not in (1, 2, 4, 8):
             raise ConfigError(f"gdn_warps {self.gdn_warps}: give 1, 2, 4 or 8 (or leave it unset)")
+        if self.gguf_isa not in GGUF_ISAS:
+            raise ConfigError(f"gguf_isa {self.gguf_isa!r}: give one of {', '.join(GGUF_ISAS)}")
         if self.gguf_threads is not None and self.gguf_threads < 1:
             raise ConfigError(f"gguf_threads {self.gguf_threads}: give 1 or more (or leave it unset)")
 

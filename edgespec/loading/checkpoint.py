@@ -19,6 +19,7 @@ from edgespec.memory import MemoryBudget, module_bytes, plan_budget
 from edgespec.models.config import ModelConfig
 from edgespec.models.decoder import TargetModel
 from edgespec.models.layers import RotaryEmbedding
+from edgespec.models.meta_init import meta_modules
 from edgespec.weights.base import PackedLinear
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ def build_empty(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_
     projections on the meta device, so loading fills each merged layer part by part (no second copy).
     ``with_vision``: build the vision tower too (its weights are counted apart in the budget).
     """
-    with torch.device("meta"):
+    with meta_modules():   # no throw-away random init (edgespec.models.meta_init)
         model = TargetModel(cfg, max_positions=1, with_mtp=with_mtp, with_vision=with_vision)
         model.to(dtype)
         for name, p in model.named_parameters():

@@ -36,6 +36,7 @@ from edgespec.loading.gguf_qwen35 import is_mtp_tensor, qwen35_dense_value
 from edgespec.loading.hf_config import load_config
 from edgespec.models.decoder import TargetModel
 from edgespec.models.layers import RotaryEmbedding
+from edgespec.models.meta_init import meta_modules
 from edgespec.weights.base import PackedEmbedding, PackedLinear
 from edgespec.weights.gguf import GGML_FORMATS
 from edgespec.weights.gguf_kquants import K_FORMATS
@@ -245,7 +246,7 @@ def load_gguf_target(path: str | Path, dtype: torch.dtype = torch.float32, devic
     cfg = load_config(folder)
     device = torch.device(device)
     tensors = read_tensor_table(path)
-    with torch.device("meta"):
+    with meta_modules():   # no throw-away random init (edgespec.models.meta_init)
         model = TargetModel(cfg, max_positions=1)
     dense: dict[str, torch.Tensor] = {}
     problems: list[str] = []

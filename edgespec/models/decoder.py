@@ -8,6 +8,7 @@ advances ``cache.length`` by T. The speculative session rolls back with :meth:`M
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -15,7 +16,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from edgespec.cache.kv import KVCache
+from edgespec.cache.kv import KVCache, lazy_zeros
 from edgespec.cache.model_cache import ModelCache
 from edgespec.cache.state import GDNState, GDNStateBank, StateMode
 from edgespec.kernels.linear import linear
@@ -168,10 +169,17 @@ class TargetModel(nn.Module):
                             checkpoint_slots=checkpoint_rows + 1, defer_rows=defer_rows) if n_gdn else None
         states = iter(bank.layers if bank is not None else [])
         layers: list[KVCache | GDNState] = []
+        shape = (max_len, cfg.num_key_value_heads, cfg.head_dim)
+        blocks = iter(())
+        if self.device.type == "cpu" and not kv_fp8:
+            # one lazily zeroed block for every layer's K and V: resident only as rows are written
+            n_kv = 2 * sum(kind == "full_attention" for kind in cfg.layer_types)
+            blocks = iter(lazy_zeros(n_kv * math.prod(shape), self.dtype).view(n_kv, *shape))
         for kind in cfg.layer_types:
             if kind == "full_attention":
+                storage = (next(blocks), next(blocks)) if self.device.type == "cpu" and not kv_fp8 else None
                 layers.append(KVCache(max_len, cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device,
-                                      fp8=kv_fp8))
+                                      fp8=kv_fp8, storage=storage))
             else:
                 layers.append(next(states))
         cache = ModelCache(layers, max_len, bank)
@@ -232,21 +240,18 @@ class TargetModel(nn.Module):
         h = self.embed(tokens)
         if images is not None:
             h[images.rows] = images.embeds.to(h.dtype)
-        tap_out = torch.empty(T, len(taps), h.shape[-1], dtype=h.dtype, device=h.device) if taps else None
-        tap_index = {layer: i for i, layer in enumerate(taps)}
-        delta = None
         cs = self._angles(cache, start, T, pos_t, tree, images, h.dtype) if cache.kv_layers else None
-        deepstack = images.deepstack if images is not None else []
-        for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers, strict=True)):
-            h, delta = layer(h, delta, layer_cache, start, self.rope, chunked, mode, pos_t, cs, tree=tree)
-            if i < len(deepstack):
-                # Qwen3-VL: the tower's deepstack features join the image rows after the first decoder layers.
-                h[images.rows] += deepstack[i].to(h.dtype)
-            if tap_out is not None and i in tap_index:
-                tap_out[:, tap_index[i]] = h + delta
+        stacked = None
+        if tree is None and pos_t is None and images is None and cs is not None and h.device.type == "cpu":
+            # The whole stack in one compiled call where it applies (edgespec.models.cpu_stack).
+            from edgespec.models.cpu_stack import stack_forward
+            stacked = stack_forward(self, h, cache, start, cs, taps)
+        if stacked is None:
+            hidden, tap_out = self._layer_loop(h, cache, start, taps, chunked, mode, pos_t, cs, tree, images)
+        else:
+            hidden, tap_out = stacked
         if pos_t is None:
             cache.length = start + T
-        _, hidden = self.model.norm.add_forward(delta, h)
         if logits == "all":
             out_logits = self.logits(hidden)
         elif logits == "last":
@@ -270,6 +275,25 @@ class TargetModel(nn.Module):
             return self.rope.angles_at(start + cache.rope_delta + tree.depths, dtype)
         base = pos_t if delta_t is None else pos_t + delta_t
         return self.rope.angles_at(base + tree.depths, dtype)
+
+    def _layer_loop(self, h: torch.Tensor, cache: ModelCache, start: int, taps: Sequence[int], chunked: bool,
+                    mode: StateMode, pos_t: torch.Tensor | None, cs: tuple[torch.Tensor, torch.Tensor] | None,
+                    tree: TreeMask | None, images: ImageRows | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The layers one by one from the embedding rows ``h``: ``(final-normed rows, taps or None)``."""
+        T = h.shape[0]
+        tap_out = torch.empty(T, len(taps), h.shape[-1], dtype=h.dtype, device=h.device) if taps else None
+        tap_index = {layer: i for i, layer in enumerate(taps)}
+        deepstack = images.deepstack if images is not None else []
+        delta = None
+        for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers, strict=True)):
+            h, delta = layer(h, delta, layer_cache, start, self.rope, chunked, mode, pos_t, cs, tree=tree)
+            if i < len(deepstack):
+                # Qwen3-VL: the tower's deepstack features join the image rows after the first decoder layers.
+                h[images.rows] += deepstack[i].to(h.dtype)
+            if tap_out is not None and i in tap_index:
+                tap_out[:, tap_index[i]] = h + delta
+        return self.model.norm.add_forward(delta, h)[1], tap_out
 
     def prefill(self, tokens: torch.Tensor, cache: ModelCache, chunk: int | None = None,
                 taps: Sequence[int] = (), logits: bool = True, images: ImageRows | None = None) -> ForwardOutput:

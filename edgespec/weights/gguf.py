@@ -75,8 +75,18 @@ class GGUFBlockWeight(PackedWeight):
         return self._dense(self.blocks[start:stop], dtype)
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
-        """Embedding lookup: only the rows asked for are decoded."""
-        out = self._dense(self.blocks[index.reshape(-1)], self.compute_dtype)
+        """Embedding lookup: only the rows asked for are decoded (on the CPU by the compiled decoder, the same
+        values in one call)."""
+        flat = index.reshape(-1)
+        if (flat.device.type == "cpu" and self.compute_dtype == torch.float32 and self.blocks.device.type == "cpu"
+                and gguf_native.library() is not None):
+            flat = flat.to(torch.int64).contiguous()
+            out = torch.empty(flat.shape[0], self.in_features)
+            if gguf_native.library().gguf_rows(self.ggml_type, self.blocks.data_ptr(), self.out_features,
+                                               self.in_features, flat.data_ptr(), flat.shape[0], out.data_ptr()) != 0:
+                raise IndexError(f"{self.format} embedding: a token id outside 0 .. {self.out_features - 1}")
+        else:
+            out = self._dense(self.blocks[flat], self.compute_dtype)
         return out.reshape(*index.shape, self.in_features)
 
     @classmethod
@@ -105,7 +115,7 @@ class GGUFBlockWeight(PackedWeight):
                                                self.in_features, x2.data_ptr(), x2.shape[0], out.data_ptr(),
                                                gguf_native.threads())
         if rc != 0:
-            raise MemoryError(f"{self.format} product failed (code {rc})")
+            raise ValueError(f"{self.format}: no compiled product for {self.in_features} inputs (code {rc})")
         if bias is not None:
             out += bias
         return out.reshape(*lead, self.out_features)

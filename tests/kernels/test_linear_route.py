@@ -57,6 +57,10 @@ def test_cpu_routes() -> None:
     assert linear_route(1, "float32", SHAPE, RouteFacts(cuda=False, cpu_blas=True, grad=True)) == "torch"
     assert linear_route(1, "bfloat16", SHAPE, blas) == "torch"
     assert linear_route(1, "mixed", SHAPE, blas) == "torch"
+    native = RouteFacts(cuda=False, cpu_blas=True, cpu_native=True)
+    assert [linear_route(rows, "float32", SHAPE, native) for rows in (1, 8, 9)] == ["native", "native", "blas"]
+    assert linear_route(1, "float32", SHAPE, RouteFacts(cuda=False, cpu_native=True, grad=True)) == "torch"
+    assert linear_route(1, "bfloat16", SHAPE, native) == "torch"
 
 
 def test_packed_formats_take_their_own_product() -> None:
@@ -103,14 +107,19 @@ def test_bad_route_inputs_are_named() -> None:
 
 
 def test_linear_takes_the_route_the_rule_names_on_the_cpu() -> None:
-    """``route_log`` counts what ``linear`` really ran: OpenBLAS while it is active, torch under autograd or with it
-    off, a packed weight its own product; outputs agree with the reference either way."""
+    """``route_log`` counts what ``linear`` really ran: the compiled product for a few fp32 rows, OpenBLAS for more
+    while it is active, torch under autograd or with it off, a packed weight its own product; outputs agree with the
+    reference either way."""
+    from edgespec.kernels import gguf_native
+
     x, w = torch.randn(3, 64), torch.randn(96, 64)
     L.configure_cpu()
     try:
         with torch.inference_mode(), route_log() as log:
-            blas = L.linear(x, w)
-        assert log == {"blas": 1}
+            native = L.linear(x, w)
+            blas = L.linear(torch.cat([x, x, x]), w)[:3]
+        assert log == ({"native": 1, "blas": 1} if gguf_native.library() is not None else {"blas": 2})
+        torch.testing.assert_close(native, blas, rtol=1e-5, atol=1e-5)
         with route_log() as log:
             with torch.enable_grad():
                 L.linear(x, w.requires_grad_())
@@ -121,7 +130,8 @@ def test_linear_takes_the_route_the_rule_names_on_the_cpu() -> None:
     with torch.inference_mode(), route_log() as log:
         plain = L.linear(x, w)
         L.linear(x, quantize_weight("int4", w))
-    assert log == {"torch": 1, "packed": 1}
+    # with OpenBLAS off a few fp32 rows still take the compiled product (it does not depend on BLAS)
+    assert log == {"native" if gguf_native.library() is not None else "torch": 1, "packed": 1}
     torch.testing.assert_close(blas, plain, rtol=1e-5, atol=1e-5)
     with route_log() as log:
         pass
