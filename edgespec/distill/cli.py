@@ -40,10 +40,11 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch CPU threads per process (default 1: on a shared CPU extra threads mostly wait)")
     g = p.add_argument_group("data")
     g.add_argument("--prompts", default="robot:160",
-                   help="prompt file (.yaml/.jsonl/.txt), robot:N (N synthetic robot-workload prompts), self:N / "
-                   "self-robot:N (N requests the target writes itself after the chat template's user-turn prefix, "
-                   "Magpie-style; self-robot with a robot-operator system prompt), or several joined by '+' "
-                   "(interleaved; e.g. self:2000+self-robot:2000+robot:1000)")
+                   help="prompt file (.yaml/.jsonl/.txt), robot:N (N synthetic robot-workload prompts), tasks:N "
+                   "(N structured requests: JSON plans, tool calls and reports over 16 domains), self:N / "
+                   "self-robot:N / self-tool:N (N requests the target writes itself after the chat template's "
+                   "user-turn prefix, Magpie-style; self-robot and self-tool after openers about robots or "
+                   "structured answers), or several joined by '+' (interleaved; e.g. self:2000+tasks:2000)")
     g.add_argument("--self-temperature", type=float, default=1.0,
                    help="sampling temperature of the self-instructed requests")
     g.add_argument("--from-log", nargs="+", metavar="FILE",
@@ -123,6 +124,9 @@ def _source_prompts(kind: str, arg: str, make_self: Callable[[str, int], list[st
         return load_labelled_prompts(arg)
     if kind == "robot":
         return [(text, {}) for text in robot_prompts(int(arg))]
+    if kind == "tasks":
+        from edgespec.distill.tasks import task_prompts
+        return task_prompts(int(arg))
     if make_self is None:
         raise ConfigError(f"--prompts {kind}:{arg}: self-instructed prompts need the target")
     return [(text, {}) for text in make_self(kind, int(arg))]
