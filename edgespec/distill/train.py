@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,9 @@ def fit_steps(opts: TrainOptions, step: int, elapsed_s: float, step_s: float, ev
     return max(step, min(opts.steps, step + int(left / max(per_step, 1e-9))))
 
 
+DATA_PHASE_TIMEOUT = timedelta(hours=6)
+
+
 def dist_info() -> tuple[int, int]:
     """(rank, world size) from torchrun's environment (0, 1 without it)."""
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -79,7 +83,9 @@ def init_distributed(device: torch.device) -> tuple[int, int]:
     """Join the process group when launched by torchrun; returns (rank, world size)."""
     rank, world = dist_info()
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        # Rank 0 alone writes the self-instructed prompts and ranks wait for each other's data shards: with a
+        # large target that takes far longer than the default 10-minute collective timeout.
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=DATA_PHASE_TIMEOUT)
     return rank, world
 
 
