@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,7 @@ def load_state(folder: Path, drafter: torch.nn.Module, optim: torch.optim.Optimi
         saved = torch.load(path, map_location=device, weights_only=True)
         drafter.load_state_dict(saved["drafter"])
         optim.load_state_dict(saved["optim"])
-    except (RuntimeError, KeyError, ValueError) as e:
+    except (RuntimeError, KeyError, ValueError, EOFError, OSError, pickle.UnpicklingError) as e:
         raise CheckpointError(f"cannot resume from {path} ({e}): it was written for another drafter or run; "
                               f"use another --out or delete it") from None
     if "run" in saved:
