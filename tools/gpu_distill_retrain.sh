@@ -12,7 +12,7 @@
 #       bash tools/gpu_distill_retrain.sh stash
 #   call 2 (carry .demo-target/manifest.json .demo-target/gguf.zip .demo-target/part-2-of-2.xz):
 #       OUT=$OUT bash tools/gpu_distill_retrain.sh
-# About 6 minutes on one H100/H200 (self-instruct ~25 s, data ~130 s, training BUDGET_MIN=2 min, checks ~40 s).
+# About 6 minutes on one H100/H200 (self-instruct ~25 s, data ~120 s, training BUDGET_MIN=2 min, checks ~40 s).
 # $OUT/drafter gets config.json, model.safetensors, distill.json, curve.svg and curve.json (copy
 # the first three into edgespec/data/drafters/smollm2-135m-dflash after the CPU evaluation); $OUT/log.txt the log,
 # $OUT/lossless.txt greedy DFlash == plain on the bench prompts (fp32), $OUT/estimate.txt the held-out estimate of
@@ -47,7 +47,7 @@ t0=$(date +%s)
   if [ "${INIT:-shipped}" = shipped ]; then init=(--init "$SHIPPED"); else init=(--layers 2 --taps 1,14,27 --intermediate-size 1536); fi
   "$PY" -m edgespec.cli distill --model "$WORK/target" --target-dtype float32 --device "$DEVICE" \
     --out "$WORK/drafter" --data "$WORK/data" "${init[@]}" \
-    --prompts "${PROMPTS:-self:800+self-robot:700+self-tool:1200+tasks:2300}" --samples-per-prompt 0 \
+    --prompts "${PROMPTS:-self:700+self-robot:600+self-tool:1000+tasks:2200}" --samples-per-prompt 0 \
     --max-new-tokens 200 --gen-batch 256 --holdout-by template --holdout-every 20 --max-held-out 48 \
     --steps 20000 --batch 16 --anchors 48 --pack 8 --lr 3e-4 --warmup 50 --gamma 7 \
     --eval-every 200 --save-every 200 --time-budget "${BUDGET_MIN:-2}" "$@"
@@ -57,7 +57,7 @@ for f in config.json model.safetensors distill.json curve.svg curve.json; do    
   cp "$WORK/drafter/$f" "$OUT/drafter/$f"
 done
 "$PY" -m edgespec.cli bench prompts --model "$WORK/target" --device "$DEVICE" --dtype float32 --drafter dflash \
-  --drafter-path "$WORK/drafter" --tokens "${CHECK_TOKENS:-96}" 2>&1 | tail -8 | tee "$OUT/lossless.txt"
+  --drafter-path "$WORK/drafter" --tokens "${CHECK_TOKENS:-96}" --repeats 1 2>&1 | tail -14 | tee "$OUT/lossless.txt"
 "$PY" tools/demo_drafter_eval.py estimate --model "$WORK/target" --device "$DEVICE" --drafter "$SHIPPED" \
   --drafter "$WORK/drafter" --tokens "${CHECK_TOKENS:-128}" 2>&1 | tee "$OUT/estimate.txt"
 echo "total wall seconds: $(( $(date +%s) - t0 ))"

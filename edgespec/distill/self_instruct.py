@@ -40,10 +40,12 @@ TOPICS: dict[str, tuple[str | None, tuple[str, ...]]] = {
                           "Give me a JSON", "Plan for the robot:")),
     # Tool calls and JSON plans about anything: the target writes the request after an opener that asks for a
     # structured answer (the answers teach the drafter the target's JSON and call syntax).
+    # Each opener leads into words of a request; none ends on a colon that would invite JSON itself in the user
+    # turn (a turn that is mostly not letters is dropped by clean_request).
     "self-tool": (None, ("Call the function", "Use the tool", "Return a JSON object", "Give the steps as JSON",
-                         "Write a function call", "Output only JSON:", "Convert this into JSON:", "As a JSON list,",
-                         "Generate the API call", "Respond in JSON with", "Make a JSON plan", "Fill in this JSON",
-                         "Which tool should I call", "List the commands as JSON")),
+                         "Write a function call", "As a JSON list,", "Generate the API call", "Respond in JSON with",
+                         "Make a JSON plan", "Which tool should I call", "List the commands as JSON",
+                         "Can you call")),
 }
 # Prompt sources written from templates here (not by the target): robot:N (edgespec.distill.workload), tasks:N
 # (edgespec.distill.tasks).
