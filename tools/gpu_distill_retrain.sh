@@ -12,6 +12,7 @@
 #       bash tools/gpu_distill_retrain.sh stash
 #   call 2 (carry .demo-target/manifest.json .demo-target/gguf.zip .demo-target/part-2-of-2.xz):
 #       OUT=$OUT bash tools/gpu_distill_retrain.sh
+# NPROC=N runs the distillation under torchrun on N GPUs of the host (DDP over NCCL; --batch is per GPU).
 # About 6 minutes on one H100/H200 (self-instruct ~25 s, data ~120 s, training BUDGET_MIN=2 min, checks ~40 s).
 # $OUT/drafter gets config.json, model.safetensors, distill.json, curve.svg and curve.json (copy
 # the first three into edgespec/data/drafters/smollm2-135m-dflash after the CPU evaluation); $OUT/log.txt the log,
@@ -45,7 +46,8 @@ t0=$(date +%s)
   "$PY" -c "import sys; from edgespec.convert.gguf import convert_gguf; convert_gguf(sys.argv[1], sys.argv[2])" \
     "$WORK/demo.gguf" "$WORK/target"
   if [ "${INIT:-shipped}" = shipped ]; then init=(--init "$SHIPPED"); else init=(--layers 2 --taps 1,14,27 --intermediate-size 1536); fi
-  "$PY" -m edgespec.cli distill --model "$WORK/target" --target-dtype float32 --device "$DEVICE" \
+  launch=("$PY"); [ "${NPROC:-1}" -gt 1 ] && launch=("$PY" -m torch.distributed.run --standalone --nproc-per-node "$NPROC")
+  "${launch[@]}" -m edgespec.cli distill --model "$WORK/target" --target-dtype float32 --device "$DEVICE" \
     --out "$WORK/drafter" --data "$WORK/data" "${init[@]}" \
     --prompts "${PROMPTS:-self:700+self-robot:600+self-tool:1000+tasks:2200}" --samples-per-prompt 0 \
     --max-new-tokens 200 --gen-batch 256 --holdout-by template --holdout-every 20 --max-held-out 48 \
