@@ -40,10 +40,11 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch CPU threads per process (default 1: on a shared CPU extra threads mostly wait)")
     g = p.add_argument_group("data")
     g.add_argument("--prompts", default="robot:160",
-                   help="prompt file (.yaml/.jsonl/.txt), robot:N (N synthetic robot-workload prompts), self:N / "
-                   "self-robot:N (N requests the target writes itself after the chat template's user-turn prefix, "
-                   "Magpie-style; self-robot with a robot-operator system prompt), or several joined by '+' "
-                   "(interleaved; e.g. self:2000+self-robot:2000+robot:1000)")
+                   help="prompt file (.yaml/.jsonl/.txt), robot:N (N synthetic robot-workload prompts), tasks:N "
+                   "(N structured requests: JSON plans, tool calls and reports over 16 domains), self:N / "
+                   "self-robot:N / self-tool:N (N requests the target writes itself after the chat template's "
+                   "user-turn prefix, Magpie-style; self-robot and self-tool after openers about robots or "
+                   "structured answers), or several joined by '+' (interleaved; e.g. self:2000+tasks:2000)")
     g.add_argument("--self-temperature", type=float, default=1.0,
                    help="sampling temperature of the self-instructed requests")
     g.add_argument("--from-log", nargs="+", metavar="FILE",
@@ -63,6 +64,8 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
                    "answers, or a request log; never trained on")
     g.add_argument("--data-only", action="store_true", help="generate the data cache, then stop")
     g = p.add_argument_group("drafter shape (ignored with --init)")
+    g.add_argument("--drafter-kind", default="dflash", help="drafter architecture to train (edgespec.distill.kinds: "
+                   "dflash)")
     g.add_argument("--init", help="start from this drafter folder (fine-tune) instead of random weights")
     g.add_argument("--layers", type=int, default=2)
     g.add_argument("--taps", help="comma-separated target_layer_ids (default: the reference rule)")
@@ -121,6 +124,9 @@ def _source_prompts(kind: str, arg: str, make_self: Callable[[str, int], list[st
         return load_labelled_prompts(arg)
     if kind == "robot":
         return [(text, {}) for text in robot_prompts(int(arg))]
+    if kind == "tasks":
+        from edgespec.distill.tasks import task_prompts
+        return task_prompts(int(arg))
     if make_self is None:
         raise ConfigError(f"--prompts {kind}:{arg}: self-instructed prompts need the target")
     return [(text, {}) for text in make_self(kind, int(arg))]
@@ -242,102 +248,9 @@ def _held_out_data(args: argparse.Namespace, out: Path, target, tokenizer, model
     return [s for s in seqs if s.tokens.shape[0] - s.prompt_len >= 2]
 
 
-def _new_drafter(args: argparse.Namespace, target_cfg, seed: int):
-    from edgespec.distill.train import drafter_config
-    from edgespec.drafters.dflash_net import DFlashDraftModel, default_target_layer_ids, parse_dflash_config
-
-    taps = ([int(t) for t in args.taps.split(",")] if args.taps
-            else default_target_layer_ids(target_cfg.num_hidden_layers, args.layers))
-    heads = args.heads or target_cfg.num_attention_heads
-    raw = {
-        "hidden_size": target_cfg.hidden_size, "intermediate_size": args.intermediate_size or
-        target_cfg.intermediate_size, "num_hidden_layers": args.layers, "num_attention_heads": heads,
-        "num_key_value_heads": args.kv_heads or target_cfg.num_key_value_heads,
-        "head_dim": target_cfg.head_dim, "rms_norm_eps": target_cfg.rms_norm_eps, "rope_theta": target_cfg.rope_theta,
-        "vocab_size": target_cfg.vocab_size, "num_target_layers": target_cfg.num_hidden_layers,
-        "block_size": args.block_size,
-        "mask_token_id": target_cfg.vocab_size - 1 if args.mask_token_id is None else args.mask_token_id,
-        "target_layer_ids": taps,
-    }
-    cfg = parse_dflash_config(raw, target_cfg.num_hidden_layers, source="distill arguments")
-    bad = [t for t in cfg.target_layer_ids if not 0 <= t < target_cfg.num_hidden_layers]
-    if bad:
-        raise ConfigError(f"--taps {bad} outside the target's layers 0..{target_cfg.num_hidden_layers - 1}")
-    cfg = parse_dflash_config(drafter_config(cfg, target_cfg), target_cfg.num_hidden_layers)
-    torch.manual_seed(seed)
-    drafter = DFlashDraftModel(cfg, target_cfg.hidden_size)
-    with torch.no_grad():
-        for name, p in drafter.named_parameters():
-            if "norm" in name:
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, 0.02)
-    return drafter
-
-
-def target_init(drafter, target) -> bool:
-    """Start the drafter from the target itself, where the shapes allow (a from-scratch drafter spends most of a
-    CPU budget learning what the target's top layer already does): every drafter layer copies the target's last
-    decoder layer (attention and MLP projections, both norms); the final norm copies the target's final norm (its
-    output feeds the target's lm_head); ``hidden_norm`` copies that last layer's input norm and ``fc`` starts as
-    the identity on the last tap, so the context keys/values begin as the last layer's own keys/values of the
-    committed tokens. q/k norms (absent in Llama) stay at 1. Returns False (nothing copied) on a shape mismatch."""
-    last = target.model.layers[-1]
-    cfg = drafter.cfg
-    att = getattr(last, "self_attn", None)
-    if att is None or not hasattr(att, "q_proj") or getattr(att, "gated", False):
-        return False
-    pairs = []
-    for layer in drafter.layers:
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            pairs.append((getattr(layer.self_attn, name).weight, getattr(att, name).weight))
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            pairs.append((getattr(layer.mlp, name).weight, getattr(last.mlp, name).weight))
-        pairs.append((layer.input_layernorm.weight, last.input_layernorm.weight))
-        pairs.append((layer.post_attention_layernorm.weight, last.post_attention_layernorm.weight))
-    pairs.append((drafter.norm.weight, target.model.norm.weight))
-    pairs.append((drafter.hidden_norm.weight, last.input_layernorm.weight))
-    if any(a.shape != b.shape for a, b in pairs) or last.input_layernorm.zero_centred:
-        return False
-    with torch.no_grad():
-        for a, b in pairs:
-            a.copy_(b.float())
-        H = cfg.hidden_size
-        fc = drafter.fc.weight
-        fc.mul_(0.1)
-        fc[:, -H:] += torch.eye(H)
-    return True
-
-
-def _init_drafter(folder: str, target):
-    """An existing drafter (checkpoint names, unmerged, fp32) to fine-tune."""
-    from edgespec.drafters.dflash_loader import _check_fit, _checkpoint_index
-    from edgespec.drafters.dflash_net import DFlashDraftModel, parse_dflash_config
-    from edgespec.errors import CheckpointError
-    from edgespec.loading.hf_config import read_json
-    from edgespec.loading.weights import load_parameters, weight_files
-
-    path = Path(folder).expanduser()
-    if not path.is_dir():
-        raise CheckpointError(f"--init drafter folder not found: {path}")
-    cfg = parse_dflash_config(read_json(path / "config.json"), target.config.num_hidden_layers,
-                              source=str(path / "config.json"))
-    files = weight_files(path)
-    index = _checkpoint_index(files)
-    embed_vocab, head_vocab = _check_fit(cfg, target, dict(index.values()), path)
-    if embed_vocab or head_vocab:
-        raise ConfigError(f"--init {path}: drafters with their own embedding / lm_head are not trainable here")
-    drafter = DFlashDraftModel(cfg, target.config.hidden_size)
-    names = {key: name for key, (name, _) in index.items()}
-    problems = load_parameters(dict(drafter.named_parameters()), files, names.get, lambda n: "")
-    if problems:
-        raise CheckpointError(f"--init drafter {path} does not fit its config: " + " | ".join(problems))
-    return drafter.float()
-
-
 def _write_data(args: argparse.Namespace, data_dir: Path, target: TargetModel, tokenizer: ChatTokenizer,
-                model_dir: Path, taps: Sequence[int], rank: int, world: int, say: Callable[..., None],
-                t0: float) -> list[tuple[str, dict[str, str]]] | None:
+                model_dir: Path, taps: Sequence[int], rank: int, world: int, say: Callable[..., None]
+                ) -> list[tuple[str, dict[str, str]]] | None:
     """Capture the training data into ``data_dir``: from a serving request log (``--from-log``, rank 0) or by
     generating the target's own continuations of the prompts (every rank its shard). Returns the labelled
     prompts (None for a log)."""
@@ -360,8 +273,23 @@ def _write_data(args: argparse.Namespace, data_dir: Path, target: TargetModel, t
     say(f"data: {len(prompts)} prompts ({', '.join(f'{k} {v}' for k, v in sources.items())}) x "
         f"(1 greedy + {args.samples_per_prompt} sampled) -> {data_dir}")
     generate_data(data_dir, target, tokenizer, prompts, recipe, rank=rank, world=world,
-                  progress=(lambda d, n, k: say(f"  data shard {d}/{n}: {k} new tokens, {time.time() - t0:.0f}s")))
+                  progress=_shard_bar(rank == 0))
     return labelled
+
+
+def _shard_bar(enabled: bool) -> Callable[[int, int, int], None]:
+    """The data progress bar: shards written (this rank's; a resumed run skips the shards already on disk) and
+    the continuation tokens they hold."""
+    from edgespec.distill.train import Progress
+
+    bar: list[Progress] = []
+
+    def update(done: int, total: int, tokens: int) -> None:
+        if not bar:
+            bar.append(Progress(total, enabled))
+        bar[0].update(done, f"data shards, {tokens} new tokens", final=done == total)
+
+    return update
 
 
 def _held_out_inputs(args: argparse.Namespace, out: Path, target: TargetModel, tokenizer: ChatTokenizer,
@@ -397,7 +325,7 @@ def _split(seqs: list[Sequence_], args: argparse.Namespace, group_of: dict[bytes
 
 def run_distill(args: argparse.Namespace) -> int:
     from edgespec.distill.data import load_data
-    from edgespec.distill.objective import BlockObjective
+    from edgespec.distill.kinds import drafter_kind
     from edgespec.distill.train import TrainOptions, init_distributed, train
     from edgespec.loading.checkpoint import load_target
     from edgespec.loading.tokenizer import ChatTokenizer
@@ -427,16 +355,12 @@ def run_distill(args: argparse.Namespace) -> int:
     # Unmerged checkpoint layout: the batched generator reads q/k/v and gate/up separately.
     target = load_target(model_dir, dtype=dtype, device=device, merge=False)
     tokenizer = ChatTokenizer.from_folder(model_dir)
-    if args.init:
-        drafter = _init_drafter(args.init, target)
-    else:
-        drafter = _new_drafter(args, target.config, args.seed)
-        if args.target_init:
-            target_init(drafter, target)
+    kind = drafter_kind(args.drafter_kind)
+    drafter = kind.load(args.init, target) if args.init else kind.new(args, target, args.seed)
     taps = drafter.cfg.target_layer_ids
     say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
     t0 = time.time()
-    labelled = _write_data(args, data_dir, target, tokenizer, model_dir, taps, rank, world, say, t0)
+    labelled = _write_data(args, data_dir, target, tokenizer, model_dir, taps, rank, world, say)
     group_of, held_file = _held_out_inputs(args, out, target, tokenizer, model_dir, taps, rank, world, labelled)
     t_data = time.time() - t0
     if args.data_only:
@@ -452,8 +376,8 @@ def run_distill(args: argparse.Namespace) -> int:
         f"{sum(p.numel() for p in drafter.parameters()) / 1e6:.1f}M parameters; world {world} on {device}")
     drafter = drafter.to(device=device, dtype=torch.float32)
     max_pos = max(s.tokens.shape[0] for s in seqs) + drafter.cfg.block_size + 1
-    objective = BlockObjective(drafter, target.model.embed_tokens.weight, target.lm_head_weight, max_pos,
-                               window=args.window, gamma=args.gamma).to(device)
+    objective = kind.objective(drafter, target.model.embed_tokens.weight, target.lm_head_weight, max_pos,
+                               args.window, args.gamma).to(device)
     target_cfg = target.config
     del target
     opts = TrainOptions(steps=args.steps, batch=args.batch, anchors=args.anchors, lr=args.lr, warmup=args.warmup,
@@ -461,10 +385,11 @@ def run_distill(args: argparse.Namespace) -> int:
                         save_every=args.save_every, seed=args.seed, vocab_sample=args.vocab_sample,
                         time_budget_s=None if args.time_budget is None else args.time_budget * 60.0,
                         pack=args.pack, eval_epoch=args.eval_each_epoch, keep_best=args.keep_best)
-    info = {"target": str(model_dir), "data": str(data_dir), "from_log": args.from_log, "init": args.init,
+    info = {"kind": kind.name, "target": str(model_dir), "data": str(data_dir), "from_log": args.from_log,
+            "init": args.init,
             "options": vars(opts), "world": world, "data_seconds": round(t_data, 1)}
     t1 = time.time()
-    res = train(objective, trainset, held, opts, out, target_cfg, device, info)
+    res = train(objective, trainset, held, opts, out, kind.published_config(drafter.cfg, target_cfg), device, info)
     res["train_seconds"] = round(time.time() - t1, 1)
     report.held_out_al, report.held_out_al_start = res["held_out_al"], res["held_out_al_start"]
     if rank == 0:

@@ -168,6 +168,10 @@ class BlockObjective(nn.Module):
         head = self.head if vocab is None else self.head[vocab]
         return F.linear(hid, head.to(hid.dtype)).float()
 
+    def drafts(self, b: BlockBatch) -> torch.Tensor:
+        """The proposer's greedy drafts ``[N, bs-1]``: every row's argmax over the full vocabulary."""
+        return self(b).argmax(-1)
+
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(decay-weighted mean cross-entropy, weight sum) over valid rows."""
         k = torch.arange(labels.shape[1], device=labels.device, dtype=torch.float32)
@@ -195,7 +199,13 @@ def sampled_vocab(labels: torch.Tensor, vocab_size: int, n_random: int, gen: tor
 
 
 def accepted_lengths(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Acceptance length per block under greedy verification: 1 (the bonus token) + the leading draft rows whose
-    argmax equals the label. Rows without a label end the run (the sequence ended there)."""
-    hit = (logits.argmax(-1) == labels) & (labels >= 0)
+    """Acceptance length per block under greedy verification of the rows' argmax drafts
+    (:func:`accepted_drafts`)."""
+    return accepted_drafts(logits.argmax(-1), labels)
+
+
+def accepted_drafts(drafts: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Acceptance length per block under greedy verification: 1 (the bonus token) + the leading drafts
+    ``[N, bs-1]`` that equal the label. Rows without a label end the run (the sequence ended there)."""
+    hit = (drafts == labels) & (labels >= 0)
     return 1 + hit.long().cumprod(dim=1).sum(dim=1)

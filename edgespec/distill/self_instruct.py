@@ -38,7 +38,18 @@ TOPICS: dict[str, tuple[str | None, tuple[str, ...]]] = {
                           "Please tell the robot to", "Robot arm:", "The mobile robot", "Warehouse robot",
                           "Cleaning robot", "Could you make the robot", "Task for the robot:", "Write a JSON",
                           "Give me a JSON", "Plan for the robot:")),
+    # Tool calls and JSON plans about anything: the target writes the request after an opener that asks for a
+    # structured answer (the answers teach the drafter the target's JSON and call syntax).
+    # Each opener leads into words of a request; none ends on a colon that would invite JSON itself in the user
+    # turn (a turn that is mostly not letters is dropped by clean_request).
+    "self-tool": (None, ("Call the function", "Use the tool", "Return a JSON object", "Give the steps as JSON",
+                         "Write a function call", "As a JSON list,", "Generate the API call", "Respond in JSON with",
+                         "Make a JSON plan", "Which tool should I call", "List the commands as JSON",
+                         "Can you call")),
 }
+# Prompt sources written from templates here (not by the target): robot:N (edgespec.distill.workload), tasks:N
+# (edgespec.distill.tasks).
+GENERATED = ("robot", "tasks")
 _SENTINEL = "\x00edgespec-user-turn\x00"
 MIN_WORDS, MAX_WORDS = 4, 80
 
@@ -162,8 +173,8 @@ def self_instruct(model: TargetModel, tokenizer: ChatTokenizer, n: int, *, topic
 
 
 def parse_sources(spec: str) -> list[tuple[str, str]]:
-    """``--prompts`` as ``(kind, argument)`` parts joined by ``+``: ``robot`` / ``self`` / ``self-robot`` with a
-    count, or ``file`` with a path.
+    """``--prompts`` as ``(kind, argument)`` parts joined by ``+``: a generated source (:data:`GENERATED`) or a
+    self-instructed topic (:data:`TOPICS`) with a count, or ``file`` with a path.
 
     >>> parse_sources("robot:1000+self:500+self-robot:800")
     [('robot', '1000'), ('self', '500'), ('self-robot', '800')]
@@ -176,7 +187,7 @@ def parse_sources(spec: str) -> list[tuple[str, str]]:
         if not part:
             raise ConfigError(f"--prompts {spec!r}: an empty part between '+' signs")
         kind, _, arg = part.partition(":")
-        if kind in ("robot", *TOPICS):
+        if kind in (*GENERATED, *TOPICS):
             if not arg.isdigit() or int(arg) < 1:
                 raise ConfigError(f"--prompts {part!r}: expected {kind}:N with an integer N >= 1")
             parts.append((kind, arg))

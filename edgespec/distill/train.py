@@ -1,35 +1,40 @@
-"""Training loop of ``edgespec distill``: AdamW on the block objective, DDP under torchrun, checkpoint + resume.
+"""Training loop of ``edgespec distill``: AdamW on a drafter's objective, DDP under torchrun, checkpoint + resume.
 
 Single process: plain. Under ``torchrun`` (``WORLD_SIZE`` > 1) the same code joins a process group (gloo on CPU,
-nccl on GPU), wraps the objective in DistributedDataParallel and gives each rank its own share of the training
-sequences (DistributedSampler); rank 0 alone writes checkpoints and prints progress. Every rank loads the target
-(embedding and head) itself; the data folder is shared.
+nccl on GPU), wraps the objective in DistributedDataParallel and gives each rank its own share of every step's
+sequences (DistributedSampler); rank 0 alone writes checkpoints, the curve and progress. Every rank loads the
+target (embedding and head) itself; the data folder is shared.
 
-The output folder is a published-layout drafter (``config.json`` + ``model.safetensors``, bf16) after every
-save; ``train_state.pt`` beside it holds the fp32 weights, optimizer state and step, so a killed run resumes.
+A step is the same computation whatever the number of ranks: the epoch's shuffle is one permutation split
+across ranks (with ``--batch B`` per rank, a step of W ranks trains on the sequences a single process with
+``--batch W*B`` trains on), each sequence's anchors are drawn from a generator seeded by (seed, step, sequence),
+not by rank, and the reported loss is the mean over all the step's sequences. So a distributed run follows the
+single-process loss curve up to the rounding of the gradient all-reduce, and a resumed run follows the curve the
+killed one would have (:mod:`edgespec.distill.checkpoint` keeps where in the epoch it stood).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import save_file
 from torch.utils.data import DistributedSampler
 
+from edgespec.distill.checkpoint import load_state, save_drafter, save_state
+from edgespec.distill.curve import write_curve
 from edgespec.distill.data import Sequence_
-from edgespec.distill.objective import BlockObjective, accepted_lengths, make_blocks, pack_blocks, sampled_vocab
-from edgespec.drafters.dflash_net import DFlashDraftModel
+from edgespec.distill.kinds import TrainObjective
+from edgespec.distill.objective import accepted_drafts, make_blocks, pack_blocks, sampled_vocab
 
 
 @dataclass
@@ -66,6 +71,9 @@ def fit_steps(opts: TrainOptions, step: int, elapsed_s: float, step_s: float, ev
     return max(step, min(opts.steps, step + int(left / max(per_step, 1e-9))))
 
 
+DATA_PHASE_TIMEOUT = timedelta(hours=6)
+
+
 def dist_info() -> tuple[int, int]:
     """(rank, world size) from torchrun's environment (0, 1 without it)."""
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -75,7 +83,9 @@ def init_distributed(device: torch.device) -> tuple[int, int]:
     """Join the process group when launched by torchrun; returns (rank, world size)."""
     rank, world = dist_info()
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        # Rank 0 alone writes the self-instructed prompts and ranks wait for each other's data shards: with a
+        # large target that takes far longer than the default 10-minute collective timeout.
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=DATA_PHASE_TIMEOUT)
     return rank, world
 
 
@@ -119,12 +129,18 @@ class Progress:
             print(line, file=sys.stderr, flush=True)
 
 
+def seeded(*parts: int) -> torch.Generator:
+    """A CPU generator seeded by a tuple of integers (seed, step, sequence ...), the same on every rank."""
+    digest = hashlib.sha256(",".join(map(str, parts)).encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
 @torch.no_grad()
-def estimate_acceptance(objective: BlockObjective, seqs: Sequence[Sequence_], stride: int = 8,
-                        device: torch.device | str = "cpu", max_blocks: int = 16) -> float:
-    """Mean greedy acceptance length (bonus included) of blocks anchored every ``stride`` positions (at most
-    ``max_blocks`` per sequence) of held-out greedy continuations: what a greedy session on those prompts would
-    see where its anchors land. Always over the full vocabulary."""
+def acceptance_sums(objective: TrainObjective, seqs: Sequence[Sequence_], stride: int = 8,
+                    device: torch.device | str = "cpu", max_blocks: int = 16) -> tuple[float, int]:
+    """(summed acceptance length, blocks) of greedy verification over blocks anchored every ``stride`` positions
+    (at most ``max_blocks`` per sequence) of held-out greedy continuations: what a greedy session on those prompts
+    would see where its anchors land. Always over the full vocabulary."""
     cfg = objective.cfg
     total, n = 0.0, 0
     for s in seqs:
@@ -133,56 +149,23 @@ def estimate_acceptance(objective: BlockObjective, seqs: Sequence[Sequence_], st
             continue
         b = make_blocks(s.tokens.to(device), s.prompt_len, s.taps.to(device), anchors.to(device), cfg.block_size,
                         cfg.mask_token_id)
-        al = accepted_lengths(objective(b), b.labels)
+        al = accepted_drafts(objective.drafts(b), b.labels)
         total += float(al.float().sum())
         n += al.numel()
+    return total, n
+
+
+def estimate_acceptance(objective: TrainObjective, seqs: Sequence[Sequence_], stride: int = 8,
+                        device: torch.device | str = "cpu", max_blocks: int = 16) -> float:
+    """Mean greedy acceptance length (bonus included) of :func:`acceptance_sums`; under torchrun every rank
+    scores its share of ``seqs`` and the sums are all-reduced (every rank returns the same figure)."""
+    rank, world = dist_info()
+    total, n = acceptance_sums(objective, seqs[rank::world] if world > 1 else seqs, stride, device, max_blocks)
+    if world > 1:
+        sums = torch.tensor([total, float(n)], dtype=torch.float64, device=device)
+        dist.all_reduce(sums)
+        total, n = float(sums[0]), int(sums[1])
     return total / max(n, 1)
-
-
-def drafter_config(cfg: Any, target_cfg: Any) -> dict[str, Any]:
-    """The published ``config.json`` of a drafter (the z-lab keys, mask id and taps under ``dflash_config``)."""
-    return {
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_hidden_layers,
-        "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim, "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
-        "rope_scaling": cfg.rope_scaling, "max_position_embeddings": target_cfg.max_position_embeddings,
-        "attention_bias": cfg.attention_bias, "hidden_act": "silu", "vocab_size": target_cfg.vocab_size,
-        "num_target_layers": target_cfg.num_hidden_layers, "tie_word_embeddings": False, "dtype": "bfloat16",
-        "layer_types": list(cfg.layer_types), "sliding_window": cfg.sliding_window, "block_size": cfg.block_size,
-        "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)},
-    }
-
-
-def save_drafter(folder: Path, drafter: DFlashDraftModel, target_cfg: Any, info: dict[str, Any]) -> None:
-    """Write the published layout (bf16, no prefix) atomically-enough: weights then config."""
-    folder.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to(torch.bfloat16).cpu().contiguous() for k, v in drafter.state_dict().items()}
-    tmp = folder / "model.safetensors.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, folder / "model.safetensors")
-    (folder / "config.json").write_text(json.dumps(drafter_config(drafter.cfg, target_cfg), indent=2))
-    (folder / "distill.json").write_text(json.dumps(info, indent=2))
-
-
-class HeldOutLog:
-    """Every held-out estimate of a run as ``[step, epoch, AL]``, and with ``best_dir`` the drafter of the best
-    estimate so far written there (``--keep-best``). With a held-out set worded unlike the training prompts, the
-    best point is where generality peaked, which later steps (fitting the training prompts harder) can pass by. A
-    resumed run starts a new log."""
-
-    def __init__(self, best_dir: Path | None) -> None:
-        self.best_dir, self.best = best_dir, -math.inf
-        self.history: list[list[float]] = []
-
-    def record(self, al: float, step: int, epoch: int, drafter: DFlashDraftModel, target_cfg: Any,
-               info: dict[str, Any]) -> None:
-        self.history.append([step, epoch, round(al, 4)])
-        if al > self.best:
-            self.best = al
-            if self.best_dir is not None:
-                save_drafter(self.best_dir, drafter, target_cfg,
-                             dict(info, step=step, epoch=epoch, held_out_al=al, held_out_history=self.history))
 
 
 def lr_at(opts: TrainOptions, step: int) -> float:
@@ -193,29 +176,39 @@ def lr_at(opts: TrainOptions, step: int) -> float:
     return opts.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
 
 
-def _accumulate_step(model: torch.nn.Module, objective: BlockObjective, train_seqs: Sequence[Sequence_],
-                     picks: list[int], opts: TrainOptions, gen: torch.Generator, device: torch.device, world: int
-                     ) -> tuple[float, int, int]:
+def _step_blocks(objective: TrainObjective, train_seqs: Sequence[Sequence_], group: list[int], opts: TrainOptions,
+                 step: int, device: torch.device):
+    """The blocks of one forward: every sequence of ``group`` with its anchors drawn from the generator of
+    (seed, step, sequence index), packed into one batch; None when no sequence has an anchor."""
+    parts = []
+    for j in group:
+        s = train_seqs[j]
+        anchors = sample_anchors(s, opts.anchors, seeded(opts.seed, step, j))
+        if anchors.numel():
+            parts.append(make_blocks(s.tokens.to(device), s.prompt_len, s.taps.to(device), anchors.to(device),
+                                     objective.cfg.block_size, objective.cfg.mask_token_id))
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else pack_blocks(parts)
+
+
+def _accumulate_step(model: torch.nn.Module, objective: TrainObjective, train_seqs: Sequence[Sequence_],
+                     picks: list[int], opts: TrainOptions, step: int, device: torch.device, world: int
+                     ) -> torch.Tensor:
     """Forward and backward over the step's sequences ``picks``, ``opts.pack`` per forward (gradients summed;
-    DDP syncs on the last group only). Returns the summed loss (sequence-weighted), and the first-draft hits
-    and valid rows for the top-1 figure."""
-    loss_sum, hits, rows = 0.0, 0, 0
+    DDP syncs on the last group only). Returns this rank's sums ``[loss x sequences, sequences, first-draft hits,
+    valid first rows]`` (float64) for the step's figures."""
+    rank, _ = dist_info()
+    sums = torch.zeros(4, dtype=torch.float64)
+    vocab_gen = seeded(opts.seed, step, -1 - rank)          # the sampled softmax's negatives: per rank
     groups = [picks[g:g + opts.pack] for g in range(0, len(picks), opts.pack)]
     for i, group in enumerate(groups):
-        parts = []
-        for j in group:
-            s = train_seqs[j]
-            anchors = sample_anchors(s, opts.anchors, gen)
-            if anchors.numel():
-                parts.append(make_blocks(s.tokens.to(device), s.prompt_len, s.taps.to(device),
-                                         anchors.to(device), objective.cfg.block_size,
-                                         objective.cfg.mask_token_id))
-        if not parts:
+        b = _step_blocks(objective, train_seqs, group, opts, step, device)
+        if b is None:
             continue
-        b = parts[0] if len(parts) == 1 else pack_blocks(parts)
         labels, vocab = b.labels, None
         if opts.vocab_sample > 0:
-            vocab, labels = sampled_vocab(b.labels, objective.head.shape[0], opts.vocab_sample, gen)
+            vocab, labels = sampled_vocab(b.labels, objective.head.shape[0], opts.vocab_sample, vocab_gen)
         logits = model(b, vocab)
         loss, _ = objective.loss(logits, labels)
         # Each group's weighted mean (one sequence's without packing), averaged over the step's sequences
@@ -226,24 +219,13 @@ def _accumulate_step(model: torch.nn.Module, objective: BlockObjective, train_se
                 loss.backward()
         else:
             loss.backward()
-        loss_sum += float(loss.detach()) * len(picks)       # the group mean times its sequences
         with torch.no_grad():
             valid = labels[:, 0] >= 0
-            hits += int(((logits[:, 0].argmax(-1) == labels[:, 0]) & valid).sum())
-            rows += int(valid.sum())
-    return loss_sum, hits, rows
-
-
-def _resume(state_path: Path, drafter: torch.nn.Module, optim: torch.optim.Optimizer, device: torch.device
-            ) -> tuple[int, float | None]:
-    """Load the drafter and optimizer state a killed run saved; returns its step and held-out AL at the start
-    (0 and None for a fresh run)."""
-    if not state_path.exists():
-        return 0, None
-    state = torch.load(state_path, map_location=device, weights_only=True)
-    drafter.load_state_dict(state["drafter"])
-    optim.load_state_dict(state["optim"])
-    return int(state["step"]), state.get("first_al")
+            hits = ((logits[:, 0].argmax(-1) == labels[:, 0]) & valid).sum()
+            sums += torch.tensor([float(loss.detach()) * len(picks), 0.0, float(hits), float(valid.sum())],
+                                 dtype=torch.float64)
+    sums[1] = len(picks)
+    return sums
 
 
 def _budget_steps(opts: TrainOptions, step: int, elapsed_s: float, step_s: float, eval_s: float,
@@ -262,81 +244,132 @@ def _budget_steps(opts: TrainOptions, step: int, elapsed_s: float, step_s: float
     return total
 
 
-def train(objective: BlockObjective, train_seqs: Sequence[Sequence_], held_out: Sequence[Sequence_],
-          opts: TrainOptions, out: Path, target_cfg: Any, device: torch.device, info: dict[str, Any]
-          ) -> dict[str, Any]:
-    """Run (or resume) training; returns the final figures (loss, held-out AL before/after)."""
-    rank, world = dist_info()
-    drafter = objective.drafter
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    optim = torch.optim.AdamW(params, lr=opts.lr, weight_decay=opts.weight_decay, betas=(0.9, 0.95))
-    state_path = out / "train_state.pt"
-    step, first_al = _resume(state_path, drafter, optim, device)
-    model: torch.nn.Module = objective
-    if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(objective, broadcast_buffers=False)
-    sampler = DistributedSampler(range(len(train_seqs)), num_replicas=world, rank=rank, shuffle=True,
-                                 seed=opts.seed, drop_last=False)
+class Trainer:
+    """One training run (or its resumption): the optimizer, the run state, the epoch order, saving and the
+    held-out estimates. :meth:`run` trains to ``opts.steps`` and returns the final figures."""
 
-    log = HeldOutLog(out / "best" if opts.keep_best and rank == 0 else None)
+    def __init__(self, objective: TrainObjective, train_seqs: Sequence[Sequence_], held_out: Sequence[Sequence_],
+                 opts: TrainOptions, out: Path, published: dict[str, Any], device: torch.device,
+                 info: dict[str, Any]) -> None:
+        self.rank, self.world = dist_info()
+        self.objective, self.train_seqs, self.held_out = objective, train_seqs, held_out
+        self.opts, self.out, self.published, self.device, self.info = opts, out, published, device, info
+        self.drafter = objective.drafter
+        self.params = [p for p in self.drafter.parameters() if p.requires_grad]
+        self.optim = torch.optim.AdamW(self.params, lr=opts.lr, weight_decay=opts.weight_decay, betas=(0.9, 0.95))
+        self.state = load_state(out, self.drafter, self.optim, device)
+        self.model: torch.nn.Module = objective
+        if self.world > 1:
+            self.model = torch.nn.parallel.DistributedDataParallel(objective, broadcast_buffers=False)
+        self.sampler = DistributedSampler(range(len(train_seqs)), num_replicas=self.world, rank=self.rank,
+                                          shuffle=True, seed=opts.seed, drop_last=False)
+        self.order: list[int] = []
+        if self.state.consumed:                     # resumed mid-epoch: the rest of that epoch's order
+            self.sampler.set_epoch(self.state.epoch - 1)
+            self.order = list(self.sampler)[self.state.consumed:]
+        if self.state.total_steps is not None:
+            opts.steps = self.state.total_steps
+        self.best_dir = out / "best" if opts.keep_best and self.rank == 0 else None
 
-    def evaluate() -> float:
-        drafter.eval()
-        al = estimate_acceptance(objective, held_out, device=device) if held_out else float("nan")
-        drafter.train()
-        log.record(al, step, epoch, drafter, target_cfg, info)
+    def evaluate(self) -> float:
+        """Estimate the held-out AL now, log it, and keep the best drafter (``--keep-best``)."""
+        self.drafter.eval()
+        al = (estimate_acceptance(self.objective, self.held_out, device=self.device) if self.held_out
+              else float("nan"))
+        self.drafter.train()
+        st = self.state
+        st.held_out.append([st.step, st.epoch, round(al, 4)])
+        if al > st.best_al:
+            st.best_al = al
+            if self.best_dir is not None:
+                save_drafter(self.best_dir, self.drafter, self.published,
+                             dict(self.info, step=st.step, epoch=st.epoch, held_out_al=al,
+                                  held_out_history=st.held_out))
         return al
 
-    def save(final: bool = False) -> None:
-        if rank != 0:
+    def save(self) -> None:
+        """Rank 0: the published drafter, the curve and the training state (in that order: the state last, so a
+        resumed run never starts past what the folder shows)."""
+        if self.rank != 0:
             return
-        info_now = dict(info, step=step, held_out_al=last_al, held_out_al_start=first_al, loss=last_loss,
-                        held_out_history=log.history)
-        save_drafter(out, drafter, target_cfg, info_now)
-        tmp = out / "train_state.pt.tmp"
-        torch.save({"drafter": drafter.state_dict(), "optim": optim.state_dict(), "step": step,
-                    "first_al": first_al}, tmp)
-        os.replace(tmp, state_path)
+        st = self.state
+        info = dict(self.info, step=st.step, held_out_al=st.last_al, held_out_al_start=st.first_al,
+                    loss=st.last_loss, held_out_history=st.held_out)
+        save_drafter(self.out, self.drafter, self.published, info)
+        write_curve(self.out, st.curve, st.held_out, title=f"edgespec distill: {self.out.name}, world {self.world}")
+        save_state(self.out, self.drafter, self.optim, st)
 
-    progress = Progress(opts.steps, rank == 0)
-    t_start = time.time()
-    epoch, order = 0, []
-    if first_al is None:
-        first_al = evaluate()
-    eval_s = time.time() - t_start
-    # With a time budget, steps first_step+1 .. first_step+probe are timed (the first one, with its allocations
-    # and compiled kernels, is left out), then the step count is fitted once.
-    first_step, probe, t_probe = step, min(10, opts.steps), 0.0
-    last_al, last_loss = first_al, float("nan")
-    progress.update(step, f"held-out AL {last_al:.2f}")
-    gen = torch.Generator().manual_seed(opts.seed * 7919 + rank + 1000 * step)
-    drafter.train()
-    while step < opts.steps:
-        if step == first_step + 1:
-            t_probe = time.time()
-        if step == first_step + probe and opts.time_budget_s is not None:
-            step_s = (time.time() - t_probe) / max(probe - 1, 1)
-            opts.steps = progress.total = _budget_steps(opts, step, time.time() - t_start, step_s, eval_s, device)
-        if not order:
-            sampler.set_epoch(epoch)
-            epoch += 1
-            order = list(sampler)
-        picks, order = order[:opts.batch], order[opts.batch:]
-        for g in optim.param_groups:
-            g["lr"] = lr_at(opts, step)
-        optim.zero_grad(set_to_none=True)
-        loss_sum, hits, rows = _accumulate_step(model, objective, train_seqs, picks, opts, gen, device, world)
-        torch.nn.utils.clip_grad_norm_(params, opts.clip)
-        optim.step()
-        step += 1
-        last_loss = loss_sum / max(len(picks), 1)
-        if step % opts.eval_every == 0 or step == opts.steps or (opts.eval_epoch and not order):
-            last_al = evaluate()
-        progress.update(step, f"loss {last_loss:.3f} top1 {hits / max(rows, 1):.2f} held-out AL {last_al:.2f} "
-                              f"lr {lr_at(opts, step - 1):.1e}", final=step == opts.steps)
-        if step % opts.save_every == 0 or step == opts.steps:
-            save()
-    if world > 1:
-        dist.barrier()
-    return {"steps": step, "loss": last_loss, "held_out_al": last_al, "held_out_al_start": first_al,
-            "held_out_history": log.history, "best_held_out_al": log.best if opts.keep_best else None}
+    def next_picks(self) -> list[int]:
+        """This rank's sequences of the next step (a new epoch's shuffle when the current one is used up)."""
+        st = self.state
+        if not self.order:
+            self.sampler.set_epoch(st.epoch)
+            st.epoch += 1
+            st.consumed = 0
+            self.order = list(self.sampler)
+        picks, self.order = self.order[:self.opts.batch], self.order[self.opts.batch:]
+        st.consumed += len(picks)
+        return picks
+
+    def step(self) -> tuple[float, float]:
+        """One optimizer step; returns (loss, first-draft top-1), each over all ranks' sequences."""
+        picks = self.next_picks()
+        for g in self.optim.param_groups:
+            g["lr"] = lr_at(self.opts, self.state.step)
+        self.optim.zero_grad(set_to_none=True)
+        sums = _accumulate_step(self.model, self.objective, self.train_seqs, picks, self.opts, self.state.step,
+                                self.device, self.world)
+        torch.nn.utils.clip_grad_norm_(self.params, self.opts.clip)
+        self.optim.step()
+        self.state.step += 1
+        if self.world > 1:
+            sums = sums.to(self.device)
+            dist.all_reduce(sums)
+        loss, top1 = float(sums[0] / sums[1].clamp(min=1)), float(sums[2] / sums[3].clamp(min=1))
+        self.state.curve.append([self.state.step, round(loss, 6), round(top1, 4)])
+        return loss, top1
+
+    def _fit_budget(self, t_start: float, t_probe: float, probe: int, eval_s: float, progress: Progress) -> None:
+        step_s = (time.time() - t_probe) / max(probe - 1, 1)
+        self.opts.steps = progress.total = _budget_steps(self.opts, self.state.step, time.time() - t_start, step_s,
+                                                         eval_s, self.device)
+        self.state.total_steps = self.opts.steps
+
+    def run(self) -> dict[str, Any]:
+        """Train (or resume) to ``opts.steps``; returns the final figures."""
+        opts, st = self.opts, self.state
+        progress = Progress(opts.steps, self.rank == 0)
+        t_start = time.time()
+        if st.first_al is None:
+            st.first_al = self.evaluate()
+        eval_s = time.time() - t_start
+        # With a time budget, steps first+1 .. first+probe are timed (the first one, with its allocations and
+        # compiled kernels, is left out), then the step count is fitted once (and kept by a resumed run).
+        first, probe, t_probe = st.step, min(10, opts.steps), 0.0
+        progress.update(st.step, f"held-out AL {st.first_al:.2f}")
+        self.drafter.train()
+        while st.step < opts.steps:
+            if st.step == first + 1:
+                t_probe = time.time()
+            if st.step == first + probe and opts.time_budget_s is not None and st.total_steps is None:
+                self._fit_budget(t_start, t_probe, probe, eval_s, progress)
+            loss, top1 = self.step()
+            al = st.last_al
+            if st.step % opts.eval_every == 0 or st.step == opts.steps or (opts.eval_epoch and not self.order):
+                al = self.evaluate()
+            progress.update(st.step, f"loss {loss:.3f} top1 {top1:.2f} held-out AL {al:.2f} "
+                                     f"lr {lr_at(opts, st.step - 1):.1e}", final=st.step == opts.steps)
+            if st.step % opts.save_every == 0 or st.step == opts.steps:
+                self.save()
+        if self.world > 1:
+            dist.barrier()
+        return {"steps": st.step, "loss": st.last_loss, "held_out_al": st.last_al, "held_out_al_start": st.first_al,
+                "held_out_history": st.held_out, "best_held_out_al": st.best_al if opts.keep_best else None}
+
+
+def train(objective: TrainObjective, train_seqs: Sequence[Sequence_], held_out: Sequence[Sequence_],
+          opts: TrainOptions, out: Path, published: dict[str, Any], device: torch.device, info: dict[str, Any]
+          ) -> dict[str, Any]:
+    """Run (or resume) training (:class:`Trainer`); returns the final figures (loss, held-out AL before/after).
+    ``published`` is the drafter's ``config.json`` (its kind's ``published_config``)."""
+    return Trainer(objective, train_seqs, held_out, opts, out, published, device, info).run()

@@ -12,13 +12,13 @@ from edgespec.loading.checkpoint import load_target
 
 @pytest.mark.parametrize("window", [None, 5])
 def test_packed_forward_equals_one_sequence_at_a_time(tiny_checkpoints, tmp_path, window) -> None:
-    from edgespec.distill.cli import _init_drafter
+    from edgespec.distill.dflash_kind import load_drafter
 
     target = load_target(tiny_checkpoints["qwen3"], max_positions=256)
     # a sliding layer and a full one: both mask kinds see positions per sequence
     folder = make_drafter.write_dflash_drafter(tmp_path / "d", tiny_checkpoints["qwen3"], num_layers=2,
                                                block_size=4, sliding_layers=1, sliding_window=6, seed=5)
-    drafter = _init_drafter(str(folder), target)
+    drafter = load_drafter(str(folder), target)
     obj = BlockObjective(drafter, target.model.embed_tokens.weight, target.lm_head_weight, 128, window=window)
     gen = torch.Generator().manual_seed(3)
     batches = []
