@@ -29,7 +29,7 @@ from edgespec.plan import RuntimePlan
 from edgespec.speculative.acceptance import AcceptancePolicy, RejectionSampling, RelaxedThinking, StrictGreedy
 from edgespec.speculative.plan import draft_tokens
 from edgespec.speculative.sampling import SamplingParams
-from edgespec.speculative.session import SpecSession, TokenConstraint
+from edgespec.speculative.session import GenerationResult, SpecSession, TokenConstraint
 from edgespec.speculative.telemetry import CumulativeTelemetry, RequestTelemetry
 
 
@@ -195,7 +195,7 @@ class Engine:
             if self.encoder is not None:
                 text = self.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True,
                                                           enable_thinking=thinking, **extra)
-                return self.encoder.encode(text)
+                return self.encoder.encode(text, owner=req.cache_key)
             return self.tokenizer.encode_chat(req.messages, enable_thinking=thinking, **extra)
         if req.prompt is not None:
             return self.tokenizer.encode(req.prompt, add_special_tokens=True)
@@ -220,6 +220,7 @@ class Engine:
         """Run one request to the end (streaming through ``req.on_text`` if given), or until ``req.preempt`` pauses
         it (finish ``preempted``, ``req.partial`` set; call again to continue)."""
         part = req.partial
+        resumed = part is not None
         if part is None:
             ids = self.check(req)
             part = Partial(ids, [], [], self.tokenizer.detokenizer(stop=req.stop, prompt_ids=ids),
@@ -250,10 +251,15 @@ class Engine:
         if self.suffix_cache is not None:
             self.suffix_cache.select(req.cache_key)
         span = EnergySpan(self.energy)
-        result = self.session.generate(
-            ids + part.tokens, max_tokens=req.max_tokens - len(part.tokens), policy=part.policy,
-            stop_ids=self.tokenizer.stop_token_ids, on_tokens=on_tokens, cancelled=stop,
-            constraint=req.constraint, k=req.num_draft_tokens, prefix=self.prefix)
+        if resumed and req.cancelled is not None and req.cancelled():
+            # A paused request ended before it continued (its deadline, a drain): no device work, it ends here.
+            result = GenerationResult([], "cancelled", RequestTelemetry(drafter=self.session.drafter_name,
+                                                                       prompt_tokens=len(ids)))
+        else:
+            result = self.session.generate(
+                ids + part.tokens, max_tokens=req.max_tokens - len(part.tokens), policy=part.policy,
+                stop_ids=self.tokenizer.stop_token_ids, on_tokens=on_tokens, cancelled=stop,
+                constraint=req.constraint, k=req.num_draft_tokens, prefix=self.prefix)
         used = span.stop()      # the tokens are on the host: the device work is done
         if used is not None:
             before = part.energy or EnergyReading(0.0, 0.0)

@@ -214,7 +214,9 @@ class SpecSession:
         self.tree_calibration.reset()
 
         with tel.stage("prefill"):
-            prefill = self._prefill(prompt_ids, start, prefix)
+            prefill = self._prefill(prompt_ids, start, prefix, cancelled)
+            if prefill is None:          # paused between slices: the cache keeps the rows done
+                return GenerationResult([], "cancelled", tel)
             logits = prefill.logits[-1]
             if constraint is not None:
                 logits = _masked(logits[None], constraint.row_masks([], logits.shape[-1], device))[0]
@@ -234,22 +236,55 @@ class SpecSession:
             prefix.finished(list(prompt_ids) + out.tokens)
         return GenerationResult(out.tokens, finish, tel)
 
-    def _prefill(self, prompt_ids: Sequence[int], start: int, prefix: PrefixCache | None) -> ForwardOutput:
+    def _prefill(self, prompt_ids: Sequence[int], start: int, prefix: PrefixCache | None,
+                 cancelled: Callable[[], bool] | None = None) -> ForwardOutput | None:
         """Fill the cache with the prompt from ``start`` (the prefix already in the cache); logits of the last row,
-        hidden/taps of every row prefilled."""
+        hidden/taps of every row prefilled.
+
+        With ``cancelled`` the prefill runs in slices of ``prefill_chunk`` tokens and asks between them: True
+        pauses it and returns None, the cache (and ``prefix``, which a later request resumes from) keeping the rows
+        done. A slice is one chunk of the unsliced prefill, so the rows are the same either way."""
         model, hooks, cache = self.model, self.hooks, self.cache
-        prompt = torch.tensor(list(prompt_ids)[start:], dtype=torch.long, device=model.device)
+        ids = list(prompt_ids)
         cut = None if prefix is None else prefix.split(prompt_ids, start)
-        if cut is None:
-            prefill = hooks.prefill(model, cache, prompt, self.prefill_chunk, self.taps)
-        else:
-            # Pause at the last turn boundary so the next turn can resume a hybrid model's state there.
-            head = hooks.prefill(model, cache, prompt[:cut - start], self.prefill_chunk, self.taps, logits=False)
-            prefix.mark(prompt_ids, cut)
-            prefill = _joined(head, hooks.prefill(model, cache, prompt[cut - start:], self.prefill_chunk, self.taps))
+        # Pause at the last turn boundary so the next turn can resume a hybrid model's state there.
+        pieces = [(start, len(ids))] if cut is None else [(start, cut), (cut, len(ids))]
+        hidden, taps, logits = [], [], None
+        for n, (a, b) in enumerate(pieces):
+            last = n == len(pieces) - 1
+            for s, e in self._slices(a, b, cancelled is not None):
+                if cancelled is not None and s > start and cancelled():
+                    self._pause_prefill(ids, prefix)
+                    return None
+                rows = torch.tensor(ids[s:e], dtype=torch.long, device=model.device)
+                out = hooks.prefill(model, cache, rows, self.prefill_chunk, self.taps, logits=last and e == b)
+                hidden.append(out.hidden)
+                taps.append(out.taps)
+                logits = out.logits
+            if not last:
+                assert prefix is not None and cut is not None
+                prefix.mark(prompt_ids, cut)
         if prefix is not None:
             prefix.prefilled(prompt_ids)
-        return prefill
+        joined_taps = None if any(t is None for t in taps) else torch.cat(taps)
+        return ForwardOutput(logits, torch.cat(hidden), joined_taps)
+
+    def _slices(self, a: int, b: int, sliced: bool) -> list[tuple[int, int]]:
+        """``[a, b)`` in ``prefill_chunk`` slices (one piece unless ``sliced``). A remainder short enough for a
+        graphed resumed prefill joins the slice before it, so the rows match the unsliced prefill's."""
+        step = self.prefill_chunk
+        if not sliced or b - a <= step:
+            return [(a, b)]
+        out = [(s, min(b, s + step)) for s in range(a, b, step)]
+        if len(out) > 1 and out[-1][1] - out[-1][0] <= self.plan.graph_prefill_max:
+            out[-2:] = [(out[-2][0], b)]
+        return out
+
+    def _pause_prefill(self, prompt_ids: list[int], prefix: PrefixCache | None) -> None:
+        """A prefill paused between slices: tell the prefix record what the cache holds (a snapshot for a hybrid
+        model), so the request, continued later, resumes there."""
+        if prefix is not None and self.cache.length > 0:
+            prefix.mark(prompt_ids, self.cache.length)
 
     def _cycles(self, out: Emitter, policy: AcceptancePolicy, constraint: TokenConstraint | None,
                 cancelled: Callable[[], bool] | None, draft_len: DraftLength, tel: RequestTelemetry,
@@ -429,12 +464,6 @@ class DraftLength:
         if not self.adaptive or drafted == 0:
             return
         self.k = min(self.max_k, self.k + 2) if accepted == drafted else max(1, min(self.k, accepted + 1))
-
-
-def _joined(a: ForwardOutput, b: ForwardOutput) -> ForwardOutput:
-    """One prefill's output from two consecutive pieces (logits of the last row, hidden/taps of every row)."""
-    taps = None if a.taps is None or b.taps is None else torch.cat([a.taps, b.taps])
-    return ForwardOutput(b.logits, torch.cat([a.hidden, b.hidden]), taps)
 
 
 def _masked(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
