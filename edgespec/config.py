@@ -169,6 +169,8 @@ class Settings:
     short_request_tokens: int = _knob(
         64, "requests with max_tokens at most this never wait behind a longer one: queued first, and a running "
         "longer one pauses at its next cycle for them (0 = arrival order)", min=0)
+    max_tool_calls: int = _knob(8, "tool_choice required with parallel_tool_calls true: at most this many distinct "
+                                "calls (without it: exactly one)", min=1, max=64)
     # --- request log (opt-in; edgespec distill --from-log adapts the drafter to it; docs/drafters.md) ---------
     request_log: str | None = _knob(None, "append every request's prompt and output ids to this JSONL file")
     request_log_max_mb: float = _knob(64.0, "rotate the request log before it passes this size", min=0.01)

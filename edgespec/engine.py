@@ -192,11 +192,15 @@ class Engine:
         if req.messages is not None:
             thinking = self.settings.enable_thinking if req.enable_thinking is None else req.enable_thinking
             extra = {"tools": list(req.tools)} if req.tools else {}
+            # Control tokens typed in user or tool text stay text (ChatTokenizer.shield).
+            messages, shielded = self.tokenizer.shield(req.messages)
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                      enable_thinking=thinking, **extra)
+            if shielded:
+                return self.tokenizer.encode_shielded(text, shielded)
             if self.encoder is not None:
-                text = self.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True,
-                                                          enable_thinking=thinking, **extra)
                 return self.encoder.encode(text, owner=req.cache_key)
-            return self.tokenizer.encode_chat(req.messages, enable_thinking=thinking, **extra)
+            return self.tokenizer.encode(text)
         if req.prompt is not None:
             return self.tokenizer.encode(req.prompt, add_special_tokens=True)
         raise RequestError("request has neither messages nor prompt")

@@ -54,7 +54,7 @@ from .schemas import (
     unsupported_fields,
 )
 from .tenants import TenantTable
-from .tools import OutputSplitter, generic_tool_messages, renders_tools, tool_format, tool_grammar
+from .tools import DistinctCalls, OutputSplitter, generic_tool_messages, renders_tools, tool_format, tool_grammar
 from .transport import GuardedProtocol, guarded_protocol
 from .worker import END, EngineWorker, Job, JobError, QueueFull, WorkerStopped
 
@@ -252,7 +252,12 @@ def _prepare(state: ServerState, engine: Engine, req: EngineRequest,
         bool(req.tools) or any(m.get("role") == "tool" or m.get("tool_calls") for m in req.messages))
     tool_fmt = "json" if generic else tool_format(engine.tokenizer.chat_template)
     plan = protocol.tool_plan(body) if isinstance(body, ChatCompletionRequest) else None
+    parallel = plan is not None and protocol.parallel_calls(body)
     forced = _tool_constraint(state, body, plan, tool_fmt, req.constraint is not None) if plan is not None else None
+    if forced is not None and parallel:
+        assert plan is not None
+        forced = DistinctCalls(forced, engine.tokenizer.detokenizer(skip_special_tokens=False), tool_fmt,
+                               plan.by_name)
     if generic:
         if not state.generic_tools_logged:
             state.generic_tools_logged = True
@@ -277,12 +282,14 @@ def _prepare(state: ServerState, engine: Engine, req: EngineRequest,
         req.constraint = AfterThink(forced, think[1]) if in_think and think is not None else forced
     split = OutputSplitter(in_think=in_think, parse_tools=plan is not None and plan.parse, fmt=tool_fmt,
                            tools=plan.by_name if plan is not None else None,
-                           split_reasoning=engine.think_ids is not None)
+                           split_reasoning=engine.think_ids is not None, distinct=parallel)
     return req, split
 
 
 def _tool_constraint(state: ServerState, body: ChatCompletionRequest, plan: protocol.ToolPlan, tool_fmt: str,
                      has_format: bool) -> JsonConstraint | None:
+    # required: exactly one call, or with parallel_tool_calls: true up to max_tool_calls distinct ones; a named
+    # function: that one call.
     """Compile the tools' grammar under every tool_choice, so a bad schema is the same 400 whether or not this
     request forces a call (a schema the grammar cannot hold is one the model should not be shown either); the
     grammar when a call is forced, else None."""
@@ -291,9 +298,9 @@ def _tool_constraint(state: ServerState, body: ChatCompletionRequest, plan: prot
         raise APIError(400, "response_format and a required tool call cannot be combined", param="tool_choice",
                        code="invalid_request")
     try:
-        multiple = body.tool_choice == "required" and (body.model_extra or {}).get("parallel_tool_calls", True)
         grammar = state.grammar.lark(tool_grammar(plan.forced or list(plan.by_name.values()), tool_fmt,
-                                                  JSON_DEFAULTS, bool(multiple)), param="tools")
+                                                  JSON_DEFAULTS, protocol.parallel_calls(body),
+                                                  state.settings.max_tool_calls), param="tools")
     except EdgespecError as exc:
         raise APIError(400, str(exc), param="tools", code="invalid_schema") from None
     return grammar if plan.forced is not None else None

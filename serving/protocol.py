@@ -125,6 +125,14 @@ def tool_plan(body: ChatCompletionRequest) -> ToolPlan | None:
     return ToolPlan(specs, by_name, parse=choice != "none", forced=forced)
 
 
+def parallel_calls(body: ChatCompletionRequest | CompletionRequest) -> bool:
+    """True when ``tool_choice: "required"`` may give several calls: only with ``parallel_tool_calls: true`` sent
+    (without it a forced call is exactly one; a weak model would otherwise repeat it until max_tokens)."""
+    if not isinstance(body, ChatCompletionRequest) or body.tool_choice != "required":
+        return False
+    return (body.model_extra or {}).get("parallel_tool_calls") is True
+
+
 def _stop_list(stop: str | list[str] | None) -> list[str]:
     if stop is None:
         return []
