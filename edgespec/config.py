@@ -169,19 +169,33 @@ class Settings:
     # --- server ------------------------------------------------------------------------------------------------
     host: str = _knob("127.0.0.1", "bind address; anything but loopback requires api_key", section="server")
     port: int = _knob(8000, "TCP port", min=0, max=65535)
-    api_key: str | None = _knob(None, "Bearer token required on /v1/*")
+    api_key: str | None = _knob(None, "Bearer token required on /v1/* (tenant 'default')")
+    api_keys: str | None = _knob(None, "more tenants: NAME=sha256:HEX entries, comma-separated (hashes only; "
+                                 "python -m edgespec.serving.tenants NAME makes a key); each tenant has its own "
+                                 "prefix-cache namespace")
+    api_keys_file: str | None = _knob(None, "file of tenants, one `NAME sha256:HEX` line each (hashes only)")
     served_model_name: str | None = _knob(None, "model id reported by /v1/models; default = folder name")
     max_queue: int = _knob(8, "requests waiting behind the running one before 429", min=0)
     request_timeout_s: float = _knob(120.0, "per-request wall-clock limit", min=0.1)
     max_body_bytes: int = _knob(1 << 20, "largest accepted request body", min=1024)
     read_timeout_s: float = _knob(10.0, "a client must send its request headers, and then its body, within this",
                                   min=0.1)
-    max_connections: int = _knob(64, "open connections beyond this are answered 503 and closed", min=1)
+    max_connections: int = _knob(64, "open connections; when full, a client holding fewer than the biggest one "
+                                 "takes the place of its oldest idle or stalled connection, others get 503", min=1)
+    max_client_connections: int = _knob(0, "open connections one client host may hold (more: 503); 0 = only the "
+                                        "fair share of max_connections when the server is full", min=0)
+    max_client_requests: int = _knob(4, "requests one client (tenant and host) may have queued or running (more: "
+                                     "429 client_busy); 0 = no cap", min=0)
+    drain_timeout_s: float = _knob(30.0, "SIGTERM: requests in flight may finish for this long; then streams end "
+                                   "with finish_reason length, queued requests get 503, and the process exits",
+                                   min=0.0)
     energy_meter: bool = _knob(True, "measure device energy per request (NVML on discrete GPUs, INA3221 rails on "
                                "Jetson; none on CPU): joules/token in telemetry and /metrics")
     short_request_tokens: int = _knob(
         64, "requests with max_tokens at most this never wait behind a longer one: queued first, and a running "
         "longer one pauses at its next cycle for them (0 = arrival order)", min=0)
+    max_tool_calls: int = _knob(8, "tool_choice required with parallel_tool_calls true: at most this many distinct "
+                                "calls (without it: exactly one)", min=1, max=64)
     # --- request log (opt-in; edgespec distill --from-log adapts the drafter to it; docs/drafters.md) ---------
     request_log: str | None = _knob(None, "append every request's prompt and output ids to this JSONL file")
     request_log_max_mb: float = _knob(64.0, "rotate the request log before it passes this size", min=0.01)

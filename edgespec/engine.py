@@ -31,7 +31,7 @@ from edgespec.plan import RuntimePlan
 from edgespec.speculative.acceptance import AcceptancePolicy, RejectionSampling, RelaxedThinking, StrictGreedy
 from edgespec.speculative.plan import draft_tokens
 from edgespec.speculative.sampling import SamplingParams
-from edgespec.speculative.session import SpecSession, TokenConstraint
+from edgespec.speculative.session import GenerationResult, SpecSession, TokenConstraint
 from edgespec.speculative.telemetry import CumulativeTelemetry, RequestTelemetry
 
 
@@ -208,11 +208,15 @@ class Engine:
         if req.messages is not None:
             thinking = self.settings.enable_thinking if req.enable_thinking is None else req.enable_thinking
             extra = {"tools": list(req.tools)} if req.tools else {}
+            # Control tokens typed in user or tool text stay text (ChatTokenizer.shield).
+            messages, shielded = self.tokenizer.shield(req.messages)
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                      enable_thinking=thinking, **extra)
+            if shielded:
+                return self.tokenizer.encode_shielded(text, shielded)
             if self.encoder is not None:
-                text = self.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True,
-                                                          enable_thinking=thinking, **extra)
-                return self.encoder.encode(text)
-            return self.tokenizer.encode_chat(req.messages, enable_thinking=thinking, **extra)
+                return self.encoder.encode(text, owner=req.cache_key)
+            return self.tokenizer.encode(text)
         if req.prompt is not None:
             return self.tokenizer.encode(req.prompt, add_special_tokens=True)
         raise RequestError("request has neither messages nor prompt")
@@ -256,6 +260,7 @@ class Engine:
         """Run one request to the end (streaming through ``req.on_text`` if given), or until ``req.preempt`` pauses
         it (finish ``preempted``, ``req.partial`` set; call again to continue)."""
         part = req.partial
+        resumed = part is not None
         if part is None:
             ids = self.check(req)
             part = Partial(ids, [], [], self.tokenizer.detokenizer(stop=req.stop, prompt_ids=ids),
@@ -286,10 +291,16 @@ class Engine:
         if self.suffix_cache is not None:
             self.suffix_cache.select(req.cache_key)
         span = EnergySpan(self.energy)
-        result = self.session.generate(
-            ids + part.tokens, max_tokens=req.max_tokens - len(part.tokens), policy=part.policy,
-            stop_ids=self.tokenizer.stop_token_ids, on_tokens=on_tokens, cancelled=stop,
-            constraint=req.constraint, k=req.num_draft_tokens, prefix=self.prefix, vision=req.vision)
+        if resumed and req.cancelled is not None and req.cancelled():
+            # A paused request ended before it continued (its deadline, a drain): no device work, it ends here.
+            result = GenerationResult([], "cancelled", RequestTelemetry(drafter=self.session.drafter_name,
+                                                                       prompt_tokens=len(ids)))
+        else:
+            result = self.session.generate(
+                ids + part.tokens, max_tokens=req.max_tokens - len(part.tokens), policy=part.policy,
+                stop_ids=self.tokenizer.stop_token_ids, on_tokens=on_tokens, cancelled=stop,
+                constraint=req.constraint, k=req.num_draft_tokens, prefix=self.prefix,
+                vision=req.vision)
         used = span.stop()      # the tokens are on the host: the device work is done
         if used is not None:
             before = part.energy or EnergyReading(0.0, 0.0)

@@ -34,10 +34,18 @@ from edgespec.engine import Request as EngineRequest
 from edgespec.errors import ConfigError, EdgespecError, ImageError, PromptTooLongError
 
 from . import logs, protocol, systemd
+from .admission import ClientRequests, request_client
 from .errors import APIError, SafeJSONResponse, error_body, error_responses, find_invalid_text, install_error_handlers
 from .grammar import ANY_OBJECT, JSON_DEFAULTS, AfterThink, GrammarCompiler, JsonConstraint
 from .metrics import ServerMetrics
-from .middleware import ApiKeyMiddleware, BodyLimitMiddleware, ReadTimeoutMiddleware, RequestIdMiddleware, request_id
+from .middleware import (
+    BodyLimitMiddleware,
+    ReadTimeoutMiddleware,
+    RequestIdMiddleware,
+    TenantMiddleware,
+    request_id,
+    scope_tenant,
+)
 from .schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -45,8 +53,9 @@ from .schemas import (
     JsonSchemaFormat,
     unsupported_fields,
 )
-from .tools import OutputSplitter, generic_tool_messages, renders_tools, tool_format, tool_grammar
-from .transport import guarded_protocol
+from .tenants import TenantTable
+from .tools import DistinctCalls, OutputSplitter, generic_tool_messages, renders_tools, tool_format, tool_grammar
+from .transport import GuardedProtocol, guarded_protocol
 from .worker import END, EngineWorker, Job, JobError, QueueFull, WorkerStopped
 
 log = logging.getLogger("edgespec.serving")
@@ -63,6 +72,8 @@ class ServerState:
     def __init__(self, settings: Settings, source: EngineSource) -> None:
         self.settings = settings
         self.metrics = ServerMetrics()
+        self.tenants = TenantTable.from_settings(settings.api_key, settings.api_keys, settings.api_keys_file)
+        self.client_requests = ClientRequests(settings.max_client_requests)
         self.status = "loading"
         self.error: str | None = None
         self.engine: Engine | None = None
@@ -147,8 +158,23 @@ class ServerState:
         systemd.notify("STOPPING=1", "STATUS=draining")
         log.info("draining: no new requests, finishing the ones in flight")
 
+    def drain(self) -> None:
+        """Wait (blocking) until the engine has no work or ``drain_timeout_s`` passed; then end what is left: the
+        running request stops at its next cycle with ``finish_reason`` length (its stream gets the final chunk),
+        queued ones get 503 ``draining`` (a paused one ends with what it has, as length)."""
+        worker = self.worker
+        if worker is None:
+            return
+        if not worker.wait_idle(self.settings.drain_timeout_s):
+            log.warning("drain: %d request(s) still in flight after drain_timeout_s %.0fs; ending them",
+                        int(worker.busy) + worker.waiting, self.settings.drain_timeout_s)
+            worker.end_for_drain()
+            if not worker.wait_idle(10.0):
+                log.warning("drain: the engine did not stop within 10s of the drain deadline")
+
     def shutdown(self, timeout: float) -> None:
         self.begin_drain()
+        self.drain()
         if self.worker is not None:
             if not self.worker.stop(timeout):
                 log.warning("engine worker still busy after %.0fs; cancelling", timeout)
@@ -226,7 +252,12 @@ def _prepare(state: ServerState, engine: Engine, req: EngineRequest,
         bool(req.tools) or any(m.get("role") == "tool" or m.get("tool_calls") for m in req.messages))
     tool_fmt = "json" if generic else tool_format(engine.tokenizer.chat_template)
     plan = protocol.tool_plan(body) if isinstance(body, ChatCompletionRequest) else None
+    parallel = plan is not None and protocol.parallel_calls(body)
     forced = _tool_constraint(state, body, plan, tool_fmt, req.constraint is not None) if plan is not None else None
+    if forced is not None and parallel:
+        assert plan is not None
+        forced = DistinctCalls(forced, engine.tokenizer.detokenizer(skip_special_tokens=False), tool_fmt,
+                               plan.by_name)
     if generic:
         if not state.generic_tools_logged:
             state.generic_tools_logged = True
@@ -253,12 +284,14 @@ def _prepare(state: ServerState, engine: Engine, req: EngineRequest,
         req.constraint = AfterThink(forced, think[1]) if in_think and think is not None else forced
     split = OutputSplitter(in_think=in_think, parse_tools=plan is not None and plan.parse, fmt=tool_fmt,
                            tools=plan.by_name if plan is not None else None,
-                           split_reasoning=engine.think_ids is not None)
+                           split_reasoning=engine.think_ids is not None, distinct=parallel)
     return req, split
 
 
 def _tool_constraint(state: ServerState, body: ChatCompletionRequest, plan: protocol.ToolPlan, tool_fmt: str,
                      has_format: bool) -> JsonConstraint | None:
+    # required: exactly one call, or with parallel_tool_calls: true up to max_tool_calls distinct ones; a named
+    # function: that one call.
     """Compile the tools' grammar under every tool_choice, so a bad schema is the same 400 whether or not this
     request forces a call (a schema the grammar cannot hold is one the model should not be shown either); the
     grammar when a call is forced, else None."""
@@ -267,9 +300,9 @@ def _tool_constraint(state: ServerState, body: ChatCompletionRequest, plan: prot
         raise APIError(400, "response_format and a required tool call cannot be combined", param="tool_choice",
                        code="invalid_request")
     try:
-        multiple = body.tool_choice == "required" and (body.model_extra or {}).get("parallel_tool_calls", True)
         grammar = state.grammar.lark(tool_grammar(plan.forced or list(plan.by_name.values()), tool_fmt,
-                                                  JSON_DEFAULTS, bool(multiple)), param="tools")
+                                                  JSON_DEFAULTS, protocol.parallel_calls(body),
+                                                  state.settings.max_tool_calls), param="tools")
     except EdgespecError as exc:
         raise APIError(400, str(exc), param="tools", code="invalid_schema") from None
     return grammar if plan.forced is not None else None
@@ -353,21 +386,20 @@ def _lifespan(state: ServerState) -> Callable[[FastAPI], contextlib.AbstractAsyn
 def _add_middleware(app: FastAPI, state: ServerState) -> None:
     """API key (when set), body limit, read timeout, then request id: each added one wraps the ones before it."""
     settings = state.settings
-    if settings.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    app.add_middleware(TenantMiddleware, tenants=state.tenants)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(ReadTimeoutMiddleware, read_timeout_s=settings.read_timeout_s, draining=state.draining)
     app.add_middleware(RequestIdMiddleware, on_failure=state.metrics.fail)   # outermost: sees every answer
 
 
-def _auth_errors(settings: Settings) -> tuple[int, ...]:
+def _auth_errors(state: ServerState) -> tuple[int, ...]:
     """The 401 a route documents when an API key is required, else nothing."""
-    return (401,) if settings.api_key else ()
+    return (401,) if state.tenants.required else ()
 
 
 def _add_completion_routes(app: FastAPI, state: ServerState) -> None:
     """``POST /v1/chat/completions`` and ``POST /v1/completions``, both through :func:`_run_job`."""
-    generation_errors = error_responses(400, *_auth_errors(state.settings), 404, 408, 413, 422, 429, 500, 503, 504)
+    generation_errors = error_responses(400, *_auth_errors(state), 404, 408, 413, 422, 429, 500, 503, 504)
     # Streamed answers: SSE events whose data lines are chat.completion.chunk / text_completion JSON, then [DONE].
     sse = {"text/event-stream": {}}
 
@@ -397,21 +429,14 @@ async def _run_job(state: ServerState, request: Request, body: ChatCompletionReq
         raise APIError(400, f"{bad} holds text that is not valid Unicode (a lone surrogate such as \\ud800)",
                        param=bad, code="invalid_unicode")
     req = protocol.engine_request(body, settings, vocab_size(eng))
-    req.cache_key = protocol.client_key(request.headers.get("authorization"), body)
+    tenant, host = scope_tenant(request.scope), request.client.host if request.client else None
+    req.cache_key = protocol.client_key(tenant, host, body)
     req, split = await run_in_threadpool(_prepare, state, eng, req, body)
     job = Job(req, asyncio.get_running_loop(), deadline=arrived + settings.request_timeout_s,
               stream=body.stream)
     job.arrived = arrived
     job.request_id = request_id.get()
-    try:
-        worker.submit(job)
-    except QueueFull as exc:
-        raise APIError(429, f"the engine is busy ({worker.max_queue} requests already waiting); retry "
-                       "later", code="queue_full",
-                       headers={"Retry-After": str(exc.retry_after)}) from None
-    except WorkerStopped:
-        raise APIError(503, "the server is shutting down", code="draining",
-                       headers={"Retry-After": "5"}) from None
+    _submit(state, worker, job, request_client(tenant, host))
     watcher = asyncio.create_task(_watch_disconnect(request, job, worker, state.metrics))
     rid = protocol.new_id("chatcmpl" if chat else "cmpl")
     created = protocol.now()
@@ -435,6 +460,28 @@ async def _run_job(state: ServerState, request: Request, body: ChatCompletionReq
     else:
         out = protocol.text_response(rid, created, eng.model_id, completion, extra, job.timed_out)
     return SafeJSONResponse(out)
+
+
+def _submit(state: ServerState, worker: EngineWorker, job: Job, client: str) -> None:
+    """Queue ``job`` for ``client``: 429 when the client already has ``max_client_requests`` in flight or the queue
+    is full, 503 while draining. The client's count is given back when the job is settled."""
+    requests = state.client_requests
+    if not requests.take(client):
+        raise APIError(429, f"this client already has {requests.limit} requests queued or running "
+                       "(max_client_requests); retry when one finishes", code="client_busy",
+                       headers={"Retry-After": str(worker.retry_after())})
+    try:
+        worker.submit(job)
+    except QueueFull as exc:
+        requests.give_back(client)
+        raise APIError(429, f"the engine is busy ({worker.max_queue} requests already waiting); retry "
+                       "later", code="queue_full",
+                       headers={"Retry-After": str(exc.retry_after)}) from None
+    except WorkerStopped:
+        requests.give_back(client)
+        raise APIError(503, "the server is shutting down", code="draining",
+                       headers={"Retry-After": "5"}) from None
+    job.future.add_done_callback(lambda _: requests.give_back(client))
 
 
 async def _stream(job: Job, maker: protocol.ChunkMaker, watcher: asyncio.Task,
@@ -484,7 +531,7 @@ def _model_card(state: ServerState, eng: Engine) -> dict[str, Any]:
 
 def _add_model_routes(app: FastAPI, state: ServerState) -> None:
     """``GET /v1/models`` (the one served model) and ``GET /v1/models/{model}``."""
-    auth = _auth_errors(state.settings)
+    auth = _auth_errors(state)
 
     @app.get("/v1/models", summary="The served model", responses=error_responses(*auth, 408, 413, 500, 503))
     async def models() -> dict[str, Any]:
@@ -548,20 +595,31 @@ def is_loopback(host: str) -> bool:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn with a drain hook on SIGTERM/SIGINT and a clean exit status afterwards."""
+    """uvicorn that drains before it stops listening: the first SIGTERM/SIGINT starts the drain (``/health`` answers
+    503 ``draining``, new requests 503) and uvicorn's own shutdown starts only once the engine is idle or
+    ``drain_timeout_s`` ended what was left; a second signal stops at once. The exit status stays clean."""
 
     def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
         super().__init__(config)
         self._state = state
+        self._drainer: threading.Thread | None = None
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        first = not self.should_exit
-        super().handle_exit(sig, frame)
+        if self._drainer is None and not self.should_exit:
+            self._state.begin_drain()
+            self._drainer = threading.Thread(target=self._drain_then_exit, name="edgespec-drain", daemon=True)
+            self._drainer.start()
+        else:
+            super().handle_exit(sig, frame)
         # uvicorn re-raises captured signals after shutdown (the process would die of SIGTERM); a drained
         # shutdown is a clean exit, so forget them.
         self._captured_signals.clear()
-        if first:
-            self._state.begin_drain()
+
+    def _drain_then_exit(self) -> None:
+        try:
+            self._state.drain()
+        finally:
+            self.should_exit = True
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -580,6 +638,15 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def http_protocol(state: ServerState) -> type[GuardedProtocol]:
+    """The connection layer of ``state``'s server (serving.transport), its refusals and open connections counted in
+    ``/metrics``."""
+    settings, metrics = state.settings, state.metrics
+    return guarded_protocol(settings.read_timeout_s, settings.max_connections,
+                            max_client_connections=settings.max_client_connections,
+                            on_refusal=metrics.refuse_connection, on_open=metrics.connections_open.set)
+
+
 def run_server(settings: Settings, *, engine_factory: Callable[[], Engine] | None = None,
                log_level: str = "info") -> int:
     """Serve ``settings.model`` on ``settings.host:port`` until SIGTERM/SIGINT; returns the exit status.
@@ -590,9 +657,9 @@ def run_server(settings: Settings, *, engine_factory: Callable[[], Engine] | Non
     when SIGTERM came while the model was loading), 1 when the port cannot be bound (one line on stderr, nothing
     loaded) or the model failed to load for another reason.
     """
-    if not is_loopback(settings.host) and not settings.api_key:
-        raise ConfigError(f"host {settings.host!r} is not a loopback address: set api_key (EDGESPEC_API_KEY) "
-                          "before serving beyond this machine")
+    if not is_loopback(settings.host) and not (settings.api_key or settings.api_keys or settings.api_keys_file):
+        raise ConfigError(f"host {settings.host!r} is not a loopback address: set api_key (EDGESPEC_API_KEY), "
+                          "api_keys or api_keys_file before serving beyond this machine")
     logs.configure(log_level)
     try:
         sock = bind_socket(settings.host, settings.port)
@@ -604,9 +671,8 @@ def run_server(settings: Settings, *, engine_factory: Callable[[], Engine] | Non
     app = create_app(factory, settings)
     state: ServerState = app.state.edgespec
     config = uvicorn.Config(app, log_level=log_level, lifespan="on", log_config=None,
-                            timeout_graceful_shutdown=settings.request_timeout_s + 15.0,
-                            timeout_keep_alive=5, server_header=False,
-                            http=guarded_protocol(settings.read_timeout_s, settings.max_connections))
+                            timeout_graceful_shutdown=15.0, timeout_keep_alive=5, server_header=False,
+                            http=http_protocol(state))
     server = _Server(config, state)
 
     def fatal() -> None:

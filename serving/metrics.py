@@ -67,6 +67,11 @@ class ServerMetrics:
                                registry=r)
         self.preemptions = Counter(p + "request_preemptions", "Long generations paused for a short request.",
                                    registry=r)
+        self.connections_refused = Counter(
+            p + "connection_refusals", "Connections the connection layer answered and closed before the app, by "
+            "reason: too_many_connections / client_connections / evicted (503), request_timeout (408), "
+            "invalid_http (400).", ["reason"], registry=r)
+        self.connections_open = Gauge(p + "connections_open", "Open HTTP connections.", registry=r)
 
     def observe(self, tel: RequestTelemetry, finish_reason: str, *, queue_s: float, e2e_s: float,
                 ttft_s: float | None, energy: EnergyReading | None = None) -> None:
@@ -98,6 +103,9 @@ class ServerMetrics:
 
     def fail(self, reason: str) -> None:
         self.failures.labels(reason=reason).inc()
+
+    def refuse_connection(self, reason: str) -> None:
+        self.connections_refused.labels(reason=reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

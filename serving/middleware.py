@@ -1,6 +1,7 @@
-"""ASGI middleware that runs before any body is parsed: the request size limit and the API key.
+"""ASGI middleware that runs before any body is parsed: the request size limit, the read deadline and the tenant
+(API key).
 
-Both answer in the OpenAI error shape. The size limit rejects on ``Content-Length`` at once and also counts
+All answer in the OpenAI error shape. The size limit rejects on ``Content-Length`` at once and also counts
 the bytes of bodies sent without one (chunked), so no request can make the server buffer more than the limit.
 """
 
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import hmac
 import json
 import re
 import uuid
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import CodedHTTPException, error_body
+from .tenants import TenantTable
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("edgespec_request_id", default="-")
 # A client's x-request-id is echoed and logged only when it is a short token of printable ASCII (no log forging).
@@ -125,28 +126,40 @@ class ReadTimeoutMiddleware:
         await self.app(scope, timed, send)
 
 
-class ApiKeyMiddleware:
-    """``Authorization: Bearer <api_key>`` required under ``/v1``; others (health, metrics) stay open."""
+def bearer_token(scope: Scope) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header, None without one."""
+    scheme, _, token = (_header(scope, b"authorization") or "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
-    def __init__(self, app: ASGIApp, api_key: str, prefix: str = "/v1") -> None:
+
+def scope_tenant(scope: Scope) -> str:
+    """The tenant :class:`TenantMiddleware` found for this request ("" outside ``/v1``)."""
+    return str(scope.get("state", {}).get(TENANT_STATE, ""))
+
+
+TENANT_STATE = "edgespec_tenant"
+
+
+class TenantMiddleware:
+    """Under ``/v1`` finds the request's tenant (:class:`serving.tenants.TenantTable`) from its bearer token and puts
+    it in the request state; with keys configured an unknown or missing key is 401. Others (health, metrics) stay
+    open."""
+
+    def __init__(self, app: ASGIApp, tenants: TenantTable, prefix: str = "/v1") -> None:
         self.app = app
-        self._key = api_key.encode()
+        self.tenants = tenants
         self.prefix = prefix
-
-    def _authorised(self, scope: Scope) -> bool:
-        value = _header(scope, b"authorization") or ""
-        scheme, _, token = value.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._key)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope.get("path", "")
         if scope["type"] == "http" and (path == self.prefix or path.startswith(self.prefix + "/")):
-            if not self._authorised(scope):
+            tenant = self.tenants.tenant_of(bearer_token(scope))
+            if tenant is None:
                 await _send_error(send, 401, "missing or invalid API key (Authorization: Bearer <key>)",
                                   "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
                 return
+            scope.setdefault("state", {})[TENANT_STATE] = tenant
         await self.app(scope, receive, send)
-
 
 
 class RequestIdMiddleware:

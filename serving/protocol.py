@@ -147,6 +147,14 @@ def tool_plan(body: ChatCompletionRequest) -> ToolPlan | None:
     return ToolPlan(specs, by_name, parse=choice != "none", forced=forced)
 
 
+def parallel_calls(body: ChatCompletionRequest | CompletionRequest) -> bool:
+    """True when ``tool_choice: "required"`` may give several calls: only with ``parallel_tool_calls: true`` sent
+    (without it a forced call is exactly one; a weak model would otherwise repeat it until max_tokens)."""
+    if not isinstance(body, ChatCompletionRequest) or body.tool_choice != "required":
+        return False
+    return (body.model_extra or {}).get("parallel_tool_calls") is True
+
+
 def _stop_list(stop: str | list[str] | None) -> list[str]:
     if stop is None:
         return []
@@ -184,11 +192,12 @@ def bounded_max_tokens(body: ChatCompletionRequest | CompletionRequest, settings
     return asked
 
 
-def client_key(authorization: str | None, body: CommonFields) -> str:
-    """Whose prompt this is, for the prefix cache (reused only within one key): the bearer token with OpenAI's
-    ``prompt_cache_key`` or, failing that, ``user``. Hashed, so no secret sits in the engine."""
+def client_key(tenant: str, host: str | None, body: CommonFields) -> str:
+    """Whose prompt this is, for the prefix cache (reused only within one key): the tenant (its API key, see
+    serving.tenants) and the client's host, with OpenAI's ``prompt_cache_key`` or, failing that, ``user``. A tenant
+    never shares a key with another, whatever ``user`` it sends. Hashed, so no secret sits in the engine."""
     tag = body.prompt_cache_key if body.prompt_cache_key is not None else body.user
-    raw = json.dumps([authorization or "", tag or ""])
+    raw = json.dumps([tenant, host or "", tag or ""])
     return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
 
 

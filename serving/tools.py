@@ -99,6 +99,14 @@ class ToolCall:
     arguments: str
     id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
 
+    def key(self) -> tuple[str, str]:
+        """What makes two calls the same: the name and the arguments (key order aside)."""
+        try:
+            args = json.dumps(json.loads(self.arguments), sort_keys=True, ensure_ascii=False)
+        except ValueError:
+            args = self.arguments
+        return self.name, args
+
     def to_openai(self) -> dict[str, Any]:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
@@ -172,8 +180,11 @@ class OutputSplitter:
     """Streaming split of generated text into reasoning, content and tool calls (see the module doc)."""
 
     def __init__(self, *, in_think: bool = False, parse_tools: bool = False, fmt: str = "json",
-                 tools: Mapping[str, Mapping[str, Any]] | None = None, split_reasoning: bool = True) -> None:
+                 tools: Mapping[str, Mapping[str, Any]] | None = None, split_reasoning: bool = True,
+                 distinct: bool = False) -> None:
         self.in_think = in_think and split_reasoning
+        self.distinct = distinct     # drop a call equal to an earlier one (forced parallel calls: DistinctCalls)
+        self._seen: set[tuple[str, str]] = set()
         self.split_reasoning = split_reasoning
         self.parse_tools = parse_tools
         self.fmt = fmt
@@ -222,7 +233,8 @@ class OutputSplitter:
                 call = parse_tool_call(body, self.fmt, self.tools)
                 if call is None:
                     self._text("content", CALL_OPEN + body + CALL_CLOSE, out)
-                else:
+                elif not (self.distinct and call.key() in self._seen):
+                    self._seen.add(call.key())
                     self.calls.append(call)
                     out.append(Delta(tool_call=call))
                 self._buf = self._buf.lstrip("\n") if call is not None else self._buf
@@ -283,9 +295,10 @@ def _json_rule(schema: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
 
 
 def tool_grammar(tools: Sequence[Mapping[str, Any]], fmt: str, json_defaults: Mapping[str, Any],
-                 multiple: bool = True) -> str:
-    """Lark grammar (llguidance) for one or more ``<tool_call>`` blocks calling ``tools`` (each ``{"name",
-    "parameters"}``), arguments validated against each tool's schema."""
+                 multiple: bool = True, max_calls: int = 8) -> str:
+    """Lark grammar (llguidance) for one ``<tool_call>`` block calling one of ``tools`` (each ``{"name",
+    "parameters"}``), or with ``multiple`` 1 to ``max_calls`` blocks; arguments validated against each tool's
+    schema. (That the calls differ is :class:`DistinctCalls`'s part: a grammar cannot say it.)"""
     rules, calls = [], []
     for i, tool in enumerate(tools):
         name = tool["name"]
@@ -319,5 +332,44 @@ def tool_grammar(tools: Sequence[Mapping[str, Any]], fmt: str, json_defaults: Ma
             rules.append(f"call{i}: {head} args{i} {_lark_str('}' + chr(10) + CALL_CLOSE)}")
         calls.append(f"call{i}")
     one = "call: " + " | ".join(calls)
-    start = 'start: call ("\\n" call)*' if multiple else "start: call"
+    more = max(0, max_calls - 1) if multiple else 0
+    start = f'start: call ("\\n" call){{0,{more}}}' if more else "start: call"
     return "\n".join([start, one, *rules]) + "\n"
+
+
+class DistinctCalls:
+    """A forced parallel-call grammar (``tool_choice: "required"`` with ``parallel_tool_calls: true``) that also ends
+    the output at the first call repeating an earlier one (same name and arguments): a weak model otherwise
+    repeats its call until the bound. The repeat itself is dropped by :class:`OutputSplitter` (``distinct``).
+    ``detokenizer`` turns the committed ids into text (an :class:`~edgespec.loading.tokenizer.IncrementalDetokenizer`
+    that keeps special tokens)."""
+
+    def __init__(self, inner: Any, detokenizer: Any, fmt: str, tools: Mapping[str, Mapping[str, Any]]) -> None:
+        self.inner, self._detok, self.fmt, self.tools = inner, detokenizer, fmt, dict(tools)
+        self._text = ""
+        self._seen: set[tuple[str, str]] = set()
+        self.repeated = False
+
+    def __getattr__(self, name: str) -> Any:    # anything else a constraint offers is the grammar's
+        return getattr(self.inner, name)
+
+    def valid_prefix(self, drafts: Sequence[int]) -> int:
+        return self.inner.valid_prefix(drafts)
+
+    def row_masks(self, drafts: Sequence[int], vocab_size: int, device: Any) -> Any:
+        return self.inner.row_masks(drafts, vocab_size, device)
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        self.inner.commit(tokens)
+        self._text += self._detok.add(list(tokens))
+        while CALL_CLOSE in self._text:
+            block, _, self._text = self._text.partition(CALL_CLOSE)
+            call = parse_tool_call(block.split(CALL_OPEN, 1)[-1], self.fmt, self.tools)
+            if call is None:
+                continue
+            if call.key() in self._seen:
+                self.repeated = True
+            self._seen.add(call.key())
+
+    def is_finished(self) -> bool:
+        return self.repeated or self.inner.is_finished()

@@ -82,6 +82,7 @@ class Job:
     timed_out: bool = False
     request_id: str = "-"
     preemptions: int = 0
+    drained: bool = False                           # ended by the drain deadline (SIGTERM)
 
     def __post_init__(self) -> None:
         self.future = self.loop.create_future()
@@ -197,7 +198,7 @@ class EngineWorker:
             else:
                 self._queue.append(job)
             self._update_gauges()
-            self._cond.notify()
+            self._cond.notify_all()
 
     def is_short(self, job: Job) -> bool:
         """A short job never waits behind a long one (see the module doc)."""
@@ -224,6 +225,29 @@ class EngineWorker:
         """Stop taking jobs; queued and running jobs still complete."""
         with self._cond:
             self._accepting = False
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no job runs or waits (True), or ``timeout`` seconds passed (False)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._running is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.1))
+        return True
+
+    def end_for_drain(self) -> None:
+        """The drain deadline passed: the running job stops at its next cycle (or prefill slice) as if its own
+        deadline had passed (``finish_reason`` length, the text so far), a queued job that never started gets 503
+        ``draining``, a paused one ends with what it has."""
+        now = time.monotonic()
+        with self._cond:
+            jobs = list(self._queue) + ([self._running] if self._running is not None else [])
+            for job in jobs:
+                job.drained = True
+                job.deadline = min(job.deadline, now)
+            self._cond.notify_all()
 
     def cancel_all(self) -> None:
         """Ask every queued and running job to stop at its next cycle (shutdown past the grace period)."""
@@ -260,13 +284,14 @@ class EngineWorker:
                 with self._cond:
                     self._running = None
                     self._update_gauges()
+                    self._cond.notify_all()   # wait_idle
 
     def _requeue(self, job: Job) -> None:
         """A paused long job goes back ahead of the other long jobs (behind the short ones that paused it)."""
         with self._cond:
             self._queue.insert(self._short_waiting, job)
             self._update_gauges()
-            self._cond.notify()
+            self._cond.notify_all()
 
     def _run(self, job: Job) -> None:
         request_id.set(job.request_id)
@@ -277,6 +302,10 @@ class EngineWorker:
         if job.cancel_event.is_set():
             job._resolve(None, JobError(499, "client closed the request", "cancelled"))
             self._fail("cancelled", job)
+            return
+        if job.drained:
+            job._resolve(None, JobError(503, "the server is shutting down", "draining"))
+            self._fail("draining", job)
             return
         if job.started >= job.deadline:
             job.timed_out = True

@@ -73,7 +73,9 @@ class ResumableEncoder:
     """Encodes chat renderings, reusing the ids of the longest unchanged part of the previous one (see module doc).
 
     ``encode(text)`` returns exactly ``tok.encode(text, add_special_tokens=False).ids``; ``last_encoded_chars``
-    says how many characters the last call actually encoded.
+    says how many characters the last call actually encoded. With ``owner`` (whose text it is) a rendering is
+    resumed only from the same owner's last one: how long encoding takes must not tell one client that another's
+    conversation shares its start.
     """
 
     def __init__(self, tok: Tokenizer, marker: str = "<|im_start|>") -> None:
@@ -84,11 +86,14 @@ class ResumableEncoder:
         self._text = ""
         self._ids: list[int] = []
         self._marks: list[int] = []        # index in _ids of each marker, in order
+        self._owner: str | None = None
         self.last_encoded_chars = 0
         self._lock = threading.Lock()    # the server tokenises requests in worker threads
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, owner: str | None = None) -> list[int]:
         with self._lock:
+            if owner != self._owner:
+                self._text, self._ids, self._marks, self._owner = "", [], [], owner
             return self._encode(text)
 
     def _encode(self, text: str) -> list[int]:

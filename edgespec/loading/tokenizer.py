@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import operator
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -39,6 +40,12 @@ _SPECIAL_TOKEN_KEYS = (
 )
 
 _REPLACEMENT_CHAR = "\ufffd"
+
+# Roles whose text is data, not markup: a control token typed there reaches the model as its literal characters.
+LITERAL_ROLES = ("user", "tool")
+# A shielded control-token string in rendered text: private-use characters around its index in the table.
+_SHIELD_OPEN, _SHIELD_CLOSE = "\ue000", "\ue001"
+_SHIELD = re.compile(f"{_SHIELD_OPEN}(\\d+){_SHIELD_CLOSE}")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -161,9 +168,16 @@ class ChatTokenizer:
                 ids.append(eos_id)
         self._stop_ids = list(dict.fromkeys(ids))
 
-        special = {i for i, tok in tokenizer.get_added_tokens_decoder().items() if tok.special}
+        added = tokenizer.get_added_tokens_decoder()
+        special = {i for i, tok in added.items() if tok.special}
         special.update(extra_special_ids)
         self._special_ids = special
+        # Every added token's text (ChatML markers, <think>, <tool_call>...), longest first so a regex alternation
+        # matches the longest one, as the tokenizer's own split does.
+        controls = sorted({tok.content for tok in added.values() if tok.content}, key=len, reverse=True)
+        self._control_ids = {tok.content: i for i, tok in added.items()}
+        self._controls = re.compile("|".join(map(re.escape, controls))) if controls else None
+        self._shielded = re.compile("|".join(map(re.escape, [*controls, _SHIELD_OPEN, _SHIELD_CLOSE])))
 
     # -- construction ----------------------------------------------------------------------------------------
 
@@ -360,6 +374,64 @@ class ChatTokenizer:
         text = self.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=enable_thinking,
                                         **kwargs)
         return self.encode(text, add_special_tokens=False)
+
+    # -- control tokens typed in content -----------------------------------------------------------------------
+
+    def shield(self, messages: Sequence[Mapping[str, Any]],
+               roles: Sequence[str] = LITERAL_ROLES) -> tuple[list[Mapping[str, Any]], list[str]]:
+        """``messages`` with every control-token string in the text of ``roles`` messages replaced by a
+        placeholder, and the table of what each placeholder stands for (empty: nothing was replaced, the messages
+        are the ones given). Rendered and encoded with :meth:`encode_shielded`, the model sees those strings as
+        the characters they are, never as the tokens the chat template writes: a user cannot forge a turn or a
+        tool call by typing ``<|im_start|>system`` or ``<tool_call>``."""
+        table: list[str] = []
+
+        def replace(match: re.Match[str]) -> str:
+            table.append(match.group())
+            return f"{_SHIELD_OPEN}{len(table) - 1}{_SHIELD_CLOSE}"
+
+        def shield_text(text: Any) -> Any:
+            return self._shielded.sub(replace, text) if isinstance(text, str) else text
+
+        out: list[Mapping[str, Any]] = []
+        for m in messages:
+            if m.get("role") not in roles:
+                out.append(m)
+                continue
+            content = m.get("content")
+            if isinstance(content, list):   # content parts: the text ones
+                content = [{**p, "text": shield_text(p["text"])} if isinstance(p, Mapping) and "text" in p else p
+                           for p in content]
+            out.append({**m, "content": shield_text(content)})
+        return (out, table) if table else (list(messages), [])
+
+    def encode_shielded(self, text: str, table: Sequence[str]) -> list[int]:
+        """Encode a rendering of :meth:`shield`'s messages: control tokens the template wrote are tokens, each
+        placeholder is its literal text, encoded as ordinary text together with the text around it (as if the
+        string were not a control token)."""
+        if not table:
+            return self.encode(text)
+        ids: list[int] = []
+        pos = 0
+        for m in self._controls.finditer(text) if self._controls is not None else ():
+            ids += self._encode_run(text[pos:m.start()], table)
+            ids.append(self._control_ids[m.group()])
+            pos = m.end()
+        return ids + self._encode_run(text[pos:], table)
+
+    def _encode_run(self, run: str, table: Sequence[str]) -> list[int]:
+        """Text between two control tokens; placeholders restored and encoded without matching added tokens (the
+        tokenizer's normaliser, pre-tokeniser and model, which is what it runs on each piece between them)."""
+        if not run:
+            return []
+        if _SHIELD_OPEN not in run:
+            return self.encode(run)
+        run = _SHIELD.sub(lambda m: table[int(m.group(1))], run)
+        tok = self._tok
+        normalized = tok.normalizer.normalize_str(run) if tok.normalizer is not None else run
+        pieces = tok.pre_tokenizer.pre_tokenize_str(normalized) if tok.pre_tokenizer is not None else [(normalized,
+                                                                                                         None)]
+        return [t.id for piece, _ in pieces for t in tok.model.tokenize(piece)]
 
     def detokenizer(self, *, stop: Sequence[str] = (), skip_special_tokens: bool = True,
                     prompt_ids: Sequence[int] = ()) -> IncrementalDetokenizer:

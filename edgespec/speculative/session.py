@@ -223,7 +223,9 @@ class SpecSession:
                 tel.vision = vision.encode_from(start).to_dict()
 
         with tel.stage("prefill"):
-            prefill = self._prefill(prompt_ids, start, prefix, keys, vision)
+            prefill = self._prefill(prompt_ids, start, prefix, keys, vision, cancelled)
+            if prefill is None:          # paused between slices: the cache keeps the rows done
+                return GenerationResult([], "cancelled", tel)
             logits = prefill.logits[-1]
             if constraint is not None:
                 logits = _masked(logits[None], constraint.row_masks([], logits.shape[-1], device))[0]
@@ -244,22 +246,53 @@ class SpecSession:
         return GenerationResult(out.tokens, finish, tel)
 
     def _prefill(self, prompt_ids: Sequence[int], start: int, prefix: PrefixCache | None, keys: Sequence,
-                 vision: VisionPrompt | None) -> ForwardOutput:
+                 vision: VisionPrompt | None, cancelled: Callable[[], bool] | None = None) -> ForwardOutput | None:
         """Fill the cache with the prompt from ``start`` (the prefix already in the cache); logits of the last row,
-        hidden/taps of every row prefilled. ``keys``: the prefix cache's key of every prompt row."""
-        prompt = torch.tensor(list(prompt_ids)[start:], dtype=torch.long, device=self.model.device)
-        end = len(prompt_ids)
+        hidden/taps of every row prefilled. ``keys``: the prefix cache's key of every prompt row.
+
+        With ``cancelled`` a text prompt's prefill runs in slices of ``prefill_chunk`` tokens and asks between them:
+        True pauses it and returns None, the cache (and ``prefix``, which a later request resumes from) keeping the
+        rows done. A slice is one chunk of the unsliced prefill, so the rows are the same either way. A prompt with
+        images prefills whole (an image's rows are one forward)."""
+        ids = list(prompt_ids)
         cut = None if prefix is None else prefix.split(keys, start)
-        if cut is None:
-            prefill = self._prefill_rows(prompt, start, end, vision)
-        else:
-            # Pause at the last turn boundary so the next turn can resume a hybrid model's state there.
-            head = self._prefill_rows(prompt[:cut - start], start, cut, vision, logits=False)
-            prefix.mark(keys, cut)
-            prefill = _joined(head, self._prefill_rows(prompt[cut - start:], cut, end, vision))
+        # Pause at the last turn boundary so the next turn can resume a hybrid model's state there.
+        pieces = [(start, len(ids))] if cut is None else [(start, cut), (cut, len(ids))]
+        sliced = cancelled is not None and vision is None
+        outs: list[ForwardOutput] = []
+        for n, (a, b) in enumerate(pieces):
+            last = n == len(pieces) - 1
+            for s, e in self._slices(a, b, sliced):
+                if sliced and s > start and cancelled():
+                    self._pause_prefill(keys, prefix)
+                    return None
+                rows = torch.tensor(ids[s:e], dtype=torch.long, device=self.model.device)
+                outs.append(self._prefill_rows(rows, s, e, vision, logits=last and e == b))
+            if not last:
+                assert prefix is not None and cut is not None
+                prefix.mark(keys, cut)
         if prefix is not None:
             prefix.prefilled(keys)
-        return prefill
+        taps = [out.taps for out in outs]
+        joined_taps = None if any(t is None for t in taps) else torch.cat(taps)
+        return ForwardOutput(outs[-1].logits, torch.cat([out.hidden for out in outs]), joined_taps)
+
+    def _slices(self, a: int, b: int, sliced: bool) -> list[tuple[int, int]]:
+        """``[a, b)`` in ``prefill_chunk`` slices (one piece unless ``sliced``). A remainder short enough for a
+        graphed resumed prefill joins the slice before it, so the rows match the unsliced prefill's."""
+        step = self.prefill_chunk
+        if not sliced or b - a <= step:
+            return [(a, b)]
+        out = [(s, min(b, s + step)) for s in range(a, b, step)]
+        if len(out) > 1 and out[-1][1] - out[-1][0] <= self.plan.graph_prefill_max:
+            out[-2:] = [(out[-2][0], b)]
+        return out
+
+    def _pause_prefill(self, keys: Sequence, prefix: PrefixCache | None) -> None:
+        """A prefill paused between slices: tell the prefix record what the cache holds (a snapshot for a hybrid
+        model), so the request, continued later, resumes there."""
+        if prefix is not None and self.cache.length > 0:
+            prefix.mark(keys, self.cache.length)
 
     def _prefill_rows(self, tokens: torch.Tensor, first: int, stop: int, vision: VisionPrompt | None,
                       logits: bool = True) -> ForwardOutput:
@@ -426,12 +459,6 @@ class DraftLength:
         if not self.adaptive or drafted == 0:
             return
         self.k = min(self.max_k, self.k + 2) if accepted == drafted else max(1, min(self.k, accepted + 1))
-
-
-def _joined(a: ForwardOutput, b: ForwardOutput) -> ForwardOutput:
-    """One prefill's output from two consecutive pieces (logits of the last row, hidden/taps of every row)."""
-    taps = None if a.taps is None or b.taps is None else torch.cat([a.taps, b.taps])
-    return ForwardOutput(b.logits, torch.cat([a.hidden, b.hidden]), taps)
 
 
 def _masked(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
