@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from edgespec import __version__
 from edgespec.config import Settings
 from edgespec.engine import Completion, Engine
 from edgespec.engine import Request as EngineRequest
@@ -351,7 +352,7 @@ def _job_error(exc: BaseException) -> APIError:
 def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
     """The FastAPI app serving ``engine`` (an Engine, or a zero-argument factory loaded in the background)."""
     state = ServerState(settings, engine)
-    app = FastAPI(title="edgespec agent server", version="0.1.0", lifespan=_lifespan(state), docs_url=None,
+    app = FastAPI(title="edgespec agent server", version=__version__, lifespan=_lifespan(state), docs_url=None,
                   redoc_url=None, default_response_class=SafeJSONResponse)
     app.state.edgespec = state
     install_error_handlers(app)

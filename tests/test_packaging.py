@@ -37,3 +37,25 @@ def test_runtime_data_files_are_package_data():
     drafter = ROOT / "edgespec/data/drafters/smollm2-135m-dflash"
     assert {"*/*.json", "*/*.safetensors"} <= set(data["edgespec.data.drafters"])
     assert (drafter / "config.json").is_file() and list(drafter.glob("*.safetensors"))
+
+
+def test_version_is_the_installed_distributions() -> None:
+    """One version: pyproject's, read back from the installed metadata (the server and doctor report it)."""
+    from importlib.metadata import version
+
+    import edgespec
+
+    assert edgespec.__version__ == version("edgespec") != "0+unknown"
+
+
+def test_no_built_artefacts_are_tracked() -> None:
+    """Compiled helpers are built per machine (edgespec.kernels.gguf_native), never committed."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run(["git", "ls-files", "*.so", "*.o", "*.dylib"], cwd=root, capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert tracked == []

@@ -27,6 +27,7 @@ Writes quant_bench.json to $OUT when set (quant_bench_sm<N>.json with ``--sm-lim
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -366,6 +367,8 @@ def main() -> int:
     ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="activation row counts the stacks are timed at")
     ap.add_argument("--wide-sweep", action="store_true", help="also time launches of the 17..64-row tile")
     ap.add_argument("--sm-limit", type=int, default=0, help="run on a green context of this many SMs (Thor: 20)")
+    ap.add_argument("--out", default=os.environ.get("OUT"),
+                    help="folder for quant_bench.json (default $OUT; none: not written)")
     args = ap.parse_args()
     limit = apply_sm_limit(ap, args.sm_limit)
     rows_list = tuple(int(r) for r in args.rows.split(",") if r)
@@ -387,7 +390,7 @@ def main() -> int:
         rows = [int(r) for r in args.prefill.split(",")]
         for shape in [s for s in args.prefill_shapes.split(",") if s]:
             bench_prefill(shape, formats, rows, report)
-    write_report(report, "quant_bench", limit)
+    write_report(report, "quant_bench", limit, args.out)
     return 0
 
 

@@ -25,6 +25,7 @@ matrices). Prints one line per measurement and writes tile_sweep[_sm<N>].json to
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -202,6 +203,8 @@ def main() -> int:
     ap.add_argument("--split-formats", default="int4")
     ap.add_argument("--split-rows", default="1,16")
     ap.add_argument("--sm-limit", type=int, default=0, help="run on a green context of this many SMs")
+    ap.add_argument("--out", default=os.environ.get("OUT"),
+                    help="folder for tile_sweep.json (default $OUT; none: not written)")
     args = ap.parse_args()
     limit = qs.apply_sm_limit(ap, args.sm_limit)
     formats = [f for f in args.formats.split(",") if f]
@@ -217,7 +220,7 @@ def main() -> int:
     if args.split_shape:
         split_sweep(args.split_shape, [f for f in args.split_formats.split(",") if f],
                     [int(r) for r in args.split_rows.split(",") if r], report)
-    qs.write_report(report, "tile_sweep", limit)
+    qs.write_report(report, "tile_sweep", limit, args.out)
     return 0
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import time
 import traceback
 from collections import Counter
@@ -352,7 +351,7 @@ def add_sweep_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--rollback", default=None, help="verify rollback strategy (default: the arch default)")
     ap.add_argument("--device", default="auto", help="auto or cuda; cpu: a smoke run on the host clock, eager, fp32")
-    ap.add_argument("--sweep-out", default=os.environ.get("OUT", "."), help="folder for gpu_bench.json")
+    ap.add_argument("--sweep-out", default=".", help="folder for gpu_bench.json")
 
 
 def sweep_device(name: str) -> tuple[torch.device, torch.dtype]:

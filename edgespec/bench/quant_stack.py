@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -117,8 +116,9 @@ def apply_sm_limit(ap: argparse.ArgumentParser, n: int):
     return limit
 
 
-def write_report(report: dict, stem: str, limit) -> None:
-    """``report`` as $OUT/<stem>.json (<stem>_sm<N>.json on a green context of N SMs) when OUT is set."""
-    if os.environ.get("OUT"):
+def write_report(report: dict, stem: str, limit, out: str | Path | None) -> None:
+    """``report`` as <out>/<stem>.json (<stem>_sm<N>.json on a green context of N SMs); nothing when ``out`` is
+    None (the benches' ``--out``)."""
+    if out:
         name = f"{stem}_sm{limit.granted}.json" if limit else f"{stem}.json"
-        Path(os.environ["OUT"], name).write_text(json.dumps(report, indent=2, default=str))
+        Path(out, name).write_text(json.dumps(report, indent=2, default=str))
