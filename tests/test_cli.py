@@ -51,6 +51,29 @@ def test_bench_shape_sweep_rejects_bad_input_before_any_work(capsys):
         assert "CUDA" in capsys.readouterr().err
 
 
+def test_bench_shapes_on_the_cpu_runs_the_small_shape_unless_shapes_are_named(tmp_path, monkeypatch, capsys):
+    """``bench shapes --device cpu`` is a smoke run: the GPU default list (a 27B in fp32, a 4B's 2048-row prefills,
+    the transformers comparison) would not finish on a host, so the default runs one small shape, short prefills
+    and no transformers; named shapes run as named."""
+    import edgespec.bench.gpu as gpu
+
+    seen = []
+
+    def fake_bench_shape(shape, **kw):
+        seen.append((shape, kw["prefill_lengths"]))
+        raise RuntimeError("recorded")            # kept in the report as that shape's error
+
+    monkeypatch.setattr(gpu, "bench_shape", fake_bench_shape)
+    monkeypatch.setattr(gpu, "bench_hf", lambda *a, **k: pytest.fail("no transformers run on the CPU by default"))
+    assert main(["bench", "shapes", "--device", "cpu", "--kv", "model", "--sweep-out", str(tmp_path)]) == 1  # failed: 1
+    assert seen == [(gpu.CPU_SHAPE, (128,))]
+    seen.clear()
+    assert main(["bench", "shapes", "qwen3-4b", "--device", "cpu", "--kv", "model", "--sweep-out",
+                 str(tmp_path)]) == 1
+    assert seen == [("qwen3-4b", (128,))]
+    capsys.readouterr()
+
+
 def test_generate_with_an_image_file(tmp_path, capsys):
     """``edgespec generate --image PATH`` on a tiny vision-language model: answered with the vision telemetry; a
     missing file and an image with --raw exit 2 naming the problem."""

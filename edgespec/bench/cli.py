@@ -160,12 +160,13 @@ def _run_formats(args: argparse.Namespace) -> int:
 
 def _shapes_arguments(p: argparse.ArgumentParser) -> None:
     from edgespec.arch.rollback import ROLLBACK_STRATEGIES
-    from edgespec.bench.gpu import DEFAULT_SHAPES
+    from edgespec.bench.gpu import DEFAULT_COMPARE_HF, DEFAULT_SHAPES
 
     p.add_argument("shapes", nargs="?", default=DEFAULT_SHAPES, help="comma list of "
                    "edgespec.bench.shapes.SHAPES names, or tiny:FAMILY test shapes (default: %(default)s)")
-    p.add_argument("--compare-hf-shapes", dest="compare_hf", default="qwen3.5-4b", metavar="SHAPES",
-                   help="shapes also run in transformers (comma list; none: no transformers run)")
+    p.add_argument("--compare-hf-shapes", dest="compare_hf", default=DEFAULT_COMPARE_HF,
+                   metavar="SHAPES", help="shapes also run in transformers (comma list; none: no transformers run; "
+                   "with --device cpu the default runs none)")
     p.add_argument("--context", type=int, default=512, help="KV context of decode and verify")
     p.add_argument("--kv", default="model,fp8", help="KV formats (none: no decode sweep)")
     p.add_argument("--attn-in-place", action="store_true", help="also time one attention call inside a decode step "
@@ -174,7 +175,8 @@ def _shapes_arguments(p: argparse.ArgumentParser) -> None:
                    help="verify rollback strategy (default: the arch default, as served)")
     p.add_argument("--no-graphs", action="store_true", help="time eager forwards instead of CUDA graph replays")
     p.add_argument("--device", default="auto", help="auto or cuda (the GPU sweep); cpu runs the same steps on the "
-                   "host clock, eager, in fp32 (a smoke run: CPU figures say nothing of a GPU)")
+                   "host clock, eager, in fp32 (a smoke run on smollm2-135m unless shapes are named: CPU figures "
+                   "say nothing of a GPU)")
     p.add_argument("--sweep-out", default=".", help="folder for gpu_bench.json")
     _add_sm_limit(p)
 
