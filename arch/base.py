@@ -120,7 +120,7 @@ class ArchHooks:
     # -- weights ------------------------------------------------------------------------------------------------
     def weight_kernel(self, packed: PackedWeight, capability: tuple[int, int] | None = None) -> Callable | None:
         """The fast product for one packed weight on this hardware, or None for its torch reference (CPU).
-        ``capability``: choose for that compute capability without the device (``edgespec.kernels.compile_targets``
+        ``capability``: choose for that compute capability without the device (``edgespec.bench.compile_targets``
         records the launches of a GPU it does not have); the buffers are then left as they are."""
         if capability is None:
             if packed.device.type != "cuda":

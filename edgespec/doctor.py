@@ -193,9 +193,9 @@ def add_compile_arguments(p) -> None:
 
 def compile_report(target_name: str, shape: str, fmt: str) -> tuple[list[str], list[str]]:
     """(report lines, problems) of ``doctor --compile``: every distinct launch of ``shape`` in ``fmt`` at the
-    runtime's row counts, compiled for the target (``edgespec.kernels.compile_targets``)."""
+    runtime's row counts, compiled for the target (``edgespec.bench.compile_targets``)."""
+    from edgespec.bench import compile_targets as ct
     from edgespec.errors import ConfigError
-    from edgespec.kernels import compile_targets as ct
 
     if target_name == "auto":
         target_name = "sm_110a"

@@ -301,10 +301,7 @@ class Engine:
                 stop_ids=self.tokenizer.stop_token_ids, on_tokens=on_tokens, cancelled=stop,
                 constraint=req.constraint, k=req.num_draft_tokens, prefix=self.prefix,
                 vision=req.vision)
-        used = span.stop()      # the tokens are on the host: the device work is done
-        if used is not None:
-            before = part.energy or EnergyReading(0.0, 0.0)
-            part.energy = EnergyReading(before.joules + used.joules, before.seconds + used.seconds)
+        part.energy = _added_energy(part.energy, span.stop())   # the tokens are on the host: device work done
         result.telemetry.stage_ms["total"] = (time.perf_counter() - t0) * 1000.0
         if part.telemetry is None:       # the first segment's telemetry is the request's (its prompt, its prefill)
             part.telemetry = result.telemetry
@@ -364,6 +361,14 @@ class Engine:
             elif inside:
                 n += 1
         return n
+
+
+def _added_energy(before: EnergyReading | None, used: EnergyReading | None) -> EnergyReading | None:
+    """A request's energy so far plus one segment's (None: not measured)."""
+    if used is None:
+        return before
+    before = before or EnergyReading(0.0, 0.0)
+    return EnergyReading(before.joules + used.joules, before.seconds + used.seconds)
 
 
 def _merge_telemetry(total: RequestTelemetry, seg: RequestTelemetry) -> None:

@@ -6,7 +6,7 @@ For each target (sm_110a Thor, sm_100a B200, sm_120a RTX 50, sm_90a H100/H200), 
 16/32/64-row verifies, a 512-token prefill) with the hooks' product choice for that target; every distinct launch
 is compiled and printed with registers, spills (local memory), shared memory against the target's limit, the MMA
 instruction in its SASS (block-scaled or not) and lane-instructions per weight of the packed products' main loop
-(``edgespec.kernels.compile_targets``). Exits 1 on a compile error, a spill in a decode/verify kernel, shared memory
+(``edgespec.bench.compile_targets``). Exits 1 on a compile error, a spill in a decode/verify kernel, shared memory
 over the limit, or a block-scaled product without the block-scaled MMA on sm_100a/sm_110a.
 
 Needs Triton and, for sm_110a/sm_120a, a CUDA 13 ptxas (TRITON_PTXAS_PATH, or the nvidia-cuda-nvcc wheel, which
@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edgespec.kernels import compile_targets as ct  # noqa: E402
+from edgespec.bench import compile_targets as ct  # noqa: E402
 
 SHAPES = ("qwen3.5-27b", "qwen3.5-4b", "qwen3.5-35b-a3b")
 FORMATS = ("int4", "nvfp4", "mxfp4", "fp8", "dense")

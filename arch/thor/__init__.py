@@ -10,6 +10,7 @@ import torch
 from edgespec.arch.base import ArchDefaults, ArchHooks
 from edgespec.cache.model_cache import ModelCache
 from edgespec.models.decoder import ForwardOutput, TargetModel
+from edgespec.models.multimodal import ImageRows
 from edgespec.weights.base import PackedWeight
 
 # A prefill chunk's activations may take this share of the memory free now: on Thor the GPU's "free memory" is the
@@ -73,7 +74,7 @@ class ThorHooks(ArchHooks):
         return min(chunk, fits)
 
     def prefill(self, model: TargetModel, cache: ModelCache, prompt: torch.Tensor, chunk: int,
-                taps: Sequence[int], logits: bool = True) -> ForwardOutput:
+                taps: Sequence[int], logits: bool = True, images: ImageRows | None = None) -> ForwardOutput:
         """The portable prefill in chunks of :meth:`prefill_chunk`: a long prompt never holds more activation
-        memory than the board has to spare beside the CPU side."""
-        return super().prefill(model, cache, prompt, self.prefill_chunk(model, chunk), taps, logits)
+        memory than the board has to spare beside the CPU side (a camera frame's rows included)."""
+        return super().prefill(model, cache, prompt, self.prefill_chunk(model, chunk), taps, logits, images)

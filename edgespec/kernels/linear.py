@@ -209,9 +209,21 @@ def _route_of(x: torch.Tensor, weight: torch.Tensor) -> str:
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
+_native_on = True     # the compiled fp32 CPU product may take small row counts (use_native_cpu)
+
+
+def use_native_cpu(enabled: bool) -> bool:
+    """Let fp32 CPU linears of up to :data:`ROWS_MAX` rows take the compiled product (``enabled``) or keep them on
+    torch's / OpenBLAS's matmul (a comparison with transformers wants torch's summation order); returns the
+    previous value."""
+    global _native_on
+    was, _native_on = _native_on, enabled
+    return was
+
+
 def _native_built() -> bool:
     from edgespec.kernels import gguf_native
-    return gguf_native.library() is not None
+    return _native_on and gguf_native.library() is not None
 
 
 def _native_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

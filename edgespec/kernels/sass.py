@@ -1,6 +1,6 @@
 """Reading a compiled kernel's SASS: the main loop (the span of its largest backward branch), opcodes, resource
 usage and the instruction histogram, with the ``cuobjdump`` Triton's wheel ships. Used by
-``edgespec.kernels.compile_targets`` (``tools/compile_targets.py``, ``edgespec doctor --compile``) and the lab's SASS
+``edgespec.bench.compile_targets`` (``tools/compile_targets.py``, ``edgespec doctor --compile``) and the lab's SASS
 probes (``lab/sass_loop.py`` re-exports the loop helpers)."""
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ def test_session_through_the_command_line(tmp_path, random_model_args, capsys):
                  "--session-first", "1", "--tokens", "8", "--out", str(out)]) == 0
     assert "steady (2 requests)" in capsys.readouterr().out
     figures = json.loads(out.read_text())["session"]
-    assert set(figures) == {"rows", "first", "steady", "suffix"} and len(figures["rows"]) == 3
+    assert set(figures) == {"rows", "first", "steady", "suffix", "peers"} and len(figures["rows"]) == 3
     assert set(figures["steady"]) == {"plain", "ngram"} and figures["steady"]["ngram"]["same_as_plain"] == "2/2"
 
 

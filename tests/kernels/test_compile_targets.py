@@ -1,4 +1,4 @@
-"""Every kernel the runtime launches compiles for the GPUs users run (``edgespec.kernels.compile_targets``), checked
+"""Every kernel the runtime launches compiles for the GPUs users run (``edgespec.bench.compile_targets``), checked
 on the CPU: a representative set for Thor (sm_110a) and Hopper (sm_90a), time-boxed to about two minutes. Fails on
 a compile error, a spill in a decode/verify kernel, shared memory over the target's limit, or a block-scaled
 product whose SASS lacks the block-scaled tensor-core MMA. Needs Triton and a CUDA 13 ptxas (the
@@ -16,8 +16,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 
 @pytest.fixture(scope="module")
 def ct():
+    from edgespec.bench import compile_targets as ct
     from edgespec.device_checks import ptxas_targets
-    from edgespec.kernels import compile_targets as ct
     ptxas = ct.ensure_ptxas()
     if ptxas is None or "sm_110a" not in ptxas_targets(__import__("pathlib").Path(ptxas))[1]:
         pytest.skip("no ptxas that knows sm_110a (pip install nvidia-cuda-nvcc, or set TRITON_PTXAS_PATH)")
