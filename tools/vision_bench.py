@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from edgespec.bench.gpu import sm_clock_mhz
-from edgespec.bench.sm_limit import limit_sms
+from edgespec.bench.quant_stack import apply_sm_limit
 from edgespec.bench.vision_shapes import QWEN35_TOWER, encode_frame, synthetic_frame
 from edgespec.kernels import sm_count
 from edgespec.loading.images import ImageLimits, ProcessorConfig, load_image, smart_resize
@@ -159,13 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         ap.error(f"--frames {args.frames!r}: expected WIDTHxHEIGHT,...")
     device = torch.device("cuda")
-    limit = None
-    if args.sm_limit:
-        try:
-            limit = limit_sms(args.sm_limit, device)        # before anything else runs on the GPU
-        except (ValueError, RuntimeError) as e:
-            ap.error(str(e))
-        print(limit.describe(), flush=True)
+    limit = apply_sm_limit(ap, args.sm_limit)        # before anything else runs on the GPU
     tower = build_tower(args.hidden, device)
     proc = ProcessorConfig()                  # Qwen3.5's preprocessor bounds: 65536 .. 16777216 pixels
     out = {"device": torch.cuda.get_device_name(device), "sms": sm_count(device), "sm_clock_mhz": sm_clock_mhz(),
