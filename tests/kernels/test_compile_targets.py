@@ -93,3 +93,17 @@ def test_loop_body_is_not_a_retry_spanning_a_peeled_trip_and_the_epilogue():
             (0x200, "BRA 0x100")]
     assert loop_body(sass) == [sass[3][1], sass[4][1], sass[5][1]]
     assert loop_body(sass[:3] + sass[6:]) == [t for _, t in sass[:3] + sass[6:]]  # only the retry: taken
+
+
+@pytest.mark.timeout(300)
+def test_thor_projection_reads_the_compile_tool_json(ct, tmp_path):
+    """``tools/compile_targets.py --json`` as written gives ``tools/thor_projection.py --sass`` the sm_110a counts
+    of NVFP4's block-scaled product against int4's (a Qwen3.5-4B decode)."""
+    from _tools import load_tool
+    out = tmp_path / "sass.json"
+    assert load_tool("compile_targets").main(
+        ["--targets", "sm_110a", "--shapes", "qwen3.5-4b", "--formats", "nvfp4,int4", "--kernels",
+         "_block_scaled_kernel,_int4_gemv_h2_kernel", "--rows", "1", "--prefill", "0", "--json", str(out)]) == 0
+    counts = load_tool("thor_projection").sass_counts(str(out))
+    (lo, hi), (int4_lo, _) = counts["nvfp4"]["decode"], counts["int4"]["decode"]
+    assert 0 < lo <= hi < int4_lo            # the block-scaled loop issues fewer per weight than int4's GEMV
