@@ -45,6 +45,14 @@ the measured tree/chain-verify ratio of that budget, its rollback replaced by th
 from the measured GPU to Thor). ``--tree-cycle-ms`` takes a tree cycle as it is (measured or projected elsewhere).
 Both print tok/s at each AL of ``--als`` (a tree's AL comes from the drafter, not from these random weights).
 
+Block-scaled formats (NVFP4, MXFP4): on Thor their products take the block-scaled tensor-core MMA
+(``edgespec.kernels.triton_block_scaled``), which no Hopper GPU has, so the SM-measured figures of such a target
+are those of the Hopper kernels. Beside them the tables print an ESTIMATE: every stage whose weights are
+block-scaled (the verify of an NVFP4 target, the draft of an NVFP4 drafter) at its byte time, the other stages as
+projected, and, from ``--sass`` (``tools/compile_targets.py --json`` output), the sm_110a SASS lane-instructions per
+weight of the block-scaled products' main loops against int4's at each row count: what the byte-bound figure
+rests on (fewer instructions per weight than int4's SM-measured kernels), not a timing.
+
 Camera frames: ``--vision`` takes ``tools/vision_bench.py --sm-limit`` files (16 and 24 SMs) and projects the vision
 tower's time per frame size the same way (interpolated to 20 SMs, x the clock ratio, never below its weight bytes
 at 259 GB/s), with the prefill of the frame's tokens and the frame's price in decode steps when the files timed a
@@ -164,7 +172,94 @@ def _load(path: str) -> dict:
         raise ValueError(f"{path}: cannot read a JSON file ({e})") from e
 
 
-def measured_sm_table(paths: list[str], als: list[float], clock_mhz: float) -> int:
+# Formats whose products take the block-scaled tensor-core MMA on Thor (edgespec.kernels.block_scaled_ref's
+# BLOCK_SCALED_FORMATS, which ThorHooks routes there); the packed-product kernels whose main loops
+# tools/compile_targets.py counts, by weight format (kernel name prefixes); the target the counts are read for.
+BLOCK_SCALED_FORMATS = ("nvfp4", "mxfp4")
+PRODUCT_KERNELS = {"int4": "_int4", "nvfp4": "_block_scaled_kernel", "mxfp4": "_block_scaled_kernel"}
+SASS_TARGET = "sm_110a"
+STAGES = ("decode", "verify16", "verify32", "verify64", "prefill")
+_SASS_KEYS = {"target", "format", "kernel", "stage", "instructions_per_weight"}
+
+
+def sass_counts(path: str, target: str = SASS_TARGET) -> dict[str, dict[str, tuple[float, float]]]:
+    """Lane-instructions per weight of each format's packed-product main loop on ``target`` (the formats of
+    :data:`PRODUCT_KERNELS` the file holds), per stage (lowest, highest) over the kernels that stage launches, from
+    a ``tools/compile_targets.py --json`` file. A block-scaled format counts only products whose SASS holds the
+    block-scaled MMA; int4's go by kernel name whichever format's forward compiled them first (the tool lists each
+    compiled kernel once). Raises ValueError for a file that is not such a list or holds no product for ``target``."""
+    rows = _load(path)
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and _SASS_KEYS <= r.keys() for r in rows):
+        raise ValueError(f"{path}: not a tools/compile_targets.py --json file (a list of compiled kernels with "
+                         f"{', '.join(sorted(_SASS_KEYS))})")
+    out = {}
+    for fmt, prefix in PRODUCT_KERNELS.items():
+        block = fmt in BLOCK_SCALED_FORMATS
+        counts: dict[str, tuple[float, float]] = {}
+        for r in rows:
+            v = r["instructions_per_weight"]
+            if (r["target"] != target or not r["kernel"].startswith(prefix) or r.get("error") or not v
+                    or (block and (r["format"] != fmt or not r.get("block_scaled")))):
+                continue
+            lo, hi = counts.get(r["stage"], (v, v))
+            counts[r["stage"]] = (min(lo, v), max(hi, v))
+        if counts:
+            out[fmt] = {st: counts[st] for st in sorted(counts, key=lambda st: (*STAGES, st).index(st))}
+    if not out:
+        raise ValueError(f"{path}: no packed product compiled for {target}")
+    out["path"] = path
+    return out
+
+
+def sass_line(counts: dict, fmt: str) -> str:
+    """``fmt``'s counts against int4's at each stage both list, as printed under a block-scaled target; raises
+    ValueError when the file lacks either format."""
+    for need in (fmt, "int4"):
+        if need not in counts:
+            raise ValueError(f"{counts['path']}: no {need} product compiled for {SASS_TARGET} (write it with python "
+                             f"tools/compile_targets.py --targets {SASS_TARGET} --formats {fmt},int4 --json FILE)")
+
+    def cell(lo_hi: tuple[float, float]) -> str:
+        lo, hi = lo_hi
+        return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}"
+    ours, int4 = counts[fmt], counts["int4"]
+    cells = [f"{st} {cell(ours[st])} / {cell(int4[st])}" for st in ours if st in int4]
+    return (f"  {SASS_TARGET} SASS main loop, lane-instructions per weight, {fmt} (block-scaled MMA) / int4: "
+            + (", ".join(cells) or "no stage compiled for both"))
+
+
+def block_scaled_stages(fmt: str, proposer: str) -> dict[str, str]:
+    """The stages of a cycle whose weights take Thor's block-scaled MMA, with their format: the verify of a
+    block-scaled target ``fmt``, the draft of a drafter with block-scaled weights (proposer ``dflash-<weights>``)."""
+    drafter = proposer.split("-", 1)[1] if proposer.startswith("dflash-") else ""
+    return {stage: f for stage, f in (("verify", fmt), ("draft", drafter)) if f in BLOCK_SCALED_FORMATS}
+
+
+def block_scaled_estimate(stages: dict[str, dict], block_scaled: dict[str, str], als: list[float]) -> dict:
+    """The cycle with the ``block_scaled`` stages at their byte time and the others as projected (an estimate: the
+    block-scaled kernels have not run on a Thor; :func:`sass_line` prints what it rests on)."""
+    cycle = sum(st["bytes_ms"] if name in block_scaled else st["ms"] for name, st in stages.items())
+    return {"cycle_ms": cycle, "tok_s": {al: al / cycle * 1e3 for al in als}}
+
+
+def estimate_line(p: dict, block_scaled: dict[str, str], als: list[float], bw: float) -> str:
+    """The ESTIMATE printed under a proposer whose stages ``block_scaled`` take the block-scaled MMA on Thor."""
+    e = block_scaled_estimate(p["stages"], block_scaled, als)
+    rates = ", ".join(f"AL {al:g}: {t:.1f}" for al, t in e["tok_s"].items())
+    its = "its" if len(block_scaled) == 1 else "their"
+    return (f"  ESTIMATE on Thor's block-scaled MMA: {' and '.join(block_scaled)} at {its} bytes "
+            f"({bw / 1e9:.0f} GB/s), the rest as above: cycle {e['cycle_ms']:.1f} ms, tok/s {rates} (the SM figures "
+            "above are of the Hopper kernels)")
+
+
+def print_sass(counts: dict | None, formats: set[str]) -> None:
+    """The SASS lines of the block-scaled ``formats`` a table printed (or how to get them)."""
+    for fmt in sorted(formats):
+        print(sass_line(counts, fmt) if counts else f"  {fmt}: pass --sass (tools/compile_targets.py --targets "
+              f"{SASS_TARGET} --formats {fmt},int4 --json FILE) for the {SASS_TARGET} instruction counts")
+
+
+def measured_sm_table(paths: list[str], als: list[float], clock_mhz: float, sass: dict | None = None) -> int:
     """Print the measured-SM projection of cycle_bench files written with --sm-limit, grouped by target."""
     groups: dict[tuple, dict[int, dict]] = {}
     for path in paths:
@@ -187,6 +282,7 @@ def measured_sm_table(paths: list[str], als: list[float], clock_mhz: float) -> i
           f"{'259GB/s':>7} {'273GB/s':>7} {'bound':>5}   cycle ms  tok/s {als_head}  (byte limit)")
     for key, metas in groups.items():
         sample = next(iter(metas.values()))
+        block_formats: set[str] = set()
         for name in [n for n, r in sample.items() if isinstance(r, dict) and "verify_ms_per_cycle" in r]:
             runs = {n: {**m[name], "draft_bytes": m.get(f"{name}_draft_bytes", 0)} for n, m in metas.items()
                     if name in m}
@@ -202,8 +298,12 @@ def measured_sm_table(paths: list[str], als: list[float], clock_mhz: float) -> i
                 print(f"{target if i == 0 else '':<30} {name if i == 0 else '':<13} {stage:<7} {measured:<22} "
                       f"{st['ms_20_sms']:>7.2f} {st['sm_ms']:>7.2f} {st['bytes_ms']:>7.2f} {st['bytes_ms_spec']:>7.2f} "
                       f"{st['bound']:>5}{tail}")
+            if block := block_scaled_stages(key[1], name):
+                print(estimate_line(p, block, als, THOR_READ_BW))
+                block_formats |= set(block.values())
         print(f"measured on: {sample['device']} ({', '.join(str(n) for n in sorted(metas))} SMs granted, "
               f"{sample['sm_clock_mhz']} MHz max SM clock)")
+        print_sass(sass, block_formats)
     return 0
 
 
@@ -415,9 +515,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tree-cost", nargs="+", default=[], help="tools/tree_cost.py --json files: the tree cycle "
                     "projected from --sm-runs of the same shape and format")
     ap.add_argument("--tree-cycle-ms", type=float, default=None, help="a tree cycle (ms): tok/s at each AL of --als")
+    ap.add_argument("--sass", help="tools/compile_targets.py --json output with sm_110a block-scaled and int4 "
+                    "products: their instruction counts beside the block-scaled estimate")
     ap.add_argument("--vision", nargs="+", default=[], help="tools/vision_bench.py files written with --sm-limit (16 "
                     "and 24): the vision tower per camera frame on Thor, beside the text model's decode step")
     args = ap.parse_args(argv)
+    try:
+        sass = sass_counts(args.sass) if args.sass else None
+    except ValueError as e:
+        print(f"thor_projection: {e}", file=sys.stderr)
+        return 2
     if args.vision:
         try:
             return vision_table(args.vision, args.thor_clock_mhz)
@@ -453,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             als = [float(a) for a in args.als.split(",") if a]
             if args.sm_runs:
-                measured_sm_table(args.sm_runs, als, args.thor_clock_mhz)
+                measured_sm_table(args.sm_runs, als, args.thor_clock_mhz, sass)
             if args.stacks:
                 stack_table(args.stacks, args.thor_clock_mhz)
         except (ValueError, KeyError) as e:
@@ -468,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     second = f" {'tok/s (full-chip rate)':>22}" if args.stack_json else ""
     print(f"{'target':<28} {'drafter':<14} {'verify GB':>9} {'draft GB':>8} {'verify ms':>15} {'draft ms':>15} "
           f"{'cycle ms':>8} {'tok/s':>6}{second} {'byte limit':>10} {'peak GB (measured)':>18}")
+    block_formats: set[str] = set()
     for path in args.files:
         try:
             meta = json.loads(Path(path).read_text())
@@ -499,7 +607,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"{run['draft_bytes'] / 1e9:>8.2f} {v['ms']:>8.1f} ({v['bound']:>5}) {d['ms']:>8.1f} "
                   f"({d['bound']:>5}) {p['cycle_ms']:>8.1f} {p['tok_s']:>6.1f}{kernel} "
                   f"{p['byte_limit_tok_s']:>10.1f} {run['peak_GB']:>9.1f} ({meta['max_len']} ctx)")
+            if block := block_scaled_stages(meta["format"], name):
+                print(estimate_line(p, block, [args.al], THOR_BW))
+                block_formats |= set(block.values())
     print(f"measured on: {meta['device']} ({meta['sms']} SMs, {meta['sm_clock_mhz']} MHz max SM clock)")
+    try:
+        print_sass(sass, block_formats)
+    except ValueError as e:
+        print(f"thor_projection: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import subprocess
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 # "BRA 0x..", "BRA.U UP1, 0x..", "BRA.U !UP0, 0x.." (a uniform-predicated branch: tcgen05 kernels' K loops)
@@ -16,20 +16,23 @@ _BRANCH = re.compile(r"\bBRA(?:\.U)?\s+(?:!?U?P\w+,\s*)?(0x[0-9a-f]+)")
 _EXIT = re.compile(r"(^|\s)EXIT\b")
 
 
-def largest_backward_branch(instructions: Iterable[tuple[int, str]]) -> tuple[int, int] | None:
+def largest_backward_branch(instructions: Iterable[tuple[int, str]],
+                            holding: Callable[[str], bool] | None = None) -> tuple[int, int] | None:
     """(target address, branch address) of the backward branch spanning the most bytes among ``instructions``
-    ((address, SASS text) pairs); None when there is none.
+    ((address, SASS text) pairs), only among spans that hold an instruction whose opcode satisfies ``holding`` when
+    given; None when there is none.
 
     Spans that contain an ``EXIT`` lose to those that do not: kernels that wait on memory barriers (TMA copies,
-    ``wgmma``) place the retry of each wait after the kernel's exit, and the retry branches back to the wait. The
-    retry of a wait inside the loop then spans from the loop to the end of the kernel, more bytes than the loop."""
+    ``wgmma``, ``tcgen05``) place the retry of each wait after the kernel's exit, and the retry branches back to the
+    wait. The retry of a wait inside the loop (or in a first trip the compiler peeled off before it) then spans from
+    there to the end of the kernel, epilogue included: more bytes than the loop."""
     listed = list(instructions)
     exits = [addr for addr, text in listed if _EXIT.search(text)]
     best: tuple[bool, int, int, int] | None = None             # (no exit inside, span, target, branch)
     for addr, text in listed:
         m = _BRANCH.search(text)
         target = int(m.group(1), 16) if m else addr
-        if target < addr:
+        if target < addr and (holding is None or any(target <= a <= addr and holding(opcode(t)) for a, t in listed)):
             key = (not any(target <= e <= addr for e in exits), addr - target, target, addr)
             best = key if best is None or key[:2] > best[:2] else best
     return None if best is None else (best[2], best[3])
@@ -77,14 +80,7 @@ def instructions(sass: str) -> list[tuple[int, str]]:
 
 def loop_body(listed: list[tuple[int, str]]) -> list[str]:
     """The instructions of the main loop; empty when the kernel has no loop. In a kernel with tensor-core MMAs, the
-    largest backward-branch span that holds one (a tcgen05 kernel's barrier-wait retries and epilogue loops hold
-    none); elsewhere the largest backward branch (:func:`largest_backward_branch`)."""
-    spans = [(int(m.group(1), 16), addr) for addr, text in listed
-             if (m := _BRANCH.search(text)) and int(m.group(1), 16) < addr]
-    with_mma = [(hi - lo, lo, hi) for lo, hi in spans
-                if any(lo <= a <= hi and "MMA" in opcode(t) for a, t in listed)]
-    if with_mma:
-        _, lo, hi = max(with_mma)
-        return [t for a, t in listed if lo <= a <= hi]
-    span = largest_backward_branch(listed)
+    largest backward-branch span that holds one (a tcgen05 kernel's epilogue loops hold none), a barrier-wait retry
+    after ``EXIT`` losing to the loop as in :func:`largest_backward_branch`; elsewhere the largest backward branch."""
+    span = largest_backward_branch(listed, holding=lambda op: "MMA" in op) or largest_backward_branch(listed)
     return [] if span is None else [t for a, t in listed if span[0] <= a <= span[1]]

@@ -46,6 +46,11 @@ BLOCK_K = 128
 # The columns one MMA may take: 256 with tensor memory (sm_100 / sm_110); sm_120's mma.sync keeps the accumulator
 # in registers, so its row blocks are narrower.
 MAX_COLUMNS = {10: 256, 11: 256, 12: 64}
+# Most columns a row block may take at 4 warps: the epilogue reads the [128, columns] fp32 accumulator into
+# registers, 128 of them per thread at 128 columns (sm_110a, 17-32 NVFP4 rows: 162 registers, no spill); 256 columns
+# (33-64 rows) spill at 4 warps and take 8. Fewer warps issue fewer copy instructions per weight (each warp's share
+# of a tile's loads is larger, its loop overhead the same).
+FOUR_WARP_COLUMNS = 128
 
 
 @triton.jit
@@ -224,12 +229,15 @@ def quantize_activations_triton(x2: torch.Tensor, fmt: str, columns: int = 256) 
     return ActQuant(q, s, g, M, mp, terms, fmt)
 
 
-def block_scaled_config(N: int, K: int, M: int, sms: int) -> dict[str, int]:
-    """Launch of a product of ``M`` rows: one program per 128 weight rows and row block, K split over programs
-    until about two waves fill the SMs (decode and verify; a prefill's row blocks fill them)."""
+def block_scaled_config(N: int, K: int, M: int, sms: int, columns: int, emulate: bool = False
+                        ) -> dict[str, int]:
+    """Launch of a product of ``M`` rows whose row blocks take ``columns`` MMA columns: one program per 128 weight
+    rows and row block, K split over programs until about two waves fill the SMs (decode and verify; a prefill's
+    row blocks fill them); :data:`FOUR_WARP_COLUMNS` decides the warps (``emulate``: upcast on a GPU without the
+    instruction, 8 warps)."""
     n_blocks, n_tiles = triton.cdiv(N, BLOCK_N), K // BLOCK_K
     splits = wave_splits(n_blocks, n_tiles, 2 * sms) if M <= 64 else 1
-    return {"SPLIT_K": splits, "num_warps": 4, "num_stages": 3}
+    return {"SPLIT_K": splits, "num_warps": 8 if columns > FOUR_WARP_COLUMNS or emulate else 4, "num_stages": 3}
 
 
 def block_scaled_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = None,
@@ -254,11 +262,8 @@ def block_scaled_matmul(packed, x: torch.Tensor, bias: torch.Tensor | None = Non
         capability = torch.cuda.get_device_capability(x.device)
     aq = quantize_activations_triton(x2, fmt, max_columns(capability))
     from edgespec.kernels import sm_count
-    cfg = {**block_scaled_config(N, K, M, sm_count(x.device)), **(config or {})}
-    if (aq.columns > 64 or emulated(fmt, capability)) and not (config or {}).get("num_warps"):
-        # the epilogue holds the [128, columns] fp32 accumulator in registers (and an emulated product the
-        # upcast tiles): 4 warps would spill them
-        cfg["num_warps"] = 8
+    cfg = {**block_scaled_config(N, K, M, sm_count(x.device), aq.columns, emulated(fmt, capability)),
+           **(config or {})}
     n_tiles = K // BLOCK_K
     splits = max(d for d in range(1, min(cfg["SPLIT_K"], n_tiles) + 1) if n_tiles % d == 0)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)

@@ -219,3 +219,86 @@ def test_tree_projection_bad_inputs(tmp_path, capsys) -> None:
     assert "not a tools/tree_cost.py --json file" in capsys.readouterr().err
     assert proj.main(["--tree-cycle-ms", "0"]) == 2
     assert "must be positive" in capsys.readouterr().err
+
+
+# ---- block-scaled formats: byte-bound estimate and sm_110a SASS counts (--sass) ---------------------------------
+
+def _sass_row(fmt: str, kernel: str, stage: str, ipw: float, block_scaled: bool = False, target: str = "sm_110a"):
+    # one kernel as tools/compile_targets.py --json writes it (the keys thor_projection reads, and some it does not)
+    return {"target": target, "shape": "qwen3.5-27b", "format": fmt, "kernel": kernel, "stage": stage,
+            "launch": "", "error": "", "registers": 64, "spill_bytes": 0, "mma": {},
+            "block_scaled": block_scaled, "instructions_per_weight": ipw}
+
+
+def _sass_file(tmp_path, rows):
+    path = tmp_path / "sass.json"
+    path.write_text(json.dumps(rows))
+    return path
+
+
+SASS_ROWS = [_sass_row("nvfp4", "_block_scaled_kernel", "verify16", 1.08, True),
+             _sass_row("nvfp4", "_block_scaled_kernel", "verify16", 1.09, True),
+             _sass_row("nvfp4", "_block_scaled_kernel", "decode", 1.12, True),
+             _sass_row("nvfp4", "_block_scaled_kernel", "verify64", 9.0, False),      # emulated: not counted
+             _sass_row("nvfp4", "_block_scaled_kernel", "verify32", 7.0, True, target="sm_120a"),
+             _sass_row("nvfp4", "_attn_split_kernel", "verify16", 344.0),               # not a product
+             _sass_row("int4", "_int4_pair_dot_kernel", "verify16", 3.73),
+             _sass_row("nvfp4", "_int4_pair_dot_kernel", "verify16", 2.84),            # compiled first by nvfp4's run
+             _sass_row("int4", "_int4_gemv_h2_kernel", "decode", 4.09),
+             _sass_row("int4", "_gemv_kernel", "decode", 4.56)]                         # a bf16 product
+
+
+def test_sass_counts_read_the_products_of_each_format(tmp_path) -> None:
+    counts = proj.sass_counts(str(_sass_file(tmp_path, SASS_ROWS)))
+    assert counts["nvfp4"] == {"decode": (1.12, 1.12), "verify16": (1.08, 1.09)}
+    assert counts["int4"] == {"decode": (4.09, 4.09), "verify16": (2.84, 3.73)}
+    assert "mxfp4" not in counts
+    line = proj.sass_line(counts, "nvfp4")
+    assert "decode 1.12 / 4.09, verify16 1.08-1.09 / 2.84-3.73" in line and "sm_110a" in line
+    with pytest.raises(ValueError, match="no mxfp4 product compiled for sm_110a"):
+        proj.sass_line(counts, "mxfp4")
+
+
+def test_block_scaled_estimate(tmp_path, capsys) -> None:
+    paths, data = [], {}
+    for sms, verify_ms, draft_ms in ((16, 80.0, 4.0), (24, 40.0, 2.0)):
+        path, d = _sm_run(tmp_path, sms, verify_ms, draft_ms)
+        d = {**d, "format": "nvfp4", "lm_head": "nvfp4", "dflash-nvfp4": d.pop("dflash-int4"),
+             "dflash-nvfp4_draft_bytes": d.pop("dflash-int4_draft_bytes")}
+        path.write_text(json.dumps(d))
+        paths.append(str(path))
+        data[sms] = d
+    runs = {n: {**d["dflash-nvfp4"], "draft_bytes": 2.59e9} for n, d in data.items()}
+    p = proj.project_measured(runs, data, [4.0], clock_mhz=1575)
+    stages = proj.block_scaled_stages("nvfp4", "dflash-nvfp4")
+    assert stages == {"verify": "nvfp4", "draft": "nvfp4"}
+    assert proj.block_scaled_stages("nvfp4", "ngram") == {"verify": "nvfp4"}
+    assert proj.block_scaled_stages("int4", "dflash-int4") == {}
+    e = proj.block_scaled_estimate(p["stages"], stages, [4.0])
+    # verify 25.9 GB and draft 2.59 GB at 259 GB/s (100 + 10 ms), accept as projected (2 ms): SM time 106.7 ms gone
+    assert e["cycle_ms"] == pytest.approx(112.0) and e["tok_s"][4.0] == pytest.approx(4.0 / 0.112)
+    assert p["cycle_ms"] > e["cycle_ms"]
+    sass = _sass_file(tmp_path, SASS_ROWS)
+    assert proj.main(["--sm-runs", *paths, "--als", "4", "--sass", str(sass)]) == 0
+    out = capsys.readouterr().out
+    assert "ESTIMATE on Thor's block-scaled MMA: verify and draft at their bytes (259 GB/s)" in out
+    assert "cycle 112.0 ms, tok/s AL 4: 35.7" in out
+    assert "nvfp4 (block-scaled MMA) / int4: decode 1.12 / 4.09, verify16 1.08-1.09 / 2.84-3.73" in out
+    assert proj.main(["--sm-runs", *paths, "--als", "4"]) == 0                # no --sass: how to get the counts
+    assert "pass --sass" in capsys.readouterr().out
+
+
+def test_block_scaled_estimate_bad_inputs(tmp_path, capsys) -> None:
+    p16, _ = _sm_run(tmp_path, 16, 80.0, 4.0)
+    p24, _ = _sm_run(tmp_path, 24, 40.0, 2.0)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"rows": []}))
+    assert proj.main(["--sm-runs", str(p16), str(p24), "--sass", str(bad)]) == 2
+    assert "not a tools/compile_targets.py --json file" in capsys.readouterr().err
+    hopper = _sass_file(tmp_path, [_sass_row("int4", "_int4_gemv_h2_kernel", "decode", 4.0, target="sm_90a")])
+    assert proj.main(["--sm-runs", str(p16), str(p24), "--sass", str(hopper)]) == 2
+    assert "no packed product compiled for sm_110a" in capsys.readouterr().err
+    full, data = _bench(tmp_path, format="nvfp4")
+    int4_only = _sass_file(tmp_path, [_sass_row("int4", "_int4_gemv_h2_kernel", "decode", 4.0)])
+    assert proj.main([str(full), "--sass", str(int4_only)]) == 2
+    assert "no nvfp4 product compiled for sm_110a" in capsys.readouterr().err
