@@ -28,6 +28,7 @@ from edgespec.distill.objective import accepted_drafts, make_blocks, pack_blocks
 from edgespec.distill.train import TrainOptions, train
 from edgespec.drafters.dflash2_loader import load_dflash2_checkpoint
 from edgespec.drafters.dflash2_proposer import DFlash2Proposer
+from edgespec.errors import CheckpointError
 from edgespec.loading.checkpoint import load_target
 
 dflash_model = pytest.importorskip("dflash.model")
@@ -135,6 +136,27 @@ def test_a_few_steps_lower_both_losses_and_lengthen_the_path(tiny_target, tmp_pa
     assert after[2] > before[2] + 0.3, (before, after)
     for conv in (drafter.layers[0].attention_conv, drafter.layers[0].mlp_conv):   # the convolutions trained
         assert conv.kernel_projection.weight.abs().sum() > 0 and conv.base_kernel[:, 1].abs().sum() > 0
+
+
+def test_bad_dflash2_arguments_and_init_folders_are_named(tiny_target, tmp_path) -> None:
+    from edgespec.bench.random_drafter import write_dflash_drafter
+
+    target = load_target(tiny_target, merge=False)
+    args = argparse.Namespace(taps="1", layers=1, heads=None, kv_heads=None, intermediate_size=64, block_size=4,
+                              mask_token_id=None, conv_kernel_size=2, conv_group_size=24, selector_rank=8,
+                              selector_top_k=8, target_init=False)
+    with pytest.raises(CheckpointError, match=r"--conv-group-size.*hidden_size 64 is not a multiple of "
+                                              r"conv_group_size 24"):
+        KIND.new(args, target, 0)
+    args.conv_group_size, args.selector_top_k = 16, 400
+    with pytest.raises(CheckpointError, match="selector_top_k 400 exceeds vocab_size 320"):
+        KIND.new(args, target, 0)
+    # --init with a DFlash (not DFlash2) drafter, or with none
+    dflash = write_dflash_drafter(tmp_path / "dflash", tiny_target, num_layers=1, block_size=4, seed=1)
+    with pytest.raises(CheckpointError, match="a DFlash2 drafter needs conv_kernel_size"):
+        KIND.load(str(dflash), target)
+    with pytest.raises(CheckpointError, match="--init drafter folder not found"):
+        KIND.load(str(tmp_path / "none"), target)
 
 
 def _package_drafts_equal_ours(target_dir: Path, drafter_dir: Path) -> None:
