@@ -65,7 +65,7 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--data-only", action="store_true", help="generate the data cache, then stop")
     g = p.add_argument_group("drafter shape (ignored with --init)")
     g.add_argument("--drafter-kind", default="dflash", help="drafter architecture to train (edgespec.distill.kinds: "
-                   "dflash)")
+                   "dflash, or dflash2: z-lab's DFlash2DraftModel, with the convolutions and the candidate selector)")
     g.add_argument("--init", help="start from this drafter folder (fine-tune) instead of random weights")
     g.add_argument("--layers", type=int, default=2)
     g.add_argument("--taps", help="comma-separated target_layer_ids (default: the reference rule)")
@@ -77,6 +77,10 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
                    help="start every drafter layer from the target's last decoder layer when the shapes match "
                    "(and the context path from the last tap), instead of random weights")
     g.add_argument("--mask-token-id", type=int, default=None, help="default: the target's last vocabulary id")
+    g.add_argument("--conv-kernel-size", type=int, default=2, help="dflash2: taps of each dynamic convolution")
+    g.add_argument("--conv-group-size", type=int, default=16, help="dflash2: channels per dynamic-coefficient group")
+    g.add_argument("--selector-rank", type=int, default=256, help="dflash2: rank of the selector's codebooks")
+    g.add_argument("--selector-top-k", type=int, default=16, help="dflash2: candidates per draft position")
     g = p.add_argument_group("optimisation")
     g.add_argument("--steps", type=int, default=400)
     g.add_argument("--batch", type=int, default=4, help="sequences per step (per rank)")

@@ -9,14 +9,21 @@ proposer's block forward; the checkpoint is written with the published ``config.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from edgespec.distill.kinds import DrafterKind
 from edgespec.distill.objective import BlockObjective
-from edgespec.drafters.dflash_net import DFlashDraftModel, default_target_layer_ids, parse_dflash_config
+from edgespec.drafters.dflash_net import (
+    DFlashConfig,
+    DFlashDraftModel,
+    default_target_layer_ids,
+    parse_dflash_config,
+)
 from edgespec.errors import CheckpointError, ConfigError
 
 
@@ -35,8 +42,9 @@ def published_config(cfg: Any, target_cfg: Any) -> dict[str, Any]:
     }
 
 
-def random_drafter(args: argparse.Namespace, target_cfg: Any, seed: int) -> DFlashDraftModel:
-    """A random-weight drafter of the shape the distill arguments ask for (defaults: the target's)."""
+def drafter_config(args: argparse.Namespace, target_cfg: Any) -> DFlashConfig:
+    """The DFlash config the distill arguments ask for (defaults: the target's shapes), as its published
+    ``config.json`` reads back; taps outside the target are a ConfigError naming ``--taps``."""
     taps = ([int(t) for t in args.taps.split(",")] if args.taps
             else default_target_layer_ids(target_cfg.num_hidden_layers, args.layers))
     heads = args.heads or target_cfg.num_attention_heads
@@ -54,16 +62,27 @@ def random_drafter(args: argparse.Namespace, target_cfg: Any, seed: int) -> DFla
     bad = [t for t in cfg.target_layer_ids if not 0 <= t < target_cfg.num_hidden_layers]
     if bad:
         raise ConfigError(f"--taps {bad} outside the target's layers 0..{target_cfg.num_hidden_layers - 1}")
-    cfg = parse_dflash_config(published_config(cfg, target_cfg), target_cfg.num_hidden_layers)
+    return parse_dflash_config(published_config(cfg, target_cfg), target_cfg.num_hidden_layers)
+
+
+def random_init(drafter: nn.Module, seed: int) -> None:
+    """Norm weights 1, every other parameter N(0, 0.02), from ``seed``."""
     torch.manual_seed(seed)
-    drafter = DFlashDraftModel(cfg, target_cfg.hidden_size)
     with torch.no_grad():
         for name, p in drafter.named_parameters():
             if "norm" in name:
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, 0.02)
+
+
+def random_drafter(args: argparse.Namespace, target_cfg: Any, seed: int) -> DFlashDraftModel:
+    """A random-weight drafter of the shape the distill arguments ask for (defaults: the target's)."""
+    drafter = DFlashDraftModel(drafter_config(args, target_cfg), target_cfg.hidden_size)
+    random_init(drafter, seed)
     return drafter
+
+
 def target_init(drafter, target) -> bool:
     """Start the drafter from the target itself, where the shapes allow (a from-scratch drafter spends most of a
     CPU budget learning what the target's top layer already does): every drafter layer copies the target's last
@@ -98,8 +117,12 @@ def target_init(drafter, target) -> bool:
     return True
 
 
-def load_drafter(folder: str, target) -> DFlashDraftModel:
-    """An existing drafter (checkpoint names, unmerged, fp32) to fine-tune (``--init``)."""
+def load_drafter(folder: str, target, kind: str = "DFlash",
+                 parse: Callable[..., DFlashConfig] = parse_dflash_config,
+                 build: Callable[[Any, Any], nn.Module] | None = None,
+                 rename: Callable[[str], str] = lambda name: name) -> nn.Module:
+    """An existing drafter (checkpoint names, unmerged, fp32) to fine-tune (``--init``). Another kind passes its
+    config parser, ``build(cfg, target)`` and ``rename`` (checkpoint name -> parameter name)."""
     from edgespec.drafters.dflash_loader import _check_fit, _checkpoint_index
     from edgespec.loading.hf_config import read_json
     from edgespec.loading.weights import load_parameters, weight_files
@@ -107,18 +130,17 @@ def load_drafter(folder: str, target) -> DFlashDraftModel:
     path = Path(folder).expanduser()
     if not path.is_dir():
         raise CheckpointError(f"--init drafter folder not found: {path}")
-    cfg = parse_dflash_config(read_json(path / "config.json"), target.config.num_hidden_layers,
-                              source=str(path / "config.json"))
+    cfg = parse(read_json(path / "config.json"), target.config.num_hidden_layers, source=str(path / "config.json"))
     files = weight_files(path)
-    index = _checkpoint_index(files)
+    index = {key: (rename(name), shape) for key, (name, shape) in _checkpoint_index(files).items()}
     embed_vocab, head_vocab = _check_fit(cfg, target, dict(index.values()), path)
     if embed_vocab or head_vocab:
         raise ConfigError(f"--init {path}: drafters with their own embedding / lm_head are not trainable here")
-    drafter = DFlashDraftModel(cfg, target.config.hidden_size)
+    drafter = (build or (lambda c, t: DFlashDraftModel(c, t.config.hidden_size)))(cfg, target)
     names = {key: name for key, (name, _) in index.items()}
     problems = load_parameters(dict(drafter.named_parameters()), files, names.get, lambda n: "")
     if problems:
-        raise CheckpointError(f"--init drafter {path} does not fit its config: " + " | ".join(problems))
+        raise CheckpointError(f"--init {kind} drafter {path} does not fit its config: " + " | ".join(problems))
     return drafter.float()
 
 

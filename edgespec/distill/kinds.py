@@ -33,11 +33,12 @@ class TrainObjective(Protocol):
     cfg: Any                    # the drafter's parsed config: block_size, mask_token_id, target_layer_ids
     head: torch.Tensor          # the target's output projection [V, H] (its row count sizes a sampled softmax)
 
-    def __call__(self, b: BlockBatch, vocab: torch.Tensor | None = None) -> torch.Tensor:
-        """Float32 logits ``[N, bs-1, V]`` (or over ``vocab``) of the draft rows of every block."""
+    def __call__(self, b: BlockBatch, vocab: torch.Tensor | None = None) -> Any:
+        """Float32 logits ``[N, bs-1, V]`` (or over ``vocab``) of the draft rows of every block, or an object whose
+        ``logits`` they are, carrying what else its :meth:`loss` needs (DFlash2: the selector's path scores)."""
 
-    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weighted mean loss, weight sum) over the valid rows."""
+    def loss(self, out: Any, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weighted mean loss, weight sum) over the valid rows of the forward's output ``out``."""
 
     def drafts(self, b: BlockBatch) -> torch.Tensor:
         """The tokens ``[N, bs-1]`` the proposer would draft for every block (the held-out AL compares them)."""
@@ -61,6 +62,7 @@ class DrafterKind:
 # kind name -> the module whose ``KIND`` it is (imported only when that kind is asked for).
 KIND_MODULES: dict[str, str] = {
     "dflash": "edgespec.distill.dflash_kind",
+    "dflash2": "edgespec.distill.dflash2_kind",
 }
 
 

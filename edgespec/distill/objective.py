@@ -137,34 +137,51 @@ class BlockObjective(nn.Module):
         ctx_pos = torch.arange(n_ctx, device=h.device) if b.ctx_pos is None else b.ctx_pos
         cs_q = (self.cos[q_pos][:, None].to(dtype), self.sin[q_pos][:, None].to(dtype))
         cs_c = (self.cos[ctx_pos][:, None].to(dtype), self.sin[ctx_pos][:, None].to(dtype))
-        nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         masks: dict[tuple[bool, int | None], torch.Tensor] = {}
         for layer in d.layers:
-            att = layer.self_attn
             kind = (layer.causal, layer.sliding_window)
             if kind not in masks:
                 masks[kind] = block_mask(b.anchors, n_ctx, bs, causal=kind[0], sliding=kind[1], window=self.window,
                                          ctx_pos=b.ctx_pos, ctx_seq=b.ctx_seq, anchor_seq=b.anchor_seq)
-            x = _norm(layer.input_layernorm, h)
-            q = rope_ref(_norm(att.q_norm, _lin(att.q_proj, x).view(-1, nh, hd)), *cs_q)
-            k_blk = rope_ref(_norm(att.k_norm, _lin(att.k_proj, x).view(-1, nkv, hd)), *cs_q)
-            k_ctx = rope_ref(_norm(att.k_norm, _lin(att.k_proj, feats).view(-1, nkv, hd)), *cs_c)
-            v = torch.cat([_lin(att.v_proj, feats), _lin(att.v_proj, x)]).view(-1, nkv, hd)
-            k = torch.cat([k_ctx, k_blk])
-            rep = nh // nkv
-            o = F.scaled_dot_product_attention(
-                q.transpose(0, 1), k.transpose(0, 1).repeat_interleave(rep, 0), v.transpose(0, 1).repeat_interleave(
-                    rep, 0), attn_mask=masks[kind], scale=att.scale)
-            h = h + _lin(att.o_proj, o.transpose(0, 1).reshape(-1, nh * hd))
-            y = _norm(layer.post_attention_layernorm, h)
-            mlp = layer.mlp
-            h = h + _lin(mlp.down_proj, F.silu(_lin(mlp.gate_proj, y)) * _lin(mlp.up_proj, y))
+            h = self.layer_forward(layer, h, feats, cs_q, cs_c, masks[kind], bs)
         return _norm(d.norm, h).view(N, bs, -1)
+
+    def layer_forward(self, layer: nn.Module, h: torch.Tensor, feats: torch.Tensor, cs_q: tuple[torch.Tensor, ...],
+                      cs_c: tuple[torch.Tensor, ...], mask: torch.Tensor, bs: int) -> torch.Tensor:
+        """One pre-norm layer over the residual rows ``h [N*bs, H]`` (``bs`` rows a block): attention, then MLP."""
+        h = h + self.attention(layer, _norm(layer.input_layernorm, h), feats, cs_q, cs_c, mask)
+        return h + self.mlp(layer, _norm(layer.post_attention_layernorm, h))
+
+    def attention(self, layer: nn.Module, x: torch.Tensor, feats: torch.Tensor, cs_q: tuple[torch.Tensor, ...],
+                  cs_c: tuple[torch.Tensor, ...], mask: torch.Tensor) -> torch.Tensor:
+        """The attention sublayer's output ``[N*bs, H]`` (after ``o_proj``) of the normed block rows ``x``: block
+        queries over the context features' keys and the block's own, under ``mask`` (:func:`block_mask`)."""
+        cfg, att = self.cfg, layer.self_attn
+        nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        q = rope_ref(_norm(att.q_norm, _lin(att.q_proj, x).view(-1, nh, hd)), *cs_q)
+        k_blk = rope_ref(_norm(att.k_norm, _lin(att.k_proj, x).view(-1, nkv, hd)), *cs_q)
+        k_ctx = rope_ref(_norm(att.k_norm, _lin(att.k_proj, feats).view(-1, nkv, hd)), *cs_c)
+        v = torch.cat([_lin(att.v_proj, feats), _lin(att.v_proj, x)]).view(-1, nkv, hd)
+        k = torch.cat([k_ctx, k_blk])
+        rep = nh // nkv
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1).repeat_interleave(rep, 0), v.transpose(0, 1).repeat_interleave(
+                rep, 0), attn_mask=mask, scale=att.scale)
+        return _lin(att.o_proj, o.transpose(0, 1).reshape(-1, nh * hd))
+
+    @staticmethod
+    def mlp(layer: nn.Module, y: torch.Tensor) -> torch.Tensor:
+        """The SwiGLU sublayer's output of the normed rows ``y``."""
+        mlp = layer.mlp
+        return _lin(mlp.down_proj, F.silu(_lin(mlp.gate_proj, y)) * _lin(mlp.up_proj, y))
 
     def forward(self, b: BlockBatch, vocab: torch.Tensor | None = None) -> torch.Tensor:
         """Float32 logits ``[N, bs-1, V]`` of the draft rows; with ``vocab`` (token ids) only those head rows,
         ``[N, bs-1, len(vocab)]`` (see :func:`sampled_vocab`)."""
-        hid = self.hidden(b)[:, 1:]
+        return self.row_logits(self.hidden(b)[:, 1:], vocab)
+
+    def row_logits(self, hid: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
+        """Float32 logits of final-normed rows ``hid [..., H]`` through the target's head (or its ``vocab`` rows)."""
         head = self.head if vocab is None else self.head[vocab]
         return F.linear(hid, head.to(hid.dtype)).float()
 
@@ -174,12 +191,18 @@ class BlockObjective(nn.Module):
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(decay-weighted mean cross-entropy, weight sum) over valid rows."""
-        k = torch.arange(labels.shape[1], device=labels.device, dtype=torch.float32)
-        weight = torch.exp(-k / self.gamma)[None, :] * (labels >= 0)
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).clamp(min=0),
-                             reduction="none").view_as(weight)
-        total = weight.sum()
-        return (ce * weight).sum() / total.clamp(min=1e-6), total
+        return decay_weighted_ce(logits, labels, self.gamma)
+
+
+def decay_weighted_ce(logits: torch.Tensor, labels: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean cross-entropy of ``logits [N, D, C]`` against ``labels [N, D]`` (class indices, -100 = none) with row
+    ``k`` weighted ``exp(-k / gamma)``, weight sum): an early miss ends the accepted run, so early rows count more."""
+    k = torch.arange(labels.shape[1], device=labels.device, dtype=torch.float32)
+    weight = torch.exp(-k / gamma)[None, :] * (labels >= 0)
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).clamp(min=0),
+                         reduction="none").view_as(weight)
+    total = weight.sum()
+    return (ce * weight).sum() / total.clamp(min=1e-6), total
 
 
 def sampled_vocab(labels: torch.Tensor, vocab_size: int, n_random: int, gen: torch.Generator

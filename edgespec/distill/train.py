@@ -209,8 +209,9 @@ def _accumulate_step(model: torch.nn.Module, objective: TrainObjective, train_se
         labels, vocab = b.labels, None
         if opts.vocab_sample > 0:
             vocab, labels = sampled_vocab(b.labels, objective.head.shape[0], opts.vocab_sample, vocab_gen)
-        logits = model(b, vocab)
-        loss, _ = objective.loss(logits, labels)
+        out = model(b, vocab)
+        loss, _ = objective.loss(out, labels)
+        logits = getattr(out, "logits", out)            # a kind's output may carry more than the logits
         # Each group's weighted mean (one sequence's without packing), averaged over the step's sequences
         # (DDP then averages over ranks).
         loss = loss * len(group) / len(picks)
