@@ -26,6 +26,7 @@ from edgespec.loading.checkpoint import load_target
 from edgespec.loading.images import ImageLimits, ImageRef, ProcessorConfig, load_image
 from edgespec.loading.resumable_encoder import ResumableEncoder
 from edgespec.loading.tokenizer import ChatTokenizer
+from edgespec.model_id import served_model_id
 from edgespec.models.multimodal import ImageEncoder, VisionPrompt
 from edgespec.plan import RuntimePlan
 from edgespec.speculative.acceptance import AcceptancePolicy, RejectionSampling, RelaxedThinking, StrictGreedy
@@ -141,7 +142,7 @@ class Engine:
         self._prefix_key: str | None = None     # the client key whose tokens the prefix cache holds
         # Joules per request (NVML on a discrete GPU, INA3221 rails on a Jetson, none on CPU; edgespec.energy).
         self.energy = open_meter(self.device) if settings.energy_meter else None
-        self.model_id = settings.served_model_name or model_dir.name
+        self.model_id = served_model_id(settings.model, settings.served_model_name)
         self.request_log = None
         if settings.request_log:
             from edgespec.distill.request_log import RequestLog
