@@ -122,10 +122,12 @@ class Engine:
         # The suffix drafter's (or suffix lookup's) cache of earlier outputs: fed every completion, per client.
         self.suffix_cache = getattr(self.proposer, "suffix_cache", None)
         # Prefix reuse: what the session's cache holds between requests (see edgespec.cache.prefix).
-        turn = [t for t in (tokenizer.token_id("<|im_start|>"),) if t is not None]
+        # Turns start at the chat template's own turn token (ChatML's <|im_start|>, Llama 3's <|start_header_id|>).
+        turn = [t for t in (tokenizer.turn_token_id,) if t is not None]
         self.prefix = PrefixCache(self.session.cache, turn_ids=turn) if settings.prefix_reuse else None
         # With prefix reuse the rest of a follow-up turn scales with its new tokens; so does its tokenisation.
-        self.encoder = ResumableEncoder(tokenizer.tokenizer) if settings.prefix_reuse else None
+        self.encoder = (ResumableEncoder(tokenizer.tokenizer, tokenizer.turn_markers.opener)
+                        if settings.prefix_reuse else None)
         self.think_ids = tokenizer.think_token_ids
         if settings.acceptance == "relaxed_thinking" and self.think_ids is None:
             raise ConfigError("acceptance relaxed_thinking needs <think> and </think> tokens, and the tokenizer of "
