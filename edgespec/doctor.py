@@ -186,7 +186,7 @@ def add_compile_arguments(p) -> None:
                    help="compile every Triton/Gluon kernel the runtime launches for TARGET (sm_110a, sm_100a, "
                         "sm_120a, sm_90a; default: this GPU's, sm_110a without one) and print registers, spills, "
                         "shared memory and the MMA instruction of each (needs Triton; sm_110a/sm_120a a CUDA 13 "
-                        "ptxas: TRITON_PTXAS_PATH or the nvidia-cuda-nvcc wheel)")
+                        "ptxas: Triton 3.9's bundled one or the nvidia-cuda-nvcc wheel's)")
     p.add_argument("--compile-shape", default="qwen3.5-4b", help="with --compile: the model shape")
     p.add_argument("--compile-format", default="nvfp4", help="with --compile: dense, fp8, int4, nvfp4 or mxfp4")
 
@@ -205,10 +205,11 @@ def compile_report(target_name: str, shape: str, fmt: str) -> tuple[list[str], l
     if target_name not in ct.TARGETS:
         raise ConfigError(f"--compile {target_name!r}: not one of {', '.join(ct.TARGETS)}")
     target = ct.TARGETS[target_name]
-    ptxas = ct.ensure_ptxas()
+    ptxas = ct.ensure_ptxas(target)
     results, failed = ct.compile_shape(shape, fmt, target)
     lines = [f"{target.name} ({target.arch} hooks, {target.sms} SMs), {shape} {fmt}, ptxas "
-             f"{ptxas or 'bundled with Triton'}: {len(results)} distinct kernels", *ct.report_lines(results)]
+             f"{ptxas or f'none that knows {target.name}'}: {len(results)} distinct kernels",
+             *ct.report_lines(results)]
     lines += [f"not recorded: {why}" for why in failed]
     return lines, ct.problems(results)
 

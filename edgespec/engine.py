@@ -26,6 +26,7 @@ from edgespec.loading.checkpoint import load_target
 from edgespec.loading.images import ImageLimits, ImageRef, ProcessorConfig, load_image
 from edgespec.loading.resumable_encoder import ResumableEncoder
 from edgespec.loading.tokenizer import ChatTokenizer
+from edgespec.model_id import served_model_id
 from edgespec.models.multimodal import ImageEncoder, VisionPrompt
 from edgespec.plan import RuntimePlan
 from edgespec.speculative.acceptance import AcceptancePolicy, RejectionSampling, RelaxedThinking, StrictGreedy
@@ -121,10 +122,12 @@ class Engine:
         # The suffix drafter's (or suffix lookup's) cache of earlier outputs: fed every completion, per client.
         self.suffix_cache = getattr(self.proposer, "suffix_cache", None)
         # Prefix reuse: what the session's cache holds between requests (see edgespec.cache.prefix).
-        turn = [t for t in (tokenizer.token_id("<|im_start|>"),) if t is not None]
+        # Turns start at the chat template's own turn token (ChatML's <|im_start|>, Llama 3's <|start_header_id|>).
+        turn = [t for t in (tokenizer.turn_token_id,) if t is not None]
         self.prefix = PrefixCache(self.session.cache, turn_ids=turn) if settings.prefix_reuse else None
         # With prefix reuse the rest of a follow-up turn scales with its new tokens; so does its tokenisation.
-        self.encoder = ResumableEncoder(tokenizer.tokenizer) if settings.prefix_reuse else None
+        self.encoder = (ResumableEncoder(tokenizer.tokenizer, tokenizer.turn_markers.opener)
+                        if settings.prefix_reuse else None)
         self.think_ids = tokenizer.think_token_ids
         if settings.acceptance == "relaxed_thinking" and self.think_ids is None:
             raise ConfigError("acceptance relaxed_thinking needs <think> and </think> tokens, and the tokenizer of "
@@ -141,7 +144,7 @@ class Engine:
         self._prefix_key: str | None = None     # the client key whose tokens the prefix cache holds
         # Joules per request (NVML on a discrete GPU, INA3221 rails on a Jetson, none on CPU; edgespec.energy).
         self.energy = open_meter(self.device) if settings.energy_meter else None
-        self.model_id = settings.served_model_name or model_dir.name
+        self.model_id = served_model_id(settings.model, settings.served_model_name)
         self.request_log = None
         if settings.request_log:
             from edgespec.distill.request_log import RequestLog

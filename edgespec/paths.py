@@ -3,15 +3,16 @@ one place, below every layer that needs it."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from edgespec import environment
 
 
 def cache_root() -> Path:
     """``$EDGESPEC_CACHE_DIR``, else ``$XDG_CACHE_HOME/edgespec``, else ``~/.cache/edgespec``."""
-    explicit = os.environ.get("EDGESPEC_CACHE_DIR")
+    explicit = environment.read("EDGESPEC_CACHE_DIR")
     if explicit:
         return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
+    xdg = environment.read("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "edgespec"

@@ -33,6 +33,7 @@ from edgespec.config import Settings
 from edgespec.engine import Completion, Engine
 from edgespec.engine import Request as EngineRequest
 from edgespec.errors import ConfigError, EdgespecError, ImageError, PromptTooLongError
+from edgespec.model_id import HOW_TO_SET
 
 from . import logs, protocol, systemd
 from .admission import ClientRequests, request_client
@@ -218,7 +219,8 @@ def vocab_size(engine: Engine) -> int:
 
 def _check_model(engine: Engine, name: str | None) -> None:
     if name and name != engine.model_id:
-        raise APIError(404, f"the model `{name}` does not exist; this server serves `{engine.model_id}`",
+        raise APIError(404, f"the model `{name}` does not exist; this server serves `{engine.model_id}` (its id, "
+                       f"{HOW_TO_SET}; default the model folder's name)",
                        param="model", code="model_not_found")
 
 
@@ -527,7 +529,14 @@ async def _stream(job: Job, maker: protocol.ChunkMaker, watcher: asyncio.Task,
 def _model_card(state: ServerState, eng: Engine) -> dict[str, Any]:
     """The OpenAI model object of the served model."""
     return {"id": eng.model_id, "object": "model", "created": state.created, "owned_by": "edgespec",
-            "max_model_len": state.settings.max_seq_len}
+            "max_model_len": state.settings.max_seq_len, "id_set": _id_source(state.settings)}
+
+
+def _id_source(settings: Settings) -> str:
+    """Where the served id comes from, for the model card: the setting, or the default and how to change it."""
+    if settings.served_model_name:
+        return "served_model_name"
+    return f"default: the name of the model folder or GGUF file; {HOW_TO_SET}"
 
 
 def _add_model_routes(app: FastAPI, state: ServerState) -> None:

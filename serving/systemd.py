@@ -13,6 +13,8 @@ import logging
 import os
 import socket
 
+from edgespec import environment
+
 log = logging.getLogger("edgespec.serving")
 
 
@@ -28,7 +30,7 @@ def _address(value: str) -> str | bytes | None:
 
 def notify(*lines: str) -> bool:
     """Send ``lines`` (``"READY=1"``, ``"STATUS=loading"``...) to systemd; False when not under systemd."""
-    address = _address(os.environ.get("NOTIFY_SOCKET", ""))
+    address = _address(environment.read("NOTIFY_SOCKET") or "")
     if address is None or not lines:
         return False
     message = "\n".join(lines).encode()
@@ -44,8 +46,8 @@ def notify(*lines: str) -> bool:
 
 def watchdog_interval() -> float | None:
     """Seconds between ``WATCHDOG=1`` pings (half of ``WATCHDOG_USEC``), or None when no watchdog is asked."""
-    usec = os.environ.get("WATCHDOG_USEC")
-    pid = os.environ.get("WATCHDOG_PID")
+    usec = environment.read("WATCHDOG_USEC")
+    pid = environment.read("WATCHDOG_PID")
     if not usec:
         return None
     if pid and pid.isdigit() and int(pid) != os.getpid():

@@ -10,6 +10,8 @@ from edgespec.weights.gguf_kquants import K_D_SCALE, random_kquant
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, CONTEXT = 64, 96, 2, 4, 2, 256
 CONTROL = ["<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                 "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 def _vocab() -> list[str]:
@@ -22,11 +24,13 @@ def _vocab() -> list[str]:
 
 def write_tiny_gguf(path: Path, qtype: str = "Q4_1", *, embed_qtype: str = "Q8_0", arch: str = "llama",
                     tied: bool = True, seed: int = 0, hidden: int = HIDDEN, ffn: int = FFN,
-                    mix: dict[str, str] | None = None) -> Path:
+                    mix: dict[str, str] | None = None, eos: bool = True,
+                    chat_template: str = CHAT_TEMPLATE) -> Path:
     """A 2-layer llama GGUF whose matrices are quantized to ``qtype`` (the embedding to ``embed_qtype``;
     ``"F32"`` keeps a tensor dense). ``tied=False`` adds a separate ``output.weight`` (``qtype``). ``mix``: the
     type of some tensors by role (``attn_v``, ``ffn_down``, ``output`` ...), as llama.cpp's ``_M`` mixes do.
-    K-quants need ``hidden`` and ``ffn`` multiples of 256."""
+    ``eos=False`` leaves the end-of-generation token out of the metadata. K-quants need ``hidden`` and ``ffn``
+    multiples of 256."""
     import gguf
     from gguf import GGMLQuantizationType as Q
     from gguf import quants
@@ -50,9 +54,9 @@ def write_tiny_gguf(path: Path, qtype: str = "Q4_1", *, embed_qtype: str = "Q8_0
     w.add_token_types([3 if t in CONTROL else 1 for t in tokens])
     w.add_token_merges(["Ġ t", "Ġt h", "Ġth e"] + (["1 2"] if qwen3 else []))
     w.add_bos_token_id(tokens.index("<|im_start|>"))
-    w.add_eos_token_id(tokens.index("<|im_end|>"))
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    if eos:
+        w.add_eos_token_id(tokens.index("<|im_end|>"))
+    w.add_chat_template(chat_template)
 
     def add(name: str, shape: tuple[int, ...], kind: str, scale: float = 0.2) -> None:
         role = name.split(".")[-2]

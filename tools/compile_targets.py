@@ -9,8 +9,8 @@ instruction in its SASS (block-scaled or not) and lane-instructions per weight o
 (``edgespec.bench.compile_targets``). Exits 1 on a compile error, a spill in a decode/verify kernel, shared memory
 over the limit, or a block-scaled product without the block-scaled MMA on sm_100a/sm_110a.
 
-Needs Triton and, for sm_110a/sm_120a, a CUDA 13 ptxas (TRITON_PTXAS_PATH, or the nvidia-cuda-nvcc wheel, which
-tools/setup.sh installs for the tests)::
+Needs Triton and, for sm_110a/sm_120a, a CUDA 13 ptxas (Triton 3.9 bundles one; else the nvidia-cuda-nvcc wheel's,
+which tools/setup.sh installs for the tests)::
 
     python tools/compile_targets.py                                   # everything (tens of minutes on 2 cores)
     python tools/compile_targets.py --targets sm_110a --shapes qwen3.5-27b --formats nvfp4,int4
@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", default="", help="only these kernels (function names, comma-separated)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
-    ptxas = ct.ensure_ptxas()
-    print(f"ptxas: {ptxas or 'bundled with Triton (sm_90a / sm_100a only)'}")
+    for name in _csv(args.targets):
+        print(f"ptxas for {name}: {ct.ensure_ptxas(ct.TARGETS[name]) or 'none that knows it'}")
     rows = tuple(int(r) for r in _csv(args.rows))
     problems, rows_out = [], []
     for name in _csv(args.targets):

@@ -6,6 +6,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from edgespec.config import ENV_NOT_SETTINGS, Settings
+from edgespec.environment import documented_elsewhere
 
 HEADER = """# Configuration
 
@@ -30,11 +31,22 @@ Every other `EDGESPEC_*` variable is a setting above (`EDGESPEC_<NAME>`); an unk
 |---|---|
 """
 
+SYSTEM_HEADER = """
+## Variables of the system around edgespec that it reads
+
+Read in one place (`edgespec/environment.py`); Triton's and torchrun's own variables are left to those libraries.
+
+| variable | meaning |
+|---|---|
+"""
+
 
 def render() -> str:
     rows = [f"| `{f.name}` | `{f.default}` | {f.metadata['help']} |" for f in fields(Settings)]
     env = [f"| `{name}` | {meaning} |" for name, meaning in ENV_NOT_SETTINGS.items()]
-    return HEADER + "\n".join(rows) + "\n" + ENV_HEADER + "\n".join(env) + "\n"
+    system = [f"| `{name}` | {meaning} |" for name, meaning in documented_elsewhere().items()]
+    return (HEADER + "\n".join(rows) + "\n" + ENV_HEADER + "\n".join(env) + "\n" + SYSTEM_HEADER
+            + "\n".join(system) + "\n")
 
 
 if __name__ == "__main__":

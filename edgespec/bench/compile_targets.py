@@ -8,16 +8,15 @@ pick for that shape, row count and SM count. Each recorded launch is then specia
 it (its own binder, for the target's backend) and compiled with ``triton.compile(..., target=GPUTarget(...))``;
 ``cuobjdump`` reads registers, local memory (spills) and the SASS.
 
-Needs Triton and, for sm_110a / sm_120a, a ptxas that knows them (CUDA 13: ``TRITON_PTXAS_PATH``, which
-:func:`ensure_ptxas` sets from the ``nvidia-cuda-nvcc`` wheel when it is installed). Test-time and tool-time only:
-nothing here runs when serving.
+Needs Triton and, for sm_110a / sm_120a, a ptxas that knows them (CUDA 13: Triton 3.9's wheel bundles one,
+``ptxas-blackwell``; else :func:`ensure_ptxas` points Triton's knob at the ``nvidia-cuda-nvcc`` wheel's when that is
+installed). Test-time and tool-time only: nothing here runs when serving.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-import os
 import pkgutil
 import re
 from collections import Counter
@@ -110,11 +109,28 @@ class Compiled:
         return self.loop_instructions * 32 * warps / self.weights_per_trip
 
 
-def ensure_ptxas() -> str | None:
-    """``TRITON_PTXAS_PATH`` (set, or pointed at the ``nvidia-cuda-nvcc`` wheel's ptxas when that is installed and
-    the variable is not); None when there is neither (Triton's bundled ptxas then: sm_90a / sm_100a only)."""
-    if os.environ.get("TRITON_PTXAS_PATH"):
-        return os.environ["TRITON_PTXAS_PATH"]
+def ensure_ptxas(target: Target | None = None) -> str | None:
+    """The ptxas Triton runs for ``target`` (default sm_110a) when it knows the target; else Triton's knob for that
+    GPU pointed at the ``nvidia-cuda-nvcc`` wheel's ptxas, when that one knows it; None when neither does."""
+    from edgespec.device_checks import ptxas_targets, triton_ptxas
+
+    target = target or TARGETS["sm_110a"]
+    chosen = triton_ptxas(*target.capability)
+    if chosen is None:
+        return None
+    if target.name in ptxas_targets(chosen.path)[1]:
+        return str(chosen.path)
+    wheel = _wheel_ptxas()
+    if wheel is None or target.name not in ptxas_targets(wheel)[1]:
+        return None
+    from triton import knobs
+    for name, _ in chosen.knobs:
+        setattr(knobs.nvidia, name, str(wheel))
+    return str(wheel)
+
+
+def _wheel_ptxas() -> Path | None:
+    """The ptxas of the ``nvidia-cuda-nvcc`` wheel (CUDA 13: ``nvidia/cu13``), where it is installed."""
     try:
         import nvidia
     except ImportError:
@@ -123,8 +139,7 @@ def ensure_ptxas() -> str | None:
         for sub in ("cu13", "cuda_nvcc"):
             ptxas = Path(root) / sub / "bin" / "ptxas"
             if ptxas.is_file():
-                os.environ["TRITON_PTXAS_PATH"] = str(ptxas)
-                return str(ptxas)
+                return ptxas
     return None
 
 

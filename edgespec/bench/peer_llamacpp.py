@@ -1,10 +1,10 @@
 """``edgespec bench --device cpu --peer llama.cpp`` (``edgespec bench peer``): edgespec against llama.cpp on the same
 GGUF, on this CPU, with the same threads, interleaved.
 
-llama-bench is built on first use from the ``llama-cpp-python`` source distribution (pip's ordinary download, then
-CMake; several minutes on two cores; cached under ``$EDGESPEC_PEER_DIR``, default ``~/.cache/edgespec/peer``). Each
-repeat runs ``llama-bench`` (prompt ``pp`` and decode ``tg`` speed) and then edgespec on the same file: prefill of a
-prompt of the same length, plain greedy decode, n-gram speculation and (the demo GGUF: its packaged drafter) DFlash
+``--llama-bench`` names the binary (``tools/peer_llamacpp_cpu.sh`` builds one from the ``llama-cpp-python``
+source distribution, cached under ``$EDGESPEC_PEER_DIR``, default ``~/.cache/edgespec/peer``). Each repeat runs
+``llama-bench`` (prompt ``pp`` and decode ``tg`` speed) and then edgespec on the same file: prefill of a prompt of
+the same length, plain greedy decode, n-gram speculation and (the demo GGUF: its packaged drafter) DFlash
 speculation behind the n-gram lookup, on the robot navigation and repeated-text bench prompts; and the DFlash
 draft step alone (the lookup off) against a plain target step. Medians over the repeats are printed with the load
 average seen during the run, the ratios against the targets (plain >= llama.cpp decode, n-gram >= 1.5x, prefill >=
@@ -29,52 +29,6 @@ import torch
 PROMPTS = ("robot_navigation_plan", "repeated_text_stress")
 RSS_TARGET_MIB = 400
 DRAFT_STEP_TARGET = 1 / 3     # the DFlash draft step, as a share of a plain target step
-
-
-def peer_dir() -> Path:
-    """Where the llama.cpp build is cached."""
-    return Path(os.environ.get("EDGESPEC_PEER_DIR", Path.home() / ".cache" / "edgespec" / "peer"))
-
-
-def ensure_llama_bench(peer: Path | None = None, jobs: int | None = None) -> Path:
-    """The llama-bench binary under ``peer`` (default :func:`peer_dir`), built first where it is missing: the
-    ``llama-cpp-python`` sdist through pip, its vendored llama.cpp through CMake (CPU only, native flags)."""
-    import shutil
-    import sys
-    import tarfile
-
-    from edgespec.errors import ConfigError
-
-    peer = peer or peer_dir()
-    binary = peer / "llama.cpp-build" / "bin" / "llama-bench"
-    if binary.is_file():
-        return binary
-    if shutil.which("cmake") is None:
-        raise ConfigError("building llama-bench needs cmake (apt-get install cmake), or pass --llama-bench PATH")
-    peer.mkdir(parents=True, exist_ok=True)
-    print(f"building llama-bench under {peer} (once; several minutes)", flush=True)
-    sdists = sorted(peer.glob("llama_cpp_python-*.tar.gz"))
-    if not sdists:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                        "llama-cpp-python", "-d", str(peer)], check=True)
-        sdists = sorted(peer.glob("llama_cpp_python-*.tar.gz"))
-    src = peer / "src"
-    if not src.is_dir():
-        tmp = peer / "src.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        with tarfile.open(sdists[-1]) as tar:
-            tar.extractall(tmp, filter="data")
-        (next(tmp.iterdir())).rename(src)
-        shutil.rmtree(tmp)
-    build = peer / "llama.cpp-build"
-    flags = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_CUDA=OFF", "-DGGML_METAL=OFF", "-DGGML_VULKAN=OFF",
-             "-DGGML_OPENMP=ON", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-             "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DBUILD_SHARED_LIBS=OFF"]
-    quiet = {"stdout": subprocess.DEVNULL}
-    subprocess.run(["cmake", "-S", str(src / "vendor" / "llama.cpp"), "-B", str(build), *flags], check=True, **quiet)
-    subprocess.run(["cmake", "--build", str(build), "--target", "llama-bench", "-j", str(jobs or os.cpu_count())],
-                   check=True, **quiet)
-    return binary
 
 
 def read_bandwidth_gbs(mib: int = 256, repeats: int = 5) -> float:

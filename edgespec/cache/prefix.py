@@ -56,7 +56,7 @@ class PrefixCache:
         if max_snapshots < 1:
             raise ValueError(f"max_snapshots {max_snapshots} must be >= 1")
         self.cache = cache
-        self.turn_ids = frozenset(turn_ids)   # tokens that open a chat turn (<|im_start|>)
+        self.turn_ids = frozenset(turn_ids)   # tokens that open a chat turn (ChatTokenizer.turn_token_id)
         self.max_snapshots = max_snapshots
         self.tokens: list[int] = []          # tokens at positions 0..len-1 whose rows/state the cache holds
         self._snaps: list[_Snapshot] = []

@@ -330,7 +330,7 @@ def _split(seqs: list[Sequence_], args: argparse.Namespace, group_of: dict[bytes
 def run_distill(args: argparse.Namespace) -> int:
     from edgespec.distill.data import load_data
     from edgespec.distill.kinds import drafter_kind
-    from edgespec.distill.train import TrainOptions, init_distributed, train
+    from edgespec.distill.train import TrainOptions, init_distributed, local_rank, train
     from edgespec.loading.checkpoint import load_target
     from edgespec.loading.tokenizer import ChatTokenizer
     from edgespec.plan import resolve_device
@@ -340,9 +340,8 @@ def run_distill(args: argparse.Namespace) -> int:
     if args.time_budget is not None and args.time_budget <= 0:
         raise ConfigError(f"--time-budget {args.time_budget}: minutes of training must be more than 0")
     device = resolve_device(args.device)
-    local = int(__import__("os").environ.get("LOCAL_RANK", 0))
     if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", local)
+        device = torch.device("cuda", local_rank())
         torch.cuda.set_device(device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads or 1)

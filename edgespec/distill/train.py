@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -75,18 +74,30 @@ DATA_PHASE_TIMEOUT = timedelta(hours=6)
 
 
 def dist_info() -> tuple[int, int]:
-    """(rank, world size) from torchrun's environment (0, 1 without it)."""
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    """(rank, world size) of the process group this process joined (0, 1 outside one)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def launched_by_torchrun() -> bool:
+    """Whether torchrun (torch's elastic launcher) started this process, as torch.distributed tells it."""
+    return dist.is_available() and dist.is_torchelastic_launched()
+
+
+def local_rank() -> int:
+    """This process's rank on its node under torchrun (torch.distributed's word for it), 0 otherwise."""
+    return dist.get_node_local_rank(fallback_rank=0) if launched_by_torchrun() else 0
 
 
 def init_distributed(device: torch.device) -> tuple[int, int]:
-    """Join the process group when launched by torchrun; returns (rank, world size)."""
-    rank, world = dist_info()
-    if world > 1 and not dist.is_initialized():
+    """Join the process group when launched by torchrun (torch.distributed reads the rendezvous torchrun set up);
+    returns (rank, world size)."""
+    if launched_by_torchrun() and not dist.is_initialized():
         # Rank 0 alone writes the self-instructed prompts and ranks wait for each other's data shards: with a
         # large target that takes far longer than the default 10-minute collective timeout.
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=DATA_PHASE_TIMEOUT)
-    return rank, world
+    return dist_info()
 
 
 def is_held_out(seq: Sequence_, every: int) -> bool:

@@ -55,9 +55,10 @@ class Toolchain:
     arch: str
 
     @classmethod
-    def find(cls, cc: str | None = None) -> Toolchain | None:
-        """``cc`` (default ``$CC`` or ``gcc``) when it exists and targets an architecture we have kernels for."""
-        path = shutil.which(cc or os.environ.get("CC", "gcc"))
+    def find(cls, cc: str = "gcc") -> Toolchain | None:
+        """``cc`` (the system ``gcc`` unless named) when it exists and targets an architecture we have kernels
+        for."""
+        path = shutil.which(cc)
         if path is None:
             return None
         try:

@@ -44,7 +44,6 @@ graph per T replays correctly at every position.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
@@ -351,8 +350,8 @@ def attention_launch_config(T: int, n_q_heads: int, n_kv_heads: int, head_dim: i
 
 
 def _interpreting() -> bool:
-    """True under ``TRITON_INTERPRET=1`` (Triton's CPU interpreter)."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+    """True under Triton's CPU interpreter (``TRITON_INTERPRET=1``, as Triton's own knob reads it)."""
+    return bool(triton.knobs.runtime.interpret)
 
 
 @functools.cache

@@ -6,12 +6,13 @@ scales with its new tokens, so this would be the largest cost left on a GPU.
 
 Why a piece can be re-encoded alone: the ``tokenizers`` pipeline first cuts the text at every added special token
 (``normalized: false``), then normalises and pre-tokenises each piece on its own. So the ids of the text before a
-turn-start token (``<|im_start|>``) do not depend on what follows it, and when a new rendering shares its first
-``c`` characters with the last one, the ids before the last turn-start token that starts inside those ``c``
-characters can be kept and only the text from that token on is encoded. :class:`ResumableEncoder` refuses (and
-always encodes everything) when the tokenizer has a step that treats the start of the input differently from the
-start of any other piece (a normaliser that prepends, Metaspace ``prepend_scheme: first``) or a turn token that
-is normalised or strips whitespace to its left.
+turn-start token (the chat template's, ``ChatTokenizer.turn_markers``: ChatML's ``<|im_start|>``) do not depend on
+what follows it, and when a new rendering shares its first ``c`` characters with the last one, the ids before the
+last turn-start token that starts inside those ``c`` characters can be kept and only the text from that token on
+is encoded. :class:`ResumableEncoder` refuses (and always encodes everything) when the template has no turn-start
+token, when the tokenizer has a step that treats the start of the input differently from the start of any other
+piece (a normaliser that prepends, Metaspace ``prepend_scheme: first``) or a turn token that is normalised or
+strips whitespace to its left.
 """
 
 from __future__ import annotations
@@ -53,8 +54,10 @@ def _component(part: Any) -> Any:
     return None if part is None else json.loads(part.__getstate__())
 
 
-def resumable_reason(tok: Tokenizer, marker: str) -> str | None:
+def resumable_reason(tok: Tokenizer, marker: str | None) -> str | None:
     """Why ``tok`` cannot be resumed at ``marker`` (None: it can)."""
+    if marker is None:
+        return "the chat template has no token that opens every turn"
     entry = next((a for a in tok.get_added_tokens_decoder().values() if a.content == marker), None)
     if entry is None:
         return f"{marker} is not an added token"
@@ -78,9 +81,9 @@ class ResumableEncoder:
     conversation shares its start.
     """
 
-    def __init__(self, tok: Tokenizer, marker: str = "<|im_start|>") -> None:
+    def __init__(self, tok: Tokenizer, marker: str | None) -> None:
         self.tok, self.marker = tok, marker
-        self.marker_id = tok.token_to_id(marker)
+        self.marker_id = tok.token_to_id(marker) if marker is not None else None
         self.reason = resumable_reason(tok, marker)
         self.enabled = self.reason is None and self.marker_id is not None
         self._text = ""

@@ -27,6 +27,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from edgespec.errors import CheckpointError, RequestError
+from edgespec.loading.chat_markers import TurnMarkers, turn_markers
 
 __all__ = [
     "ChatTokenizer",
@@ -87,6 +88,21 @@ def _int_ids(value: Any) -> list[int]:
     if isinstance(value, (list, tuple)):
         return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
     return []
+
+
+def _no_stop_message(folder: Path) -> str:
+    """The error of a checkpoint that says nowhere which token ends generation, naming where it looked (and, for
+    a converted GGUF, the file's keys)."""
+    from edgespec.loading.gguf_meta import MARKER  # the record of a GGUF conversion
+
+    message = (f"{folder}: no token ends generation: generation_config.json and config.json give no "
+               "eos_token_id, tokenizer_config.json no eos_token the vocabulary holds, and the chat template closes "
+               "no assistant turn with a control token")
+    record = _read_json(folder / MARKER, required=False) or {}
+    if record.get("source"):
+        message += (f" (converted from {record['source']}, which names neither tokenizer.ggml.eos_token_id nor "
+                    "tokenizer.ggml.eot_token_id)")
+    return message
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -159,15 +175,6 @@ class ChatTokenizer:
         self._source = source
         self._compiled: jinja2.Template | None = None
 
-        # Stop ids: every configured eos id, then the eos token string, resolved through the vocabulary.
-        ids = list(eos_token_ids)
-        eos = self._special_tokens.get("eos_token")
-        if eos is not None:
-            eos_id = tokenizer.token_to_id(eos)
-            if eos_id is not None:
-                ids.append(eos_id)
-        self._stop_ids = list(dict.fromkeys(ids))
-
         added = tokenizer.get_added_tokens_decoder()
         special = {i for i, tok in added.items() if tok.special}
         special.update(extra_special_ids)
@@ -178,6 +185,17 @@ class ChatTokenizer:
         self._control_ids = {tok.content: i for i, tok in added.items()}
         self._controls = re.compile("|".join(map(re.escape, controls))) if controls else None
         self._shielded = re.compile("|".join(map(re.escape, [*controls, _SHIELD_OPEN, _SHIELD_CLOSE])))
+        self._markers = turn_markers(lambda messages: self.apply_chat_template(messages, add_generation_prompt=False),
+                                     self._controls)
+
+        # Stop ids: every configured eos id, the eos token string and the token that closes an assistant turn in
+        # the chat template, resolved through the vocabulary.
+        ids = list(eos_token_ids)
+        for token in (self._special_tokens.get("eos_token"), self._markers.closer):
+            token_id = tokenizer.token_to_id(token) if token is not None else None
+            if token_id is not None:
+                ids.append(token_id)
+        self._stop_ids = list(dict.fromkeys(ids))
 
     # -- construction ----------------------------------------------------------------------------------------
 
@@ -230,7 +248,7 @@ class ChatTokenizer:
             eos_ids += _int_ids(text_cfg.get("eos_token_id"))
 
         template = cls._find_chat_template(folder, tok_cfg, tok_cfg_path)
-        return cls(
+        chat = cls(
             tokenizer,
             chat_template=template,
             special_tokens=special_tokens,
@@ -238,6 +256,9 @@ class ChatTokenizer:
             extra_special_ids=extra_special,
             source=str(folder),
         )
+        if not chat.stop_token_ids:
+            raise CheckpointError(_no_stop_message(folder))
+        return chat
 
     @staticmethod
     def _find_chat_template(folder: Path, tok_cfg: Mapping[str, Any], tok_cfg_path: Path) -> str | None:
@@ -298,8 +319,20 @@ class ChatTokenizer:
 
     @property
     def stop_token_ids(self) -> list[int]:
-        """Ids that end generation: generation_config + config eos ids and the eos token, first-seen order."""
+        """Ids that end generation: generation_config + config eos ids, the eos token and the chat template's
+        end of an assistant turn, first-seen order."""
         return list(self._stop_ids)
+
+    @property
+    def turn_markers(self) -> TurnMarkers:
+        """The control tokens that open a chat turn and close an assistant one, as the chat template writes them."""
+        return self._markers
+
+    @property
+    def turn_token_id(self) -> int | None:
+        """Id of the token that opens every chat turn (None where the template has none)."""
+        opener = self._markers.opener
+        return self._tok.token_to_id(opener) if opener is not None else None
 
     @property
     def special_token_ids(self) -> set[int]:

@@ -37,7 +37,7 @@ CONVERSATION = [("system", "You steer a robot arm. Log: 12 picks, 3 places.\n" *
 @pytest.mark.parametrize("make", [_byte_tokenizer, _bpe_tokenizer])
 def test_growing_conversation_equals_full_encoding(make) -> None:
     tok = make()
-    enc = ResumableEncoder(tok)
+    enc = ResumableEncoder(tok, "<|im_start|>")
     assert enc.enabled, enc.reason
     full_chars = []
     for n in range(1, len(CONVERSATION) + 1):
@@ -52,7 +52,7 @@ def test_growing_conversation_equals_full_encoding(make) -> None:
 def test_edits_anywhere_still_equal_full_encoding(make) -> None:
     """A rendering that differs early, shrinks, or repeats exactly: always the full encoding's ids."""
     tok = make()
-    enc = ResumableEncoder(tok)
+    enc = ResumableEncoder(tok, "<|im_start|>")
     texts = [_render(CONVERSATION[:5]), _render(CONVERSATION[:5], generation=False),
              _render([("system", "another system prompt")] + CONVERSATION[1:5]), _render(CONVERSATION[:3]),
              _render(CONVERSATION[:3]), "no markers at all", _render(CONVERSATION[:6]),
@@ -69,7 +69,7 @@ def test_refuses_tokenizers_that_treat_the_start_differently() -> None:
     tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
     tok.add_special_tokens(["<|im_start|>"])
     assert "Metaspace" in resumable_reason(tok, "<|im_start|>")
-    enc = ResumableEncoder(tok)
+    enc = ResumableEncoder(tok, "<|im_start|>")
     assert not enc.enabled
     for text in ["a<|im_start|>a", "a<|im_start|>a<|im_start|>a a"]:
         assert enc.encode(text) == tok.encode(text, add_special_tokens=False).ids

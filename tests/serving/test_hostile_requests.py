@@ -105,7 +105,7 @@ def test_a_plain_key_in_the_keys_file_is_refused_by_line(tiny_dir: Path, tmp_pat
 def test_tokenising_resumes_only_the_same_clients_text(engine: Engine) -> None:
     from edgespec.loading.resumable_encoder import ResumableEncoder
 
-    encoder = ResumableEncoder(engine.tokenizer.tokenizer)
+    encoder = ResumableEncoder(engine.tokenizer.tokenizer, engine.tokenizer.turn_markers.opener)
     text = engine.tokenizer.apply_chat_template(SECRET)
     guess = engine.tokenizer.apply_chat_template(GUESS)
     encoder.encode(text, owner="owner")
