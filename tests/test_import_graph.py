@@ -78,9 +78,10 @@ def test_find_cycle_reports_a_cycle() -> None:
 
 def test_package_has_no_import_cycle() -> None:
     modules = package_modules()
-    assert "edgespec.kernels.triton_gdn" in modules and "edgespec.arch.base" in modules
+    assert "edgespec.kernels.recurrent.triton_gdn" in modules and "edgespec.arch.base" in modules
     graph = {m: imports_of(p, modules) - {m} for m, p in modules.items()}
-    assert "edgespec.kernels.gdn" in graph["edgespec.kernels.triton_gdn"]  # the Triton twin uses its reference
+    # the Triton twin uses its reference
+    assert "edgespec.kernels.recurrent.gdn" in graph["edgespec.kernels.recurrent.triton_gdn"]
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
 
 
@@ -90,8 +91,8 @@ ALLOWED_UPWARD: dict[tuple[str, str], str] = {
     ("edgespec.kernels", "edgespec.cache.kv"):
         "the attention, RoPE-write and CPU-step kernels take the KVCache object (its tensors, FP8 scales and "
         "block layout) instead of plain tensors",
-    ("edgespec.weights.gguf", "edgespec.kernels.gguf_native"):
-        "a GGUF block weight's product on the CPU is the compiled kernel of kernels/gguf_cpu.c, called from its "
+    ("edgespec.weights.gguf", "edgespec.kernels.cpu.gguf_native"):
+        "a GGUF block weight's product on the CPU is the compiled kernel of kernels/cpu/gguf_cpu.c, called from its "
         "own matmul: unlike the Triton products (given to a packed weight by the arch hooks as packed.kernel) it "
         "must run for any caller, hooks or not (the native loader's checks, the fp32 GGUF tests)",
     ("edgespec.engine", "edgespec.distill.request_log"):
@@ -110,7 +111,7 @@ def layer_table() -> dict[str, int]:
 
 
 def part_of(module: str) -> str:
-    """The layer-table part a module belongs to: ``edgespec.kernels.linear`` -> ``kernels``."""
+    """The layer-table part a module belongs to: ``edgespec.kernels.quant.linear`` -> ``kernels``."""
     return module.split(".")[1] if "." in module else module
 
 

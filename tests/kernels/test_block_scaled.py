@@ -1,6 +1,6 @@
 """The block-scaled products (NVFP4 and MXFP4 weights into the block-scaled MMA) on the CPU: the torch twin's
-residual-series activations (``edgespec.kernels.block_scaled_ref``) against the packed formats' reference
-(``quant_ref``), and the Triton kernels (``edgespec.kernels.triton_block_scaled``) through Triton's interpreter
+residual-series activations (``edgespec.kernels.quant.block_scaled_ref``) against the packed formats' reference
+(``quant_ref``), and the Triton kernels (``edgespec.kernels.quant.triton_block_scaled``) through Triton's interpreter
 (``TRITON_INTERPRET=1``, in a child process: the variable is read when the kernels are defined).
 
 The interpreter reads every ``dot_scaled`` scale as E8M0 (Triton 3.9), so the NVFP4 *product* (E4M3 scales) is
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgespec.kernels import block_scaled_ref as R
-from edgespec.kernels.quant_ref import dequantize_rows, pack
+from edgespec.kernels.quant import block_scaled_ref as R
+from edgespec.kernels.quant.quant_ref import dequantize_rows, pack
 
 ROOT = Path(__file__).resolve().parents[2]
 _TRITON = importlib.util.find_spec("triton") is not None
@@ -106,7 +106,7 @@ def interpreted_checks() -> None:
     """Run with TRITON_INTERPRET=1: the quantizer makes the twin's codes bit for bit (both formats, padding rows and
     row blocks included); the MXFP4 product equals quant_ref within the packed products' bf16 tolerance, K split
     or not, with a bias."""
-    from edgespec.kernels import triton_block_scaled as T
+    from edgespec.kernels.quant import triton_block_scaled as T
     torch.manual_seed(0)
     for fmt in ("nvfp4", "mxfp4"):
         for rows in (1, 5, 70):

@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from edgespec.cache.kv import FP8_MAX, KVCache, dequantize_fp8, quantize_fp8
-from edgespec.kernels.attention import attention_ref, cached_attention
-from edgespec.kernels.conv import causal_conv1d_ref
-from edgespec.kernels.gdn import gdn_chunked_ref, gdn_recurrent_ref
-from edgespec.kernels.norm import gated_rms_norm_ref, rms_norm_ref
+from edgespec.kernels.attention.attention import attention_ref, cached_attention
+from edgespec.kernels.pointwise.norm import gated_rms_norm_ref, rms_norm_ref
+from edgespec.kernels.recurrent.conv import causal_conv1d_ref
+from edgespec.kernels.recurrent.gdn import gdn_chunked_ref, gdn_recurrent_ref
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -219,7 +219,7 @@ def test_gdn_tile_overrides_are_checked() -> None:
     recurrent GDN launch; anything else is refused by name, and unset they leave the default."""
     pytest.importorskip("triton")
     from edgespec.kernels.options import KernelOptions
-    from edgespec.kernels.triton_gdn import gdn_tile
+    from edgespec.kernels.recurrent.triton_gdn import gdn_tile
 
     def env(**values: str) -> KernelOptions:
         return KernelOptions.from_environ({f"EDGESPEC_{k.upper()}": v for k, v in values.items()})
@@ -240,8 +240,8 @@ def test_skinny_routing_override_is_checked() -> None:
     """EDGESPEC_SKINNY (an A/B override of which 2-16-row products skip cuBLAS): ``all`` (the default) sends every
     matrix to the skinny GEMM, ``wide`` only those with at least one 64-row block per SM; anything else is refused
     by name rather than silently taken as the default."""
-    from edgespec.kernels.linear import skinny_pays
     from edgespec.kernels.options import KernelOptions
+    from edgespec.kernels.quant.linear import skinny_pays
 
     def env(mode: str | None) -> KernelOptions:
         return KernelOptions.from_environ({} if mode is None else {"EDGESPEC_SKINNY": mode})

@@ -10,9 +10,9 @@ import torch
 
 import edgespec.weights.gguf  # noqa: F401  (registers the GGUF formats)
 import edgespec.weights.gguf_kquants  # noqa: F401  (registers the K-quant formats)
-from edgespec.kernels import linear as L
-from edgespec.kernels.linear import RouteFacts, linear_route, route_log
 from edgespec.kernels.options import KernelOptions
+from edgespec.kernels.quant import linear as L
+from edgespec.kernels.quant.linear import RouteFacts, linear_route, route_log
 from edgespec.weights.requantize import quantize_weight
 
 CUDA = RouteFacts(cuda=True, triton=True, sms=132)
@@ -110,7 +110,7 @@ def test_linear_takes_the_route_the_rule_names_on_the_cpu() -> None:
     """``route_log`` counts what ``linear`` really ran: the compiled product for a few fp32 rows, OpenBLAS for more
     while it is active, torch under autograd or with it off, a packed weight its own product; outputs agree with the
     reference either way."""
-    from edgespec.kernels import gguf_native
+    from edgespec.kernels.cpu import gguf_native
 
     x, w = torch.randn(3, 64), torch.randn(96, 64)
     L.configure_cpu()
