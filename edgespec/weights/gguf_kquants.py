@@ -54,9 +54,9 @@ class _KQuant(GGUFBlockWeight):
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """Embedding lookup: on the Triton products (CUDA, a kernel chosen by the arch hooks) one launch decodes the
-        rows asked for (``edgespec.kernels.quant.triton_kquant.kquant_rows``); elsewhere the reference decode."""
+        rows asked for (``edgespec.kernels.quant.triton_kquant_decode.kquant_rows``); elsewhere the reference decode."""
         if self.kernel is not None and index.is_cuda:
-            from edgespec.kernels.quant.triton_kquant import kquant_rows
+            from edgespec.kernels.quant.triton_kquant_decode import kquant_rows
             return kquant_rows(self, index)
         return super().rows(index)
 

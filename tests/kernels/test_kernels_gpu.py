@@ -397,7 +397,8 @@ def test_linear_dispatch(n_out: int) -> None:
     for the device's real facts), and all match the reference."""
     from edgespec.kernels import sm_count, triton_available
     from edgespec.kernels.options import active
-    from edgespec.kernels.quant.linear import RouteFacts, linear, linear_ref, linear_route, route_log, skinny_pays
+    from edgespec.kernels.quant.linear import linear, linear_ref, route_log
+    from edgespec.kernels.quant.route import RouteFacts, linear_route, skinny_pays
     w = torch.randn(n_out, 1024, device=DEV, dtype=torch.bfloat16) * 0.05
     b = torch.randn(n_out, device=DEV, dtype=torch.bfloat16)
     facts = RouteFacts(cuda=True, triton=triton_available(), sms=sm_count(w.device), options=active())

@@ -241,7 +241,7 @@ def test_skinny_routing_override_is_checked() -> None:
     matrix to the skinny GEMM, ``wide`` only those with at least one 64-row block per SM; anything else is refused
     by name rather than silently taken as the default."""
     from edgespec.kernels.options import KernelOptions
-    from edgespec.kernels.quant.linear import skinny_pays
+    from edgespec.kernels.quant.route import skinny_pays
 
     def env(mode: str | None) -> KernelOptions:
         return KernelOptions.from_environ({} if mode is None else {"EDGESPEC_SKINNY": mode})

@@ -49,7 +49,8 @@ def _one_hot_transposed(matmul, packed, cols: int) -> torch.Tensor:
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("shape", [(96, 512), (1000, 1280)])
 def test_kquant_decode_is_the_cpu_decode_bit_for_bit(kind: str, shape: tuple[int, int]) -> None:
-    from edgespec.kernels.quant.triton_kquant import kquant_dequantize_band, kquant_matmul
+    from edgespec.kernels.quant.triton_kquant import kquant_matmul
+    from edgespec.kernels.quant.triton_kquant_decode import kquant_dequantize_band
     rows, cols = shape
     cpu, gpu = _kquant(kind, rows, cols)
     ref = cpu.dequantize(torch.float32).t()

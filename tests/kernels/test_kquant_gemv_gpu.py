@@ -85,7 +85,8 @@ def test_kquant_matmul_and_linear_route_the_gemv_rows(kind: str, gemv_rows: int)
     """``kquant_matmul`` (the weight's kernel) and ``linear`` send the rows ``KQUANT_GEMV_ROWS`` names to the
     GEMV and more to the tiles: the bits show which ran (``TILES=1`` forces the tiles)."""
     from edgespec.arch.detect import select_hooks
-    from edgespec.kernels.quant.linear import KQUANT_GEMV_ROWS, linear, route_log
+    from edgespec.kernels.quant.linear import linear, route_log
+    from edgespec.kernels.quant.route import KQUANT_GEMV_ROWS
     from edgespec.kernels.quant.triton_kquant import kquant_matmul
     from edgespec.kernels.quant.triton_kquant_gemv import kquant_gemv
     _, gpu = _kquant(kind, 512, 1024, seed=3)
@@ -131,7 +132,8 @@ def test_gemv_replays_in_a_cuda_graph_bit_for_bit(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_embedding_rows_on_cuda_are_the_reference_rows(kind: str) -> None:
-    from edgespec.kernels.quant.triton_kquant import choose_kquant_kernel, kquant_rows
+    from edgespec.kernels.quant.triton_kquant import choose_kquant_kernel
+    from edgespec.kernels.quant.triton_kquant_decode import kquant_rows
     cpu, gpu = _kquant(kind, 300, 768, seed=7)
     gpu.kernel = choose_kquant_kernel(gpu)
     assert gpu.kernel is not None

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from edgespec.kernels.quant import linear as L
+from edgespec.kernels.quant.route import ROWS_MAX
 
 
 @pytest.fixture
@@ -35,7 +36,7 @@ def test_rows_round_like_one_row_steps(blas, monkeypatch):
     bit. Blocks are made small here so the multi-row call really splits the weight."""
     monkeypatch.setattr(L, "BLOCK_BYTES", 64 << 10)
     w = torch.randn(3000, 576)
-    x = torch.randn(L.ROWS_MAX, 576)
+    x = torch.randn(ROWS_MAX, 576)
     with torch.inference_mode():
         together = L.linear(x, w)
         for m in range(x.shape[0]):

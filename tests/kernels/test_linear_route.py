@@ -12,7 +12,8 @@ import edgespec.weights.gguf  # noqa: F401  (registers the GGUF formats)
 import edgespec.weights.gguf_kquants  # noqa: F401  (registers the K-quant formats)
 from edgespec.kernels.options import KernelOptions
 from edgespec.kernels.quant import linear as L
-from edgespec.kernels.quant.linear import RouteFacts, linear_route, route_log
+from edgespec.kernels.quant.linear import route_log
+from edgespec.kernels.quant.route import KQUANT_GEMV_ROWS, RouteFacts, linear_route
 from edgespec.weights.requantize import quantize_weight
 
 CUDA = RouteFacts(cuda=True, triton=True, sms=132)
@@ -77,7 +78,7 @@ def test_kquant_rows_pick_the_cuda_core_gemv_or_their_tiles(rows: int, q4: str, 
     """GGUF K-quants on their Triton products: one row (decode) takes the CUDA-core GEMV, Q6_K up to four rows
     (short verifies: where it measured faster than the tiles); more rows the weight's own tensor-core tiles or
     prefill path."""
-    assert L.KQUANT_GEMV_ROWS == {"gguf_q4_k": 1, "gguf_q5_k": 1, "gguf_q6_k": 4}
+    assert KQUANT_GEMV_ROWS == {"gguf_q4_k": 1, "gguf_q5_k": 1, "gguf_q6_k": 4}
     for fmt, route in (("gguf_q4_k", q4), ("gguf_q5_k", q4), ("gguf_q6_k", q6)):
         assert linear_route(rows, fmt, (3072, 3072), CUDA) == route, (rows, fmt)
 

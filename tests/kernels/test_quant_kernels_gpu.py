@@ -102,7 +102,7 @@ def test_wide_rows_17_to_64_read_each_weight_once(fmt: str, dtype: torch.dtype, 
 
 def test_pair_order_is_the_tile_permutation() -> None:
     """``pair_order`` puts input 8w + 4h + p at column 8w + 2p + h, the order ``_pair_columns`` lays weights in."""
-    from edgespec.kernels.quant.triton_quant_gemv import pair_order
+    from edgespec.kernels.quant.triton_quant_tiles import pair_order
     x = torch.arange(3 * 64, device=DEV).reshape(3, 64)
     xp = pair_order(x)
     for w, p, h in ((0, 0, 1), (2, 3, 0), (7, 1, 1), (5, 2, 1)):

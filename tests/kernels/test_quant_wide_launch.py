@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("triton")
 
 from edgespec.kernels.quant.quant_ref import RawPacked  # noqa: E402
-from edgespec.kernels.quant.triton_quant_gemv import wave_splits  # noqa: E402
+from edgespec.kernels.quant.triton_quant_tiles import wave_splits  # noqa: E402
 from edgespec.kernels.quant.triton_quant_wide import t_tile_applies  # noqa: E402
 
 

@@ -5,7 +5,7 @@ On a small CPU a batch-1 decode step of the demo model runs ~400 torch operation
 few microseconds of dispatch for a few hundred floats of work. The residual add + RMSNorm (6 operations),
 SwiGLU (3) and a Llama attention layer (RoPE, K/V cache write, causal GQA attention: ~20) are one call each. Each
 returns None where it does not apply (other devices or dtypes, FP8 or blocked caches, q/k norms, gated or partial
-layouts, more rows than :data:`edgespec.kernels.quant.linear.ROWS_MAX`, no compiler), and the caller runs the torch
+layouts, more rows than :data:`edgespec.kernels.quant.route.ROWS_MAX`, no compiler), and the caller runs the torch
 reference, which stays the oracle the tests compare these against. Every output row is computed by the same
 operations whatever the row count, so verify rows equal decode steps bit for bit.
 """
@@ -16,7 +16,7 @@ import torch
 
 from edgespec.cache.kv import KVCache
 from edgespec.kernels.cpu import gguf_native
-from edgespec.kernels.quant.linear import ROWS_MAX
+from edgespec.kernels.quant.route import ROWS_MAX
 
 _MAX_HEAD_DIM = 512   # the C attention keeps one rotated query head on its stack
 

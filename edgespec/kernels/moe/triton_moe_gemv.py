@@ -32,7 +32,7 @@ import triton.language as tl
 
 from edgespec.kernels import sm_count
 from edgespec.kernels.moe.moe_quant import StackedInt4
-from edgespec.kernels.quant.triton_quant_gemv import _int4_word_values, wave_splits
+from edgespec.kernels.quant.triton_quant_tiles import _int4_word_values, wave_splits
 
 # Launch knobs (tools/moe_int4_bench.py layer sweeps them; the model bench takes the best with --tuning):
 # ``max_rows``: the most rows this path takes (more go to the tensor-core tiles); weight rows per program of the

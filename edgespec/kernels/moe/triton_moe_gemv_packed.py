@@ -37,7 +37,7 @@ from edgespec.kernels.moe.triton_moe_gemv import (
     _word_inputs,
     expert_splits,
 )
-from edgespec.kernels.quant.triton_quant_gemv import NVFP4_BF16_SHIFT
+from edgespec.kernels.quant.triton_quant_tiles import NVFP4_BF16_SHIFT
 from edgespec.kernels.quant.triton_quant_wide import _nvfp4_row_scales, _nvfp4_word_pairs
 
 # Launch knobs, as ``triton_moe_gemv.GEMV_TUNING`` (whose values, the int4 sweep's best on the 35B-A3B layer, they

@@ -37,7 +37,7 @@ from edgespec.kernels.quant.block_scaled_ref import (
     block_rows,
 )
 from edgespec.kernels.quant.triton_gemv import _split_sum_kernel
-from edgespec.kernels.quant.triton_quant_gemv import _finish, wave_splits
+from edgespec.kernels.quant.triton_quant_tiles import _finish, wave_splits
 
 # Weight rows per program: the block-scaled tcgen05 MMA's M (the weights are its left operand).
 BLOCK_N = 128

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from edgespec.kernels import sm_count
 from edgespec.kernels.launch.triton_pdl import pdl_launch, pdl_release, pdl_wait
-from edgespec.kernels.quant.triton_quant_gemv import _finish
+from edgespec.kernels.quant.triton_quant_tiles import _finish
 from edgespec.kernels.quant.triton_rowblock import RowBlockOutputs, choose_splits, row_block_program
 
 BLOCK_K = 128

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from edgespec.kernels import sm_count
 from edgespec.kernels.launch.triton_pdl import pdl_enter, pdl_launch, pdl_release, pdl_wait
-from edgespec.kernels.quant.linear import SKINNY_MAX_ROWS
+from edgespec.kernels.quant.route import SKINNY_MAX_ROWS
 
 
 @triton.jit
@@ -92,7 +92,7 @@ def _launch_config(default: dict[str, int], config: dict[str, int] | None) -> di
 
 
 # ---- a few rows (verify, DFlash blocks): tensor-core tiles over a 16-row block -----------------------------------
-# (which matrices take it rather than cuBLAS: edgespec.kernels.quant.linear.linear_route / skinny_pays)
+# (which matrices take it rather than cuBLAS: edgespec.kernels.quant.route.linear_route / skinny_pays)
 
 @triton.jit
 def _skinny_kernel(x_ptr, w_ptr, part_ptr, b_ptr, y_ptr, M, N, K, k_per_split, stride_xm,

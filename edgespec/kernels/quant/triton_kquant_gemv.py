@@ -10,7 +10,7 @@ Layouts: :mod:`edgespec.weights.gguf_kquants`. Each program owns ``BLOCK_N`` wei
 (the K split, sized by ``wave_splits`` to fill the SMs and summed in a fixed order by the split-sum kernel, so the
 same bits on every run); the activation rows (up to :data:`GEMV_MAX_ROWS`) each keep their own accumulator and
 run the very same operations, so a row's result does not depend on how many rows ride with it. How many rows each
-format is sent here is ``edgespec.kernels.quant.linear.KQUANT_GEMV_ROWS`` (measured: Q4_K one, Q6_K up to four).
+format is sent here is ``edgespec.kernels.quant.route.KQUANT_GEMV_ROWS`` (measured: Q4_K one, Q6_K up to four).
 
 * Q4_K / Q5_K (read as int32 words, 36 / 44 per super-block): per sub-block of 32 the products ``sum(q * x)``
   are accumulated per word column, then scaled once: ``acc += (d * sc) * dot - (dmin * m) * sum(x)``. Q4_K's
@@ -35,11 +35,11 @@ import triton.language as tl
 
 from edgespec.kernels import sm_count
 from edgespec.kernels.launch.triton_pdl import pdl_launch, pdl_release, pdl_wait
-from edgespec.kernels.quant.triton_kquant import LAYOUTS, _dmin_head, _fp16_bits, _scale_min
-from edgespec.kernels.quant.triton_quant_gemv import _finish, wave_splits
+from edgespec.kernels.quant.triton_kquant_decode import LAYOUTS, _dmin_head, _fp16_bits, _scale_min
+from edgespec.kernels.quant.triton_quant_tiles import _finish, wave_splits
 from edgespec.kernels.quant.triton_rowblock import RowBlockOutputs
 
-# Activation rows one launch takes (edgespec.kernels.quant.linear.KQUANT_GEMV_ROWS says how many each format is sent).
+# Activation rows one launch takes (edgespec.kernels.quant.route.KQUANT_GEMV_ROWS says how many each format is sent).
 GEMV_MAX_ROWS = 4
 # Launch per ggml type: weight rows per program, warps, programs wanted per SM (the K split), fewest super-blocks per
 # split. The launch of least time summed over the peer Q4_K_M file's matrices at one row (tools/kquant_gemv_bench.py

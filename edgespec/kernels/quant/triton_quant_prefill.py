@@ -93,7 +93,7 @@ def dequantize_band(packed, start: int, stop: int, dtype: torch.dtype, out: torc
     """Rows ``start:stop`` of a packed weight (contract buffer names) as a dense ``[stop - start, in]`` tensor of
     ``dtype`` on its device: the Triton twin of ``packed.dequantize_rows``."""
     if getattr(packed, "ggml_type", None) in (12, 13, 14):      # GGUF K-quants: edgespec.kernels.quant.triton_kquant
-        from edgespec.kernels.quant.triton_kquant import kquant_dequantize_band
+        from edgespec.kernels.quant.triton_kquant_decode import kquant_dequantize_band
         return kquant_dequantize_band(packed, start, stop, dtype, out)
     fmt = packed.format
     rows, K = stop - start, packed.in_features

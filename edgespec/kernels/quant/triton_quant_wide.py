@@ -36,7 +36,7 @@ import triton.language as tl
 
 from edgespec.kernels.launch.triton_pdl import pdl_launch, pdl_release, pdl_wait
 from edgespec.kernels.quant.triton_gemv import _split_sum_kernel
-from edgespec.kernels.quant.triton_quant_gemv import (
+from edgespec.kernels.quant.triton_quant_tiles import (
     _NVFP4_PAIRS_BF16_ASM,
     _NVFP4_PAIRS_FP16_ASM,
     NVFP4_BF16_SHIFT,
