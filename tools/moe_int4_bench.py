@@ -52,7 +52,7 @@ SHAPE = "qwen3.5-35b-a3b"
 def random_int4_stack(E: int, H: int, I: int, group: int, device: torch.device, gen: torch.Generator):
     """``E`` random int4 experts stacked (the last the shared one): random codes, zero point 8, scales giving
     N(0, 0.02)-sized weights (speed does not depend on the values)."""
-    from edgespec.kernels.moe.moe_quant import StackedInt4
+    from edgespec.kernels.moe.stacks import StackedInt4
 
     def part(rows: int, cols: int):
         q = torch.randint(0, 256, (E, rows, cols // 2), dtype=torch.uint8, device=device, generator=gen)
@@ -68,7 +68,7 @@ def random_packed_stack(fmt: str, E: int, H: int, I: int, device: torch.device, 
     """``E`` random NVFP4 or block-FP8 experts stacked (the last the shared one), codes drawn as
     ``edgespec.bench.moe.fill_random_codes_`` draws them (speed does not depend on the values)."""
     from edgespec.bench.moe import fill_random_codes_
-    from edgespec.kernels.moe.moe_packed import StackedFP8Block, StackedNVFP4
+    from edgespec.kernels.moe.stacks import StackedFP8Block, StackedNVFP4
     from edgespec.weights.fp8_block import FP8BlockWeight
     from edgespec.weights.nvfp4 import NVFP4Weight
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from edgespec.errors import CheckpointError
-from edgespec.kernels.moe.moe_packed import TILE, StackedFP8Block, StackedNVFP4, StackedPacked
+from edgespec.kernels.moe.stacks import TILE, StackedFP8Block, StackedNVFP4, StackedPacked
 from edgespec.weights.base import PackedWeight
 
 FORMATS = ("nvfp4", "fp8_block")

@@ -15,8 +15,9 @@ import torch
 from torch import nn
 
 from edgespec.kernels.moe.moe import group_by_expert, grouped_expert_product, route, stacked_expert_product
-from edgespec.kernels.moe.moe_packed import StackedPacked, stacked_packed_expert_product, stacked_packed_moe
-from edgespec.kernels.moe.moe_quant import KERNEL_GROUPS, StackedInt4, stacked_int4_expert_product, stacked_int4_moe
+from edgespec.kernels.moe.moe_packed import stacked_packed_expert_product, stacked_packed_moe
+from edgespec.kernels.moe.moe_quant import stacked_int4_expert_product, stacked_int4_moe
+from edgespec.kernels.moe.stacks import KERNEL_GROUPS, StackedInt4, StackedPacked
 from edgespec.kernels.quant.linear import linear
 from edgespec.models.config import ModelConfig
 from edgespec.models.expert_stacks import stack_packed_experts

@@ -18,12 +18,12 @@ from test_moe import check_cuda_model
 from edgespec.bench.shapes import tiny_config, write_random_checkpoint
 from edgespec.kernels.moe.moe import group_by_expert, moe_ref, route
 from edgespec.kernels.moe.moe_quant import (
-    StackedInt4,
     route_with_shared_ref,
     stacked_int4_expert_product,
     stacked_int4_expert_product_ref,
     stacked_int4_moe,
 )
+from edgespec.kernels.moe.stacks import StackedInt4
 from edgespec.kernels.pointwise.activation import silu_mul_ref
 from edgespec.kernels.quant.quant_ref import dequant_int4, quantize_int4
 from edgespec.loading.checkpoint import load_target

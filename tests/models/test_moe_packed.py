@@ -22,13 +22,12 @@ from edgespec.bench.shapes import tiny_config, write_random_checkpoint
 from edgespec.errors import CheckpointError
 from edgespec.kernels.moe.moe import group_by_expert, moe_ref, route
 from edgespec.kernels.moe.moe_packed import (
-    StackedFP8Block,
-    StackedNVFP4,
     stacked_packed_expert_product,
     stacked_packed_expert_product_ref,
     stacked_packed_moe,
 )
 from edgespec.kernels.moe.moe_quant import route_with_shared_ref
+from edgespec.kernels.moe.stacks import StackedFP8Block, StackedNVFP4
 from edgespec.kernels.pointwise.activation import silu_mul_ref
 from edgespec.kernels.quant.quant_ref import quantize_fp8_block, quantize_nvfp4
 from edgespec.loading.checkpoint import load_target
@@ -397,7 +396,8 @@ _INTERPRETED_FP8_GEMV = textwrap.dedent("""
 
     from edgespec.kernels.moe import triton_moe_gemv_packed as gp
     from edgespec.kernels.moe.moe import route
-    from edgespec.kernels.moe.moe_packed import StackedFP8Block, stacked_packed_expert_product_ref
+    from edgespec.kernels.moe.moe_packed import stacked_packed_expert_product_ref
+    from edgespec.kernels.moe.stacks import StackedFP8Block
     from edgespec.kernels.quant.quant_ref import quantize_fp8_block
     from edgespec.kernels.moe.triton_moe_quant import stacked_packed_expert_product_triton as product
 

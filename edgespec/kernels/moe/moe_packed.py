@@ -19,93 +19,11 @@ other experts stay per expert on the host-grouped path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from edgespec.kernels import use_triton
-from edgespec.kernels.moe.moe_quant import StackShape, route_with_shared_ref, stacked_product_ref, with_shared_slot
-from edgespec.kernels.quant.quant_ref import FP8_BLOCK, NVFP4_BLOCK, dequant_fp8_block, dequant_nvfp4
-
-# Inputs per kernel tile (one tensor-core K step of 128, as the dense NVFP4 and block-FP8 tiles take)
-TILE = 128
-
-
-def _check_shapes(kind: str, want: dict[str, tuple[tuple[int, ...], torch.dtype]], stack: object) -> None:
-    for name, (shape, dtype) in want.items():
-        t = getattr(stack, name)
-        if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
-            raise ValueError(f"stacked {kind} experts: {name} is {tuple(t.shape)} {t.dtype}, expected {shape} "
-                             f"{dtype}, contiguous")
-
-
-def _check_tiles(kind: str, hidden: int, width: int) -> None:
-    if hidden % TILE or width % TILE:
-        raise ValueError(f"stacked {kind} experts: hidden {hidden} and width {width} must be multiples of {TILE} "
-                         "(the kernel's tile)")
-
-
-@dataclass
-class StackedNVFP4(StackShape):
-    """NVFP4 experts of one layer (see the module doc for the layout); ``shared``: the last expert is the shared
-    one."""
-
-    q13: torch.Tensor
-    s13: torch.Tensor
-    g13: torch.Tensor
-    q2: torch.Tensor
-    s2: torch.Tensor
-    g2: torch.Tensor
-    shared: bool
-    format = "nvfp4"
-    CODES_PER_BYTE = 2
-
-    def check(self) -> None:
-        """Shapes and dtypes of the layout, whole kernel tiles; a named error otherwise."""
-        E, H, I = self.experts, self.hidden, self.width
-        _check_tiles("nvfp4", H, I)
-        e4m3 = torch.float8_e4m3fn
-        _check_shapes("nvfp4", {
-            "q13": ((E, 2 * I, H // 2), torch.uint8), "s13": ((E, 2 * I, H // NVFP4_BLOCK), e4m3),
-            "g13": ((E, 2), torch.float32), "q2": ((E, H, I // 2), torch.uint8),
-            "s2": ((E, H, I // NVFP4_BLOCK), e4m3), "g2": ((E,), torch.float32)}, self)
-
-    def dequant(self, e: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Expert ``e``'s ``(w13 [2I, H], w2 [H, I])`` in fp32 (gate and up rows each under their global scale)."""
-        I = self.width
-        gate = dequant_nvfp4(self.q13[e, :I], self.s13[e, :I], self.g13[e, 0], torch.float32)
-        up = dequant_nvfp4(self.q13[e, I:], self.s13[e, I:], self.g13[e, 1], torch.float32)
-        return torch.cat([gate, up]), dequant_nvfp4(self.q2[e], self.s2[e], self.g2[e], torch.float32)
-
-
-@dataclass
-class StackedFP8Block(StackShape):
-    """Block-FP8 (128x128) experts of one layer (see the module doc for the layout); ``shared``: the last expert is
-    the shared one."""
-
-    q13: torch.Tensor
-    s13: torch.Tensor
-    q2: torch.Tensor
-    s2: torch.Tensor
-    shared: bool
-    format = "fp8_block"
-
-    def check(self) -> None:
-        """Shapes and dtypes of the layout, whole kernel tiles; a named error otherwise."""
-        E, H, I, b = self.experts, self.hidden, self.width, FP8_BLOCK
-        _check_tiles("fp8_block", H, I)
-        e4m3 = torch.float8_e4m3fn
-        _check_shapes("fp8_block", {
-            "q13": ((E, 2 * I, H), e4m3), "s13": ((E, 2 * I // b, H // b), torch.float32),
-            "q2": ((E, H, I), e4m3), "s2": ((E, H // b, I // b), torch.float32)}, self)
-
-    def dequant(self, e: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Expert ``e``'s ``(w13 [2I, H], w2 [H, I])`` in fp32."""
-        return (dequant_fp8_block(self.q13[e], self.s13[e], 0, torch.float32),
-                dequant_fp8_block(self.q2[e], self.s2[e], 0, torch.float32))
-
-
-StackedPacked = StackedNVFP4 | StackedFP8Block
+from edgespec.kernels.moe.moe_quant import route_with_shared_ref, stacked_product_ref, with_shared_slot
+from edgespec.kernels.moe.stacks import StackedPacked
 
 
 def stacked_packed_expert_product_ref(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,

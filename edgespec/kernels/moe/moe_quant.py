@@ -15,82 +15,14 @@ runs in the same launches as the routed ones (its weights read once per forward,
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
 from edgespec.kernels import use_triton
 from edgespec.kernels.moe.moe import route
+from edgespec.kernels.moe.stacks import ExpertStack, StackedInt4
 from edgespec.kernels.pointwise.activation import silu_mul_ref
 from edgespec.kernels.quant.quant_ref import dequant_int4
-
-# Group sizes the Triton kernel takes (a quantization group is one tensor-core K tile); other int4 experts stay
-# per expert, grouped on the host.
-KERNEL_GROUPS = (32, 64, 128, 256)
-
-
-class StackShape:
-    """The sizes every expert stack reads off its ``q13`` / ``q2`` codes (``CODES_PER_BYTE`` codes in a byte):
-    :class:`StackedInt4` here, the NVFP4 and block-FP8 stacks of ``edgespec.kernels.moe.moe_packed``."""
-
-    CODES_PER_BYTE = 1
-    q13: torch.Tensor
-    q2: torch.Tensor
-
-    @property
-    def experts(self) -> int:
-        """Stacked experts, the shared one included."""
-        return self.q13.shape[0]
-
-    @property
-    def hidden(self) -> int:
-        return self.q2.shape[1]
-
-    @property
-    def width(self) -> int:
-        return self.q2.shape[2] * self.CODES_PER_BYTE
-
-
-@dataclass
-class StackedInt4(StackShape):
-    """int4 experts of one layer: ``q13 [E', 2I, H/2]`` / ``s13``, ``z13 [E', 2I, H/g]`` (each expert's gate
-    rows then its up rows, the merged ``gate_up_proj``) and ``q2 [E', H, I/2]`` / ``s2``, ``z2 [E', H, I/g]``.
-    ``shared``: the last of the E' experts is the shared expert (E' = routed experts + 1)."""
-
-    q13: torch.Tensor
-    s13: torch.Tensor
-    z13: torch.Tensor
-    q2: torch.Tensor
-    s2: torch.Tensor
-    z2: torch.Tensor
-    group_size: int
-    shared: bool
-    CODES_PER_BYTE = 2
-
-    def check(self) -> None:
-        """Shapes and dtypes of the contract layout; a named error otherwise."""
-        E, H, I, g = self.experts, self.hidden, self.width, self.group_size
-        want = {"q13": ((E, 2 * I, H // 2), torch.uint8), "s13": ((E, 2 * I, H // g), torch.float16),
-                "z13": ((E, 2 * I, H // g), torch.uint8), "q2": ((E, H, I // 2), torch.uint8),
-                "s2": ((E, H, I // g), torch.float16), "z2": ((E, H, I // g), torch.uint8)}
-        if H % g or I % g:
-            raise ValueError(f"stacked int4 experts: group size {g} must divide hidden {H} and width {I}")
-        for name, (shape, dtype) in want.items():
-            t = getattr(self, name)
-            if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
-                raise ValueError(f"stacked int4 experts: {name} is {tuple(t.shape)} {t.dtype}, expected "
-                                 f"{shape} {dtype}, contiguous")
-
-
-class ExpertStack(Protocol):
-    """What the routing side reads of any stacked expert set (int4 here, NVFP4 and block-FP8 in
-    ``edgespec.kernels.moe.moe_packed``): how many experts, and whether the last one is the shared expert."""
-
-    shared: bool
-
-    @property
-    def experts(self) -> int: ...
 
 
 def with_shared_slot(weights: torch.Tensor, experts: torch.Tensor, stack: ExpertStack,

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from edgespec.kernels import sm_count
-from edgespec.kernels.moe.moe_quant import StackedInt4
+from edgespec.kernels.moe.stacks import StackedInt4
 from edgespec.kernels.quant.triton_quant_tiles import _int4_word_values, wave_splits
 
 # Launch knobs (tools/moe_int4_bench.py layer sweeps them; the model bench takes the best with --tuning):

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from edgespec.kernels import sm_count
-from edgespec.kernels.moe.moe_packed import TILE, StackedFP8Block, StackedNVFP4, StackedPacked
+from edgespec.kernels.moe.stacks import TILE, StackedFP8Block, StackedNVFP4, StackedPacked
 from edgespec.kernels.moe.triton_moe_gemv import (
     _SUM_BLOCK,
     _slot_block,

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from edgespec.kernels import sm_count
-from edgespec.kernels.moe.moe_quant import KERNEL_GROUPS, StackedInt4
+from edgespec.kernels.moe.stacks import KERNEL_GROUPS, StackedInt4
 from edgespec.kernels.moe.triton_moe_gemv import GEMV_TUNING, int4_expert_gemv
 from edgespec.kernels.quant.triton_quant_tiles import _int4_pair_tile, _pair_order_x
 

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from edgespec.kernels import sm_count
-from edgespec.kernels.moe.moe_packed import TILE, StackedFP8Block, StackedNVFP4, StackedPacked
+from edgespec.kernels.moe.stacks import TILE, StackedFP8Block, StackedNVFP4, StackedPacked
 from edgespec.kernels.moe.triton_moe_gemv_packed import PACKED_GEMV_TUNING, packed_expert_gemv
 from edgespec.kernels.moe.triton_moe_int4 import MAX_ROWS, ROW_BLOCK, TUNING, _block_n, _slot_rows, group_pairs
 from edgespec.kernels.quant.triton_quant_tiles import NVFP4_BF16_SHIFT, NVFP4_FP16_SHIFT, _pair_order_x

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from edgespec.kernels.moe.moe_quant import ExpertStack, StackedInt4
+from edgespec.kernels.moe.stacks import ExpertStack, StackedInt4
 from edgespec.kernels.moe.triton_moe_int4 import _group_body, check_product_input, group_buffers, grouped_int4_product
 
 _ROW_BLOCK = 16     # most logits rows softmaxed at a time (16 x 256 experts: 32 fp32 a thread at 4 warps)
