@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from edgespec.cache.kv import FP8_DTYPE, FP8_MAX, KVCache
-from edgespec.kernels.attention.rope import check_head_norm_rope
+from edgespec.kernels.attention.rope_checks import check_head_norm_rope
 from edgespec.kernels.launch.triton_pdl import pdl_enter, pdl_launch
 
 # The fp32 reciprocal CUDA torch multiplies by for ``amax / 448.0`` (``opmath(1) / opmath(448)``, on the host).

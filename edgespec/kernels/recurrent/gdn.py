@@ -17,20 +17,7 @@ from __future__ import annotations
 import torch
 
 from edgespec.kernels import use_triton
-
-
-def prepare_qk(q: torch.Tensor, k: torch.Tensor, n_v_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """l2-normalise q and k in fp32, scale q, and repeat key heads up to the value heads."""
-    q = q.float()
-    k = k.float()
-    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
-    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
-    q = q * (q.shape[-1] ** -0.5)
-    ratio = n_v_heads // k.shape[1]
-    if ratio > 1:
-        q = q.repeat_interleave(ratio, dim=1)
-        k = k.repeat_interleave(ratio, dim=1)
-    return q, k
+from edgespec.kernels.recurrent.gdn_common import prepare_qk, triton_chunk_ok
 
 
 def gdn_recurrent_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -124,8 +111,9 @@ def gdn_advance(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.T
 
 def gdn_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                 state: torch.Tensor, chunk: int = 64) -> torch.Tensor:
-    """Dispatch: Triton on CUDA, else the torch reference. Same contract as :func:`gdn_chunked_ref`."""
-    if use_triton(v):
+    """Dispatch: Triton on CUDA for the chunk sizes it takes, else the torch reference. Same contract as
+    :func:`gdn_chunked_ref`."""
+    if use_triton(v) and triton_chunk_ok(chunk):
         from edgespec.kernels.recurrent.triton_gdn import gdn_chunked_triton
         return gdn_chunked_triton(q, k, v, g, beta, state, chunk)
     return gdn_chunked_ref(q, k, v, g, beta, state, chunk)

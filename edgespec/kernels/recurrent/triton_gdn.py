@@ -27,7 +27,7 @@ import triton.language as tl
 
 from edgespec.kernels.launch.triton_pdl import pdl_launch, pdl_release, pdl_wait
 from edgespec.kernels.options import KernelOptions, active
-from edgespec.kernels.recurrent.gdn import gdn_chunked_ref, prepare_qk
+from edgespec.kernels.recurrent.gdn_common import prepare_qk, triton_chunk_ok
 
 
 # T, write_state and save_slots are not specialised: decode (T=1), verify (T=K+1, with or without checkpoints),
@@ -314,12 +314,13 @@ def gdn_chunked_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     Two stages: the state-independent intra-chunk work (normalisation, decays, the triangular solve) for
     all chunks at once in batched torch (:func:`_chunk_prep`), then one Triton launch that carries the state
     through the chunks in order, one program per (value head, dv tile), with the state tile in registers.
-    ``chunk`` must be a power of two in [16, 128] (anything else falls back to the torch reference).
+    ``chunk`` must be a power of two in [16, 128] (ValueError otherwise; ``gdn_chunked`` gives other chunk sizes
+    to the torch reference).
     """
     q, k, v = _check(q, k, v, g, beta, state)
     T, n_v, dv = v.shape
-    if chunk & (chunk - 1) or not 16 <= chunk <= 128:
-        return gdn_chunked_ref(q, k, v, g, beta, state, chunk)
+    if not triton_chunk_ok(chunk):
+        raise ValueError(f"Triton chunked GDN takes a power-of-two chunk in [16, 128], got {chunk}")
     out = torch.empty((T, n_v, dv), dtype=torch.float32, device=v.device)
     if T == 0:
         return out

@@ -32,7 +32,7 @@ from edgespec.cache.kv import KVCache
 from edgespec.kernels import use_triton
 from edgespec.kernels.options import active
 from edgespec.kernels.pointwise.activation import gdn_gates
-from edgespec.kernels.recurrent.gdn import prepare_qk
+from edgespec.kernels.recurrent.gdn_common import prepare_qk
 
 # Rows a tree forward may have: the Triton attention reads each row's ancestors as one 64-bit mask.
 MAX_TREE_ROWS = 64
