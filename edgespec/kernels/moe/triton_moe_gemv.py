@@ -6,7 +6,7 @@ At one row the tensor-core path of ``edgespec.kernels.moe.triton_moe_int4`` pads
 shared one), too few programs to keep enough bytes in flight, and the tile does 16x the arithmetic. Here each
 program takes a block of one touched expert's packed words for each of that expert's rows in turn (a second row
 reads them from L2), as the dense one-row kernel does for its one row, and unpacks them with that kernel's word
-code (``_int4_word_values`` of ``edgespec.kernels.quant.triton_quant_gemv``: eight ``q - z`` per int32 word in fp16
+code (``_int4_word_values`` of ``edgespec.kernels.quant.triton_quant_tiles``: eight ``q - z`` per int32 word in fp16
 pair arithmetic, exact), multiplying in fp32; K is split across programs
 (``wave_splits``) until the touched experts fill ``waves`` programs per SM. Three launches after the grouping:
 

@@ -1,7 +1,7 @@
 """The routed (and shared) int4 expert product for 1-64 rows in Triton: each touched expert's packed weights read
 once per forward, static launch shapes, no host round trip (CUDA-graph capturable whatever the routing).
 
-Layout: :class:`edgespec.kernels.moe.moe_quant.StackedInt4`. A forward of T rows routed to k experts (plus the shared
+Layout: :class:`edgespec.kernels.moe.stacks.StackedInt4`. A forward of T rows routed to k experts (plus the shared
 expert as slot k when stacked) has P = T * k' (row, slot) pairs. Three launches:
 
 * ``_group_kernel`` (one program): sorts the pairs by expert (``tl.sort`` of ``expert * P' + pair``), counts

@@ -14,7 +14,7 @@ Decode per format (each exact in the activation type, so the products round only
 
 * nvfp4: ``triton_quant_wide._nvfp4_word_tile`` (the dense weight-major tile's decode): e2m1 bits placed under the
   exponent and one pair multiply by the e4m3 block scale times 2^SHIFT, the tile's columns in the pair order of
-  ``triton_quant_gemv._pair_order_x`` (the activation tile is permuted to match); the accumulator is scaled by the
+  ``triton_quant_tiles._pair_order_x`` (the activation tile is permuted to match); the accumulator is scaled by the
   matrix's global scale (gate, up and down each their own) and 2^-SHIFT once.
 * fp8_block: e4m3 converted to the activation type; one 128x128 block scale per tile and program (a program's
   rows lie in one block row: its row count divides 128).

@@ -12,7 +12,7 @@ once per call whatever the row count; the activation rows are the MMA's N side (
 
 Each weight tile is one quantization group (int4: ``group_size`` inputs; nvfp4 and fp8: 128) of ``BLOCK_N`` rows:
 
-* int4: the pair decode of ``triton_quant_gemv._int4_pair_tile`` (``q - z`` exact in the activation type); the
+* int4: the pair decode of ``triton_quant_tiles._int4_pair_tile`` (``q - z`` exact in the activation type); the
   group scale is applied to the tile's fp32 product. The zero points and scales (1-2 bytes per row, too narrow for
   the asynchronous copies) are loaded one group ahead by hand. (Folding the scale into the weights, so the MMA
   accumulates across groups, compiled to a layout conversion in 20 barriered rounds: left out.)
