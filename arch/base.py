@@ -97,8 +97,8 @@ class ArchHooks:
         self.static.clear()
         self.static_trees.clear()
         self.graph_prefill_max = graph_prefill_max
-        # MoE layers run as graphs only with every expert stacked (device-side ids, edgespec.kernels.triton_moe and
-        # triton_moe_int4); other packed experts are grouped on the host (edgespec.kernels.moe) and run eagerly.
+        # MoE layers run as graphs only with every expert stacked (device-side ids, edgespec.kernels.moe.triton_moe and
+        # triton_moe_int4); other packed experts are grouped on the host (edgespec.kernels.moe.moe) and run eagerly.
         graphs = graphs and all(b.device_routed for b in moe_blocks(model))
         self.choose_weight_kernels(model)   # before any capture: graphs record the chosen products
         if cache.states is not None:
@@ -130,28 +130,28 @@ class ArchHooks:
 
     def packed_kernel(self, packed: PackedWeight, capability: tuple[int, int]) -> Callable | None:
         """The portable choice on a CUDA device of ``capability``: the Triton products of
-        ``edgespec.kernels.triton_quant_gemv`` where they take the format and shape (the weights decoded to the
+        ``edgespec.kernels.quant.triton_quant_gemv`` where they take the format and shape (the weights decoded to the
         activation type for the tensor cores), MXFP4 on ``tl.dot_scaled`` (native from compute capability 10,
         emulated before), GGUF K-quants and per-row FP8 on kernels of their own."""
-        from edgespec.kernels.triton_quant_gemv import choose_quant_kernel, prepare_for_kernel
+        from edgespec.kernels.quant.triton_quant_gemv import choose_quant_kernel, prepare_for_kernel
         kernel = choose_quant_kernel(packed, capability)
         if kernel is not None:
             if packed.device.type == "cuda":
                 prepare_for_kernel(packed)
             return kernel
-        from edgespec.kernels.triton_block_scaled import choose_block_scaled_kernel
+        from edgespec.kernels.quant.triton_block_scaled import choose_block_scaled_kernel
         if packed.format == "mxfp4":
             return choose_block_scaled_kernel(packed, native_only=False, capability=capability)
         if packed.device.type != "cuda":
             return None
         # Formats read in their own layout by kernels of their own: GGUF K-quants, per-row FP8 (issue 38).
-        from edgespec.kernels.triton_fp8_row import choose_fp8_row_kernel
-        from edgespec.kernels.triton_kquant import choose_kquant_kernel
+        from edgespec.kernels.quant.triton_fp8_row import choose_fp8_row_kernel
+        from edgespec.kernels.quant.triton_kquant import choose_kquant_kernel
         return choose_kquant_kernel(packed) or choose_fp8_row_kernel(packed)
 
     def kernel_names(self, capability: tuple[int, int]) -> dict[str, str]:
         """Which product each packed format gets on ``capability`` (``edgespec doctor``), by the kernel's name."""
-        from edgespec.kernels.quant_ref import pack
+        from edgespec.kernels.quant.quant_ref import pack
         names = {}
         for fmt in ("int4", "nvfp4", "mxfp4", "fp8_block"):
             probe = pack(fmt, torch.zeros(128, 256))
@@ -161,7 +161,7 @@ class ArchHooks:
 
     def choose_weight_kernels(self, *modules: torch.nn.Module) -> int:
         """Store :meth:`weight_kernel` in every packed weight of ``modules`` (the target, a drafter); returns how
-        many got a fast kernel. Dense layers are unaffected (``edgespec.kernels.linear`` routes them)."""
+        many got a fast kernel. Dense layers are unaffected (``edgespec.kernels.quant.linear`` routes them)."""
         chosen = 0
         for module in modules:
             for sub in module.modules():

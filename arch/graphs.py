@@ -6,7 +6,7 @@ and position into them and replays the captured graph, so one graph serves every
 graph-mode forward eagerly, which is how the CPU tests prove the device-position path exact.
 
 Each static forward also computes the strict greedy verdict of its input tokens (the argmax of every row and how
-many leading drafts equal the argmax of the row before them, :func:`edgespec.kernels.argmax.greedy_verdict`) in
+many leading drafts equal the argmax of the row before them, :func:`edgespec.kernels.verify.argmax.greedy_verdict`) in
 the same graph, so a greedy accept stage is one copy of ``rows + 1`` integers instead of an argmax over
 ``rows x vocab`` logits and a handful of launches after the replay.
 """
@@ -20,7 +20,7 @@ import torch
 
 from edgespec.cache.model_cache import ModelCache
 from edgespec.cache.state import StateMode
-from edgespec.kernels.argmax import greedy_verdict
+from edgespec.kernels.verify.argmax import greedy_verdict
 from edgespec.models.decoder import ForwardOutput, TargetModel
 
 

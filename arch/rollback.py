@@ -29,7 +29,7 @@ from edgespec.arch.tree_graphs import graph_budget
 from edgespec.cache.model_cache import ModelCache
 from edgespec.cache.state import StateMode
 from edgespec.errors import ConfigError
-from edgespec.kernels.tree import TreeMask
+from edgespec.kernels.verify.tree import TreeMask
 from edgespec.models.decoder import ForwardOutput, TargetModel
 
 

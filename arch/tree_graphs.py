@@ -6,7 +6,7 @@ the number of real rows and the tree's structure (parents, depths, ancestor mask
 a :meth:`TreeMask.static`). :meth:`~StaticTreeForward.verify` pads a smaller tree up to ``P`` rows with inert leaves
 of the root (no real row has them as ancestors, so attention, conv and GDN rows of the real tree never see them;
 the verdict never accepts them), copies it into the buffers and replays the forward graph, which also computes the
-greedy tree verdict on the device (:func:`edgespec.kernels.tree_verdict.greedy_tree_verdict`). The commit graph
+greedy tree verdict on the device (:func:`edgespec.kernels.verify.tree_verdict.greedy_tree_verdict`). The commit graph
 reads the accepted path from that verdict tensor and settles the cache as a fixed-length masked step of the longest
 path a tree may have (the drafts per cycle + 1, which bounds its depth; not all its rows)
 (:meth:`ModelCache.commit_path_tensor`: K/V rows moved to the positions of their depths, the GDN and conv states
@@ -28,8 +28,8 @@ import torch
 from edgespec.arch.graphs import capture_graph
 from edgespec.cache.model_cache import ModelCache
 from edgespec.errors import ConfigError
-from edgespec.kernels.tree import TreeMask
-from edgespec.kernels.tree_verdict import greedy_tree_verdict
+from edgespec.kernels.verify.tree import TreeMask
+from edgespec.kernels.verify.tree_verdict import greedy_tree_verdict
 from edgespec.models.decoder import ForwardOutput, TargetModel
 
 # Node budgets a tree forward is captured for. 63: the largest tree (64 rows, the width of the ancestor bit masks).

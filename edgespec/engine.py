@@ -21,7 +21,7 @@ from edgespec.drafters.factory import build_proposer
 from edgespec.energy import EnergyReading, EnergySpan, open_meter
 from edgespec.errors import ConfigError, ImageError, RequestError
 from edgespec.kernels import options as kernel_options
-from edgespec.kernels.linear import configure_cpu
+from edgespec.kernels.quant.linear import configure_cpu
 from edgespec.loading.checkpoint import load_target
 from edgespec.loading.images import ImageLimits, ImageRef, ProcessorConfig, load_image
 from edgespec.loading.resumable_encoder import ResumableEncoder
@@ -195,7 +195,7 @@ class Engine:
             from edgespec.weights.requantize import quantize_lm_head
             quantize_lm_head(model, settings.lm_head_weights)
         if device.type == "cpu" and dtype == torch.float32 and settings.cpu_blas:
-            # OpenBLAS GEMVs, torch single-threaded (see edgespec.kernels.linear); beside the GGUF products' own
+            # OpenBLAS GEMVs, torch single-threaded (see edgespec.kernels.quant.linear); beside the GGUF products' own
             # pool, OpenBLAS itself single-threaded too (a dense drafter's products on BLAS, the target's on it).
             configure_cpu(own_pool=gguf is not None)
         tokenizer = ChatTokenizer.from_folder(model_dir)

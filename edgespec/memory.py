@@ -135,7 +135,7 @@ def gdn_state_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
 def workspace_bytes(cfg: ModelConfig, dtype: torch.dtype, packed: bool, rows: int = PREFILL_CHUNK) -> int:
     """Activations of the largest forward (``rows`` tokens: every projection's output, logits of the last row),
     plus the reference product's dequantized tile when some weight is packed (it also covers the GPU prefill's
-    dequantized band, at most 128 MiB: ``edgespec.kernels.triton_quant_prefill.BAND_ELEMENTS``), plus allocator
+    dequantized band, at most 128 MiB: ``edgespec.kernels.quant.triton_quant_prefill.BAND_ELEMENTS``), plus allocator
     slack."""
     from edgespec.weights.base import REF_TILE_ELEMENTS
 

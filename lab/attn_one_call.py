@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgespec.bench.kernel_timing import evict_l2, make_cache  # noqa: E402
-from edgespec.kernels.triton_attention import cached_attention_triton  # noqa: E402
+from edgespec.kernels.attention.triton_attention import cached_attention_triton  # noqa: E402
 
 N_Q, N_KV, HD, CTX = 24, 4, 256, 32768
 

@@ -47,13 +47,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgespec.arch.graphs import capture_graph  # noqa: E402
 from edgespec.bench.kernel_timing import graph_us, head_major_twin, make_cache  # noqa: E402
-from edgespec.kernels import attention_bytes, sm_count, triton_attention  # noqa: E402
-from edgespec.kernels.triton_attention import (  # noqa: E402
+from edgespec.kernels import attention_bytes, sm_count  # noqa: E402
+from edgespec.kernels.attention import triton_attention  # noqa: E402
+from edgespec.kernels.attention.triton_attention import (  # noqa: E402
     attention_launch_config,
     cached_attention_triton,
     merge_splits,
 )
-from edgespec.kernels.triton_pdl import pdl_launch  # noqa: E402
+from edgespec.kernels.launch.triton_pdl import pdl_launch  # noqa: E402
 
 N_Q, N_KV, HD = 24, 4, 256
 LAYERS = 16

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sass_loop import largest_backward_branch, opcode  # noqa: E402
 
-from edgespec.kernels import triton_attention as ta  # noqa: E402
+from edgespec.kernels.attention import triton_attention as ta  # noqa: E402
 
 _INSTR = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
 
@@ -72,11 +72,12 @@ def compile_split_kernel(args: argparse.Namespace) -> triton.compiler.CompiledKe
 
 
 def compile_gluon_kernel(args: argparse.Namespace) -> triton.compiler.CompiledKernel:
-    """The Gluon decode program (``edgespec.kernels.gluon_attention_fp8``) as ``gluon_decode_split`` launches it;
+    """The Gluon decode program (``edgespec.kernels.attention.gluon_attention_fp8``) as ``gluon_decode_split`` launches
+    it;
     ``--warps``/``--block-n``/``--stages`` are its ``num_warps``/``BLOCK_W``/``num_stages``."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from edgespec.kernels import gluon_attention_fp8 as ga
+    from edgespec.kernels.attention import gluon_attention_fp8 as ga
     consts = dict(GROUP=args.group, HEAD_DIM=args.head_dim, BLOCK_W=args.block_n, STAGES=args.stages, W=args.warps,
                   START_FROM_PTR=False, PDL=True, TRACE=False, BALANCE=bool(ga.GLUON_DECODE["BALANCE"]))
     types = {"q_ptr": "*bf16", "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv", "ks_ptr": "*fp32", "vs_ptr": "*fp32",
@@ -130,7 +131,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="the Gluon decode program (defaults: its launch, GLUON_DECODE) instead of the Triton one")
     args = ap.parse_args(argv)
     if args.gluon:
-        from edgespec.kernels.gluon_attention_fp8 import GLUON_DECODE as launch
+        from edgespec.kernels.attention.gluon_attention_fp8 import GLUON_DECODE as launch
         keys = {"block_n": "BLOCK_W", "warps": "num_warps", "stages": "num_stages"}
     else:
         launch = ta.FP8_LAUNCH["decode"]

@@ -23,10 +23,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgespec.bench.kernel_timing import evict_l2, make_cache  # noqa: E402
-from edgespec.kernels import gluon_attention_fp8 as g  # noqa: E402
 from edgespec.kernels import sm_count  # noqa: E402
-from edgespec.kernels.triton_attention import _LOG2E, _smem_per_sm, _split_buffers  # noqa: E402
-from edgespec.kernels.triton_pdl import pdl_launch  # noqa: E402
+from edgespec.kernels.attention import gluon_attention_fp8 as g  # noqa: E402
+from edgespec.kernels.attention.triton_attention import _LOG2E, _smem_per_sm, _split_buffers  # noqa: E402
+from edgespec.kernels.launch.triton_pdl import pdl_launch  # noqa: E402
 
 N_Q, N_KV, HD, CTX = 24, 4, 256, 32768
 

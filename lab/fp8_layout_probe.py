@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgespec.bench.kernel_timing import graph_us, make_cache  # noqa: E402
 from edgespec.kernels import attention_bytes  # noqa: E402
-from edgespec.kernels.triton_attention import cached_attention_triton  # noqa: E402
+from edgespec.kernels.attention.triton_attention import cached_attention_triton  # noqa: E402
 
 
 def main() -> int:

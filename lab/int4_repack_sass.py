@@ -28,7 +28,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from edgespec.bench.compile_targets import ensure_ptxas  # noqa: E402
-from edgespec.kernels.sass import dump_cubin, instructions, loop_body, opcode, resource_usage  # noqa: E402
+from edgespec.kernels.launch.sass import dump_cubin, instructions, loop_body, opcode, resource_usage  # noqa: E402
 
 GROUP = 128
 BLOCK_N = 128

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compile the MoE expert kernels for sm_90 without a GPU and count what their K-tile loop executes per weight.
 
-The CUDA-core expert kernels (``edgespec.kernels.triton_moe_gemv`` for int4, ``triton_moe_gemv_packed`` for NVFP4
+The CUDA-core expert kernels (``edgespec.kernels.moe.triton_moe_gemv`` for int4, ``triton_moe_gemv_packed`` for NVFP4
 and block-FP8) loop over a slot's rows and, inside, over K tiles; the tensor-core kernels of
 ``triton_moe_int4`` / ``triton_moe_quant`` loop over K tiles only. This prints, per kernel, registers, spills and
 the innermost loop's lane-instructions per weight (instructions per warp x 32 lanes x warps / weights of one pass)
@@ -26,10 +26,10 @@ import triton.language as tl  # noqa: E402
 from attn_sass import _INSTR, _compile_sm90, dump  # noqa: E402
 from sass_loop import _BRANCH, opcode  # noqa: E402
 
-from edgespec.kernels import triton_moe_gemv as g4  # noqa: E402
-from edgespec.kernels import triton_moe_gemv_packed as gp  # noqa: E402
-from edgespec.kernels import triton_moe_int4 as m4  # noqa: E402
-from edgespec.kernels import triton_moe_quant as mq  # noqa: E402
+from edgespec.kernels.moe import triton_moe_gemv as g4  # noqa: E402
+from edgespec.kernels.moe import triton_moe_gemv_packed as gp  # noqa: E402
+from edgespec.kernels.moe import triton_moe_int4 as m4  # noqa: E402
+from edgespec.kernels.moe import triton_moe_quant as mq  # noqa: E402
 
 GROUP = 128
 PTR = {"x_ptr": "*bf16", "part_ptr": "*fp32", "out_ptr": "*fp32", "pair_w_ptr": "*fp32", "act_ptr": "*bf16",

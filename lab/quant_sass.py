@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attn_sass import _compile_sm90, loop_report  # noqa: E402
 
-from edgespec.kernels import triton_quant_gemv as tq  # noqa: E402
+from edgespec.kernels.quant import triton_quant_kernels as tq  # noqa: E402
 
 TYPES = {"x_ptr": "*bf16", "s_ptr": "*fp16", "z_ptr": "*u8", "part_ptr": "*fp32", "b_ptr": "*bf16",
          "y_ptr": "*bf16"}

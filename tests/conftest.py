@@ -60,10 +60,10 @@ def tiny_models(tiny_checkpoints):
 @pytest.fixture(autouse=True)
 def _cpu_matmul_isolated():
     """An Engine on CPU switches the process to its OpenBLAS linear path with torch single-threaded
-    (``edgespec.kernels.linear.configure_cpu``); undo that after each test so no test depends on the order."""
+    (``edgespec.kernels.quant.linear.configure_cpu``); undo that after each test so no test depends on the order."""
     import torch
 
-    from edgespec.kernels import linear
+    from edgespec.kernels.quant import linear
 
     threads, enabled = torch.get_num_threads(), linear._enabled
     yield

@@ -29,10 +29,10 @@ def test_every_python_package_of_the_tree_is_declared():
 
 def test_runtime_data_files_are_package_data():
     data = _setuptools()["package-data"]
-    assert "*.c" in data["edgespec.kernels"] and (ROOT / "edgespec/kernels/gguf_cpu.c").is_file()
-    # the per-ISA kernels' headers are compiled with them (edgespec.kernels.gguf_native.HEADERS)
-    from edgespec.kernels.gguf_native import HEADERS
-    assert "*.h" in data["edgespec.kernels"] and all((ROOT / "edgespec/kernels" / h).is_file() for h in HEADERS)
+    assert "*.c" in data["edgespec.kernels.cpu"] and (ROOT / "edgespec/kernels/cpu/gguf_cpu.c").is_file()
+    # the per-ISA kernels' headers are compiled with them (edgespec.kernels.cpu.gguf_native.HEADERS)
+    from edgespec.kernels.cpu.gguf_native import HEADERS
+    assert "*.h" in data["edgespec.kernels.cpu"] and all((ROOT / "edgespec/kernels/cpu" / h).is_file() for h in HEADERS)
     assert "*.yaml" in data["edgespec.data"]
     drafter = ROOT / "edgespec/data/drafters/smollm2-135m-dflash"
     assert {"*/*.json", "*/*.safetensors"} <= set(data["edgespec.data.drafters"])
@@ -49,7 +49,7 @@ def test_version_is_the_installed_distributions() -> None:
 
 
 def test_no_built_artefacts_are_tracked() -> None:
-    """Compiled helpers are built per machine (edgespec.kernels.gguf_native), never committed."""
+    """Compiled helpers are built per machine (edgespec.kernels.cpu.gguf_native), never committed."""
     import subprocess
     from pathlib import Path
 

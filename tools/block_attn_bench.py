@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Time the DFlash block attention (``edgespec.kernels.triton_block_attention``) per split count and tile config.
+"""Time the DFlash block attention (``edgespec.kernels.attention.triton_block_attention``) per split count and tile
+config.
 
 Run from the repository root on a CUDA machine:  ``PYTHONPATH=. python3 tools/block_attn_bench.py [--iters 200]``
 
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from edgespec.arch.graphs import capture_graph  # noqa: E402
 from edgespec.bench.timing import time_cuda  # noqa: E402
 from edgespec.kernels import sm_count  # noqa: E402
-from edgespec.kernels.block_attention import block_attention_ref  # noqa: E402
+from edgespec.kernels.attention.block_attention import block_attention_ref  # noqa: E402
 
 T, HQ, HKV, HD, W = 16, 24, 4, 256, 128
 SPLITS: list[int | None] = [1, 2, 3, 5, None]
@@ -62,7 +63,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("block_attn_bench: needs a CUDA device (none found); nothing timed")
-    from edgespec.kernels.triton_block_attention import block_attention_launch, block_attention_triton
+    from edgespec.kernels.attention.triton_block_attention import block_attention_launch, block_attention_triton
 
     q, k_block, v_block, keys, values, bias = make_inputs()
     scale = HD ** -0.5

@@ -2,7 +2,7 @@
 
 Prints the weight bandwidth each reaches (weight bytes / time) for 1..16 rows next to the DRAM read bandwidth
 of a plain reduction, which is the limit a batch-1 forward can reach. This is the measurement behind
-``edgespec.kernels.linear`` (why fp32 CPU linears go through OpenBLAS, one GEMV per row up to ROWS_MAX rows).
+``edgespec.kernels.quant.linear`` (why fp32 CPU linears go through OpenBLAS, one GEMV per row up to ROWS_MAX rows).
 
     python tools/cpu_matmul_bench.py [--rows 1,2,5,11,16]
 """
@@ -15,7 +15,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from edgespec.kernels import linear as L
+from edgespec.kernels.quant import linear as L
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)]   # out, in (demo model, merged)
 

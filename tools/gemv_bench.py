@@ -27,7 +27,7 @@ from edgespec.bench.gpu import linear_shape_counts as matrix_counts  # noqa: E40
 from edgespec.bench.gpu import measure_copy_bandwidth  # noqa: E402
 from edgespec.bench.timing import graph_time_us as time_us  # noqa: E402
 from edgespec.kernels import sm_count  # noqa: E402
-from edgespec.kernels.triton_gemv import gemv_config, gemv_triton, skinny_gemm_triton  # noqa: E402
+from edgespec.kernels.quant.triton_gemv import gemv_config, gemv_triton, skinny_gemm_triton  # noqa: E402
 
 
 def streamed_weights(n: int, k: int) -> list[torch.Tensor]:

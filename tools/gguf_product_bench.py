@@ -16,7 +16,7 @@ import time
 import numpy as np
 import torch
 
-from edgespec.kernels import gguf_native
+from edgespec.kernels.cpu import gguf_native
 from edgespec.weights.gguf import GGML_FORMATS
 from edgespec.weights.gguf_kquants import K_FORMATS, random_kquant
 

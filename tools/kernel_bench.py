@@ -52,14 +52,14 @@ from edgespec.bench import kernel_timing  # noqa: E402
 from edgespec.bench.kernel_timing import key_major_twin, make_cache  # noqa: E402
 from edgespec.cache.kv import KVCache  # noqa: E402
 from edgespec.kernels import attention_bytes  # noqa: E402
-from edgespec.kernels.attention import attention_ref, cached_attention  # noqa: E402
-from edgespec.kernels.conv import causal_conv1d_ref  # noqa: E402
-from edgespec.kernels.gdn import gdn_chunked_ref, gdn_recurrent_ref  # noqa: E402
-from edgespec.kernels.norm import gated_rms_norm_ref, rms_norm_ref  # noqa: E402
-from edgespec.kernels.triton_attention import cached_attention_triton  # noqa: E402
-from edgespec.kernels.triton_conv import causal_conv1d_triton  # noqa: E402
-from edgespec.kernels.triton_gdn import _chunk_prep, gdn_chunked_triton, gdn_recurrent_triton  # noqa: E402
-from edgespec.kernels.triton_norm import gated_rms_norm_triton, rms_norm_triton  # noqa: E402
+from edgespec.kernels.attention.attention import attention_ref, cached_attention  # noqa: E402
+from edgespec.kernels.attention.triton_attention import cached_attention_triton  # noqa: E402
+from edgespec.kernels.pointwise.norm import gated_rms_norm_ref, rms_norm_ref  # noqa: E402
+from edgespec.kernels.pointwise.triton_norm import gated_rms_norm_triton, rms_norm_triton  # noqa: E402
+from edgespec.kernels.recurrent.conv import causal_conv1d_ref  # noqa: E402
+from edgespec.kernels.recurrent.gdn import gdn_chunked_ref, gdn_recurrent_ref  # noqa: E402
+from edgespec.kernels.recurrent.triton_conv import causal_conv1d_triton  # noqa: E402
+from edgespec.kernels.recurrent.triton_gdn import _chunk_prep, gdn_chunked_triton, gdn_recurrent_triton  # noqa: E402
 
 DEV = "cuda"
 ATTN_MODELS = [("qwen3.5-9B", 16, 4, 256), ("qwen3.5-27B", 24, 4, 256), ("qwen3-8B", 32, 8, 128)]
@@ -179,7 +179,7 @@ def sweep_attention(quick: bool) -> list[dict[str, Any]]:
     A key-major form of the kernel (KV tiles as the left operands, 2026-11-22) never beat the query-major one in
     this sweep and was dropped."""
     from edgespec.kernels import sm_count
-    from edgespec.kernels.triton_attention import attention_launch_config
+    from edgespec.kernels.attention.triton_attention import attention_launch_config
     results: list[dict[str, Any]] = []
     ctx = 32768
     name, n_q, n_kv, hd = ATTN_MODELS[1]
@@ -299,7 +299,7 @@ def _fp8_candidates(q: torch.Tensor, cache: KVCache, start: int, scale: float, n
     """(tag, call, shown launch) of every FP8 form the sweep times for this case: the default launch through the
     runtime's own dispatch (``cached_attention``), then the other launch configurations."""
     from edgespec.kernels import sm_count
-    from edgespec.kernels.triton_attention import LAUNCH_KEYS, attention_launch_config
+    from edgespec.kernels.attention.triton_attention import LAUNCH_KEYS, attention_launch_config
     T = q.shape[0]
     cands: list[tuple[str, Callable[[], Any], dict[str, Any]]] = []
     seen: set[tuple] = set()
@@ -440,7 +440,7 @@ def sweep_short_attention() -> list[dict[str, Any]]:
     2048-row cache as a CUDA graph sizes it), T=16 over row blocks, key tiles and split counts, with T=1 beside
     it: a 16-row verify should cost little more than a decode step there, where latency, not bandwidth, rules."""
     from edgespec.kernels import sm_count
-    from edgespec.kernels.triton_attention import attention_launch_config
+    from edgespec.kernels.attention.triton_attention import attention_launch_config
     results: list[dict[str, Any]] = []
     for name, n_q, n_kv, hd in ATTN_SHORT_MODELS:
         cache = make_cache(2048, n_kv, hd, False)
@@ -482,7 +482,7 @@ def sweep_gdn(budget_s: float) -> list[dict[str, Any]]:
     """``--gdn-sweep``: the recurrent GDN kernel's launches (dv tile, warps) at decode (T=1, state
     written) and at a deferred verify (T=16, state untouched), Qwen3.5-4B and -27B heads, graph-timed with a cold
     L2 and checked against the torch reference. Prints us per launch and the best per case."""
-    from edgespec.kernels.triton_gdn import gdn_tile
+    from edgespec.kernels.recurrent.triton_gdn import gdn_tile
     dk = dv = 128
     tiles = [(bv, w) for bv in (4, 8, 16, 32) for w in (1, 2, 4) if not (bv == 4 and w == 4)]
     results: list[dict[str, Any]] = []
@@ -550,9 +550,9 @@ def bench_tree(table: Table, quick: bool) -> None:
 
 
 def _bench_tree_layer(table: Table, parents: list[int]) -> None:
-    from edgespec.kernels.activation import gdn_gates_ref
-    from edgespec.kernels.tree import TreeMask, gdn_tree_ref, tree_conv_ref
-    from edgespec.kernels.triton_tree_gdn import gdn_tree_triton
+    from edgespec.kernels.pointwise.activation import gdn_gates_ref
+    from edgespec.kernels.verify.tree import TreeMask, gdn_tree_ref, tree_conv_ref
+    from edgespec.kernels.verify.triton_tree_gdn import gdn_tree_triton
 
     n_k, n_v, dk, dv = 16, 48, 128, 128
     C, K, T = 2 * n_k * dk + n_v * dv, 4, len(parents)

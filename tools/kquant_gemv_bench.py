@@ -1,5 +1,6 @@
 """Per-matrix time of a GGUF file's K-quant products at 1..4 rows on CUDA: the CUDA-core GEMV
-(``edgespec.kernels.triton_kquant_gemv``) against the tensor-core tiles (``edgespec.kernels.triton_kquant``), next to
+(``edgespec.kernels.quant.triton_kquant_gemv``) against the tensor-core tiles
+(``edgespec.kernels.quant.triton_kquant``), next to
 the byte limit (the matrix's bytes over the device-to-device copy bandwidth, measured in the same run).
 
 Every distinct (format, out, in) of the file's packed weights is timed once on its own bytes, each call captured 20
@@ -28,7 +29,7 @@ from edgespec.errors import ConfigError
 
 def parse_launch(text: str) -> dict[str, int]:
     """``"BLOCK_N=32,WAVES=8"`` -> ``{"BLOCK_N": 32, "WAVES": 8}``; unknown keys and non-integers are named."""
-    from edgespec.kernels.triton_kquant_gemv import GEMV_LAUNCH
+    from edgespec.kernels.quant.triton_kquant_gemv import GEMV_LAUNCH
     keys = GEMV_LAUNCH[12]
     out: dict[str, int] = {}
     for item in filter(None, text.split(",")):
@@ -74,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     from edgespec.bench.gpu import measure_copy_bandwidth
     from edgespec.bench.timing import graph_time_us
     from edgespec.kernels import sm_count
-    from edgespec.kernels import triton_kquant_gemv as G
-    from edgespec.kernels.triton_kquant import kquant_matmul
+    from edgespec.kernels.quant import triton_kquant_gemv as G
+    from edgespec.kernels.quant.triton_kquant import kquant_matmul
     from edgespec.loading.gguf_model import load_gguf_target
     from edgespec.weights.base import PackedLinear, PackedWeight
 

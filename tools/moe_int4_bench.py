@@ -8,13 +8,13 @@ uniformly: the unions printed are the high end of what a trained router touches)
                                          [--verify-rows 2,4,8,16] [--context 512] [--attention-only] [--before]
                                          [--format int4|nvfp4|fp8_block]
 
-``layer``: one layer's routed + shared product (edgespec.kernels.triton_moe_int4) captured as a CUDA graph at 1,
+``layer``: one layer's routed + shared product (edgespec.kernels.moe.triton_moe_int4) captured as a CUDA graph at 1,
 4, 16 and 64 rows, for each launch configuration of :data:`CONFIGS` (the first also checked against the torch
 reference), next to the bytes of the experts touched over the measured copy bandwidth; the bf16 stacked product
-(edgespec.kernels.triton_moe) at the same rows for comparison. The configuration with the least 1-row + 16-row
+(edgespec.kernels.moe.triton_moe) at the same rows for comparison. The configuration with the least 1-row + 16-row
 time is written as ``best``. ``--format nvfp4`` / ``fp8_block``: the same sweep of their grouped kernels
-(edgespec.kernels.triton_moe_quant) against their torch reference, and nothing after it. For int4, the CUDA-core
-path (edgespec.kernels.triton_moe_gemv) for each launch of
+(edgespec.kernels.moe.triton_moe_quant) against their torch reference, and nothing after it. For int4, the CUDA-core
+path (edgespec.kernels.moe.triton_moe_gemv) for each launch of
 :data:`GEMV_CONFIGS` at 1, 2 and 4 rows against the tensor-core path at the same rows: the fastest becomes
 ``gemv_best``, with ``max_rows`` the most rows up to which it beat the tensor cores at every row count. Last, the
 whole MoE block after the residual (router GEMM, routing, grouping, product) as served before the fused routing
@@ -23,7 +23,7 @@ whole MoE block after the residual (router GEMM, routing, grouping, product) as 
 
 ``model``: the shape with every linear layer int4 g128 (experts stacked, the shared expert fused in; the output
 projection in ``--lm-head``'s format, as ``lm_head_weights`` serves it; ``--format nvfp4`` / ``fp8_block``: every
-linear layer and the head in that format, the experts on edgespec.kernels.triton_moe_quant), FP8 KV, context 512,
+linear layer and the head in that format, the experts on edgespec.kernels.moe.triton_moe_quant), FP8 KV, context 512,
 measured by
 ``edgespec.bench.gpu.bench_shape`` (decode and verify of 2-16 rows as CUDA graphs, the limit of each forward from
 the experts its routing touched). ``--sm-limit N`` runs it on an N-SM green context (Thor projection:
@@ -52,7 +52,7 @@ SHAPE = "qwen3.5-35b-a3b"
 def random_int4_stack(E: int, H: int, I: int, group: int, device: torch.device, gen: torch.Generator):
     """``E`` random int4 experts stacked (the last the shared one): random codes, zero point 8, scales giving
     N(0, 0.02)-sized weights (speed does not depend on the values)."""
-    from edgespec.kernels.moe_quant import StackedInt4
+    from edgespec.kernels.moe.stacks import StackedInt4
 
     def part(rows: int, cols: int):
         q = torch.randint(0, 256, (E, rows, cols // 2), dtype=torch.uint8, device=device, generator=gen)
@@ -68,7 +68,7 @@ def random_packed_stack(fmt: str, E: int, H: int, I: int, device: torch.device, 
     """``E`` random NVFP4 or block-FP8 experts stacked (the last the shared one), codes drawn as
     ``edgespec.bench.moe.fill_random_codes_`` draws them (speed does not depend on the values)."""
     from edgespec.bench.moe import fill_random_codes_
-    from edgespec.kernels.moe_packed import StackedFP8Block, StackedNVFP4
+    from edgespec.kernels.moe.stacks import StackedFP8Block, StackedNVFP4
     from edgespec.weights.fp8_block import FP8BlockWeight
     from edgespec.weights.nvfp4 import NVFP4Weight
 
@@ -89,9 +89,9 @@ def packed_layer_bench(args: argparse.Namespace) -> dict:
     """``layer`` for NVFP4 or block-FP8 experts: :func:`mma_sweep` over their grouped kernels, then their CUDA-core
     path at 1-2 rows (:func:`packed_gemv_rows`)."""
     from edgespec.bench.gpu import measure_copy_bandwidth
-    from edgespec.kernels.moe import group_by_expert, route
-    from edgespec.kernels.moe_packed import stacked_packed_expert_product_ref
-    from edgespec.kernels.triton_moe_quant import stacked_packed_expert_product_triton
+    from edgespec.kernels.moe.moe import group_by_expert, route
+    from edgespec.kernels.moe.moe_packed import stacked_packed_expert_product_ref
+    from edgespec.kernels.moe.triton_moe_quant import stacked_packed_expert_product_triton
 
     dev = torch.device("cuda")
     E, H, I, k = 256, 2048, 512, 8
@@ -116,12 +116,12 @@ def packed_layer_bench(args: argparse.Namespace) -> dict:
 
 
 def packed_gemv_rows(stack, per_expert: int, bw: float) -> dict:
-    """The NVFP4 / block-FP8 CUDA-core path (edgespec.kernels.triton_moe_gemv_packed, its kept launch) at 1 and 2
+    """The NVFP4 / block-FP8 CUDA-core path (edgespec.kernels.moe.triton_moe_gemv_packed, its kept launch) at 1 and 2
     rows next to the tensor-core tiles at the same rows, checked against the torch reference."""
     from edgespec.bench.timing import graph_time_us
-    from edgespec.kernels.moe import group_by_expert, route
-    from edgespec.kernels.moe_packed import stacked_packed_expert_product_ref
-    from edgespec.kernels.triton_moe_quant import stacked_packed_expert_product_triton
+    from edgespec.kernels.moe.moe import group_by_expert, route
+    from edgespec.kernels.moe.moe_packed import stacked_packed_expert_product_ref
+    from edgespec.kernels.moe.triton_moe_quant import stacked_packed_expert_product_triton
 
     dev, E, H = stack.q13.device, stack.experts - 1, stack.hidden
     gen = torch.Generator(device=dev).manual_seed(1)
@@ -146,7 +146,7 @@ def packed_gemv_rows(stack, per_expert: int, bw: float) -> dict:
 
 def layer_bench(args: argparse.Namespace) -> dict:
     from edgespec.bench.gpu import measure_copy_bandwidth
-    from edgespec.kernels.moe import group_by_expert, route
+    from edgespec.kernels.moe.moe import group_by_expert, route
 
     if args.format != "int4":
         return packed_layer_bench(args)
@@ -184,9 +184,9 @@ def mma_sweep(args: argparse.Namespace, stack, inputs: dict, per_expert: int, bw
     :data:`CONFIGS` (the first checked against ``reference``), and the bf16 stacked product at the same rows;
     ``best``: least 1-row + 16-row time."""
     from edgespec.bench.timing import graph_time_us
-    from edgespec.kernels import triton_moe_int4
-    from edgespec.kernels.moe_quant import stacked_int4_expert_product_ref
-    from edgespec.kernels.triton_moe import stacked_expert_product_triton
+    from edgespec.kernels.moe import triton_moe_int4
+    from edgespec.kernels.moe.moe_quant import stacked_int4_expert_product_ref
+    from edgespec.kernels.moe.triton_moe import stacked_expert_product_triton
 
     kernel = kernel or triton_moe_int4.stacked_int4_expert_product_triton
     reference = reference or stacked_int4_expert_product_ref
@@ -233,9 +233,9 @@ def gemv_sweep(stack, inputs: dict, per_expert: int, bw: float) -> dict:
     reference) next to the tensor-core path at the same rows; ``gemv_best`` (least summed time) with its
     ``max_rows``: the most rows up to which it beat the tensor cores at every row count measured."""
     from edgespec.bench.timing import graph_time_us
-    from edgespec.kernels import triton_moe_gemv
-    from edgespec.kernels.moe_quant import stacked_int4_expert_product_ref
-    from edgespec.kernels.triton_moe_int4 import stacked_int4_expert_product_triton
+    from edgespec.kernels.moe import triton_moe_gemv
+    from edgespec.kernels.moe.moe_quant import stacked_int4_expert_product_ref
+    from edgespec.kernels.moe.triton_moe_int4 import stacked_int4_expert_product_triton
 
     mma = {}
     for rows in GEMV_ROWS:
@@ -295,11 +295,11 @@ def block_profile(stack, E: int, k: int, bw: float, per_expert: int, gen: torch.
     the product with the CUDA-core path where it won): kernels per call and microseconds per call at 1, 4 and 16
     rows, against the bytes of the router and the touched experts."""
     from edgespec.bench.timing import graph_time_us
-    from edgespec.kernels.linear import linear
-    from edgespec.kernels.moe import group_by_expert, route
-    from edgespec.kernels.moe_quant import route_with_shared_ref, stacked_int4_expert_product_ref
-    from edgespec.kernels.triton_moe_int4 import stacked_int4_expert_product_triton
-    from edgespec.kernels.triton_moe_route import stacked_int4_moe_triton
+    from edgespec.kernels.moe.moe import group_by_expert, route
+    from edgespec.kernels.moe.moe_quant import route_with_shared_ref, stacked_int4_expert_product_ref
+    from edgespec.kernels.moe.triton_moe_int4 import stacked_int4_expert_product_triton
+    from edgespec.kernels.moe.triton_moe_route import stacked_int4_moe_triton
+    from edgespec.kernels.quant.linear import linear
 
     dev, H = stack.q13.device, stack.hidden
     router_w = torch.randn(E + 1, H, device=dev, generator=gen).to(torch.bfloat16) * H ** -0.5
@@ -366,8 +366,9 @@ def int4_model(device: torch.device, max_len: int, lm_head: str, attention_only:
 
 def model_bench(args: argparse.Namespace) -> dict:
     from edgespec.bench.gpu import bench_max_len, bench_shape, sm_clock_mhz
-    from edgespec.kernels import sm_count, triton_moe_gemv, triton_moe_int4
-    from edgespec.kernels.triton_moe_gemv_packed import PACKED_GEMV_TUNING
+    from edgespec.kernels import sm_count
+    from edgespec.kernels.moe import triton_moe_gemv, triton_moe_int4
+    from edgespec.kernels.moe.triton_moe_gemv_packed import PACKED_GEMV_TUNING
     from edgespec.models.moe import SparseMoE
     from edgespec.weights.base import PackedWeight
 
@@ -417,8 +418,8 @@ def bench_before(model, args: argparse.Namespace) -> dict:
     """The same model with its MoE blocks as they ran before this round's paths (torch routing, the grouping
     launch, the tensor-core product at every row count): decode and a 16-row verify."""
     from edgespec.bench.gpu import bench_shape
-    from edgespec.kernels import triton_moe_gemv
-    from edgespec.kernels.triton_moe_gemv_packed import PACKED_GEMV_TUNING
+    from edgespec.kernels.moe import triton_moe_gemv
+    from edgespec.kernels.moe.triton_moe_gemv_packed import PACKED_GEMV_TUNING
     from edgespec.models.moe import SparseMoE
 
     blocks = [b for b in model.modules() if isinstance(b, SparseMoE)]

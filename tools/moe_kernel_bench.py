@@ -1,8 +1,8 @@
 """Time one MoE layer's routed-expert product on a GPU against the bytes of the experts its rows touched.
 
 For 1-64 rows of random routing over a Qwen3.5-35B-A3B layer (256 experts, k=8, hidden 2048, width 512, bf16):
-the stacked Triton kernel (edgespec.kernels.triton_moe) and the grouped torch path (one product per touched expert,
-edgespec.kernels.moe.grouped_expert_product), each as milliseconds, the expert union, and the fraction of the byte
+the stacked Triton kernel (edgespec.kernels.moe.triton_moe) and the grouped torch path (one product per touched expert,
+edgespec.kernels.moe.moe.grouped_expert_product), each as milliseconds, the expert union, and the fraction of the byte
 limit (touched experts' bytes over the measured copy bandwidth). Random routing is close to uniform, so the union
 is the high end of what a trained router touches.
 
@@ -19,9 +19,9 @@ import torch.nn.functional as F
 
 from edgespec.bench.gpu import measure_copy_bandwidth
 from edgespec.bench.timing import time_cuda
-from edgespec.kernels.activation import silu_mul
-from edgespec.kernels.moe import group_by_expert, grouped_expert_product, route
-from edgespec.kernels.triton_moe import stacked_expert_product_triton
+from edgespec.kernels.moe.moe import group_by_expert, grouped_expert_product, route
+from edgespec.kernels.moe.triton_moe import stacked_expert_product_triton
+from edgespec.kernels.pointwise.activation import silu_mul
 
 
 def main(argv: list[str] | None = None) -> int:

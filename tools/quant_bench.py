@@ -6,7 +6,7 @@
 
 For each model shape it builds the whole linear stack (every matrix of every layer, merged projections as served,
 lm_head included) once per format from random packed data (no dense copy is staged), checks one product per
-distinct matrix against the torch reference (``edgespec.kernels.quant_ref.matmul_ref``), and times the stack as
+distinct matrix against the torch reference (``edgespec.kernels.quant.quant_ref.matmul_ref``), and times the stack as
 one CUDA graph for each of ``--rows`` (1: decode; 16: a chain verify; 32 and 64: tree verifies). Printed per
 format: weight bytes, us and GB/s per row count, % of the byte limit (bytes / copy bandwidth measured in the same
 run), verify16 / decode, peak GPU memory, and the same stack
@@ -50,9 +50,9 @@ from edgespec.bench.quant_stack import (  # noqa: E402
 )
 from edgespec.bench.timing import graph_time_us as time_us  # noqa: E402
 from edgespec.kernels import sm_count  # noqa: E402
-from edgespec.kernels.quant_ref import matmul_ref  # noqa: E402
-from edgespec.kernels.triton_gemv import gemv_triton, skinny_gemm_triton  # noqa: E402
-from edgespec.kernels.triton_quant_gemv import quant_config, quant_matmul  # noqa: E402
+from edgespec.kernels.quant.quant_ref import matmul_ref  # noqa: E402
+from edgespec.kernels.quant.triton_gemv import gemv_triton, skinny_gemm_triton  # noqa: E402
+from edgespec.kernels.quant.triton_quant_gemv import quant_config, quant_matmul  # noqa: E402
 
 # int4: the pair-ordered tensor-core tile (PAIRS=1) for 1 and 16 rows, against the previous one-row word kernel
 # (DOT=0, H2=1) and the previous byte tile (PAIRS=0)

@@ -43,6 +43,6 @@ if ! python -c "import arctic_inference.suffix_decoding" 2>/dev/null; then
   python -m pip install -q --no-build-isolation --no-deps "arctic-inference==0.3.0" \
     || echo "setup: arctic-inference did not build (bench session runs without its arctic column)" >&2
 fi
-# The compiled GGUF block products and CPU step helpers (edgespec/kernels/gguf_cpu.c); without a compiler the
+# The compiled GGUF block products and CPU step helpers (edgespec/kernels/cpu/gguf_cpu.c); without a compiler the
 # torch reference paths run instead.
-python -c "from edgespec.kernels.gguf_native import build; build()" || true
+python -c "from edgespec.kernels.cpu.gguf_native import build; build()" || true

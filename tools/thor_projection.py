@@ -46,7 +46,7 @@ from the measured GPU to Thor). ``--tree-cycle-ms`` takes a tree cycle as it is 
 Both print tok/s at each AL of ``--als`` (a tree's AL comes from the drafter, not from these random weights).
 
 Block-scaled formats (NVFP4, MXFP4): on Thor their products take the block-scaled tensor-core MMA
-(``edgespec.kernels.triton_block_scaled``), which no Hopper GPU has, so the SM-measured figures of such a target
+(``edgespec.kernels.quant.triton_block_scaled``), which no Hopper GPU has, so the SM-measured figures of such a target
 are those of the Hopper kernels. Beside them the tables print an ESTIMATE: every stage whose weights are
 block-scaled (the verify of an NVFP4 target, the draft of an NVFP4 drafter) at its byte time, the other stages as
 projected, and, from ``--sass`` (``tools/compile_targets.py --json`` output), the sm_110a SASS lane-instructions per
@@ -172,7 +172,7 @@ def _load(path: str) -> dict:
         raise ValueError(f"{path}: cannot read a JSON file ({e})") from e
 
 
-# Formats whose products take the block-scaled tensor-core MMA on Thor (edgespec.kernels.block_scaled_ref's
+# Formats whose products take the block-scaled tensor-core MMA on Thor (edgespec.kernels.quant.block_scaled_ref's
 # BLOCK_SCALED_FORMATS, which ThorHooks routes there); the packed-product kernels whose main loops
 # tools/compile_targets.py counts, by weight format (kernel name prefixes); the target the counts are read for.
 BLOCK_SCALED_FORMATS = ("nvfp4", "mxfp4")

@@ -9,8 +9,8 @@ layer: ``edgespec.bench.quant_stack.QuantStack``, as ``tools/quant_bench.py`` ti
 under each launch of :data:`CANDIDATES`
 (every matrix the same launch; K splits by the launch's own rule; row counts where a format already streams
 above Thor's rate on 16 SMs are left out): the default of ``quant_config`` (the activation-major tiles of
-``edgespec.kernels.triton_quant_gemv``), and the weight-major tiles (``T``) of
-``edgespec.kernels.triton_quant_wide`` at several ``BLOCK_N`` / warps / stages. ``NO_DECODE`` launches feed the
+``edgespec.kernels.quant.triton_quant_gemv``), and the weight-major tiles (``T``) of
+``edgespec.kernels.quant.triton_quant_wide`` at several ``BLOCK_N`` / warps / stages. ``NO_DECODE`` launches feed the
 raw words to the MMA (wrong values): their time is the tile without its dequantization, so ``decode share =
 1 - no_decode / full`` says whether a tile is bound by its decode or by the rest (MMA, activation tile, latency).
 Each launch is first checked against the torch reference on one matrix (``err``; NO_DECODE excepted) and dropped
@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from edgespec.bench import quant_stack as qs  # noqa: E402
 from edgespec.bench.gpu import linear_shape_counts, measure_copy_bandwidth  # noqa: E402
 from edgespec.kernels import sm_count  # noqa: E402
-from edgespec.kernels.quant_ref import matmul_ref  # noqa: E402
-from edgespec.kernels.triton_quant_gemv import quant_config, quant_matmul  # noqa: E402
+from edgespec.kernels.quant.quant_ref import matmul_ref  # noqa: E402
+from edgespec.kernels.quant.triton_quant_gemv import quant_config, quant_matmul  # noqa: E402
 
 
 def _t(bn: int, warps: int = 4, stages: int = 3, **extra) -> dict:

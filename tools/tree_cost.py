@@ -47,7 +47,7 @@ from edgespec.bench.shapes import SHAPES, config_dict  # noqa: E402
 from edgespec.bench.sm_limit import limit_sms  # noqa: E402
 from edgespec.cache.state import StateMode  # noqa: E402
 from edgespec.kernels import sm_count  # noqa: E402
-from edgespec.kernels.tree import TreeMask  # noqa: E402
+from edgespec.kernels.verify.tree import TreeMask  # noqa: E402
 from edgespec.weights.requantize import quantize_lm_head  # noqa: E402
 
 

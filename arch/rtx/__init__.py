@@ -36,7 +36,7 @@ class RtxHooks(ArchHooks):
 
     def packed_kernel(self, packed: PackedWeight, capability: tuple[int, int]) -> Callable | None:
         if packed.format in BLOCK_SCALED.get(capability[0], ()):
-            from edgespec.kernels.triton_block_scaled import choose_block_scaled_kernel
+            from edgespec.kernels.quant.triton_block_scaled import choose_block_scaled_kernel
             kernel = choose_block_scaled_kernel(packed, capability=capability)
             if kernel is not None:
                 return kernel

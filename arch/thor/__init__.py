@@ -43,7 +43,7 @@ class ThorHooks(ArchHooks):
     prefill chunked to what unified memory has free, drafter window seeded from the prompt tail, CUDA graphs on.
 
     Stages it owns: :meth:`packed_kernel` puts NVFP4 and MXFP4 weights on the block-scaled tensor-core MMA
-    (``edgespec.kernels.triton_block_scaled``: no per-weight decode on the CUDA cores) for decode and verify;
+    (``edgespec.kernels.quant.triton_block_scaled``: no per-weight decode on the CUDA cores) for decode and verify;
     :meth:`prefill` sizes its chunks by :func:`free_memory`; int4 and block-FP8 keep the portable products."""
 
     name = "thor"
@@ -62,7 +62,7 @@ class ThorHooks(ArchHooks):
     def packed_kernel(self, packed: PackedWeight, capability: tuple[int, int]) -> Callable | None:
         """NVFP4 / MXFP4 on the block-scaled MMA where the device has it (compute capability 10+: sm_110a on
         Thor), else the portable products."""
-        from edgespec.kernels.triton_block_scaled import choose_block_scaled_kernel
+        from edgespec.kernels.quant.triton_block_scaled import choose_block_scaled_kernel
         kernel = choose_block_scaled_kernel(packed, native_only=True, capability=capability)
         return kernel if kernel is not None else super().packed_kernel(packed, capability)
 

@@ -147,9 +147,9 @@ def _import_kernel_modules() -> None:
     """Import every Triton/Gluon module up front: some compute module-level constants with torch, which must not
     happen under the meta device of the recording."""
     import edgespec.kernels as kernels
-    for m in pkgutil.iter_modules(kernels.__path__):
-        if m.name.startswith(("triton_", "gluon_")):
-            importlib.import_module(f"edgespec.kernels.{m.name}")
+    for m in pkgutil.walk_packages(kernels.__path__, "edgespec.kernels."):
+        if m.name.rsplit(".", 1)[-1].startswith(("triton_", "gluon_")):
+            importlib.import_module(m.name)
 
 
 @contextlib.contextmanager
@@ -272,7 +272,7 @@ def compile_launch(launch: Launch, target: Target) -> Compiled:
     """Compile ``launch`` for ``target`` and read what it became (errors are kept, not raised)."""
     import triton
 
-    from edgespec.kernels.sass import dump_cubin, instructions, loop_body, opcode, resource_usage
+    from edgespec.kernels.launch.sass import dump_cubin, instructions, loop_body, opcode, resource_usage
     out = Compiled(launch, target, weights_per_trip=weights_per_trip(launch))
     try:
         src, options, _ = _specialise(launch, target)

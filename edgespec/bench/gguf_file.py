@@ -1,6 +1,6 @@
 """Decode speed of a GGUF file as edgespec serves it (``python -m edgespec.bench.gguf_file --gguf FILE``): the
 file's blocks loaded natively (:func:`edgespec.loading.gguf_model.load_gguf_target`), each packed weight on the
-product the arch hooks choose (on CUDA: the K-quant Triton products of ``edgespec.kernels.triton_kquant``), the
+product the arch hooks choose (on CUDA: the K-quant Triton products of ``edgespec.kernels.quant.triton_kquant``), the
 decode step captured as a CUDA graph and timed at ``--context`` tokens, as ``edgespec bench --formats`` times its
 random models (llama-bench's tg128 ends at context 128). ``tools/peer_llamacpp.sh`` runs it on the very file
 llama-bench reads (the Q4_K_M row of the peer table).

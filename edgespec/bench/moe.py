@@ -1,7 +1,7 @@
 """Bytes a mixture-of-experts forward reads, from the routing actually seen.
 
 A dense model's forward reads every weight once; an MoE forward reads its dense part (attention, GDN, shared
-experts, routers, norms, lm_head) plus, per layer, each *touched* expert once (edgespec.kernels.moe). With the
+experts, routers, norms, lm_head) plus, per layer, each *touched* expert once (edgespec.kernels.moe.moe). With the
 mean union per layer that a :class:`~edgespec.models.moe.RoutingLog` measured, :class:`ExpertBytes` gives the
 bytes of a decode step and of a verify, the figure a byte-limit comparison divides by bandwidth.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from edgespec.kernels.quant_ref import E2M1_VALUES
+from edgespec.kernels.quant.quant_ref import E2M1_VALUES
 from edgespec.memory import module_bytes
 from edgespec.models.decoder import TargetModel
 from edgespec.models.moe import SparseMoE

@@ -55,7 +55,7 @@ def _run_edgespec(engine: Engine, ids: list[int], tokens: int, k: int | None,
 @contextmanager
 def _torch_threads(n: int) -> Iterator[None]:
     """Run transformers with torch's usual intra-op threads (edgespec's CPU path runs torch single-threaded and
-    lets OpenBLAS use the cores; see edgespec.kernels.linear), so the peer gets the setup it is tuned for."""
+    lets OpenBLAS use the cores; see edgespec.kernels.quant.linear), so the peer gets the setup it is tuned for."""
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:

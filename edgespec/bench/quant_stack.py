@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from edgespec.bench.timing import graph_time_us
-from edgespec.kernels.quant_ref import RawPacked
+from edgespec.kernels.quant.quant_ref import RawPacked
 
 DEV = "cuda"
 
@@ -83,7 +83,7 @@ class QuantStack:
         return w.nbytes
 
     def call(self, w, n: int, k: int, x: torch.Tensor):
-        from edgespec.kernels.triton_quant_gemv import quant_matmul
+        from edgespec.kernels.quant.triton_quant_gemv import quant_matmul
         if self.override is not None:
             return quant_matmul(w, x, config=self.override)
         return quant_matmul(w, x, config=self.configs.get((n, k, min(x.shape[0], 16))))

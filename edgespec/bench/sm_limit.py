@@ -106,7 +106,7 @@ def _make_current(n: int, index: int) -> tuple[Any, str]:
 def granted_sms(device: torch.device, graph: bool = True) -> int:
     """Distinct SMs that the programs of one wide launch ran on (``%smid``), launched directly or captured in a
     CUDA graph and replayed (``graph``): the SM budget the current stream really has."""
-    from edgespec.kernels.triton_smid import smid_kernel
+    from edgespec.kernels.launch.triton_smid import smid_kernel
     full = torch.cuda.get_device_properties(device).multi_processor_count
     programs = _PROGRAMS_PER_SM * full
     ids = torch.full((programs,), -1, dtype=torch.int32, device=device)

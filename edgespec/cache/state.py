@@ -23,7 +23,7 @@ from enum import Enum
 
 import torch
 
-from edgespec.kernels.gdn import gdn_advance
+from edgespec.kernels.recurrent.gdn import gdn_advance
 
 
 class StateMode(Enum):

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from edgespec.kernels.norm import rms_norm_ref
-from edgespec.kernels.rope import rope_ref
+from edgespec.kernels.attention.rope import rope_ref
+from edgespec.kernels.pointwise.norm import rms_norm_ref
 from edgespec.models.decoder import TargetModel
 
 

@@ -3,7 +3,7 @@
 The blocks, their anchors and the context masks are the DFlash objective's (:class:`~edgespec.distill.objective.
 BlockObjective`, :func:`~edgespec.distill.objective.make_blocks`). Inside each layer the attention and the MLP sit
 between their grouped dynamic causal convolution's two sides, over the rows of each block (the blocks are the
-leading dimension of :func:`~edgespec.kernels.dynamic_conv.dynamic_conv_ref`); the head's logits are scaled by
+leading dimension of :func:`~edgespec.kernels.recurrent.dynamic_conv.dynamic_conv_ref`); the head's logits are scaled by
 ``output_multiplier`` and soft-capped as the drafter's config says. Two losses, summed:
 
 * **the drafter's**: the DFlash decay-weighted cross-entropy of every draft row's logits against the target's
@@ -31,8 +31,8 @@ from torch import nn
 
 from edgespec.distill.objective import BlockBatch, BlockObjective, _norm, decay_weighted_ce
 from edgespec.drafters.dflash2_net import DFlash2DraftModel
-from edgespec.kernels.dynamic_conv import dynamic_conv_ref
-from edgespec.kernels.selector import selector_transitions, selector_walk_ref
+from edgespec.kernels.draft.selector import selector_transitions, selector_walk_ref
+from edgespec.kernels.recurrent.dynamic_conv import dynamic_conv_ref
 
 
 @dataclass

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgespec.drafters.dflash_net import DFlashDraftModel
-from edgespec.kernels.norm import rms_norm_ref
-from edgespec.kernels.rope import rope_ref
+from edgespec.kernels.attention.rope import rope_ref
+from edgespec.kernels.pointwise.norm import rms_norm_ref
 from edgespec.models.layers import RotaryEmbedding
 
 

@@ -7,11 +7,11 @@ checkpoint:
 * a grouped dynamic causal convolution along the block's rows around each attention and MLP sublayer
   (``layers.{i}.attention_conv`` / ``mlp_conv``: ``base_kernel [2, taps, H]`` and ``kernel_projection``, one
   projection of the sublayer's input giving the dynamic coefficients of both sides;
-  :mod:`edgespec.kernels.dynamic_conv`), so a draft position sees the positions before it;
+  :mod:`edgespec.kernels.recurrent.dynamic_conv`), so a draft position sees the positions before it;
 * a candidate selector (``candidate_selector.hidden_projection [rank, H]``, ``predecessor_codebook`` and
   ``successor_codebook [V, rank]``, stored bare) that keeps the ``selector_top_k`` best tokens of each position
   and drafts the path with the best unary logit plus low-rank predecessor-to-successor score
-  (:mod:`edgespec.kernels.selector`).
+  (:mod:`edgespec.kernels.draft.selector`).
 
 The head's logits are ``lm_head(h) * output_multiplier``, soft-capped by ``tanh(l / c) * c`` when
 ``final_logit_softcapping`` (``c``) is set. The proposer (:mod:`edgespec.drafters.dflash2_proposer`) runs it; the
@@ -29,8 +29,8 @@ from torch import nn
 
 from edgespec.drafters.dflash_net import DFlashConfig, DFlashDraftModel, parse_dflash_config
 from edgespec.errors import CheckpointError
-from edgespec.kernels.dynamic_conv import dynamic_conv
-from edgespec.kernels.selector import selector_transitions, selector_walk
+from edgespec.kernels.draft.selector import selector_transitions, selector_walk
+from edgespec.kernels.recurrent.dynamic_conv import dynamic_conv
 from edgespec.models.layers import Linear
 
 ARCHITECTURE = "DFlash2DraftModel"
@@ -118,7 +118,7 @@ class GroupedDynamicConv(nn.Module):
 
 
 class CandidateSelector(nn.Module):
-    """Top-k candidates per draft position and the greedy path through them (:mod:`edgespec.kernels.selector`).
+    """Top-k candidates per draft position and the greedy path through them (:mod:`edgespec.kernels.draft.selector`).
     The codebooks are bare parameters, as the published checkpoints store them."""
 
     def __init__(self, vocab: int, hidden: int, rank: int, top_k: int) -> None:

@@ -5,7 +5,7 @@ once per feature) and the block forward at the anchor's position is the DFlash p
 (:mod:`edgespec.drafters.dflash_proposer`); the network adds its convolutions inside the block forward
 (:class:`~edgespec.drafters.dflash2_net.DFlash2DraftModel`). What changes is how the block's rows become drafts:
 instead of each row's argmax, the head's top-``K`` tokens of every row are the candidates and the selector walks the
-best path from the anchor (:mod:`edgespec.kernels.selector`). The path is causal (position ``d`` depends only on
+best path from the anchor (:mod:`edgespec.kernels.draft.selector`). The path is causal (position ``d`` depends only on
 the choices before it), so a draft of ``k`` tokens is the path's first ``k``.
 
 In graph mode the whole draft -- block forward, head, top-k, selector scores and walk -- is one CUDA graph at a
@@ -23,7 +23,7 @@ from edgespec.drafters.base import Draft
 from edgespec.drafters.dflash2_net import DFlash2DraftModel
 from edgespec.drafters.dflash_proposer import DFlashProposer
 from edgespec.drafters.tree import DraftTree, tree_from_logits
-from edgespec.kernels.argmax import row_argmax
+from edgespec.kernels.verify.argmax import row_argmax
 from edgespec.models.decoder import TargetModel
 
 

@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from edgespec.errors import CheckpointError, UnsupportedModelError
-from edgespec.kernels.block_attention import block_attention
-from edgespec.kernels.linear import linear
-from edgespec.kernels.rope import head_norm_rope
+from edgespec.kernels.attention.block_attention import block_attention
+from edgespec.kernels.attention.rope import head_norm_rope
+from edgespec.kernels.quant.linear import linear
 from edgespec.models.config import ModelConfig
 from edgespec.models.layers import MLP, Linear, RMSNorm, merge_linears
 from edgespec.weights.base import is_packed
@@ -181,7 +181,7 @@ class DFlashAttention(nn.Module):
 
     def merge_projections(self) -> None:
         """One GEMM for q, k and v (a batch-1 block is weight-read bound: one launch instead of three), plus the q
-        and k norm weights stacked per head, so one :func:`~edgespec.kernels.rope.head_norm_rope` norms and
+        and k norm weights stacked per head, so one :func:`~edgespec.kernels.attention.rope.head_norm_rope` norms and
         rotates every q and k head of the merged output."""
         self.qkv_proj = merge_linears(self, ["q_proj", "k_proj", "v_proj"])
         w = self.q_norm.weight.detach()
@@ -202,7 +202,7 @@ class DFlashAttention(nn.Module):
                 cs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """``x [bs, H]`` with the rotary angles ``cs`` of its positions; ``keys``/``values [W+bs, Hkv, hd]`` (fp32)
         whose last ``bs`` rows are scratch for this block's own K/V; ``bias``: see
-        :mod:`edgespec.kernels.block_attention`."""
+        :mod:`edgespec.kernels.attention.block_attention`."""
         T, nh, nkv = x.shape[0], self.n_heads, self.n_kv
         heads = self.qkv_proj(x).view(T, nh + 2 * nkv, self.hd)
         # q_norm / k_norm (w * x̂, rounded as RMSNorm rounds) and RoPE of the q and k heads in one launch.
@@ -267,7 +267,7 @@ class DFlashDraftModel(nn.Module):
         block's absolute query positions ``q_pos`` and the keys' ``key_pos`` (the reference's rule: causal -> key
         <= query; sliding window -> query - key < window, and key - query < window when not causal). Keys at a
         negative position (empty window slots) are never visible. Rows repeat per query head of a KV group, the
-        layout :func:`~edgespec.kernels.block_attention.block_attention` takes."""
+        layout :func:`~edgespec.kernels.attention.block_attention.block_attention` takes."""
         valid = (key_pos >= 0)[None, :].expand(q_pos.shape[0], -1)       # block positions are never negative
         dist = q_pos[:, None] - key_pos[None, :]
         rep = self.cfg.num_attention_heads // self.cfg.num_key_value_heads

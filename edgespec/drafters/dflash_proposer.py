@@ -41,8 +41,8 @@ from edgespec.drafters.base import Draft, Proposer
 from edgespec.drafters.dflash_net import DFlashDraftModel
 from edgespec.drafters.tree import DraftTree, tree_from_logits
 from edgespec.drafters.window import FeatureWindow
-from edgespec.kernels.argmax import row_argmax
-from edgespec.kernels.linear import linear
+from edgespec.kernels.quant.linear import linear
+from edgespec.kernels.verify.argmax import row_argmax
 from edgespec.models.decoder import ForwardOutput, TargetModel
 from edgespec.models.layers import RotaryEmbedding, gather_rows, merge_all_projections
 from edgespec.weights.base import is_packed
@@ -85,7 +85,8 @@ class DFlashProposer(Proposer):
         # Block positions reach past the target's last cache row by up to bs-1.
         max_pos = target.rope.cos.shape[0] + cfg.block_size
         self.rope = RotaryEmbedding(cfg.model_config(max_pos), max_pos).to(device)
-        # fp32 window: block attention keeps fp32 scores and probabilities (see edgespec.kernels.block_attention)
+        # fp32 window: block attention keeps fp32 scores and probabilities (see
+        # edgespec.kernels.attention.block_attention)
         # and reads the cached K/V as they are, with no cast per layer and cycle. Features and K/V are rounded to
         # the drafter dtype before they get here, which is what lets the CUDA kernel narrow them back exactly.
         self.window = FeatureWindow(window_size, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_key_value_heads,

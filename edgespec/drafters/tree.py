@@ -4,7 +4,7 @@ A tree is a set of draft nodes below the *root*, the token the next verify start
 Node ``i`` carries its token, its parent (``-1`` = the root, else an earlier node), its depth (1 for the root's
 children) and the drafter's probability of its token given its parent's path. Nodes are kept in depth-first
 pre-order, so every parent comes before its children: the verify forward can then treat the tree like a chain
-whose causal mask is replaced by the ancestor mask (see :mod:`edgespec.kernels.tree`), and triangular systems
+whose causal mask is replaced by the ancestor mask (see :mod:`edgespec.kernels.verify.tree`), and triangular systems
 stay triangular. Sibling tokens are distinct (a duplicate would be verified twice and break the multi-draft
 sampling rule of :mod:`edgespec.speculative.tree_accept`).
 
@@ -33,7 +33,7 @@ import torch
 from edgespec.errors import ConfigError
 
 # Largest node budget: a tree forward takes at most 64 rows (the root + 63 nodes), the width of the ancestor bit
-# masks the Triton attention reads (edgespec.kernels.tree.MAX_TREE_ROWS).
+# masks the Triton attention reads (edgespec.kernels.verify.tree.MAX_TREE_ROWS).
 MAX_TREE_BUDGET = 63
 # ``draft_tree: auto`` where the arch names no budget of its own (``ArchDefaults.tree_budget``).
 AUTO_TREE_BUDGET = 32

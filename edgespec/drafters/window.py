@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from edgespec.kernels.window_write import window_store_ref, window_write
+from edgespec.kernels.draft.window_write import window_store_ref, window_write
 
 
 class FeatureWindow:
@@ -78,7 +78,7 @@ class FeatureWindow:
     def write_at(self, start_t: torch.Tensor, features: torch.Tensor, keys: torch.Tensor,
                  values: torch.Tensor) -> None:
         """Device part, start on the device: store rows of positions ``start_t[0] .. + r - 1`` (one launch on
-        CUDA, :func:`~edgespec.kernels.window_write.window_write`)."""
+        CUDA, :func:`~edgespec.kernels.draft.window_write.window_write`)."""
         window_write(start_t, features, keys, values, self.features, self.keys, self.values, self.positions)
 
     def advance(self, start: int, rows: int) -> None:

@@ -3,6 +3,12 @@
 The public function of each op dispatches: Triton when the tensors are on CUDA and Triton imports, the torch
 reference otherwise. Tests compare the two on fresh random inputs. See ``docs/architecture.md`` and
 ``docs/benchmarks.md``.
+
+One subpackage per kind of op, each reference beside its Triton twin: ``quant`` (linear products, dense and packed),
+``moe`` (routed experts), ``attention`` (attention and its prologue), ``recurrent`` (Gated DeltaNet, convolutions),
+``pointwise`` (norms, activations), ``verify`` (verdicts, tree-masked mixers), ``draft`` (DFlash selector and
+window), ``cpu`` (the compiled C path) and ``launch`` (PDL, SM read-back, SASS). This module holds the dispatch test
+and the device facts every kernel reads; ``options`` the kernel options.
 """
 
 from __future__ import annotations
@@ -81,7 +87,7 @@ def _cuda_sm_count(index: int) -> int:
 
 
 def pdl_enabled(device: torch.device) -> bool:
-    """Programmatic dependent launch for our Triton kernels (``edgespec.kernels.triton_pdl``): on CUDA devices of
+    """Programmatic dependent launch for our Triton kernels (``edgespec.kernels.launch.triton_pdl``): on CUDA devices of
     compute capability 9.0 or newer, unless the ``pdl`` kernel option is off (``EDGESPEC_PDL=0``)."""
     from edgespec.kernels.options import active
     if device.type != "cuda" or not active().pdl:

@@ -18,10 +18,10 @@ from typing import Any
 
 from edgespec.errors import ConfigError
 
-# A tree verify's conv and GDN on CUDA (edgespec.kernels.tree): both torch references, the Triton conv only, or both
-# Triton kernels.
+# A tree verify's conv and GDN on CUDA (edgespec.kernels.verify.tree): both torch references, the Triton conv only, or
+# both Triton kernels.
 TREE_KERNELS = ("reference", "conv", "triton")
-# Instruction sets of the compiled CPU kernels (edgespec.kernels.gguf_native): auto picks the best this CPU runs.
+# Instruction sets of the compiled CPU kernels (edgespec.kernels.cpu.gguf_native): auto picks the best this CPU runs.
 GGUF_ISAS = ("auto", "avx512", "avx2", "neon", "scalar")
 
 

@@ -1,13 +1,13 @@
 """A whole Llama / Qwen3 layer stack on the CPU in one compiled call (``gguf_stack_forward`` in
-``edgespec/kernels/gguf_cpu.c``).
+``edgespec/kernels/cpu/gguf_cpu.c``).
 
 A batch-1 decode step of the demo model is 30 layers of 8 small steps each; run from Python, every step costs a
 module call, a few tensor allocations and a ctypes call (2-4 ms of a 5-10 ms step on a 2-core CPU). Here the model
 is described to C once (per-layer pointers to the weights, as they are stored: GGUF blocks or dense fp32 / bf16 /
 fp16 rows), each KV cache once, and a forward of T rows is one call: the embedding rows in, the final-normed rows
 and the tapped layers' outputs out. The C stack runs the same kernels in the same order as the per-layer path
-(:class:`edgespec.models.decoder.DecoderLayer` with the helpers of :mod:`edgespec.kernels.cpu_step`), so a Llama forward
-equals it bit for bit (tests), and every row is computed as in a one-row call: verify == decode.
+(:class:`edgespec.models.decoder.DecoderLayer` with the helpers of :mod:`edgespec.kernels.cpu.cpu_step`), so a Llama
+forward equals it bit for bit (tests), and every row is computed as in a one-row call: verify == decode.
 
 :func:`stack_forward` returns None where the stack does not apply (another device or dtype, gradients, GDN or MoE
 layers, gated attention or zero-centred norms, FP8 or blocked KV caches, packed formats other than GGUF's, no
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from edgespec.kernels import gguf_native
+from edgespec.kernels.cpu import gguf_native
 
 # ggml type ids of the dense weights the products read (GGUF blocks carry their own: GGUFBlockWeight.ggml_type).
 _DENSE_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 30}

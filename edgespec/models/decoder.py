@@ -19,8 +19,8 @@ from torch import nn
 from edgespec.cache.kv import KVCache, lazy_zeros
 from edgespec.cache.model_cache import ModelCache
 from edgespec.cache.state import GDNState, GDNStateBank, StateMode
-from edgespec.kernels.linear import linear
-from edgespec.kernels.tree import TreeMask
+from edgespec.kernels.quant.linear import linear
+from edgespec.kernels.verify.tree import TreeMask
 from edgespec.models.config import ModelConfig
 from edgespec.models.gdn import GatedDeltaNet
 from edgespec.models.layers import Attention, Linear, RMSNorm, RotaryEmbedding, gather_rows, merge_all_projections
@@ -38,7 +38,7 @@ class ForwardOutput:
     taps: torch.Tensor | None        # [T, n_taps, hidden] outputs of the tapped layers (DFlash context)
     # [rows + 1] int64 from static (graph) forwards: the strict greedy verdict of the input tokens against the
     # logits (leading drafts that equal the argmax of the row before them), then every row's argmax; computed on
-    # the device with the forward, so a greedy accept stage is one small host copy (edgespec.kernels.argmax).
+    # the device with the forward, so a greedy accept stage is one small host copy (edgespec.kernels.verify.argmax).
     # Padding rows of a shorter draft are counted too: readers cap the count at their own number of drafts.
     greedy: torch.Tensor | None = None
 
@@ -205,7 +205,7 @@ class TargetModel(nn.Module):
         ``pos_t``: graph mode -- the start position as a one-element device tensor. Nothing then depends on
         host values, so the forward can be captured once per T and replayed at any position; the caller (see
         ``edgespec.arch.graphs``) does the host bookkeeping (``cache.length``, checkpoint marks).
-        ``tree``: verify a draft tree (:mod:`edgespec.kernels.tree`): row t at position ``start + depth``, seeing
+        ``tree``: verify a draft tree (:mod:`edgespec.kernels.verify.tree`): row t at position ``start + depth``, seeing
         the prefix and its ancestors; GDN layers defer. Rows are written at ``start ..`` in row order, and
         :meth:`ModelCache.commit_path` (which must follow) keeps one root-to-node path. With ``pos_t`` too (a
         captured tree verify, ``edgespec.arch.tree_graphs``) the caller does the host bookkeeping and the commit.

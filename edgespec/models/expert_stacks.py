@@ -1,4 +1,4 @@
-"""A loaded MoE layer's NVFP4 or block-FP8 experts stacked per layer (``edgespec.kernels.moe_packed``) as views.
+"""A loaded MoE layer's NVFP4 or block-FP8 experts stacked per layer (``edgespec.kernels.moe.moe_packed``) as views.
 
 The stacked Triton products read every expert of a layer from one set of tensors indexed on the device. Stacking
 copies each expert's buffers into the layer's stacks once and then points the expert's buffers at its rows of
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from edgespec.errors import CheckpointError
-from edgespec.kernels.moe_packed import TILE, StackedFP8Block, StackedNVFP4, StackedPacked
+from edgespec.kernels.moe.stacks import TILE, StackedFP8Block, StackedNVFP4, StackedPacked
 from edgespec.weights.base import PackedWeight
 
 FORMATS = ("nvfp4", "fp8_block")

@@ -1,7 +1,7 @@
 """Gated DeltaNet token mixer of the Qwen3.5 / Qwen3.6 hybrid (the "linear_attention" layers).
 
 Weights follow the Qwen3.5 checkpoint layout (``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``,
-``conv1d``, ``A_log``, ``dt_bias``, ``norm``, ``out_proj``). The math is in ``edgespec.kernels.gdn``.
+``conv1d``, ``A_log``, ``dt_bias``, ``norm``, ``out_proj``). The math is in ``edgespec.kernels.recurrent.gdn``.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 from edgespec.cache.state import GDNState, StateMode
-from edgespec.kernels.conv import causal_conv1d_gates
-from edgespec.kernels.gdn import gdn_chunked, gdn_recurrent
-from edgespec.kernels.norm import gated_rms_norm
-from edgespec.kernels.tree import TreeMask, gdn_tree, tree_conv_gates
+from edgespec.kernels.pointwise.norm import gated_rms_norm
+from edgespec.kernels.recurrent.conv import causal_conv1d_gates
+from edgespec.kernels.recurrent.gdn import gdn_chunked, gdn_recurrent
+from edgespec.kernels.verify.tree import TreeMask, gdn_tree, tree_conv_gates
 from edgespec.models.config import ModelConfig
 from edgespec.models.layers import Linear, merge_linears
 
@@ -55,7 +55,7 @@ class GatedDeltaNet(nn.Module):
                 mode: StateMode = StateMode.ADVANCE, tree: TreeMask | None = None) -> torch.Tensor:
         """Mix ``x [T, hidden]``. ``chunked``: prefill form. ``mode`` CHECKPOINT: save state after each row (slot
         i+1); DEFER: leave the state as it was and keep the rows' inputs in ``state.pending`` for the commit.
-        ``tree``: a tree verify (deferred, each row mixed along its own branch: :mod:`edgespec.kernels.tree`)."""
+        ``tree``: a tree verify (deferred, each row mixed along its own branch: :mod:`edgespec.kernels.verify.tree`)."""
         T = x.shape[0]
         checkpoint, defer = mode is StateMode.CHECKPOINT, mode is StateMode.DEFER or tree is not None
         pending = state.pending if defer else None

@@ -12,12 +12,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgespec.cache.kv import KVCache
-from edgespec.kernels.activation import silu_mul
-from edgespec.kernels.attention import cached_attention
-from edgespec.kernels.linear import linear
-from edgespec.kernels.norm import add_rms_norm, rms_norm
-from edgespec.kernels.rope import qk_norm_rope_write, rope_ref
-from edgespec.kernels.tree import TreeMask, tree_attention
+from edgespec.kernels.attention.attention import cached_attention
+from edgespec.kernels.attention.rope import qk_norm_rope_write, rope_ref
+from edgespec.kernels.pointwise.activation import silu_mul
+from edgespec.kernels.pointwise.norm import add_rms_norm, rms_norm
+from edgespec.kernels.quant.linear import linear
+from edgespec.kernels.verify.tree import TreeMask, tree_attention
 from edgespec.models.config import ModelConfig
 from edgespec.models.mrope import rotary_axes
 from edgespec.weights.base import PackedLinear, is_packed
@@ -175,13 +175,13 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, x: torch.Tensor, cs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Rotate ``x [T, H, hd]`` by the angles ``cs`` of its rows' positions (from :meth:`angles`): the torch
-        rotate-half of :func:`edgespec.kernels.rope.rope_ref`, which the fused attention prologue's reference
+        rotate-half of :func:`edgespec.kernels.attention.rope.rope_ref`, which the fused attention prologue's reference
         uses too."""
         return rope_ref(x, *cs)
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters and checkpoint keys) computed by :func:`edgespec.kernels.linear.linear`."""
+    """``nn.Linear`` (same parameters and checkpoint keys) computed by :func:`edgespec.kernels.quant.linear.linear`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
@@ -308,8 +308,8 @@ class Attention(nn.Module):
         if cs is None:
             cs = rope.angles(start, T, pos_t, qkv.dtype)
         if self.q_norm is None and not self.gated and pos_t is None and tree is None and qkv.device.type == "cpu":
-            # Llama on CPU: RoPE, cache write and attention in one compiled call (edgespec.kernels.cpu_step).
-            from edgespec.kernels.cpu_step import llama_attention_cpu
+            # Llama on CPU: RoPE, cache write and attention in one compiled call (edgespec.kernels.cpu.cpu_step).
+            from edgespec.kernels.cpu.cpu_step import llama_attention_cpu
             out = llama_attention_cpu(qkv, cache, start, cs, self.n_heads, self.n_kv, self.hd, self.scale)
             if out is not None:
                 return self.o_proj(out)

@@ -14,10 +14,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from edgespec.kernels.linear import linear
-from edgespec.kernels.moe import group_by_expert, grouped_expert_product, route, stacked_expert_product
-from edgespec.kernels.moe_packed import StackedPacked, stacked_packed_expert_product, stacked_packed_moe
-from edgespec.kernels.moe_quant import KERNEL_GROUPS, StackedInt4, stacked_int4_expert_product, stacked_int4_moe
+from edgespec.kernels.moe.moe import group_by_expert, grouped_expert_product, route, stacked_expert_product
+from edgespec.kernels.moe.moe_packed import stacked_packed_expert_product, stacked_packed_moe
+from edgespec.kernels.moe.moe_quant import stacked_int4_expert_product, stacked_int4_moe
+from edgespec.kernels.moe.stacks import KERNEL_GROUPS, StackedInt4, StackedPacked
+from edgespec.kernels.quant.linear import linear
 from edgespec.models.config import ModelConfig
 from edgespec.models.expert_stacks import stack_packed_experts
 from edgespec.models.layers import MLP
@@ -124,7 +125,7 @@ class SparseMoE(nn.Module):
 
     def stack_experts(self) -> bool:
         """Stack dense, merged expert weights into ``w13 [E, 2I, H]`` / ``w2 [E, H, I]`` for the stacked product
-        (edgespec.kernels.moe); each expert's parameters become views of the stacks, so memory is unchanged but for
+        (edgespec.kernels.moe.moe); each expert's parameters become views of the stacks, so memory is unchanged but for
         one layer's copy while stacking. NVFP4 and block-FP8 experts stack into :attr:`qp`, int4 ones into :attr:`q4`
         (:meth:`_stack_int4`); other packed experts, unmerged ones and meta tensors stay as they are (False)."""
         if self.w13 is not None or self.q4 is not None or self.qp is not None:

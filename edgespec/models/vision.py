@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgespec.kernels.linear import linear
+from edgespec.kernels.quant.linear import linear
 from edgespec.models.config import VisionConfig
 from edgespec.models.layers import Linear
 
@@ -38,7 +38,7 @@ def _act(name: str, x: torch.Tensor) -> torch.Tensor:
 
 class PatchEmbed(nn.Module):
     """The Conv3d patch embedding, kept under its checkpoint name (``proj``) and shape. On CUDA it runs as the
-    product it is (one GEMM through :func:`~edgespec.kernels.linear.linear`); elsewhere as the Conv3d itself,
+    product it is (one GEMM through :func:`~edgespec.kernels.quant.linear.linear`); elsewhere as the Conv3d itself,
     transformers' op and rounding (the CPU golden test's reference)."""
 
     def __init__(self, cfg: VisionConfig) -> None:

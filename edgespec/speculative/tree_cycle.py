@@ -26,7 +26,7 @@ from edgespec.arch.tree_graphs import StaticTreeForward
 from edgespec.cache.model_cache import ModelCache
 from edgespec.drafters.base import Proposer
 from edgespec.drafters.tree import DraftTree
-from edgespec.kernels.tree import TreeMask
+from edgespec.kernels.verify.tree import TreeMask
 from edgespec.models.decoder import ForwardOutput, TargetModel
 from edgespec.speculative.acceptance import AcceptancePolicy, RejectionSampling
 from edgespec.speculative.telemetry import RequestTelemetry

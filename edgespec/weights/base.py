@@ -3,7 +3,7 @@
 A model's linear layers are :class:`edgespec.models.layers.Linear` (a plain ``nn.Linear``: dense weight, the
 bf16/fp16/fp32 path). A layer loaded from a quantized checkpoint is replaced by a :class:`PackedLinear` whose
 ``packed`` attribute is a :class:`PackedWeight` subclass of the checkpoint's format. Everything that multiplies
-by a weight goes through :func:`edgespec.kernels.linear.linear`, which hands a :class:`PackedWeight` to its own
+by a weight goes through :func:`edgespec.kernels.quant.linear.linear`, which hands a :class:`PackedWeight` to its own
 :meth:`PackedWeight.matmul`; callers never ask which format a layer has.
 
 Rules every format follows:
@@ -146,7 +146,7 @@ class PackedLinear(nn.Module):
     """A linear layer whose weight is a :class:`PackedWeight` (same call as :class:`edgespec.models.layers.Linear`).
 
     ``weight`` is the packed weight itself, so code that passes ``layer.weight`` to
-    :func:`edgespec.kernels.linear.linear` works for both kinds of layer.
+    :func:`edgespec.kernels.quant.linear.linear` works for both kinds of layer.
     """
 
     def __init__(self, packed: PackedWeight, bias: torch.Tensor | None = None) -> None:
@@ -173,5 +173,5 @@ class PackedEmbedding(nn.Module):
 
 
 def is_packed(weight: object) -> bool:
-    """True for a :class:`PackedWeight` (the dispatch test of :func:`edgespec.kernels.linear.linear`)."""
+    """True for a :class:`PackedWeight` (the dispatch test of :func:`edgespec.kernels.quant.linear.linear`)."""
     return isinstance(weight, PackedWeight)

@@ -7,7 +7,7 @@ times its row's scale. compressed-tensors ``float-quantized`` FP8 (``strategy: c
 same products). One byte per weight plus 4 per row. Rows carry their own scale, so any parts stack (merged
 q/k/v with three different per-tensor scales stay one layer).
 
-On a CUDA GPU (SM89+) the arch hooks put it on :mod:`edgespec.kernels.triton_fp8_row` (the e4m3 bytes on the
+On a CUDA GPU (SM89+) the arch hooks put it on :mod:`edgespec.kernels.quant.triton_fp8_row` (the e4m3 bytes on the
 tensor cores, the row scale applied to the sums); elsewhere the reference product (a tile of rows dequantized
 inside the step) runs.
 """

@@ -10,7 +10,7 @@ holding the file's blocks unchanged, row after row (GGUF stores a matrix as rows
 Byte ``j`` of a nibble field holds weight ``j`` (low nibble) and weight ``j + 16`` (high nibble).
 
 The product (:meth:`GGUFBlockWeight.matmul`) is the compiled kernel of ``gguf_cpu.c`` (see
-``edgespec.kernels.gguf_native``): fp32 activations against the blocks as stored, scales widened exactly from
+``edgespec.kernels.cpu.gguf_native``): fp32 activations against the blocks as stored, scales widened exactly from
 fp16, fp32 sums. Why that and not torch's packed CPU kernels (measured on the 2-core EPYC, in the commit that
 added this file): ``_weight_int4pack_mm_for_cpu`` is fast only with bf16 activations and bf16 scale/zero pairs,
 which rounds Q4_1's fp16 ``d`` and ``m`` (and every activation) to 8 bits of mantissa, and it has no Q8_0 form;
@@ -27,7 +27,7 @@ from typing import ClassVar
 
 import torch
 
-from edgespec.kernels import gguf_native
+from edgespec.kernels.cpu import gguf_native
 from edgespec.weights.base import PackedWeight, register_format
 
 BLOCK = 32

@@ -20,7 +20,7 @@ The 6-bit scale packing of Q4_K/Q5_K: sub-blocks 0..3 take the low 6 bits of byt
 On the CPU (fp32 activations) the product is the compiled one of ``gguf_cpu.c``: each super-block decoded to 256
 fp32 weights with the reference's operations, bit for bit, then summed against the activations; each output row
 is computed the same way whatever the number of rows (speculative == plain). On a CUDA GPU the arch hooks put
-these weights on the Triton products of :mod:`edgespec.kernels.triton_kquant`, which read the same super-blocks
+these weights on the Triton products of :mod:`edgespec.kernels.quant.triton_kquant`, which read the same super-blocks
 (no second copy). Elsewhere the torch reference runs (:meth:`PackedWeight.matmul_ref`: a tile of rows
 dequantized, then a matmul). Decoding is checked against gguf-py's ``quants.dequantize``
 (tests/weights/test_gguf_kquants.py), the GPU products against this decode (tests/kernels/test_kquant_fp8_row_gpu.py).
@@ -54,9 +54,9 @@ class _KQuant(GGUFBlockWeight):
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """Embedding lookup: on the Triton products (CUDA, a kernel chosen by the arch hooks) one launch decodes the
-        rows asked for (``edgespec.kernels.triton_kquant.kquant_rows``); elsewhere the reference decode."""
+        rows asked for (``edgespec.kernels.quant.triton_kquant_decode.kquant_rows``); elsewhere the reference decode."""
         if self.kernel is not None and index.is_cuda:
-            from edgespec.kernels.triton_kquant import kquant_rows
+            from edgespec.kernels.quant.triton_kquant_decode import kquant_rows
             return kquant_rows(self, index)
         return super().rows(index)
 

@@ -3,7 +3,7 @@
 ``weight`` uint8 ``[out, in/2]`` (two e2m1 codes per byte, the LOW nibble holds the even input index, as NVFP4),
 ``weight_scale`` uint8 ``[out, in/32]`` of E8M0 exponents: value = e2m1 x 2^(weight_scale - 127). 0.5 + 1/32 bytes
 per weight. On Blackwell the product feeds these bytes straight into the block-scaled MMA
-(``edgespec.kernels.triton_block_scaled``); elsewhere the reference dequantizes a tile at a time.
+(``edgespec.kernels.quant.triton_block_scaled``); elsewhere the reference dequantizes a tile at a time.
 """
 
 from __future__ import annotations

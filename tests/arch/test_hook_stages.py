@@ -22,8 +22,8 @@ from edgespec.arch.rtx import RtxHooks
 from edgespec.arch.thor import PREFILL_CHUNK_ALIGN, ThorHooks, prefill_bytes_per_token
 from edgespec.bench.shapes import tiny_config, write_random_checkpoint
 from edgespec.drafters.quantize import quantize_linears
-from edgespec.kernels.block_scaled_ref import block_scaled_matmul_ref
-from edgespec.kernels.quant_ref import pack
+from edgespec.kernels.quant.block_scaled_ref import block_scaled_matmul_ref
+from edgespec.kernels.quant.quant_ref import pack
 from edgespec.loading.checkpoint import load_target
 from edgespec.speculative.acceptance import StrictGreedy
 from edgespec.speculative.session import SpecSession
@@ -49,7 +49,7 @@ def test_products_by_capability(monkeypatch):
     def names(hooks, cap):
         return {f: getattr(hooks.weight_kernel(p, cap), "__name__", None) for f, p in probes.items()}
 
-    from edgespec.kernels.triton_block_scaled import dot_scaled_available
+    from edgespec.kernels.quant.triton_block_scaled import dot_scaled_available
     # NVFP4's E4M3 scales need a Triton that lowers them (3.9 here; a device's older Triton keeps the portable one)
     nvfp4 = "block_scaled_kernel" if dot_scaled_available() else "quant_kernel"
     thor = names(ThorHooks(), (11, 0))

@@ -56,8 +56,8 @@ _CHILD = textwrap.dedent("""
     import json, torch
     from edgespec.bench.sm_limit import limit_sms
     from edgespec.kernels import sm_count
-    from edgespec.kernels.quant_ref import pack
-    from edgespec.kernels.triton_quant_gemv import quant_matmul
+    from edgespec.kernels.quant.quant_ref import pack
+    from edgespec.kernels.quant.triton_quant_gemv import quant_matmul
     lim = limit_sms(16)
     p = pack("int4", torch.randn(512, 1024, device="cuda") * 0.05)
     x = torch.randn(40, 1024, device="cuda", dtype=torch.bfloat16)

@@ -38,8 +38,8 @@ from edgespec.drafters.dflash import (
 )
 from edgespec.drafters.window import FeatureWindow
 from edgespec.errors import CheckpointError, ConfigError
-from edgespec.kernels.block_attention import block_attention, block_attention_ref
-from edgespec.kernels.rope import head_norm_rope
+from edgespec.kernels.attention.block_attention import block_attention, block_attention_ref
+from edgespec.kernels.attention.rope import head_norm_rope
 from edgespec.models.layers import RMSNorm
 from edgespec.speculative.acceptance import StrictGreedy
 from edgespec.speculative.session import SpecSession
@@ -488,7 +488,7 @@ def test_block_attention_matches_sdpa(device, dtype, path, shape):
 def test_block_attention_triton_equals_reference_on_drafter_masks():
     """The Triton block attention against the float32 reference on the masks a drafter builds: causal and not, a
     sliding window, empty ring slots (position -1, never visible); bf16 queries and K/V values, 27B-drafter heads."""
-    from edgespec.kernels.triton_block_attention import block_attention_triton
+    from edgespec.kernels.attention.triton_block_attention import block_attention_triton
     T, Hq, Hkv, W, hd = 16, 32, 8, 128, 128
     S = W + T
     q = torch.randn(T, Hq, hd, device="cuda").bfloat16()

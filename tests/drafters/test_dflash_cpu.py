@@ -11,7 +11,7 @@ import torch
 from edgespec.bench import random_drafter
 from edgespec.bench.shapes import tiny_config, write_random_checkpoint
 from edgespec.drafters.dflash import load_dflash_checkpoint
-from edgespec.kernels import gguf_native
+from edgespec.kernels.cpu import gguf_native
 from edgespec.loading.checkpoint import load_target
 from edgespec.models import cpu_stack
 

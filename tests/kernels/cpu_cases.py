@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edgespec.kernels import gguf_native
+from edgespec.kernels.cpu import gguf_native
 
 HARNESS = Path(__file__).with_name("gguf_harness.c")
 KINDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30}

@@ -1,7 +1,7 @@
 /* Test harness of the compiled CPU path: runs one kernel (or a whole greedy generation) on inputs read from a file
  * and writes the outputs to another, so the same inputs can go through the x86 build and, cross-compiled for
  * AArch64, the NEON build under qemu-user (tests/kernels/test_cpu_isa.py). Linked statically with the same sources
- * as the library (edgespec/kernels/gguf_cpu.c, gguf_kernels.c per ISA).
+ * as the library (edgespec/kernels/cpu/gguf_cpu.c, gguf_kernels.c per ISA).
  *
  *   harness isa                                          prints the kernels in use
  *   harness matmul IN OUT kind N K M                     IN: W bytes, x [M, K] -> OUT: y [M, N]

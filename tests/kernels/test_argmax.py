@@ -1,4 +1,4 @@
-"""The greedy verdict (:mod:`edgespec.kernels.argmax`): the reference against a plain-Python definition, the
+"""The greedy verdict (:mod:`edgespec.kernels.verify.argmax`): the reference against a plain-Python definition, the
 dispatcher's validation, and on CUDA the Triton kernels bit-exact against torch, also inside a CUDA graph."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 from _devices import DEVICES
 
-from edgespec.kernels.argmax import greedy_verdict, greedy_verdict_ref
+from edgespec.kernels.verify.argmax import greedy_verdict, greedy_verdict_ref
 
 _READY = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
 
@@ -243,7 +243,7 @@ def test_cuda_graph_replay(R: int) -> None:
 @pytest.mark.parametrize("device", DEVICES)
 def test_row_argmax_equals_torch(device):
     """row_argmax (the DFlash draft graph's argmax) = torch.argmax, ties included, on a drafter-sized head output."""
-    from edgespec.kernels.argmax import row_argmax
+    from edgespec.kernels.verify.argmax import row_argmax
     x = torch.randint(0, 4, (15, 248320), device=device).to(torch.bfloat16)      # heavy ties
     assert torch.equal(row_argmax(x), x.argmax(-1))
     y = torch.randn(3, 1000, device=device)

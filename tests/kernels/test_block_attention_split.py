@@ -1,5 +1,5 @@
-"""Block attention split over the keys (:mod:`edgespec.kernels.triton_block_attention`): every split count against
-the float32 reference on the masks a drafter builds (GPU), a CUDA-graph replay of the split form (GPU), and the
+"""Block attention split over the keys (:mod:`edgespec.kernels.attention.triton_block_attention`): every split count
+against the float32 reference on the masks a drafter builds (GPU), a CUDA-graph replay of the split form (GPU), and the
 validation of the launch overrides (CPU, pure Python)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from edgespec.arch.graphs import capture_graph
-from edgespec.kernels.block_attention import block_attention_ref
+from edgespec.kernels.attention.block_attention import block_attention_ref
 
 triton = pytest.importorskip("triton")
-from edgespec.kernels.triton_block_attention import (  # noqa: E402
+from edgespec.kernels.attention.triton_block_attention import (  # noqa: E402
     block_attention_launch,
     block_attention_triton,
     default_block_splits,

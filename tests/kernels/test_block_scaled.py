@@ -1,6 +1,6 @@
 """The block-scaled products (NVFP4 and MXFP4 weights into the block-scaled MMA) on the CPU: the torch twin's
-residual-series activations (``edgespec.kernels.block_scaled_ref``) against the packed formats' reference
-(``quant_ref``), and the Triton kernels (``edgespec.kernels.triton_block_scaled``) through Triton's interpreter
+residual-series activations (``edgespec.kernels.quant.block_scaled_ref``) against the packed formats' reference
+(``quant_ref``), and the Triton kernels (``edgespec.kernels.quant.triton_block_scaled``) through Triton's interpreter
 (``TRITON_INTERPRET=1``, in a child process: the variable is read when the kernels are defined).
 
 Triton 3.9's interpreter reads every ``dot_scaled`` scale byte as E8M0, where the MMA (and Triton's emulated GPU
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgespec.kernels import block_scaled_ref as R
-from edgespec.kernels.quant_ref import dequantize_rows, pack
+from edgespec.kernels.quant import block_scaled_ref as R
+from edgespec.kernels.quant.quant_ref import dequantize_rows, pack
 
 ROOT = Path(__file__).resolve().parents[2]
 _TRITON = importlib.util.find_spec("triton") is not None
@@ -126,7 +126,7 @@ def interpreted_checks() -> None:
     """Run with TRITON_INTERPRET=1: the quantizer makes the twin's codes bit for bit (both formats, padding rows and
     row blocks included); the MXFP4 product equals quant_ref within the packed products' bf16 tolerance, K split
     or not, with a bias; the NVFP4 product (fp32 rows) equals the torch twin up to fp32 summation order."""
-    from edgespec.kernels import triton_block_scaled as T
+    from edgespec.kernels.quant import triton_block_scaled as T
     torch.manual_seed(0)
     for fmt in ("nvfp4", "mxfp4"):
         for rows in (1, 5, 70):
@@ -174,7 +174,7 @@ def test_block_scaled_kernels_interpreted_on_cpu():
 def test_launch_warps_follow_the_row_block_columns():
     """4 warps up to 128 MMA columns (NVFP4's 17-32-row tile: 4 terms x 32 rows), 8 for 256 columns (the epilogue's
     fp32 accumulator would spill at 4) and for an emulated product; K split only for decode and verify."""
-    from edgespec.kernels import triton_block_scaled as T
+    from edgespec.kernels.quant import triton_block_scaled as T
     columns = {m: R.TERMS["nvfp4"] * R.block_rows("nvfp4", m) for m in (1, 16, 32, 64)}
     assert columns == {1: 16, 16: 64, 32: 128, 64: 256}
     warps = {m: T.block_scaled_config(5120, 17408, m, 20, c)["num_warps"] for m, c in columns.items()}

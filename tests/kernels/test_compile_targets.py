@@ -71,7 +71,7 @@ def test_loop_body_is_not_a_retry_spanning_a_peeled_trip_and_the_epilogue():
     """A tcgen05 kernel whose compiler peeled the first K trip off the loop: the retry of that trip's barrier wait
     sits after EXIT and branches back before the loop, so its span holds MMAs (the peeled trip's and the loop's)
     and the epilogue, more instructions than the loop. The loop is found, not that span."""
-    from edgespec.kernels.sass import loop_body
+    from edgespec.kernels.launch.sass import loop_body
     sass = [(0x100, "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R2"),                 # peeled trip: the wait
             (0x110, "@!P0 BRA 0x1f0"),
             (0x120, "UTCOMMA.4X gdesc[UR4], gdesc[UR8], tmem[UR7], tmem[UR12], idesc[UR13], tmem[UR18], !UPT"),

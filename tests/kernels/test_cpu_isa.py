@@ -18,7 +18,7 @@ import pytest
 import torch
 from cpu_cases import build_harness, cases, python_greedy, run_harness, run_native, write_stack_dump
 
-from edgespec.kernels import gguf_native
+from edgespec.kernels.cpu import gguf_native
 
 pytestmark = pytest.mark.skipif(gguf_native.library() is None, reason="the compiled kernels cannot be built here")
 QEMU = "qemu-aarch64"

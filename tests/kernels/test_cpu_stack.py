@@ -10,7 +10,7 @@ import pytest
 import torch
 from gguf_files import write_tiny_gguf
 
-from edgespec.kernels import gguf_native
+from edgespec.kernels.cpu import gguf_native
 from edgespec.loading.gguf_model import load_gguf_target
 from edgespec.models import cpu_stack
 

@@ -1,4 +1,4 @@
-"""The compiled CPU step helpers (edgespec.kernels.cpu_step) against their torch references."""
+"""The compiled CPU step helpers (edgespec.kernels.cpu.cpu_step) against their torch references."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from edgespec.cache.kv import KVCache
-from edgespec.kernels import gguf_native
-from edgespec.kernels.activation import silu_mul_ref
-from edgespec.kernels.attention import attention_ref
-from edgespec.kernels.cpu_step import add_rms_norm_cpu, llama_attention_cpu, silu_mul_cpu
-from edgespec.kernels.norm import add_rms_norm_ref, rms_norm_ref
-from edgespec.kernels.rope import rope_ref, split_qkv
+from edgespec.kernels.attention.attention import attention_ref
+from edgespec.kernels.attention.rope import rope_ref, split_qkv
+from edgespec.kernels.cpu import gguf_native
+from edgespec.kernels.cpu.cpu_step import add_rms_norm_cpu, llama_attention_cpu, silu_mul_cpu
+from edgespec.kernels.pointwise.activation import silu_mul_ref
+from edgespec.kernels.pointwise.norm import add_rms_norm_ref, rms_norm_ref
 
 pytestmark = pytest.mark.skipif(gguf_native.library() is None, reason="the compiled helpers cannot be built here")
 

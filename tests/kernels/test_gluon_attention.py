@@ -10,7 +10,7 @@ from _tools import load_tool
 
 pytest.importorskip("triton.experimental.gluon")
 
-from edgespec.kernels import gluon_attention_fp8 as ga  # noqa: E402
+from edgespec.kernels.attention import gluon_attention_fp8 as ga  # noqa: E402
 
 H200 = {"sm_count": 132, "smem_per_sm": 228 * 1024}
 
@@ -52,8 +52,8 @@ def test_where_the_gluon_program_applies(case, ok) -> None:
 def test_default_program_choice() -> None:
     """The Gluon program by default from GLUON_MIN_KEYS keys on, where it applies and the config tunes nothing of
     the Triton program's; GLUON in the config decides outright."""
+    from edgespec.kernels.attention.triton_attention import GLUON_MIN_KEYS, use_gluon_decode
     from edgespec.kernels.options import KernelOptions
-    from edgespec.kernels.triton_attention import GLUON_MIN_KEYS, use_gluon_decode
     long, short = GLUON_MIN_KEYS, GLUON_MIN_KEYS - 1
     assert use_gluon_decode({}, True, long) and not use_gluon_decode({}, True, short)
     assert not use_gluon_decode({}, False, long)                        # not applicable (a verify, a bf16 cache)

@@ -51,7 +51,7 @@ def fp8_cache(max_len: int, n_kv: int, hd: int, length: int) -> KVCache:
 def test_gluon_decode_matches_oracle(n_q: int, n_kv: int, hd: int, start: int) -> None:
     """Every launch form against the oracle and the Triton program, at lengths that end inside a 16-key group,
     a 32-key block and a split, with 1 key (start 0) and with more splits than tiles (empty splits)."""
-    from edgespec.kernels.triton_attention import cached_attention_triton
+    from edgespec.kernels.attention.triton_attention import cached_attention_triton
     cache = fp8_cache(start + 40, n_kv, hd, start + 1)
     q = torch.randn(1, n_q, hd, device=DEV, dtype=torch.bfloat16)
     scale = hd ** -0.5
@@ -70,7 +70,7 @@ def test_gluon_decode_matches_oracle(n_q: int, n_kv: int, hd: int, start: int) -
 def test_gluon_decode_v_scale_extremes(dtype: torch.dtype) -> None:
     """v scales far apart (tokens 1e-4x, zero rows, a KV head 1e-6x (fp16: 1e-2x), one 1e3x): every head to
     tolerance on its own scale, nothing outside fp16's range."""
-    from edgespec.kernels.triton_attention import cached_attention_triton
+    from edgespec.kernels.attention.triton_attention import cached_attention_triton
     n_q, n_kv, hd, start = 24, 4, 256, 700
     cache = KVCache(start + 9, n_kv, hd, dtype, DEV, fp8=True)
     k = torch.randn(start + 1, n_kv, hd, device=DEV)
@@ -91,7 +91,7 @@ def test_gluon_decode_v_scale_extremes(dtype: torch.dtype) -> None:
 
 def test_gluon_decode_rejects_what_it_cannot_run() -> None:
     """Asked for where it does not apply (a verify, a bf16 cache, a key-major V), the call says why."""
-    from edgespec.kernels.triton_attention import cached_attention_triton
+    from edgespec.kernels.attention.triton_attention import cached_attention_triton
     n_q, n_kv, hd = 24, 4, 256
     fp8 = fp8_cache(64, n_kv, hd, 40)
     bf16 = KVCache(64, n_kv, hd, torch.bfloat16, DEV)

@@ -14,8 +14,8 @@ import zlib
 import pytest
 import torch
 
-from edgespec.kernels.norm import rms_norm
-from edgespec.kernels.rope import head_norm_rope, head_norm_rope_ref
+from edgespec.kernels.attention.rope import head_norm_rope, head_norm_rope_ref
+from edgespec.kernels.pointwise.norm import rms_norm
 from edgespec.models.config import ModelConfig
 from edgespec.models.layers import RotaryEmbedding
 
@@ -184,7 +184,7 @@ GPU_SHAPES = [(16, 24, 4, 256, 0.25), (16, 32, 8, 128, 1.0), (1, 24, 4, 256, 0.2
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_triton_matches_reference(form, T, nh, nkv, hd, partial, dtype) -> None:
-    from edgespec.kernels.triton_rope import head_norm_rope_triton
+    from edgespec.kernels.attention.triton_rope import head_norm_rope_triton
     rope = _rope(hd, partial, device="cuda")
     cs = rope.angles(5, T, None, dtype)
     if form == "block":
@@ -204,7 +204,7 @@ def test_triton_matches_reference(form, T, nh, nkv, hd, partial, dtype) -> None:
 def test_triton_weight_forms_and_strides() -> None:
     """Per-batch-and-head weights, a shared ``[hd]`` one, 2-D angles and a layout whose leading dims are
     transposed (the kernel reads through x's strides, no copy)."""
-    from edgespec.kernels.triton_rope import head_norm_rope_triton
+    from edgespec.kernels.attention.triton_rope import head_norm_rope_triton
     L, T, nkv, hd = 4, 9, 4, 128
     kv, _ = _context_inputs(L, T, nkv, hd, torch.bfloat16, "cuda")
     strided = kv.transpose(0, 1).contiguous().transpose(0, 1)
@@ -248,7 +248,7 @@ def test_dispatcher_in_cuda_graph() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_triton_rejects_mixed_devices() -> None:
-    from edgespec.kernels.triton_rope import head_norm_rope_triton
+    from edgespec.kernels.attention.triton_rope import head_norm_rope_triton
     heads, w = _block_inputs(2, 4, 2, 64, torch.bfloat16, "cuda")
     cs = _rope(64, 1.0, device="cuda").angles(0, 2, None, torch.bfloat16)
     with pytest.raises(ValueError, match="one device"):

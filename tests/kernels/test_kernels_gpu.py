@@ -17,10 +17,10 @@ from _tools import load_tool
 
 from edgespec.arch.graphs import capture_graph
 from edgespec.cache.kv import KVCache
-from edgespec.kernels.attention import attention_ref, cached_attention
-from edgespec.kernels.conv import causal_conv1d_ref
-from edgespec.kernels.gdn import gdn_chunked_ref, gdn_recurrent_ref
-from edgespec.kernels.norm import gated_rms_norm_ref, rms_norm_ref
+from edgespec.kernels.attention.attention import attention_ref, cached_attention
+from edgespec.kernels.pointwise.norm import gated_rms_norm_ref, rms_norm_ref
+from edgespec.kernels.recurrent.conv import causal_conv1d_ref
+from edgespec.kernels.recurrent.gdn import gdn_chunked_ref, gdn_recurrent_ref
 
 _READY = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _READY, reason="needs a CUDA device and Triton")]
@@ -93,7 +93,7 @@ ATTN_CASES = [
 @pytest.mark.parametrize("T,n_q,n_kv,hd,start,kv,dtype", ATTN_CASES)
 def test_attention_matches_reference(T, n_q, n_kv, hd, start, kv, dtype, fp16_dot) -> None:
     """Against the oracle; bf16 queries over FP8 caches both with bf16 and with fp16 products."""
-    from edgespec.kernels.triton_attention import cached_attention_triton
+    from edgespec.kernels.attention.triton_attention import cached_attention_triton
     fp8 = kv == "fp8"
     cache_dtype = {"fp8": dtype, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[kv]
     cache = make_cache(start + T + 50, n_kv, hd, start + T, cache_dtype, fp8)
@@ -110,7 +110,7 @@ def test_attention_matches_reference(T, n_q, n_kv, hd, start, kv, dtype, fp16_do
 @pytest.mark.parametrize("n_splits", [1, 3, 64])
 def test_attention_split_counts(n_splits: int) -> None:
     """Any split count (including more splits than key tiles: empty splits) gives the same answer."""
-    from edgespec.kernels.triton_attention import cached_attention_triton
+    from edgespec.kernels.attention.triton_attention import cached_attention_triton
     T, n_q, n_kv, hd, start = 5, 16, 4, 256, 300
     cache = make_cache(1024, n_kv, hd, start + T, torch.bfloat16, True)
     q = torch.randn(T, n_q, hd, device=DEV, dtype=torch.bfloat16)
@@ -138,7 +138,7 @@ def test_attention_start_tensor_and_cuda_graph(fp8: bool, T: int, config: dict) 
     """Capture once with the start in a device tensor, replay at other positions: every replay is right; eager with
     ``start_t`` agrees with eager with the int start (a ``start_t`` grid is sized for the whole cache, so the split
     counts differ)."""
-    from edgespec.kernels.triton_attention import cached_attention_triton
+    from edgespec.kernels.attention.triton_attention import cached_attention_triton
     n_q, n_kv, hd, max_len = 24, 4, 256, 4096
     cache = make_cache(max_len, n_kv, hd, max_len, torch.bfloat16, fp8)
     scale = hd ** -0.5
@@ -180,7 +180,7 @@ GDN_SHAPES = [(16, 48, 128, 128), (16, 16, 128, 128), (2, 4, 64, 32)]
 @pytest.mark.parametrize("with_slots", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_gdn_recurrent_matches_reference(n_k, n_v, dk, dv, T, with_slots, dtype) -> None:
-    from edgespec.kernels.triton_gdn import gdn_recurrent_triton
+    from edgespec.kernels.recurrent.triton_gdn import gdn_recurrent_triton
     q, k, v, g, beta, state = gdn_inputs(T, n_k, n_v, dk, dv, dtype)
     s_ref, s_out = state.clone(), state.clone()
     slots_ref = torch.full((T + 2, n_v, dk, dv), float("nan"), device=DEV) if with_slots else None
@@ -199,7 +199,7 @@ def test_gdn_recurrent_matches_reference(n_k, n_v, dk, dv, T, with_slots, dtype)
 @pytest.mark.parametrize("n_k,n_v,dk,dv", [GDN_SHAPES[0], GDN_SHAPES[2]])
 @pytest.mark.parametrize("T,chunk", [(1, 64), (63, 64), (64, 64), (65, 64), (300, 64), (100, 32)])
 def test_gdn_chunked_matches_reference(n_k, n_v, dk, dv, T, chunk) -> None:
-    from edgespec.kernels.triton_gdn import gdn_chunked_triton, gdn_recurrent_triton
+    from edgespec.kernels.recurrent.triton_gdn import gdn_chunked_triton, gdn_recurrent_triton
     q, k, v, g, beta, state = gdn_inputs(T, n_k, n_v, dk, dv, torch.bfloat16)
     s_ref, s_out, s_rec = state.clone(), state.clone(), state.clone()
     ref = gdn_chunked_ref(q, k, v, g, beta, s_ref, chunk)
@@ -219,7 +219,7 @@ def test_gdn_chunked_matches_reference(n_k, n_v, dk, dv, T, chunk) -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("with_slots", [True, False])
 def test_conv_matches_reference(C, K, T, dtype, with_slots) -> None:
-    from edgespec.kernels.triton_conv import causal_conv1d_triton
+    from edgespec.kernels.recurrent.triton_conv import causal_conv1d_triton
     x = torch.randn(T, C, device=DEV).to(dtype)
     state = torch.randn(C, K - 1, device=DEV).to(dtype)
     w = torch.randn(C, K, device=DEV).to(dtype)
@@ -239,7 +239,7 @@ def test_conv_matches_reference(C, K, T, dtype, with_slots) -> None:
 
 def test_conv_strided_input() -> None:
     """x as a column slice of a wider activation (row stride != C)."""
-    from edgespec.kernels.triton_conv import causal_conv1d_triton
+    from edgespec.kernels.recurrent.triton_conv import causal_conv1d_triton
     T, C, K = 6, 200, 4
     x = torch.randn(T, C + 56, device=DEV, dtype=torch.bfloat16)[:, 10: 10 + C]
     state = torch.randn(C, K - 1, device=DEV, dtype=torch.bfloat16)
@@ -257,7 +257,7 @@ def test_conv_strided_input() -> None:
                                           (torch.float32, torch.float32)])
 @pytest.mark.parametrize("zero_centred", [False, True])
 def test_rms_norm_matches_reference(shape, dtype, wdtype, zero_centred) -> None:
-    from edgespec.kernels.triton_norm import rms_norm_triton
+    from edgespec.kernels.pointwise.triton_norm import rms_norm_triton
     x = (torch.randn(shape, device=DEV) * 3.0).to(dtype)
     w = (torch.randn(shape[-1], device=DEV) * 0.2 + (0.0 if zero_centred else 1.0)).to(wdtype)
     ref = rms_norm_ref(x, w, 1e-6, zero_centred)
@@ -271,7 +271,7 @@ def test_rms_norm_matches_reference(shape, dtype, wdtype, zero_centred) -> None:
 @pytest.mark.parametrize("dtype,wdtype", [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16),
                                           (torch.float32, torch.float32)])
 def test_gated_rms_norm_matches_reference(shape, dtype, wdtype) -> None:
-    from edgespec.kernels.triton_norm import gated_rms_norm_triton
+    from edgespec.kernels.pointwise.triton_norm import gated_rms_norm_triton
     x = torch.randn(shape, device=DEV).to(dtype)
     gate = (torch.randn(shape, device=DEV) * 2.0).to(dtype)
     w = (torch.randn(shape[-1], device=DEV) * 0.2 + 1.0).to(wdtype)
@@ -284,7 +284,7 @@ def test_gated_rms_norm_matches_reference(shape, dtype, wdtype) -> None:
 
 def test_norm_strided_rows() -> None:
     """q_norm runs on the chunked q view of gated attention: non-contiguous rows."""
-    from edgespec.kernels.triton_norm import rms_norm_triton
+    from edgespec.kernels.pointwise.triton_norm import rms_norm_triton
     q, _ = torch.randn(4, 16, 512, device=DEV, dtype=torch.bfloat16).chunk(2, dim=-1)
     w = torch.randn(256, device=DEV, dtype=torch.bfloat16) * 0.1
     assert rel_err(rms_norm_triton(q, w, 1e-6, True), rms_norm_ref(q, w, 1e-6, True)) < 1e-2
@@ -297,8 +297,8 @@ def test_norm_strided_rows() -> None:
                                           (torch.float32, torch.float32)])
 @pytest.mark.parametrize("zero_centred", [False, True])
 def test_add_rms_norm_matches_reference(shape, dtype, wdtype, zero_centred) -> None:
-    from edgespec.kernels.norm import add_rms_norm_ref
-    from edgespec.kernels.triton_norm import add_rms_norm_triton
+    from edgespec.kernels.pointwise.norm import add_rms_norm_ref
+    from edgespec.kernels.pointwise.triton_norm import add_rms_norm_triton
     x = (torch.randn(shape, device=DEV) * 3.0).to(dtype)
     res = (torch.randn(shape, device=DEV) * 3.0).to(dtype)
     w = (torch.randn(shape[-1], device=DEV) * 0.2 + (0.0 if zero_centred else 1.0)).to(wdtype)
@@ -313,8 +313,8 @@ def test_add_rms_norm_matches_reference(shape, dtype, wdtype, zero_centred) -> N
 @pytest.mark.parametrize("shape", [(1, 2 * 9216), (16, 2 * 17408), (3, 2 * 100)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_silu_mul_matches_reference(shape, dtype) -> None:
-    from edgespec.kernels.activation import silu_mul_ref
-    from edgespec.kernels.triton_activation import silu_mul_triton
+    from edgespec.kernels.pointwise.activation import silu_mul_ref
+    from edgespec.kernels.pointwise.triton_activation import silu_mul_triton
     x = (torch.randn(shape, device=DEV) * 3.0).to(dtype)
     ref = silu_mul_ref(x)
     poison_allocator()
@@ -326,8 +326,8 @@ def test_silu_mul_matches_reference(shape, dtype) -> None:
 @pytest.mark.parametrize("T,H", [(1, 32), (16, 48), (5, 3)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_gdn_gates_match_reference(T, H, dtype) -> None:
-    from edgespec.kernels.activation import gdn_gates_ref
-    from edgespec.kernels.triton_activation import gdn_gates_triton
+    from edgespec.kernels.pointwise.activation import gdn_gates_ref
+    from edgespec.kernels.pointwise.triton_activation import gdn_gates_triton
     # a, b as strided column views of a merged projection output, as the model passes them
     proj = (torch.randn(T, 3 * H, device=DEV) * 8.0).to(dtype)      # wide spread: both softplus branches
     a, b = proj[:, H:2 * H], proj[:, 2 * H:]
@@ -344,7 +344,7 @@ def test_gdn_gates_match_reference(T, H, dtype) -> None:
 
 def test_gdn_recurrent_rounds_output_like_a_cast() -> None:
     """``out_dtype=bf16``: the kernel's store rounds o exactly like ``o.to(bf16)`` of the fp32 output."""
-    from edgespec.kernels.triton_gdn import gdn_recurrent_triton
+    from edgespec.kernels.recurrent.triton_gdn import gdn_recurrent_triton
     q, k, v, g, beta, state = gdn_inputs(4, *GDN_SHAPES[0], torch.bfloat16)
     s1, s2 = state.clone(), state.clone()
     o32 = gdn_recurrent_triton(q, k, v, g, beta, s1)
@@ -358,8 +358,8 @@ def test_gdn_recurrent_rounds_output_like_a_cast() -> None:
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("config", [None, {"BLOCK_N": 2, "BLOCK_K": 1024, "num_warps": 8, "num_stages": 2}])
 def test_gemv_matches_reference(n, k, bias, config) -> None:
-    from edgespec.kernels.linear import linear_ref
-    from edgespec.kernels.triton_gemv import gemv_triton
+    from edgespec.kernels.quant.linear import linear_ref
+    from edgespec.kernels.quant.triton_gemv import gemv_triton
     x = torch.randn(1, k, device=DEV, dtype=torch.bfloat16)
     w = torch.randn(n, k, device=DEV, dtype=torch.bfloat16) * 0.05
     b = torch.randn(n, device=DEV, dtype=torch.bfloat16) if bias else None
@@ -377,8 +377,8 @@ def test_gemv_matches_reference(n, k, bias, config) -> None:
 def test_skinny_gemm_matches_reference(m, n, k, bias) -> None:
     """2-16 rows, with and without the K split (narrow matrices), 64- and 32-row tiles (tiny matrices), against the
     fp32 reference; deterministic."""
-    from edgespec.kernels.linear import linear_ref
-    from edgespec.kernels.triton_gemv import skinny_gemm_triton
+    from edgespec.kernels.quant.linear import linear_ref
+    from edgespec.kernels.quant.triton_gemv import skinny_gemm_triton
     x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
     w = torch.randn(n, k, device=DEV, dtype=torch.bfloat16) * 0.05
     b = torch.randn(n, device=DEV, dtype=torch.bfloat16) if bias else None
@@ -396,8 +396,9 @@ def test_linear_dispatch(n_out: int) -> None:
     matrix); more rows cuBLAS. ``route_log`` shows each call took the route named (the one ``linear_route`` gives
     for the device's real facts), and all match the reference."""
     from edgespec.kernels import sm_count, triton_available
-    from edgespec.kernels.linear import RouteFacts, linear, linear_ref, linear_route, route_log, skinny_pays
     from edgespec.kernels.options import active
+    from edgespec.kernels.quant.linear import linear, linear_ref, route_log
+    from edgespec.kernels.quant.route import RouteFacts, linear_route, skinny_pays
     w = torch.randn(n_out, 1024, device=DEV, dtype=torch.bfloat16) * 0.05
     b = torch.randn(n_out, device=DEV, dtype=torch.bfloat16)
     facts = RouteFacts(cuda=True, triton=triton_available(), sms=sm_count(w.device), options=active())
@@ -501,7 +502,7 @@ ROPE_CASES = [
     (torch.bfloat16, "model", False, "none", 0.5, 256),
     (torch.bfloat16, "model", True, "none", 1.0, 128),
     (torch.bfloat16, "fp8", True, "standard", 0.5, 128),
-    # fp16 is not listed: the dispatcher keeps fp16 on the torch path (see edgespec.kernels.rope).
+    # fp16 is not listed: the dispatcher keeps fp16 on the torch path (see edgespec.kernels.attention.rope).
     (torch.bfloat16, "fp8", False, "none", 0.25, 128),
     (torch.bfloat16, "model", True, "none", 1.0, 256),
 ]
@@ -513,8 +514,8 @@ ROPE_CASES = [
 def test_qk_norm_rope_write_matches_reference(dtype, kv, gated, norm, rot_frac, hd, T, start_kind) -> None:
     """q, the gate view, the written K/V rows (and FP8 scales) and the untouched rest of the cache, against the
     unfused torch sequence on the same inputs. Bitwise without q/k norm; with it, up to a rare last-bit step."""
-    from edgespec.kernels.rope import qk_norm_rope_write_ref
-    from edgespec.kernels.triton_rope import qk_norm_rope_write_triton
+    from edgespec.kernels.attention.rope import qk_norm_rope_write_ref
+    from edgespec.kernels.attention.triton_rope import qk_norm_rope_write_triton
     n_q, n_kv, start, max_len = 8, 2, 37, 96
     qkv, qw, kw, zc, cs = rope_inputs(T, n_q, n_kv, hd, int(hd * rot_frac), gated, norm, dtype, start)
     cache_ref = random_cache(max_len, n_kv, hd, dtype, kv == "fp8")
@@ -537,7 +538,7 @@ def test_qk_norm_rope_write_matches_reference(dtype, kv, gated, norm, rot_frac, 
 def test_qk_norm_rope_write_dispatcher_and_cuda_graph() -> None:
     """Through the public dispatcher, captured once with the start in a device tensor and replayed at other
     positions (including the last rows of the cache): every replay writes the right rows."""
-    from edgespec.kernels.rope import qk_norm_rope_write, qk_norm_rope_write_ref
+    from edgespec.kernels.attention.rope import qk_norm_rope_write, qk_norm_rope_write_ref
     T, n_q, n_kv, hd, rot, max_len = 4, 16, 4, 256, 64, 512
     qkv, qw, kw, zc, cs = rope_inputs(T, n_q, n_kv, hd, rot, True, "zero_centred", torch.bfloat16, 0)
     cache = random_cache(max_len, n_kv, hd, torch.bfloat16, True)
@@ -566,7 +567,7 @@ def test_qk_norm_rope_write_dispatcher_and_cuda_graph() -> None:
 
 
 def test_qk_norm_rope_write_rejects_bad_inputs() -> None:
-    from edgespec.kernels.triton_rope import qk_norm_rope_write_triton
+    from edgespec.kernels.attention.triton_rope import qk_norm_rope_write_triton
     T, n_q, n_kv, hd, rot = 2, 4, 2, 128, 32
     qkv, qw, kw, zc, cs = rope_inputs(T, n_q, n_kv, hd, rot, True, "zero_centred", torch.bfloat16, 5)
     cache = KVCache(64, n_kv, hd, torch.bfloat16, DEV, fp8=True)
@@ -602,7 +603,7 @@ def test_qk_norm_rope_write_rejects_bad_inputs() -> None:
 def test_fp8_attention_sweep_configs(n_q: int, n_kv: int, T: int, start: int) -> None:
     """Every FP8 configuration the benchmark sweeps (default, the pre-rework one, tiles, warps, stages, splits,
     row blocks, OPAQUE_CVT and V_SCALE variants) against the oracle, also with 1 and 7 splits."""
-    from edgespec.kernels.triton_attention import cached_attention_triton
+    from edgespec.kernels.attention.triton_attention import cached_attention_triton
     hd = 256
     cache = make_cache(start + T + 40, n_kv, hd, start + T, torch.bfloat16, True)
     q = torch.randn(T, n_q, hd, device=DEV, dtype=torch.bfloat16)
@@ -638,7 +639,7 @@ def test_fp8_attention_v_scale_extremes(dtype: torch.dtype, T: int) -> None:
     1e3x everywhere.
     The "tile" scale fold keeps every head to tolerance on its own scale (the older "rows" form, V rows scaled
     into fp16, loses the 1e-6x head to fp16 subnormals) and never leaves fp16's range."""
-    from edgespec.kernels.triton_attention import cached_attention_triton
+    from edgespec.kernels.attention.triton_attention import cached_attention_triton
     n_q, n_kv, hd, start = 24, 4, 256, 700
     cache = KVCache(start + T + 9, n_kv, hd, dtype, DEV, fp8=True)
     k = torch.randn(start + T, n_kv, hd, device=DEV)
@@ -661,7 +662,7 @@ def test_fp8_attention_v_scale_extremes(dtype: torch.dtype, T: int) -> None:
 @pytest.mark.parametrize("T", [1, 3, 8, 16])
 def test_fp8_attention_conversion_forms_agree(T: int) -> None:
     """OPAQUE_CVT on (default) and off, V_SCALE "tile" (default) and "rows": the same attention."""
-    from edgespec.kernels.triton_attention import cached_attention_triton
+    from edgespec.kernels.attention.triton_attention import cached_attention_triton
     n_q, n_kv, hd, start = 24, 4, 256, 2000
     cache = make_cache(start + T, n_kv, hd, start + T, torch.bfloat16, True)
     q = torch.randn(T, n_q, hd, device=DEV, dtype=torch.bfloat16)
@@ -679,7 +680,7 @@ def test_fp8_attention_conversion_forms_agree(T: int) -> None:
 def test_fp8_v_layouts_give_the_same_attention(T: int, start: int) -> None:
     """The key-blocked, transposed V (default) and the key-major V hold the same rows and give the same attention,
     at lengths that end inside a 16-key group, a block and a split, for the decode and the verify launches."""
-    from edgespec.kernels.triton_attention import cached_attention_triton
+    from edgespec.kernels.attention.triton_attention import cached_attention_triton
     n_q, n_kv, hd = 24, 4, 256
     blocked = make_cache(start + T + 50, n_kv, hd, start + T, torch.bfloat16, True)
     junk = 300.0 * torch.randn(20, n_kv, hd, device=DEV, dtype=torch.bfloat16)    # rows of a rolled-back draft

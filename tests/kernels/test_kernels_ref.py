@@ -16,10 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from edgespec.cache.kv import FP8_MAX, KVCache, dequantize_fp8, quantize_fp8
-from edgespec.kernels.attention import attention_ref, cached_attention
-from edgespec.kernels.conv import causal_conv1d_ref
-from edgespec.kernels.gdn import gdn_chunked_ref, gdn_recurrent_ref
-from edgespec.kernels.norm import gated_rms_norm_ref, rms_norm_ref
+from edgespec.kernels.attention.attention import attention_ref, cached_attention
+from edgespec.kernels.pointwise.norm import gated_rms_norm_ref, rms_norm_ref
+from edgespec.kernels.recurrent.conv import causal_conv1d_ref
+from edgespec.kernels.recurrent.gdn import gdn_chunked_ref, gdn_recurrent_ref
+from edgespec.kernels.recurrent.gdn_common import triton_chunk_ok
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -103,6 +104,17 @@ def test_gdn_chunked_strong_decay_and_parallel_keys() -> None:
     assert torch.isfinite(o_chk).all()
     assert rel_err(o_chk, o_rec) < 1e-4
     assert rel_err(s_chk, s_rec) < 1e-4
+
+
+def test_chunked_gdn_goes_to_triton_only_at_its_chunk_sizes() -> None:
+    """The dispatcher hands the Triton chunked form powers of two in [16, 128] only (others take the reference);
+    the Triton form itself names any other chunk instead of answering."""
+    assert [c for c in (0, 8, 16, 48, 64, 128, 256) if triton_chunk_ok(c)] == [16, 64, 128]
+    pytest.importorskip("triton")
+    from edgespec.kernels.recurrent.triton_gdn import gdn_chunked_triton
+    q, k, v, g, beta, state = gdn_inputs(5, 1, 2, 16, 16, seed=3)
+    with pytest.raises(ValueError, match="power-of-two chunk in \\[16, 128\\], got 48"):
+        gdn_chunked_triton(q, k, v, g, beta, state, 48)
 
 
 # ------------------------------------------------------------------------------------------------ conv
@@ -219,7 +231,7 @@ def test_gdn_tile_overrides_are_checked() -> None:
     recurrent GDN launch; anything else is refused by name, and unset they leave the default."""
     pytest.importorskip("triton")
     from edgespec.kernels.options import KernelOptions
-    from edgespec.kernels.triton_gdn import gdn_tile
+    from edgespec.kernels.recurrent.triton_gdn import gdn_tile
 
     def env(**values: str) -> KernelOptions:
         return KernelOptions.from_environ({f"EDGESPEC_{k.upper()}": v for k, v in values.items()})
@@ -240,8 +252,8 @@ def test_skinny_routing_override_is_checked() -> None:
     """EDGESPEC_SKINNY (an A/B override of which 2-16-row products skip cuBLAS): ``all`` (the default) sends every
     matrix to the skinny GEMM, ``wide`` only those with at least one 64-row block per SM; anything else is refused
     by name rather than silently taken as the default."""
-    from edgespec.kernels.linear import skinny_pays
     from edgespec.kernels.options import KernelOptions
+    from edgespec.kernels.quant.route import skinny_pays
 
     def env(mode: str | None) -> KernelOptions:
         return KernelOptions.from_environ({} if mode is None else {"EDGESPEC_SKINNY": mode})

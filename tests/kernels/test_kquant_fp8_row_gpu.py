@@ -1,5 +1,5 @@
-"""The GGUF K-quant and per-row FP8 Triton products (``edgespec.kernels.triton_kquant``,
-``edgespec.kernels.triton_fp8_row``) on CUDA; skipped cleanly without a GPU or Triton.
+"""The GGUF K-quant and per-row FP8 Triton products (``edgespec.kernels.quant.triton_kquant``,
+``edgespec.kernels.quant.triton_fp8_row``) on CUDA; skipped cleanly without a GPU or Triton.
 
 Oracles: the CPU decode of the same bytes (the torch reference, bit-equal to gguf-py's ``dequantize`` in
 tests/weights/test_gguf_kquants.py): one-hot fp32 activation rows make the product return each weight as the kernel
@@ -49,7 +49,8 @@ def _one_hot_transposed(matmul, packed, cols: int) -> torch.Tensor:
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("shape", [(96, 512), (1000, 1280)])
 def test_kquant_decode_is_the_cpu_decode_bit_for_bit(kind: str, shape: tuple[int, int]) -> None:
-    from edgespec.kernels.triton_kquant import kquant_dequantize_band, kquant_matmul
+    from edgespec.kernels.quant.triton_kquant import kquant_matmul
+    from edgespec.kernels.quant.triton_kquant_decode import kquant_dequantize_band
     rows, cols = shape
     cpu, gpu = _kquant(kind, rows, cols)
     ref = cpu.dequantize(torch.float32).t()
@@ -63,7 +64,7 @@ def test_kquant_decode_is_the_cpu_decode_bit_for_bit(kind: str, shape: tuple[int
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_kquant_bf16_products_and_row_count_independence(kind: str) -> None:
-    from edgespec.kernels.triton_kquant import kquant_matmul
+    from edgespec.kernels.quant.triton_kquant import kquant_matmul
     cpu, gpu = _kquant(kind, 768, 2048, seed=1)
     w = cpu.dequantize(torch.float32).to(DEV)
     bias = torch.randn(768, device=DEV, dtype=torch.bfloat16)
@@ -79,7 +80,7 @@ def test_kquant_bf16_products_and_row_count_independence(kind: str) -> None:
 
 
 def test_fp8_row_product_is_the_reference_weight_and_bf16_matches() -> None:
-    from edgespec.kernels.triton_fp8_row import choose_fp8_row_kernel, fp8_row_matmul
+    from edgespec.kernels.quant.triton_fp8_row import choose_fp8_row_kernel, fp8_row_matmul
     for rows, cols in ((96, 512), (1000, 1000)):       # 1000: a ragged last K tile
         w = FP8RowWeight.quantize(torch.randn(rows, cols, device=DEV) * 0.05, torch.bfloat16)
         ref = w.dequantize(torch.float32)
@@ -94,8 +95,8 @@ def test_fp8_row_product_is_the_reference_weight_and_bf16_matches() -> None:
 
 
 def test_kernels_replay_in_a_cuda_graph() -> None:
-    from edgespec.kernels.triton_fp8_row import choose_fp8_row_kernel
-    from edgespec.kernels.triton_kquant import choose_kquant_kernel
+    from edgespec.kernels.quant.triton_fp8_row import choose_fp8_row_kernel
+    from edgespec.kernels.quant.triton_kquant import choose_kquant_kernel
     _, q4 = _kquant("Q4_K", 256, 512)
     f8 = FP8RowWeight.quantize(torch.randn(256, 512, device=DEV) * 0.05, torch.bfloat16)
     for packed, kern in ((q4, choose_kquant_kernel(q4)), (f8, choose_fp8_row_kernel(f8))):
@@ -121,7 +122,7 @@ def test_q4_k_m_gguf_served_on_the_kernels_stays_lossless(tmp_path, monkeypatch)
 
     from edgespec.arch.detect import select_hooks
     from edgespec.drafters.ngram import NGramProposer
-    from edgespec.kernels.triton_kquant import kquant_kernel
+    from edgespec.kernels.quant.triton_kquant import kquant_kernel
     from edgespec.loading.gguf_model import load_gguf_target
     from edgespec.speculative.acceptance import StrictGreedy
     from edgespec.speculative.parity import lossless

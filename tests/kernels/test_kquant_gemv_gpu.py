@@ -1,4 +1,4 @@
-"""The CUDA-core K-quant GEMV for 1..4 rows (``edgespec.kernels.triton_kquant_gemv``) and the K-quant embedding
+"""The CUDA-core K-quant GEMV for 1..4 rows (``edgespec.kernels.quant.triton_kquant_gemv``) and the K-quant embedding
 lookup on CUDA; skipped cleanly without a GPU or Triton.
 
 Oracles: the CPU decode of the same bytes (the torch reference, bit-equal to gguf-py's ``dequantize`` in
@@ -44,7 +44,7 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_gemv_decode_is_the_cpu_decode_bit_for_bit_at_every_row_count(kind: str, shape: tuple[int, int]) -> None:
-    from edgespec.kernels.triton_kquant_gemv import kquant_gemv
+    from edgespec.kernels.quant.triton_kquant_gemv import kquant_gemv
     rows, cols = shape
     cpu, gpu = _kquant(kind, rows, cols)
     ref = cpu.dequantize(torch.float32).t()                       # [in, out]
@@ -61,7 +61,7 @@ def test_gemv_decode_is_the_cpu_decode_bit_for_bit_at_every_row_count(kind: str,
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_gemv_fp32_products_and_row_count_independence(kind: str) -> None:
-    from edgespec.kernels.triton_kquant_gemv import kquant_gemv
+    from edgespec.kernels.quant.triton_kquant_gemv import kquant_gemv
     cpu, gpu = _kquant(kind, 333, 2816, seed=2)                    # 11 super-blocks, 333 rows
     w = cpu.dequantize(torch.float32).double().to(DEV)
     x = torch.randn(4, 2816, device=DEV)
@@ -85,9 +85,10 @@ def test_kquant_matmul_and_linear_route_the_gemv_rows(kind: str, gemv_rows: int)
     """``kquant_matmul`` (the weight's kernel) and ``linear`` send the rows ``KQUANT_GEMV_ROWS`` names to the
     GEMV and more to the tiles: the bits show which ran (``TILES=1`` forces the tiles)."""
     from edgespec.arch.detect import select_hooks
-    from edgespec.kernels.linear import KQUANT_GEMV_ROWS, linear, route_log
-    from edgespec.kernels.triton_kquant import kquant_matmul
-    from edgespec.kernels.triton_kquant_gemv import kquant_gemv
+    from edgespec.kernels.quant.linear import linear, route_log
+    from edgespec.kernels.quant.route import KQUANT_GEMV_ROWS
+    from edgespec.kernels.quant.triton_kquant import kquant_matmul
+    from edgespec.kernels.quant.triton_kquant_gemv import kquant_gemv
     _, gpu = _kquant(kind, 512, 1024, seed=3)
     assert KQUANT_GEMV_ROWS[gpu.format] == gemv_rows
     x = torch.randn(8, 1024, device=DEV, dtype=torch.bfloat16)
@@ -113,7 +114,7 @@ def test_kquant_matmul_and_linear_route_the_gemv_rows(kind: str, gemv_rows: int)
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_gemv_replays_in_a_cuda_graph_bit_for_bit(kind: str) -> None:
-    from edgespec.kernels.triton_kquant_gemv import kquant_gemv
+    from edgespec.kernels.quant.triton_kquant_gemv import kquant_gemv
     _, gpu = _kquant(kind, 700, 1536, seed=4)
     x = torch.randn(3, 1536, device=DEV, dtype=torch.bfloat16)
     bias = torch.randn(700, device=DEV, dtype=torch.bfloat16)
@@ -131,7 +132,8 @@ def test_gemv_replays_in_a_cuda_graph_bit_for_bit(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_embedding_rows_on_cuda_are_the_reference_rows(kind: str) -> None:
-    from edgespec.kernels.triton_kquant import choose_kquant_kernel, kquant_rows
+    from edgespec.kernels.quant.triton_kquant import choose_kquant_kernel
+    from edgespec.kernels.quant.triton_kquant_decode import kquant_rows
     cpu, gpu = _kquant(kind, 300, 768, seed=7)
     gpu.kernel = choose_kquant_kernel(gpu)
     assert gpu.kernel is not None
@@ -146,7 +148,7 @@ def test_embedding_rows_on_cuda_are_the_reference_rows(kind: str) -> None:
 
 
 def test_bad_gemv_inputs_are_named() -> None:
-    from edgespec.kernels.triton_kquant_gemv import kquant_gemv
+    from edgespec.kernels.quant.triton_kquant_gemv import kquant_gemv
     _, gpu = _kquant("Q6_K", 64, 512)
     x = torch.randn(5, 512, device=DEV)
     with pytest.raises(ValueError, match=r"5 rows, give 1\.\.4"):

@@ -7,7 +7,8 @@ import shutil
 import pytest
 import torch
 
-from edgespec.kernels import linear as L
+from edgespec.kernels.quant import linear as L
+from edgespec.kernels.quant.route import ROWS_MAX
 
 
 @pytest.fixture
@@ -35,7 +36,7 @@ def test_rows_round_like_one_row_steps(blas, monkeypatch):
     bit. Blocks are made small here so the multi-row call really splits the weight."""
     monkeypatch.setattr(L, "BLOCK_BYTES", 64 << 10)
     w = torch.randn(3000, 576)
-    x = torch.randn(L.ROWS_MAX, 576)
+    x = torch.randn(ROWS_MAX, 576)
     with torch.inference_mode():
         together = L.linear(x, w)
         for m in range(x.shape[0]):
@@ -123,7 +124,7 @@ def test_served_model_on_blas_matches_torch_path(tiny_models):
 def test_gpu_product_kernels_reject_bad_shapes_before_launching():
     """The Triton GEMV / skinny GEMM check their operands first (runs wherever Triton imports; no GPU needed)."""
     pytest.importorskip("triton")
-    from edgespec.kernels.triton_gemv import gemv_triton, skinny_gemm_triton
+    from edgespec.kernels.quant.triton_gemv import gemv_triton, skinny_gemm_triton
 
     w = torch.randn(8, 16)
     with pytest.raises(ValueError, match="not \\[1, K\\]"):
@@ -140,8 +141,8 @@ def test_gpu_product_kernels_reject_bad_shapes_before_launching():
 
 def test_fused_pointwise_kernels_reject_bad_shapes_before_launching():
     pytest.importorskip("triton")
-    from edgespec.kernels.triton_activation import gdn_gates_triton, silu_mul_triton
-    from edgespec.kernels.triton_norm import add_rms_norm_triton
+    from edgespec.kernels.pointwise.triton_activation import gdn_gates_triton, silu_mul_triton
+    from edgespec.kernels.pointwise.triton_norm import add_rms_norm_triton
 
     with pytest.raises(ValueError, match="not even"):
         silu_mul_triton(torch.randn(2, 7))

@@ -10,9 +10,10 @@ import torch
 
 import edgespec.weights.gguf  # noqa: F401  (registers the GGUF formats)
 import edgespec.weights.gguf_kquants  # noqa: F401  (registers the K-quant formats)
-from edgespec.kernels import linear as L
-from edgespec.kernels.linear import RouteFacts, linear_route, route_log
 from edgespec.kernels.options import KernelOptions
+from edgespec.kernels.quant import linear as L
+from edgespec.kernels.quant.linear import route_log
+from edgespec.kernels.quant.route import KQUANT_GEMV_ROWS, RouteFacts, linear_route
 from edgespec.weights.requantize import quantize_weight
 
 CUDA = RouteFacts(cuda=True, triton=True, sms=132)
@@ -77,7 +78,7 @@ def test_kquant_rows_pick_the_cuda_core_gemv_or_their_tiles(rows: int, q4: str, 
     """GGUF K-quants on their Triton products: one row (decode) takes the CUDA-core GEMV, Q6_K up to four rows
     (short verifies: where it measured faster than the tiles); more rows the weight's own tensor-core tiles or
     prefill path."""
-    assert L.KQUANT_GEMV_ROWS == {"gguf_q4_k": 1, "gguf_q5_k": 1, "gguf_q6_k": 4}
+    assert KQUANT_GEMV_ROWS == {"gguf_q4_k": 1, "gguf_q5_k": 1, "gguf_q6_k": 4}
     for fmt, route in (("gguf_q4_k", q4), ("gguf_q5_k", q4), ("gguf_q6_k", q6)):
         assert linear_route(rows, fmt, (3072, 3072), CUDA) == route, (rows, fmt)
 
@@ -110,7 +111,7 @@ def test_linear_takes_the_route_the_rule_names_on_the_cpu() -> None:
     """``route_log`` counts what ``linear`` really ran: the compiled product for a few fp32 rows, OpenBLAS for more
     while it is active, torch under autograd or with it off, a packed weight its own product; outputs agree with the
     reference either way."""
-    from edgespec.kernels import gguf_native
+    from edgespec.kernels.cpu import gguf_native
 
     x, w = torch.randn(3, 64), torch.randn(96, 64)
     L.configure_cpu()

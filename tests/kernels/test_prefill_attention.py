@@ -1,4 +1,4 @@
-"""The SDPA prefill attention (``edgespec.kernels.attention.prefill_attention``) against the plain reference,
+"""The SDPA prefill attention (``edgespec.kernels.attention.attention.prefill_attention``) against the plain reference,
 for a fresh prompt (causal) and for later chunks and resumed turns (lower-right causal), with grouped KV heads;
 on CPU in fp32 and, where there is a GPU, in bf16 through the fused kernels it is there for."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from _devices import DEVICES
 
-from edgespec.kernels.attention import attention_ref, cached_attention, prefill_attention
+from edgespec.kernels.attention.attention import attention_ref, cached_attention, prefill_attention
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,5 +1,5 @@
-"""The quantized Triton products (``edgespec.kernels.triton_quant_gemv``) against their torch reference
-(``edgespec.kernels.quant_ref.matmul_ref``) on CUDA; skipped cleanly without a GPU or Triton.
+"""The quantized Triton products (``edgespec.kernels.quant.triton_quant_gemv``) against their torch reference
+(``edgespec.kernels.quant.quant_ref.matmul_ref``) on CUDA; skipped cleanly without a GPU or Triton.
 
 Tolerance: relative error ``||out - ref|| / ||ref||`` below 1e-2 for bf16 activations (the kernels round each
 dequantized weight to bf16 for the tensor-core tile, or multiply in fp32 on the one-row path; the reference
@@ -14,7 +14,7 @@ import importlib.util
 import pytest
 import torch
 
-from edgespec.kernels.quant_ref import pack
+from edgespec.kernels.quant.quant_ref import pack
 
 _READY = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _READY, reason="needs a CUDA device and Triton")]
@@ -41,7 +41,7 @@ def poison() -> None:
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("shape", [(256, 512), (200, 384), (1000, 1280), (4096, 2048)])
 def test_rows_1_to_16(fmt: str, shape: tuple[int, int]) -> None:
-    from edgespec.kernels.triton_quant_gemv import quant_matmul
+    from edgespec.kernels.quant.triton_quant_gemv import quant_matmul
     torch.manual_seed(sum(shape))
     n, k = shape
     p = pack(fmt, torch.randn(n, k, device=DEV) * 0.05)
@@ -58,7 +58,7 @@ def test_rows_1_to_16(fmt: str, shape: tuple[int, int]) -> None:
 def test_bias_split_and_launches(fmt: str, dtype: torch.dtype) -> None:
     """Every launch family (one-row CUDA-core paths: int4 words and bytes; tensor-core path; K split) with a
     bias, in both dtypes."""
-    from edgespec.kernels.triton_quant_gemv import quant_matmul
+    from edgespec.kernels.quant.triton_quant_gemv import quant_matmul
     torch.manual_seed(3)
     n, k = 320, 1024
     p = pack(fmt, torch.randn(n, k, device=DEV) * 0.05)
@@ -79,7 +79,7 @@ def test_bias_split_and_launches(fmt: str, dtype: torch.dtype) -> None:
 def test_wide_rows_17_to_64_read_each_weight_once(fmt: str, dtype: torch.dtype, monkeypatch) -> None:
     """17..64 rows (tree verifies) run the fused one-row-block tile, never dequantize-then-GEMM, with and without
     a bias and a K split, against the torch reference."""
-    import edgespec.kernels.triton_quant_gemv as qg
+    import edgespec.kernels.quant.triton_quant_gemv as qg
 
     def no_dequant(*a, **k):
         raise AssertionError("17..64 rows went to dequantize-then-GEMM")
@@ -102,7 +102,7 @@ def test_wide_rows_17_to_64_read_each_weight_once(fmt: str, dtype: torch.dtype, 
 
 def test_pair_order_is_the_tile_permutation() -> None:
     """``pair_order`` puts input 8w + 4h + p at column 8w + 2p + h, the order ``_pair_columns`` lays weights in."""
-    from edgespec.kernels.triton_quant_gemv import pair_order
+    from edgespec.kernels.quant.triton_quant_tiles import pair_order
     x = torch.arange(3 * 64, device=DEV).reshape(3, 64)
     xp = pair_order(x)
     for w, p, h in ((0, 0, 1), (2, 3, 0), (7, 1, 1), (5, 2, 1)):
@@ -114,7 +114,7 @@ def test_pair_order_is_the_tile_permutation() -> None:
 def test_host_paired_x_equals_in_register_permutation(fmt: str, rows: int) -> None:
     """``XPAIR``: the pair tiles reading x permuted once on the host give the same bits as the tiles permuting it
     in registers (the same products in the same order)."""
-    from edgespec.kernels.triton_quant_gemv import quant_matmul
+    from edgespec.kernels.quant.triton_quant_gemv import quant_matmul
     torch.manual_seed(rows)
     p = pack(fmt, torch.randn(384, 1024, device=DEV) * 0.05)
     x = torch.randn(rows, 1024, device=DEV, dtype=torch.bfloat16)
@@ -126,7 +126,7 @@ def test_host_paired_x_equals_in_register_permutation(fmt: str, rows: int) -> No
 def test_wide_rows_equal_row_by_row_products(fmt: str) -> None:
     """A row of a 64-row call is the product of that row: each output row depends on its own input row only
     (rows past M are masked, not mixed in), checked against the same rows sent as one 16-row call."""
-    from edgespec.kernels.triton_quant_gemv import quant_matmul
+    from edgespec.kernels.quant.triton_quant_gemv import quant_matmul
     torch.manual_seed(5)
     p = pack(fmt, torch.randn(384, 768, device=DEV) * 0.05)
     x = torch.randn(64, 768, device=DEV, dtype=torch.bfloat16)
@@ -140,7 +140,7 @@ def test_wide_rows_equal_row_by_row_products(fmt: str) -> None:
 def test_int4_fp16_pair_products_large_inputs() -> None:
     """The one-row int4 kernel multiplies in fp16 pairs with x scaled by 2^-4: inputs in the thousands (LLM
     activation outliers) stay finite and within tolerance."""
-    from edgespec.kernels.triton_quant_gemv import quant_matmul
+    from edgespec.kernels.quant.triton_quant_gemv import quant_matmul
     p = pack("int4", torch.randn(256, 1024, device=DEV) * 0.05)
     x = torch.randn(1, 1024, device=DEV) * 3.0
     x[0, ::97] = 4000.0
@@ -152,7 +152,7 @@ def test_int4_fp16_pair_products_large_inputs() -> None:
 
 def test_fp8_ragged_k() -> None:
     """Block-FP8 with in_features not a multiple of 128 (a partial last scale block)."""
-    from edgespec.kernels.triton_quant_gemv import quant_matmul
+    from edgespec.kernels.quant.triton_quant_gemv import quant_matmul
     p = pack("fp8_block", torch.randn(200, 320, device=DEV) * 0.05)
     for rows in (1, 3, 16, 40):
         x = torch.randn(rows, 320, device=DEV, dtype=torch.bfloat16)
@@ -162,7 +162,7 @@ def test_fp8_ragged_k() -> None:
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("rows", [17, 63, 64, 100, 512])
 def test_prefill_rows(fmt: str, rows: int) -> None:
-    from edgespec.kernels.triton_quant_gemv import quant_matmul
+    from edgespec.kernels.quant.triton_quant_gemv import quant_matmul
     torch.manual_seed(rows)
     p = pack(fmt, torch.randn(384, 768, device=DEV) * 0.05)
     x = torch.randn(rows, 768, device=DEV, dtype=torch.bfloat16)
@@ -175,7 +175,7 @@ def test_prefill_rows(fmt: str, rows: int) -> None:
 def test_dequantize_band_equals_reference_rows(fmt: str, dtype: torch.dtype) -> None:
     """The prefill path's Triton dequantization is the format's ``dequantize_rows`` bit for bit, for whole
     matrices, bands starting mid-matrix and a ragged last block (fp8 K not a multiple of 128)."""
-    from edgespec.kernels.triton_quant_prefill import dequantize_band
+    from edgespec.kernels.quant.triton_quant_prefill import dequantize_band
     torch.manual_seed(7)
     k = 320 if fmt == "fp8_block" else 384
     p = pack(fmt, torch.randn(300, k, device=DEV) * 0.05, group_size=64 if fmt == "int4" else 128)
@@ -189,8 +189,8 @@ def test_dequantize_band_equals_reference_rows(fmt: str, dtype: torch.dtype) -> 
 def test_dequant_gemm_bands_and_bias(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A matrix taller than one band is multiplied band by band into the right output columns, with a bias;
     forcing either many-row path (``DEQUANT`` 0/1) gives the reference result."""
-    from edgespec.kernels import triton_quant_prefill
-    from edgespec.kernels.triton_quant_gemv import quant_matmul
+    from edgespec.kernels.quant import triton_quant_prefill
+    from edgespec.kernels.quant.triton_quant_gemv import quant_matmul
     torch.manual_seed(11)
     p = pack(fmt, torch.randn(1000, 512, device=DEV) * 0.05)
     x = torch.randn(96, 512, device=DEV, dtype=torch.bfloat16)
@@ -207,7 +207,7 @@ def test_dequant_gemm_bands_and_bias(fmt: str, monkeypatch: pytest.MonkeyPatch) 
 def test_row_result_independent_of_batch_within_verify() -> None:
     """Within the 2..16-row launch a row's result does not depend on how many rows ride along; one int4 row sent
     through the pair tile (the default for vocabulary-wide matrices) equals the same row of the 16-row verify."""
-    from edgespec.kernels.triton_quant_gemv import quant_matmul
+    from edgespec.kernels.quant.triton_quant_gemv import quant_matmul
     for fmt in FORMATS:
         p = pack(fmt, torch.randn(512, 1024, device=DEV) * 0.05)
         x = torch.randn(16, 1024, device=DEV, dtype=torch.bfloat16)
@@ -223,7 +223,7 @@ def test_nvfp4_pair_tile_every_code_and_scale(dtype: torch.dtype) -> None:
     """The NVFP4 tiles place each e2m1 code into a 16-bit float (the 0.5 code a subnormal) and multiply it by the
     block scale before the mma: every code against every e4m3 scale magnitude (subnormal scales too) gives the
     reference product to the rounding of the output."""
-    from edgespec.kernels.triton_quant_gemv import quant_matmul
+    from edgespec.kernels.quant.triton_quant_gemv import quant_matmul
     torch.manual_seed(5)
     n, k = 256, 1024
     p = pack("nvfp4", torch.randn(n, k, device=DEV) * 0.05)
@@ -247,7 +247,7 @@ def test_nvfp4_pair_tile_every_code_and_scale(dtype: torch.dtype) -> None:
 def test_int4_pair_tile_groups(group: int, dtype: torch.dtype) -> None:
     """The pair-ordered int4 tile for every group size, both activation types, the extreme codes (q - z = +-15)
     and a ragged last row block."""
-    from edgespec.kernels.triton_quant_gemv import quant_matmul
+    from edgespec.kernels.quant.triton_quant_gemv import quant_matmul
     torch.manual_seed(group)
     p = pack("int4", torch.randn(333, 1024, device=DEV) * 0.05, group_size=group)
     p.qweight[:7] = 0xFF                       # q = 15 in every nibble of the first rows
@@ -263,7 +263,7 @@ def test_int4_pair_tile_groups(group: int, dtype: torch.dtype) -> None:
 
 def test_choose_kernel_and_graph_capture() -> None:
     """The chosen kernel runs inside a CUDA graph and replays to the reference result."""
-    from edgespec.kernels.triton_quant_gemv import choose_quant_kernel, prepare_for_kernel
+    from edgespec.kernels.quant.triton_quant_gemv import choose_quant_kernel, prepare_for_kernel
     for fmt in FORMATS:
         p = prepare_for_kernel(pack(fmt, torch.randn(256, 512, device=DEV) * 0.05))
         kern = choose_quant_kernel(p)

@@ -1,4 +1,4 @@
-"""The torch reference math of the packed formats (``edgespec.kernels.quant_ref``), on CPU: nibble order, the
+"""The torch reference math of the packed formats (``edgespec.kernels.quant.quant_ref``), on CPU: nibble order, the
 e2m1 table, block indexing, round trips through the quantizers, and the tiled reference product against a dense
 product of the dequantized matrix. These are the oracle the GPU kernels are tested against."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edgespec.kernels.quant_ref import (
+from edgespec.kernels.quant.quant_ref import (
     E2M1_VALUES,
     dequant_fp8_block,
     dequant_int4,

@@ -1,4 +1,4 @@
-"""The weight-major tiles of the packed products (``edgespec.kernels.triton_quant_wide``, the ``T`` launches of
+"""The weight-major tiles of the packed products (``edgespec.kernels.quant.triton_quant_wide``, the ``T`` launches of
 ``quant_matmul``) against the torch reference (``quant_ref.matmul_ref``) on CUDA, with the tolerances of
 ``test_quant_kernels_gpu``; skipped cleanly without a GPU or Triton. Outputs are poisoned with NaN first, so an
 unwritten element fails."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 from test_quant_kernels_gpu import poison, rel_err  # the same checks as the activation-major tiles'
 
-from edgespec.kernels.quant_ref import RawPacked, pack
+from edgespec.kernels.quant.quant_ref import RawPacked, pack
 
 _READY = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _READY, reason="needs a CUDA device and Triton")]
@@ -26,7 +26,7 @@ FORMATS = ("int4", "nvfp4", "fp8_block")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_weight_major_tile_every_row_count(fmt: str, dtype: torch.dtype) -> None:
     """1..64 rows, with and without a bias and a K split, ragged output widths, both activation types."""
-    from edgespec.kernels.triton_quant_gemv import quant_matmul
+    from edgespec.kernels.quant.triton_quant_gemv import quant_matmul
     torch.manual_seed(7)
     for n, k in ((640, 1024), (200, 384), (4096, 2048)):
         p = pack(fmt, torch.randn(n, k, device=DEV) * 0.05)
@@ -44,7 +44,7 @@ def test_weight_major_tile_every_row_count(fmt: str, dtype: torch.dtype) -> None
 
 @pytest.mark.parametrize("group", [32, 64, 256])
 def test_int4_weight_major_group_sizes(group: int) -> None:
-    from edgespec.kernels.triton_quant_gemv import quant_matmul
+    from edgespec.kernels.quant.triton_quant_gemv import quant_matmul
     torch.manual_seed(group)
     p = pack("int4", torch.randn(384, 1024, device=DEV) * 0.05, group_size=group)
     for rows in (1, 16, 64):
@@ -56,7 +56,7 @@ def test_int4_weight_major_group_sizes(group: int) -> None:
 def test_no_decode_launch_is_not_the_product() -> None:
     """``NO_DECODE`` (timing only) feeds raw words to the MMA: its output must differ from the product, so a sweep
     that reports it as a real launch would be caught by its reference check."""
-    from edgespec.kernels.triton_quant_gemv import quant_matmul
+    from edgespec.kernels.quant.triton_quant_gemv import quant_matmul
     p = pack("int4", torch.randn(256, 512, device=DEV) * 0.05)
     x = torch.randn(16, 512, device=DEV, dtype=torch.bfloat16)
     out = quant_matmul(p, x, config={"T": 1, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "NO_DECODE": 1})
@@ -66,8 +66,8 @@ def test_no_decode_launch_is_not_the_product() -> None:
 def test_misaligned_nvfp4_scales_fall_back_to_the_activation_major_tile() -> None:
     """The nvfp4 tile reads eight scales as one int64; scales at an odd address (a slice of a larger buffer) are
     refused by the tile (None) and ``quant_matmul`` falls back to the other tile, still right."""
-    from edgespec.kernels.triton_quant_gemv import quant_matmul
-    from edgespec.kernels.triton_quant_wide import wide_t_matmul
+    from edgespec.kernels.quant.triton_quant_gemv import quant_matmul
+    from edgespec.kernels.quant.triton_quant_wide import wide_t_matmul
     p = pack("nvfp4", torch.randn(256, 512, device=DEV) * 0.05)
     s = p.weight_scale
     wide = torch.empty((s.shape[0], s.shape[1] + 1), dtype=s.dtype, device=DEV)
@@ -81,7 +81,7 @@ def test_misaligned_nvfp4_scales_fall_back_to_the_activation_major_tile() -> Non
 
 
 def test_weight_major_tile_refuses_more_than_64_rows() -> None:
-    from edgespec.kernels.triton_quant_wide import wide_t_matmul
+    from edgespec.kernels.quant.triton_quant_wide import wide_t_matmul
     p = pack("int4", torch.randn(256, 512, device=DEV) * 0.05)
     x = torch.randn(65, 512, device=DEV, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="65 rows, at most 64"):

@@ -1,4 +1,4 @@
-"""Launch shapes of the weight-major tiles (``edgespec.kernels.triton_quant_wide``), on the CPU: K splits sized by
+"""Launch shapes of the weight-major tiles (``edgespec.kernels.quant.triton_quant_wide``), on the CPU: K splits sized by
 waves of programs (the narrow 4B matrices), and which matrices the tile takes."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from edgespec.kernels.quant_ref import RawPacked  # noqa: E402
-from edgespec.kernels.triton_quant_gemv import wave_splits  # noqa: E402
-from edgespec.kernels.triton_quant_wide import t_tile_applies  # noqa: E402
+from edgespec.kernels.quant.quant_ref import RawPacked  # noqa: E402
+from edgespec.kernels.quant.triton_quant_tiles import wave_splits  # noqa: E402
+from edgespec.kernels.quant.triton_quant_wide import t_tile_applies  # noqa: E402
 
 
 def test_wave_splits_reach_the_wanted_programs_with_even_splits() -> None:

@@ -1,7 +1,7 @@
 """The fused attention prologue (q/k norm, RoPE, KV write) on CPU: the reference is the old unfused path, bitwise.
 
-:func:`edgespec.kernels.rope.qk_norm_rope_write` replaced a sequence of torch ops in ``Attention.forward``; the
-CPU path must compute exactly what that sequence computed (the golden tests against transformers rely on it).
+:func:`edgespec.kernels.attention.rope.qk_norm_rope_write` replaced a sequence of torch ops in ``Attention.forward``;
+the CPU path must compute exactly what that sequence computed (the golden tests against transformers rely on it).
 ``_old_forward`` below is the attention forward as it was before the fusion. The Triton kernel itself is tested
 in ``tests/kernels/test_kernels_gpu.py``.
 """
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from edgespec.cache.kv import KVCache
-from edgespec.kernels.attention import cached_attention
-from edgespec.kernels.rope import qk_norm_rope_write, qk_norm_rope_write_ref, rope_ref
+from edgespec.kernels.attention.attention import cached_attention
+from edgespec.kernels.attention.rope import qk_norm_rope_write, qk_norm_rope_write_ref, rope_ref
 from edgespec.models.config import ModelConfig
 from edgespec.models.layers import Attention, RotaryEmbedding
 
@@ -99,10 +99,11 @@ def test_attention_forward_unchanged(family, partial, dtype, fp8, graph_pos, mer
     attn = _random_layer(cfg, dtype, merged)
     rope = RotaryEmbedding(cfg, 128)
     max_len = 64
-    from edgespec.kernels import gguf_native
+    from edgespec.kernels.cpu import gguf_native
     compiled = (family == "llama" and dtype == torch.float32 and not fp8 and not graph_pos
                 and gguf_native.library() is not None)
-    # fp32 Qwen3 on CPU runs its q/k norms through the compiled norm (edgespec.kernels.norm): float rounding only
+    # fp32 Qwen3 on CPU runs its q/k norms through the compiled norm (edgespec.kernels.pointwise.norm): float rounding
+    # only
     compiled_norm = family == "qwen3" and dtype == torch.float32 and gguf_native.library() is not None
     with torch.inference_mode():
         for T, start, pass_cs in ((5, 0, True), (1, 5, False), (4, 6, True), (1, 10, True)):
@@ -113,7 +114,7 @@ def test_attention_forward_unchanged(family, partial, dtype, fp8, graph_pos, mer
             new = attn(x, new_cache, start, rope, pos_t, cs)
             old = _old_forward(attn, x, old_cache, start, rope, pos_t, cs)
             if compiled:
-                # fp32 Llama on CPU runs the compiled attention (edgespec.kernels.cpu_step): float rounding only
+                # fp32 Llama on CPU runs the compiled attention (edgespec.kernels.cpu.cpu_step): float rounding only
                 torch.testing.assert_close(new, old, rtol=1e-5, atol=1e-5)
                 torch.testing.assert_close(new_cache.k, old_cache.k, rtol=1e-6, atol=1e-6)
                 assert torch.equal(new_cache.v, old_cache.v)
@@ -173,7 +174,7 @@ def test_rope_ref_is_rotary_embedding(partial, dtype) -> None:
 def test_triton_wrapper_rejects_bad_inputs_on_cpu() -> None:
     """The wrapper's argument checks run before any launch, so they are testable without a GPU."""
     pytest.importorskip("triton")
-    from edgespec.kernels.triton_rope import qk_norm_rope_write_triton
+    from edgespec.kernels.attention.triton_rope import qk_norm_rope_write_triton
     T, n_q, n_kv, hd = 2, 4, 2, 64
     qkv = torch.randn(T, 2 * n_q * hd + 2 * n_kv * hd, dtype=torch.bfloat16)
     cs = (torch.ones(T, 1, 16, dtype=torch.bfloat16), torch.zeros(T, 1, 16, dtype=torch.bfloat16))

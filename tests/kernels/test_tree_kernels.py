@@ -1,5 +1,5 @@
-"""Tree verification kernels (edgespec.kernels.tree) against their oracle: each root-to-leaf branch run as its own
-chain through the chain kernels, from the same committed state."""
+"""Tree verification kernels (edgespec.kernels.verify.tree) against their oracle: each root-to-leaf branch run as its
+own chain through the chain kernels, from the same committed state."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from edgespec.cache.kv import KVCache
-from edgespec.kernels.attention import attention_ref
-from edgespec.kernels.conv import causal_conv1d_ref
-from edgespec.kernels.gdn import gdn_recurrent_ref
-from edgespec.kernels.tree import (
+from edgespec.kernels.attention.attention import attention_ref
+from edgespec.kernels.recurrent.conv import causal_conv1d_ref
+from edgespec.kernels.recurrent.gdn import gdn_recurrent_ref
+from edgespec.kernels.verify.tree import (
     MAX_TREE_ROWS,
     TreeMask,
     gdn_tree_ref,

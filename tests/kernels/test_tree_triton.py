@@ -1,5 +1,6 @@
-"""The Triton tree kernels (edgespec.kernels.triton_tree_gdn, the tree mode of edgespec.kernels.triton_conv) against
-their oracles: the torch references of edgespec.kernels.tree and each root-to-leaf branch run as its own chain.
+"""The Triton tree kernels (edgespec.kernels.verify.triton_tree_gdn, the tree mode of
+edgespec.kernels.recurrent.triton_conv) against
+their oracles: the torch references of edgespec.kernels.verify.tree and each root-to-leaf branch run as its own chain.
 
 The checks take a device: on CUDA (marked ``gpu``) and on the CPU through Triton's interpreter (``TRITON_INTERPRET=1``
 in a subprocess: the interpreter is chosen when a kernel is defined, so this process's compiled kernels can't serve).
@@ -17,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgespec.kernels.activation import gdn_gates_ref
-from edgespec.kernels.gdn import gdn_recurrent_ref
-from edgespec.kernels.tree import MAX_TREE_ROWS, TreeMask, gdn_tree_ref, tree_conv_ref
+from edgespec.kernels.pointwise.activation import gdn_gates_ref
+from edgespec.kernels.recurrent.gdn import gdn_recurrent_ref
+from edgespec.kernels.verify.tree import MAX_TREE_ROWS, TreeMask, gdn_tree_ref, tree_conv_ref
 
 ROOT = Path(__file__).resolve().parents[2]
 _TRITON = importlib.util.find_spec("triton") is not None
@@ -60,7 +61,7 @@ def check_gdn(device: str, parents: list[int], dtype: torch.dtype, heads: tuple[
     """Triton tree GDN == reference (relative error of the norm: fp32 1e-4 as tests/kernels/test_kernels_gpu.py,
     bf16 inputs/outputs 1e-2), == each branch as its own chain, and the committed state untouched. ``heads``: (key
     heads, value heads, dk, dv)."""
-    from edgespec.kernels.triton_tree_gdn import gdn_tree_triton
+    from edgespec.kernels.verify.triton_tree_gdn import gdn_tree_triton
 
     torch.manual_seed(seed)
     Hk, Hv, dk, dv = heads
@@ -87,7 +88,7 @@ def check_gdn(device: str, parents: list[int], dtype: torch.dtype, heads: tuple[
 def check_conv(device: str, parents: list[int], dtype: torch.dtype, seed: int = 0) -> None:
     """Triton tree conv: each branch bit for bit what the chain conv kernel gives for it, close to the reference,
     the inputs kept as the window stores them, the gates as the reference's, the committed state untouched."""
-    from edgespec.kernels.triton_conv import causal_conv1d_triton
+    from edgespec.kernels.recurrent.triton_conv import causal_conv1d_triton
 
     torch.manual_seed(seed)
     T, C, K, H = len(parents), 80, 4, 4
@@ -149,8 +150,8 @@ def test_tree_kernels_compile_for_sm90():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from edgespec.kernels.triton_conv import _causal_conv1d_kernel
-    from edgespec.kernels.triton_tree_gdn import _gdn_tree_kernel
+    from edgespec.kernels.recurrent.triton_conv import _causal_conv1d_kernel
+    from edgespec.kernels.verify.triton_tree_gdn import _gdn_tree_kernel
 
     target = GPUTarget("cuda", 90, 32)
     ptrs = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")} | {"g_ptr": "*fp32", "b_ptr": "*fp32",
@@ -173,7 +174,7 @@ def test_tree_kernels_compile_for_sm90():
 # -- bad inputs: refused by name before any launch ------------------------------------------------------------
 @pytest.mark.skipif(not _TRITON, reason="needs Triton")
 def test_tree_gdn_triton_refuses_bad_inputs():
-    from edgespec.kernels.triton_tree_gdn import gdn_tree_triton
+    from edgespec.kernels.verify.triton_tree_gdn import gdn_tree_triton
 
     T, Hk, Hv, d = 5, 1, 2, 16
     q = k = torch.randn(T, Hk, d)
@@ -195,7 +196,7 @@ def test_tree_gdn_triton_refuses_bad_inputs():
 
 @pytest.mark.skipif(not _TRITON, reason="needs Triton")
 def test_tree_conv_triton_refuses_bad_inputs():
-    from edgespec.kernels.triton_conv import causal_conv1d_triton
+    from edgespec.kernels.recurrent.triton_conv import causal_conv1d_triton
 
     T, C, K = 3, 8, 4
     x, state, weight = torch.randn(T, C), torch.randn(C, K - 1), torch.randn(C, K)
@@ -236,8 +237,8 @@ def test_tree_conv_triton_on_cuda(tree, dtype):
 @needs_cuda
 def test_tree_kernels_capture_in_a_cuda_graph():
     """Both launches replay from a CUDA graph with the same results (no host sync, no value-dependent shape)."""
-    from edgespec.kernels.triton_conv import causal_conv1d_triton
-    from edgespec.kernels.triton_tree_gdn import gdn_tree_triton
+    from edgespec.kernels.recurrent.triton_conv import causal_conv1d_triton
+    from edgespec.kernels.verify.triton_tree_gdn import gdn_tree_triton
 
     torch.manual_seed(9)
     parents, (Hk, Hv, dk, dv) = TREES["random33"], QWEN35_27B_HEADS

@@ -1,4 +1,4 @@
-"""The DFlash window append's stores (edgespec.kernels.window_write): reference = the window's own write path,
+"""The DFlash window append's stores (edgespec.kernels.draft.window_write): reference = the window's own write path,
 Triton = reference bit for bit, bad shapes refused."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from _devices import CUDA
 
 from edgespec.drafters.window import FeatureWindow
-from edgespec.kernels.window_write import window_write, window_write_ref
+from edgespec.kernels.draft.window_write import window_write, window_write_ref
 
 # (capacity, scratch rows, feature dim, layers, KV heads, head dim, rows, start): one row deep in the ring, a full
 # wrap-around append, the 27B drafter's widths.

@@ -188,7 +188,7 @@ def test_edgespec_logits_match_transformers_on_the_demo_model(demo_model_dir: Pa
     import torch
     import transformers
 
-    from edgespec.kernels.linear import configure_cpu, cpu_blas_active
+    from edgespec.kernels.quant.linear import configure_cpu, cpu_blas_active
     from edgespec.loading.checkpoint import load_target
     from edgespec.loading.tokenizer import ChatTokenizer
 

@@ -27,7 +27,7 @@ def demo_gguf() -> Path:
 def test_packed_demo_equals_its_fp32_conversion(demo_gguf: Path, demo_model_dir: Path,
                                                 monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Prefill logits of a bench prompt and 8 decode steps, as served on CPU (merged projections)."""
-    from edgespec.kernels.linear import configure_cpu
+    from edgespec.kernels.quant.linear import configure_cpu
     from edgespec.loading.checkpoint import load_target
     from edgespec.loading.gguf_model import load_gguf_target
     from edgespec.loading.tokenizer import ChatTokenizer

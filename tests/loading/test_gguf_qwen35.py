@@ -28,7 +28,7 @@ from edgespec.weights.base import PackedLinear  # noqa: E402
 @pytest.fixture(autouse=True)
 def _env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
-    from edgespec.kernels.linear import configure_cpu, cpu_blas_active
+    from edgespec.kernels.quant.linear import configure_cpu, cpu_blas_active
     was_active = cpu_blas_active()
     configure_cpu(False)            # transformers' summation order (see tests/models/test_golden.py)
     yield
@@ -95,7 +95,7 @@ def test_qwen35_gguf_matches_transformers(hf_folder: Path, wide_folder: Path, tm
 def test_qwen35_gguf_speculative_equals_plain_and_reads_its_tokenizer(hf_folder: Path, tmp_path: Path) -> None:
     from edgespec.config import Settings
     from edgespec.engine import Engine
-    from edgespec.kernels.linear import configure_cpu
+    from edgespec.kernels.quant.linear import configure_cpu
     from edgespec.speculative.acceptance import StrictGreedy
 
     path, _ = write_qwen35_gguf(hf_folder, tmp_path / "m.gguf", "Q8_0", mtp_layers=1)

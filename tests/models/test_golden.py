@@ -26,7 +26,7 @@ def _torch_matmul_on_cpu():
     same process switches fp32 CPU linears to the OpenBLAS path (``configure_cpu``), whose other summation order
     the chunked GDN of the random hybrid amplifies to 2e-4 (3e-5 on torch's matmul); that path is checked against
     the torch reference in tests/kernels/test_linear.py."""
-    from edgespec.kernels.linear import configure_cpu, cpu_blas_active, use_native_cpu
+    from edgespec.kernels.quant.linear import configure_cpu, cpu_blas_active, use_native_cpu
 
     was_active = cpu_blas_active()
     configure_cpu(False)

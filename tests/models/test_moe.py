@@ -23,7 +23,7 @@ from edgespec.drafters.dflash import load_dflash_checkpoint
 from edgespec.drafters.mtp import MTPProposer
 from edgespec.drafters.ngram import NGramProposer
 from edgespec.errors import CheckpointError, UnsupportedModelError
-from edgespec.kernels.moe import (
+from edgespec.kernels.moe.moe import (
     group_by_expert,
     grouped_expert_product,
     moe_ref,
@@ -88,7 +88,7 @@ def test_grouped_product_equals_row_by_row(rows):
 def test_stacked_product_equals_grouped(device, dtype):
     """Experts stacked per layer (w13 = [gate; up], w2): the stacked product (Triton on CUDA) equals the grouped
     product over the same experts as MLPs, for 1 to 64 rows, including shapes that are not multiples of a tile."""
-    from edgespec.kernels.activation import silu_mul_ref
+    from edgespec.kernels.pointwise.activation import silu_mul_ref
 
     E, H, I, k = 8, 96, 40, 3
     gen = torch.Generator().manual_seed(2)
@@ -104,7 +104,7 @@ def test_stacked_product_equals_grouped(device, dtype):
         torch.testing.assert_close(stacked_expert_product_ref(x, w, e, w13, w2).float(), want, rtol=tol, atol=tol)
         torch.testing.assert_close(stacked_expert_product(x, w, e, w13, w2).float(), want, rtol=tol, atol=tol)
     if device == "cuda":
-        from edgespec.kernels.triton_moe import stacked_expert_product_triton
+        from edgespec.kernels.moe.triton_moe import stacked_expert_product_triton
         with pytest.raises(ValueError, match="stacked experts"):
             stacked_expert_product_triton(x, w, e, w13, w2[:, :, :-1])
 

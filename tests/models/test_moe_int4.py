@@ -1,4 +1,4 @@
-"""int4 experts stacked per layer (edgespec.kernels.moe_quant) and their Triton product (triton_moe_int4): the
+"""int4 experts stacked per layer (edgespec.kernels.moe.moe_quant) and their Triton product (triton_moe_int4): the
 stacked product against the row-by-row oracle over dequantized experts (shared expert fused or not), the stacks
 built from a loaded AWQ checkpoint as views, bad inputs, and on CUDA the kernel against its reference, a row
 rounding the same alone and among 63 others, the routing log filled by the grouping launch, the fused routing
@@ -16,16 +16,16 @@ from quant_layouts import write_quantized
 from test_moe import check_cuda_model
 
 from edgespec.bench.shapes import tiny_config, write_random_checkpoint
-from edgespec.kernels.activation import silu_mul_ref
-from edgespec.kernels.moe import group_by_expert, moe_ref, route
-from edgespec.kernels.moe_quant import (
-    StackedInt4,
+from edgespec.kernels.moe.moe import group_by_expert, moe_ref, route
+from edgespec.kernels.moe.moe_quant import (
     route_with_shared_ref,
     stacked_int4_expert_product,
     stacked_int4_expert_product_ref,
     stacked_int4_moe,
 )
-from edgespec.kernels.quant_ref import dequant_int4, quantize_int4
+from edgespec.kernels.moe.stacks import StackedInt4
+from edgespec.kernels.pointwise.activation import silu_mul_ref
+from edgespec.kernels.quant.quant_ref import dequant_int4, quantize_int4
 from edgespec.loading.checkpoint import load_target
 from edgespec.memory import module_bytes
 from edgespec.models.moe import RoutingLog, SparseMoE
@@ -132,7 +132,7 @@ def test_int4_experts_load_as_views_of_the_stacks(int4_checkpoint):
 def test_int4_kernel_row_rounds_the_same_at_any_row_count(device, dtype):
     """A row's output is bit-identical alone and among 63 others (the grouping and row blocks never change
     its arithmetic): what makes verify rows equal decode steps. The grouping launch logs the routed union."""
-    from edgespec.kernels.triton_moe_int4 import stacked_int4_expert_product_triton
+    from edgespec.kernels.moe.triton_moe_int4 import stacked_int4_expert_product_triton
     E, H, I, k = 64, 256, 128, 8
     stack = random_stack(E + 1, H, I, 128, True, seed=3, device=device)
     x = torch.randn(64, H, device=device, dtype=dtype)
@@ -160,7 +160,7 @@ def test_cuda_int4_model_spec_equals_plain(int4_checkpoint):
     the fused routing launch (one GEMM for the router and the shared gate), a decode row on the CUDA-core path
     and a verify of 6 rows on the tensor cores: logits close to the CPU model's, and greedy speculative output
     equal to plain in fp32 (n-gram and oracle drafts, every rollback), with the expert union in the telemetry."""
-    from edgespec.kernels.triton_moe_gemv import GEMV_TUNING
+    from edgespec.kernels.moe.triton_moe_gemv import GEMV_TUNING
     cuda = torch.device("cuda")
     model = load_target(int4_checkpoint, device=cuda, max_positions=256)
     cpu_model = load_target(int4_checkpoint, max_positions=256)
@@ -214,8 +214,8 @@ def test_fused_routing_equals_reference(device, dtype):
     """The fused routing launch picks the reference's experts exactly, in its order (ties included: lower id
     first), with its weights and shared gate within fp rounding, normalised or not, for 1 to 64 rows; its
     grouping equals the grouping launch's on the same routing; the block product equals the reference."""
-    from edgespec.kernels.triton_moe_int4 import group_pairs
-    from edgespec.kernels.triton_moe_route import route_group_pairs, stacked_int4_moe_triton
+    from edgespec.kernels.moe.triton_moe_int4 import group_pairs
+    from edgespec.kernels.moe.triton_moe_route import route_group_pairs, stacked_int4_moe_triton
     E, H, I, k = 64, 256, 128, 8
     stack = random_stack(E + 1, H, I, 128, True, seed=3, device=device)
     gen = torch.Generator().manual_seed(9)
@@ -246,8 +246,8 @@ def test_fused_routing_equals_reference(device, dtype):
 def test_gemv_path_equals_reference(device, dtype):
     """The CUDA-core path (1-4 rows) equals the reference at every row count and tile split it takes, gives the
     same bits on a second call (no atomics), and refuses more rows than it takes by name."""
-    from edgespec.kernels import triton_moe_gemv
-    from edgespec.kernels.triton_moe_int4 import stacked_int4_expert_product_triton
+    from edgespec.kernels.moe import triton_moe_gemv
+    from edgespec.kernels.moe.triton_moe_int4 import stacked_int4_expert_product_triton
     E, H, I, k = 64, 512, 256, 8
     stack = random_stack(E + 1, H, I, 64, True, seed=5, device=device)
     gen = torch.Generator().manual_seed(2)
@@ -281,7 +281,7 @@ def test_fused_moe_captured_equals_eager(device):
     """The fused routing launch and the product (CUDA-core path at 1 and 4 rows, tensor cores at 16) captured in
     a CUDA graph: each replay on new inputs (new routing) gives the eager call's bits, and the routing log the
     graph adds to counts every replay."""
-    from edgespec.kernels.triton_moe_route import stacked_int4_moe_triton
+    from edgespec.kernels.moe.triton_moe_route import stacked_int4_moe_triton
     E, H, I, k = 64, 256, 128, 8
     stack = random_stack(E + 1, H, I, 128, True, seed=7, device=device)
     gen = torch.Generator().manual_seed(3)

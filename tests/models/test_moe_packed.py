@@ -1,4 +1,4 @@
-"""NVFP4 and block-FP8 experts stacked per layer (edgespec.kernels.moe_packed, edgespec.models.expert_stacks) and
+"""NVFP4 and block-FP8 experts stacked per layer (edgespec.kernels.moe.moe_packed, edgespec.models.expert_stacks) and
 their Triton product (triton_moe_quant): the stacked product against the row-by-row oracle over dequantized
 experts (shared expert fused or not), stacks built from loaded checkpoints and from unmerged modules as views of
 the experts' buffers, mixed formats refused by name, and on CUDA the kernels against their reference, a row
@@ -20,17 +20,16 @@ from test_moe import check_cuda_model
 
 from edgespec.bench.shapes import tiny_config, write_random_checkpoint
 from edgespec.errors import CheckpointError
-from edgespec.kernels.activation import silu_mul_ref
-from edgespec.kernels.moe import group_by_expert, moe_ref, route
-from edgespec.kernels.moe_packed import (
-    StackedFP8Block,
-    StackedNVFP4,
+from edgespec.kernels.moe.moe import group_by_expert, moe_ref, route
+from edgespec.kernels.moe.moe_packed import (
     stacked_packed_expert_product,
     stacked_packed_expert_product_ref,
     stacked_packed_moe,
 )
-from edgespec.kernels.moe_quant import route_with_shared_ref
-from edgespec.kernels.quant_ref import quantize_fp8_block, quantize_nvfp4
+from edgespec.kernels.moe.moe_quant import route_with_shared_ref
+from edgespec.kernels.moe.stacks import StackedFP8Block, StackedNVFP4
+from edgespec.kernels.pointwise.activation import silu_mul_ref
+from edgespec.kernels.quant.quant_ref import quantize_fp8_block, quantize_nvfp4
 from edgespec.loading.checkpoint import load_target
 from edgespec.loading.hf_config import parse_config
 from edgespec.memory import module_bytes
@@ -232,7 +231,7 @@ def test_packed_kernel_row_rounds_the_same_and_captures(device, fmt):
     """A row's output is bit-identical alone and among 63 others (bf16); the grouping launch logs the routed union;
     a CUDA graph captured once equals the eager launches when replayed under new routing; more than 64 rows are
     refused by name."""
-    from edgespec.kernels.triton_moe_quant import stacked_packed_expert_product_triton as product
+    from edgespec.kernels.moe.triton_moe_quant import stacked_packed_expert_product_triton as product
     E, H, I, k, dt = 64, 256, 128, 8, torch.bfloat16
     stack = random_stack(fmt, E + 1, H, I, True, seed=3, device=device)
     gen = torch.Generator().manual_seed(7)
@@ -301,8 +300,8 @@ def test_packed_gemv_path_equals_reference(device, fmt, dtype):
     most), gives the same bits on a second call (no atomics), gives a row the same bits alone and beside a second
     row (its splits are sized by one row's pairs), and refuses more rows than it takes, or an unknown path, by
     name."""
-    from edgespec.kernels import triton_moe_gemv_packed as gp
-    from edgespec.kernels.triton_moe_quant import stacked_packed_expert_product_triton as product
+    from edgespec.kernels.moe import triton_moe_gemv_packed as gp
+    from edgespec.kernels.moe.triton_moe_quant import stacked_packed_expert_product_triton as product
     E, H, I, k = 64, 1024, 256, 8          # 8 and 2 K tiles: both products split at 64 waves
     stack = random_stack(fmt, E + 1, H, I, True, seed=5, device=device)
     gen = torch.Generator().manual_seed(2)
@@ -336,7 +335,7 @@ def test_packed_fused_moe_equals_reference_and_captures(device, fmt):
     """The fused routing launch and the packed product (CUDA-core path at 1 and 2 rows, tensor cores at 16) equal
     the torch routing and reference product; captured in a CUDA graph, each replay on new inputs (new routing)
     gives the eager call's bits, and the routing log the graph adds to counts every replay."""
-    from edgespec.kernels.triton_moe_quant import stacked_packed_moe_triton as moe
+    from edgespec.kernels.moe.triton_moe_quant import stacked_packed_moe_triton as moe
     E, H, I, k = 64, 256, 128, 8
     stack = random_stack(fmt, E + 1, H, I, True, seed=7, device=device)
     gen = torch.Generator().manual_seed(3)
@@ -369,7 +368,7 @@ def test_packed_gemv_refuses_bad_launches():
     """The CUDA-core path names what it cannot take before any launch: more rows than its ``max_rows``, and block
     widths that do not divide the 128-row FP8 scale block."""
     pytest.importorskip("triton")
-    from edgespec.kernels import triton_moe_gemv_packed as gp
+    from edgespec.kernels.moe import triton_moe_gemv_packed as gp
     stack = random_stack("fp8_block", 3, 128, 128, shared=False)
     with pytest.raises(ValueError, match="fp8_block expert gemv: 3 rows; this path takes 1-2"):
         gp.packed_expert_gemv(torch.randn(3, 128), {}, stack, 2)
@@ -395,11 +394,12 @@ _INTERPRETED_FP8_GEMV = textwrap.dedent("""
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
     ti._patch_lang_tensor = _patch_index
 
-    from edgespec.kernels import triton_moe_gemv_packed as gp
-    from edgespec.kernels.moe import route
-    from edgespec.kernels.moe_packed import StackedFP8Block, stacked_packed_expert_product_ref
-    from edgespec.kernels.quant_ref import quantize_fp8_block
-    from edgespec.kernels.triton_moe_quant import stacked_packed_expert_product_triton as product
+    from edgespec.kernels.moe import triton_moe_gemv_packed as gp
+    from edgespec.kernels.moe.moe import route
+    from edgespec.kernels.moe.moe_packed import stacked_packed_expert_product_ref
+    from edgespec.kernels.moe.stacks import StackedFP8Block
+    from edgespec.kernels.quant.quant_ref import quantize_fp8_block
+    from edgespec.kernels.moe.triton_moe_quant import stacked_packed_expert_product_triton as product
 
     gen = torch.Generator().manual_seed(0)
     E, H, I, k = 3, 1024, 256, 1

@@ -64,7 +64,7 @@ def test_published_config_maps_to_the_qwen35_hybrid():
 def test_golden_logits_against_transformers(qwen38_tiny):
     """Every prompt row (80 tokens: the chunked GDN crosses a chunk) and 12 cached decode steps within 1e-4 of
     ``Qwen3_5ForConditionalGeneration`` on text-only input; the vision tower and the MTP head loaded."""
-    from edgespec.kernels.linear import configure_cpu, cpu_blas_active, use_native_cpu
+    from edgespec.kernels.quant.linear import configure_cpu, cpu_blas_active, use_native_cpu
     was = cpu_blas_active()
     configure_cpu(False)          # transformers' own matmul order, as tests/models/test_golden.py compares
     was_native = use_native_cpu(False)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from edgespec.cache.model_cache import state_equal
-from edgespec.kernels.tree import TreeMask
+from edgespec.kernels.verify.tree import TreeMask
 
 PARENTS = [-1, 0, 1, 2, 2, 1, 0, 6, 7, 0]
 

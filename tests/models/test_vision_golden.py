@@ -41,7 +41,7 @@ QUESTION = "Where is the red cube?"
 @pytest.fixture(autouse=True)
 def _torch_matmul_on_cpu():
     """transformers' own CPU matmul, as in tests/models/test_golden.py (an engine switches to OpenBLAS)."""
-    from edgespec.kernels.linear import configure_cpu, cpu_blas_active
+    from edgespec.kernels.quant.linear import configure_cpu, cpu_blas_active
 
     was_active = cpu_blas_active()
     configure_cpu(False)

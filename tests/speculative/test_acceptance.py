@@ -35,10 +35,10 @@ def test_strict_greedy_prefix_and_bonus():
 @pytest.mark.parametrize("drafts", [[5, 6, 9], [5, 6, 7], [1, 6, 7], [5]])
 @pytest.mark.parametrize("pad", [0, 3])
 def test_strict_greedy_reads_the_device_verdict(drafts, pad):
-    """With the verify graph's verdict (edgespec.kernels.argmax.greedy_verdict) the policy reads its tokens from it
-    and decides exactly as from the logits, also when a static forward padded the rows: padding rows may 'match'
+    """With the verify graph's verdict (edgespec.kernels.verify.argmax.greedy_verdict) the policy reads its tokens from
+    it and decides exactly as from the logits, also when a static forward padded the rows: padding rows may 'match'
     (here they continue the chain on purpose), so the count is capped at the real drafts."""
-    from edgespec.kernels.argmax import greedy_verdict
+    from edgespec.kernels.verify.argmax import greedy_verdict
     logits = _logits([{5: 3.0}, {6: 3.0}, {7: 3.0}, {8: 3.0}])[:len(drafts) + 1]
     rows = torch.tensor([4, *drafts, *[int(logits[-1].argmax())] * pad])
     padded = torch.cat([logits, logits[-1:].expand(pad, -1)])          # padding rows score like the last one

@@ -13,8 +13,8 @@ import importlib.util
 import pytest
 import torch
 
-from edgespec.kernels.conv import causal_conv1d_ref
-from edgespec.kernels.gdn import gdn_advance_ref
+from edgespec.kernels.recurrent.conv import causal_conv1d_ref
+from edgespec.kernels.recurrent.gdn import gdn_advance_ref
 
 _READY = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _READY, reason="needs a CUDA device and Triton")]
@@ -41,7 +41,7 @@ def _split(qkv: torch.Tensor, n_k: int, n_v: int, dk: int, dv: int):
 @pytest.mark.parametrize("n_k,n_v,dk,dv", [(16, 32, 128, 128), (16, 48, 128, 128), (2, 4, 64, 32)])
 @pytest.mark.parametrize("n", [1, 5, 16])
 def test_advance_equals_stepping(n_k, n_v, dk, dv, n) -> None:
-    from edgespec.kernels.triton_gdn import gdn_advance_triton, gdn_recurrent_triton
+    from edgespec.kernels.recurrent.triton_gdn import gdn_advance_triton, gdn_recurrent_triton
     L, T = 3, 16
     qkv, g, beta, states = _stacked_inputs(L, T, n_k, n_v, dk, dv)
     q, k, v = _split(qkv, n_k, n_v, dk, dv)
@@ -69,7 +69,7 @@ def test_advance_equals_stepping(n_k, n_v, dk, dv, n) -> None:
 
 
 def test_advance_bad_input() -> None:
-    from edgespec.kernels.triton_gdn import gdn_advance_triton
+    from edgespec.kernels.recurrent.triton_gdn import gdn_advance_triton
     qkv, g, beta, states = _stacked_inputs(2, 4, 2, 4, 64, 32)
     _, k, v = _split(qkv, 2, 4, 64, 32)
     with pytest.raises(ValueError, match="advance shapes"):
@@ -80,7 +80,7 @@ def test_advance_bad_input() -> None:
 
 @pytest.mark.parametrize("T", [1, 7, 16])
 def test_conv_deferred_keeps_inputs(T) -> None:
-    from edgespec.kernels.triton_conv import causal_conv1d_triton
+    from edgespec.kernels.recurrent.triton_conv import causal_conv1d_triton
     C, K = 8192, 4
     x = torch.randn(T, C + 64, device=DEV, dtype=torch.bfloat16)[:, :C]          # a strided projection slice
     state = torch.randn(C, K - 1, device=DEV, dtype=torch.bfloat16)
@@ -101,7 +101,7 @@ def test_conv_deferred_keeps_inputs(T) -> None:
 
 
 def test_gates_into_buffers() -> None:
-    from edgespec.kernels.triton_activation import gdn_gates_triton
+    from edgespec.kernels.pointwise.triton_activation import gdn_gates_triton
     a = torch.randn(5, 32, device=DEV, dtype=torch.bfloat16)
     b = torch.randn(5, 32, device=DEV, dtype=torch.bfloat16)
     A_log = torch.randn(32, device=DEV)
@@ -158,9 +158,9 @@ def test_graph_deferred_commit_equals_checkpoint(tmp_path, arch) -> None:
 @pytest.mark.parametrize("T", [1, 16, 64])
 def test_conv_with_fused_gates(T) -> None:
     """The conv launch that also computes the GDN gates gives the values of the two separate kernels."""
-    from edgespec.kernels.conv import causal_conv1d_gates
-    from edgespec.kernels.triton_activation import gdn_gates_triton
-    from edgespec.kernels.triton_conv import causal_conv1d_triton
+    from edgespec.kernels.pointwise.triton_activation import gdn_gates_triton
+    from edgespec.kernels.recurrent.conv import causal_conv1d_gates
+    from edgespec.kernels.recurrent.triton_conv import causal_conv1d_triton
     C, K, H = 1024, 4, 48
     proj = torch.randn(T, C + 2 * H, device=DEV, dtype=torch.bfloat16)            # [mixed | b | a] as projected
     x, b, a = proj[:, :C], proj[:, C:C + H], proj[:, C + H:]

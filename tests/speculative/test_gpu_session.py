@@ -42,11 +42,11 @@ def test_graph_spec_equals_plain_on_cuda(tmp_path, family, dtype):
 
 def test_fp8_decode_over_a_long_cache_runs_the_gluon_program_losslessly(tmp_path, monkeypatch):
     """A graphed plain decode over an FP8 cache of 8192 rows takes the Gluon decode program (its grid is sized for
-    the cache: edgespec.kernels.triton_attention.GLUON_MIN_KEYS); greedy output equals the eager session's, whose
-    short grids take the Triton program."""
+    the cache: edgespec.kernels.attention.triton_attention.GLUON_MIN_KEYS); greedy output equals the eager session's,
+    whose short grids take the Triton program."""
     from edgespec.arch.detect import select_hooks
     from edgespec.bench.shapes import tiny_config, write_random_checkpoint
-    from edgespec.kernels import triton_attention
+    from edgespec.kernels.attention import triton_attention
     from edgespec.loading.checkpoint import load_target
     from edgespec.speculative.acceptance import StrictGreedy
     from edgespec.speculative.parity import lossless

@@ -20,8 +20,8 @@ from edgespec.cache.model_cache import state_equal
 from edgespec.drafters.ngram import NGramProposer
 from edgespec.drafters.tree import DraftTree
 from edgespec.errors import ConfigError
-from edgespec.kernels.tree import TreeMask
-from edgespec.kernels.tree_verdict import greedy_tree_verdict
+from edgespec.kernels.verify.tree import TreeMask
+from edgespec.kernels.verify.tree_verdict import greedy_tree_verdict
 from edgespec.speculative.acceptance import RejectionSampling, StrictGreedy
 from edgespec.speculative.sampling import SamplingParams
 from edgespec.speculative.session import SpecSession

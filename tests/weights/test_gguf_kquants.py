@@ -17,7 +17,7 @@ from gguf_files import write_tiny_gguf
 
 from edgespec.convert.gguf import convert_gguf
 from edgespec.errors import UnsupportedModelError
-from edgespec.kernels import gguf_native
+from edgespec.kernels.cpu import gguf_native
 from edgespec.loading.checkpoint import load_target
 from edgespec.loading.gguf_model import PackedEmbedding, load_gguf_target
 from edgespec.weights.base import PackedLinear, weight_format
@@ -95,7 +95,7 @@ def test_packed_model_equals_fp32_conversion(tmp_path: Path, qtype: str, mix, ti
 def test_speculative_equals_plain_on_q4_k_m(tmp_path: Path) -> None:
     from edgespec.config import Settings
     from edgespec.engine import Engine
-    from edgespec.kernels.linear import configure_cpu
+    from edgespec.kernels.quant.linear import configure_cpu
     from edgespec.speculative.acceptance import StrictGreedy
 
     path = write_tiny_gguf(tmp_path / "m.gguf", "Q4_K", embed_qtype="Q4_K", tied=False, mix=Q4_K_M, **SHAPE)

@@ -15,7 +15,7 @@ from gguf_files import write_tiny_gguf
 
 from edgespec.convert.gguf import convert_gguf
 from edgespec.errors import CheckpointError, UnsupportedModelError
-from edgespec.kernels import gguf_native
+from edgespec.kernels.cpu import gguf_native
 from edgespec.loading.checkpoint import load_target
 from edgespec.loading.gguf_model import PackedEmbedding, load_gguf_target
 from edgespec.memory import module_bytes
@@ -145,7 +145,7 @@ def test_speculative_equals_plain_on_a_packed_gguf(tmp_path: Path, qtype: str) -
     # The packed products run on their own pool: OpenBLAS (a dense drafter's products) keeps to one thread.
     from threadpoolctl import threadpool_info
     assert all(p["num_threads"] == 1 for p in threadpool_info() if p["user_api"] == "blas")
-    from edgespec.kernels.linear import configure_cpu
+    from edgespec.kernels.quant.linear import configure_cpu
     configure_cpu(False)
 
 

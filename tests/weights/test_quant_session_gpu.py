@@ -53,7 +53,7 @@ def _packed(model) -> list[PackedWeight]:
 @pytest.mark.parametrize("family", ["llama", "qwen3_5"])
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4", "awq"])
 def test_hooks_choose_kernels_and_speculation_stays_lossless(folders, family, fmt):
-    from edgespec.kernels.triton_quant_gemv import choose_quant_kernel
+    from edgespec.kernels.quant.triton_quant_gemv import choose_quant_kernel
 
     model = load_target(folders[family, fmt][0], dtype=torch.bfloat16, device=CUDA, max_positions=512)
     packed = _packed(model)
