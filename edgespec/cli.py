@@ -22,14 +22,16 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     from edgespec.engine import Engine, Request
     from edgespec.loading.images import ImageRef
+    from edgespec.plan import build_plan
     from edgespec.speculative.sampling import SamplingParams
 
-    settings = load_settings(cli=args)
-    engine = Engine.from_settings(settings)
+    plan = build_plan(load_settings(cli=args))
+    engine = Engine.load(plan)
     prompt = " ".join(args.prompt)
-    sampling = SamplingParams(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
-                              seed=settings.seed)
-    req = Request(max_tokens=settings.max_tokens, sampling=sampling, stop=args.stop or (),
+    defaults = plan.sampling
+    sampling = SamplingParams(temperature=defaults.temperature, top_p=defaults.top_p, top_k=defaults.top_k,
+                              seed=defaults.seed)
+    req = Request(max_tokens=defaults.max_tokens, sampling=sampling, stop=args.stop or (),
                   on_text=None if args.json else (lambda t: print(t, end="", flush=True)))
     if args.raw:
         if args.image:
@@ -87,9 +89,10 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from edgespec.plan import build_plan
     from edgespec.serving.app import run_server
 
-    return run_server(load_settings(cli=args), log_level=args.log_level)
+    return run_server(build_plan(load_settings(cli=args)), log_level=args.log_level)
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:

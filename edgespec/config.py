@@ -140,7 +140,7 @@ class Settings:
     cpu_blas: bool = _knob(True, "CPU fp32: linears through numpy's OpenBLAS GEMV, torch intra-op threads set to 1")
     stage_timing: Literal["host", "device"] = _knob(
         "host", "telemetry stage times: host (no extra syncs) or device (sync per stage; for profiling)")
-    # --- kernel options (edgespec.kernels.options.KernelOptions: fixed once per process; A/B and tuning) -------
+    # --- kernel options (edgespec.kernels.options.KernelOptions: installed once per process; A/B and tuning) ---
     no_triton: bool = _knob(False, "torch reference kernels even on CUDA (debugging; slow)")
     gluon: bool = _knob(True, "Gluon FP8 decode attention from 8192 cached keys on; false = the Triton program")
     pdl: bool = _knob(True, "programmatic dependent launch of the Triton kernels on SM90+")

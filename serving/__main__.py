@@ -24,8 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
     try:
-        settings = load_settings(cli=args)
-        return run_server(settings, log_level=args.log_level)
+        from edgespec.plan import build_plan
+        return run_server(build_plan(load_settings(cli=args)), log_level=args.log_level)
     except EdgespecError as exc:
         print(f"edgespec: error: {exc}", file=sys.stderr)
         return 2

@@ -152,7 +152,9 @@ def _formats_arguments(p: argparse.ArgumentParser) -> None:
 
 def _run_formats(args: argparse.Namespace) -> int:
     from edgespec.bench.formats import run_format_bench
+    from edgespec.plan import install_kernel_options
 
+    install_kernel_options(load_settings())   # no engine here: the kernel switches of EDGESPEC_CONFIG / EDGESPEC_*
     return run_format_bench(args)
 
 
@@ -183,7 +185,9 @@ def _shapes_arguments(p: argparse.ArgumentParser) -> None:
 
 def _run_shapes(args: argparse.Namespace) -> int:
     from edgespec.bench.gpu import run_sweep
+    from edgespec.plan import install_kernel_options
 
+    install_kernel_options(load_settings())   # no engine here: the kernel switches of EDGESPEC_CONFIG / EDGESPEC_*
     return run_sweep(args)
 
 

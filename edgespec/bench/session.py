@@ -23,6 +23,7 @@ from edgespec.bench.robot_stream import robot_stream
 from edgespec.config import Settings
 from edgespec.engine import Engine, Request
 from edgespec.errors import ConfigError
+from edgespec.plan import build_plan
 from edgespec.speculative.telemetry import AcceptanceCounts, RequestTelemetry
 
 # Drafter columns: name -> settings overrides. "dflash" keeps the configured lookup (n-gram by default).
@@ -108,8 +109,8 @@ def _peer_engine(settings: Settings, base: Engine, name: str) -> Engine | None:
     if reason is not None:
         print(f"session: no {name} column: {reason}")
         return None
-    engine = Engine.around(settings.with_overrides(**DRAFTERS[PEERS[name]]), base.model, base.tokenizer,
-                           base.model_dir)
+    engine = Engine.around(build_plan(settings.with_overrides(**DRAFTERS[PEERS[name]]), base.device), base.model,
+                           base.tokenizer, base.model_dir)
     peer = ArcticSuffixProposer(max_depth=engine.plan.drafter.suffix.max_depth)
     ours = engine.proposer
     if peer.taps != ours.taps or peer.sizes_drafts != ours.sizes_drafts or engine.session.k > peer.max_k:
@@ -156,7 +157,7 @@ def run_session(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     if args.session_first < 0:
         raise ConfigError(f"--session-first {args.session_first} must be >= 0")
     requests = session_requests(args)
-    base = Engine.from_settings(settings.with_overrides(**DRAFTERS["plain"]))
+    base = Engine.load(build_plan(settings.with_overrides(**DRAFTERS["plain"])))
     engines = {"plain": base}
     for name in names[1:]:
         if name in PEERS:
@@ -164,8 +165,8 @@ def run_session(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
             if peer is not None:
                 engines[name] = peer
             continue
-        engines[name] = Engine.around(settings.with_overrides(**DRAFTERS[name]), base.model, base.tokenizer,
-                                      base.model_dir)
+        engines[name] = Engine.around(build_plan(settings.with_overrides(**DRAFTERS[name]), base.device),
+                                      base.model, base.tokenizer, base.model_dir)
     names = [n for n in names if n in engines]
     # Warm-up, untimed, under another client key: kernels and first-call costs out of the first request, and
     # nothing of it in the stream's suffix-cache partition.
