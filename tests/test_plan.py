@@ -100,3 +100,23 @@ def test_below_the_edge_no_module_imports_settings():
                     bad = {a.name for a in node.names} & {"Settings", "load_settings", "read_env", "read_yaml"}
                     found += [f"{rel}: {name}" for name in sorted(bad)]
     assert not found, f"Settings read below the edge: {found}"
+
+
+def test_dev_plan_and_doctor_print_the_plan_of_the_settings_layers(capsys, monkeypatch, tmp_path):
+    """`edgespec dev plan` prints the plan of YAML < environment < flags, developer settings included;
+    `edgespec doctor --plan` the plan of the YAML and environment."""
+    from edgespec.cli import main
+
+    config = tmp_path / "robot.yaml"
+    config.write_text("drafter: ngram\nmax_seq_len: 512\n")
+    monkeypatch.setenv("EDGESPEC_PDL", "0")
+    assert main(["dev", "plan", "--config", str(config), "--device", "cpu", "--gluon", "false"]) == 0
+    plan = yaml.safe_load(capsys.readouterr().out)
+    assert plan["drafter"]["name"] == "ngram" and plan["model"]["max_seq_len"] == 512
+    assert plan["kernels"]["gluon"] is False and plan["kernels"]["pdl"] is False
+    monkeypatch.setenv("EDGESPEC_CONFIG", str(config))
+    monkeypatch.setenv("EDGESPEC_DEVICE", "cpu")
+    assert main(["doctor", "--host-only", "--plan"]) == 0
+    text = capsys.readouterr().out
+    shown = yaml.safe_load(text[text.index("runtime plan"):].split("\n", 1)[1])
+    assert shown["drafter"]["name"] == "ngram" and shown["kernels"]["pdl"] is False

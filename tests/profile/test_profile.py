@@ -178,7 +178,7 @@ def test_profile_demo_model_writes_a_yaml_that_serves(demo_model_dir: Path, tmp_
     err = capsys.readouterr().err
     assert "ETA" in err and "skip drafter=dflash" in err
 
-    for name in ("tuned.yaml", "measurements.json", "report.md", "results.jsonl"):
+    for name in ("tuned.yaml", "plan.yaml", "measurements.json", "report.md", "results.jsonl"):
         assert (out / name).is_file(), name
     assert (out / "chart.png").is_file() == chart
     data = json.loads((out / "measurements.json").read_text())
@@ -207,6 +207,7 @@ def test_profile_demo_model_writes_a_yaml_that_serves(demo_model_dir: Path, tmp_
 
     engine = Engine.load(build_plan(tuned))
     assert describe(engine.plan) == describe(build_plan(tuned))
+    assert yaml.safe_load((out / "plan.yaml").read_text()) == describe(engine.plan)   # the plan written beside
     assert engine.session.drafter_name == data["tuned"]["drafter"]
     if tuned.drafter != "none":
         assert tuned.num_draft_tokens == engine.session.k                 # K pinned, not left to a default
