@@ -1,30 +1,47 @@
-"""``edgespec doctor``: what this machine offers (versions, device, compute capability, arch, free memory)."""
+"""``edgespec doctor``: what this machine offers (versions, device, compute capability, arch, free memory).
+
+:func:`host_report` (versions, platform, packages, demo model, power mode) imports no torch and touches no
+device (``edgespec doctor --host-only``); :func:`report` adds the device part, which does.
+"""
 
 from __future__ import annotations
 
 import platform
+from importlib import metadata
 from typing import Any
-
-import torch
 
 from edgespec import __version__
 from edgespec.device_checks import power_status, ptxas_status
 
 
-def report() -> dict[str, Any]:
-    from edgespec.arch.detect import detect_arch
+def _dist_version(name: str, missing: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return missing
 
+
+def host_report() -> dict[str, Any]:
+    """The part of the report that needs neither torch nor a device: versions from the package metadata."""
     info: dict[str, Any] = {
         "edgespec": __version__,
         "python": platform.python_version(),
         "platform": f"{platform.system()} {platform.machine()}",
-        "torch": torch.__version__,
+        "torch": _dist_version("torch", "not installed"),
+        "triton": _dist_version("triton", "not installed (GPU kernels fall back to torch)"),
     }
-    try:
-        import triton
-        info["triton"] = triton.__version__
-    except ImportError:
-        info["triton"] = "not installed (GPU kernels fall back to torch)"
+    info.update(power_status())        # Jetson only: nvpmodel power mode, jetson_clocks
+    info["demo model"] = demo_model_status()
+    return info
+
+
+def report() -> dict[str, Any]:
+    """:func:`host_report`, then the device (CUDA or CPU), its hook set and products, and the serving stack."""
+    import torch
+
+    from edgespec.arch.detect import detect_arch
+
+    info = host_report()
     info["cuda (torch build)"] = torch.version.cuda or "none (CPU build)"
     if torch.cuda.is_available():
         dev = torch.device("cuda")
@@ -45,8 +62,6 @@ def report() -> dict[str, Any]:
         info.update({"device": "cpu", "compute capability": "n/a", "cpu threads": torch.get_num_threads(),
                      "free memory": f"{pages / 2**30:.1f} GiB", "detected arch": "base",
                      "products": "torch reference for every packed format (no CUDA)"})
-    info.update(power_status())        # Jetson only: nvpmodel power mode, jetson_clocks
-    info["demo model"] = demo_model_status()
     info["serving stack"] = serving_status()
     return info
 
@@ -57,6 +72,8 @@ def model_budget(model_dir: str, max_seq_len: int, device_name: str = "auto", dt
     allocated), and with ``load`` the measured peak of actually loading it. Raises nothing for a model that does
     not fit: the lines say so."""
     from pathlib import Path
+
+    import torch
 
     from edgespec.loading.checkpoint import build_empty, normalise_key, resolve_dtype
     from edgespec.loading.hf_config import load_config
@@ -198,6 +215,8 @@ def compile_report(target_name: str, shape: str, fmt: str) -> tuple[list[str], l
     from edgespec.errors import ConfigError
 
     if target_name == "auto":
+        import torch
+
         target_name = "sm_110a"
         if torch.cuda.is_available():
             major, minor = torch.cuda.get_device_capability()

@@ -16,14 +16,13 @@ from typing import Any
 import torch
 
 from edgespec.cache.prefix import PrefixCache
-from edgespec.config import Settings
 from edgespec.drafters.factory import build_proposer
 from edgespec.energy import EnergyReading, EnergySpan, open_meter
 from edgespec.errors import ConfigError, ImageError, RequestError
 from edgespec.kernels import options as kernel_options
 from edgespec.kernels.quant.linear import configure_cpu
 from edgespec.loading.checkpoint import load_target
-from edgespec.loading.images import ImageLimits, ImageRef, ProcessorConfig, load_image
+from edgespec.loading.images import ImageRef, ProcessorConfig, load_image
 from edgespec.loading.resumable_encoder import ResumableEncoder
 from edgespec.loading.tokenizer import ChatTokenizer
 from edgespec.model_id import served_model_id
@@ -100,11 +99,13 @@ class Completion:
 
 
 class Engine:
-    """A ready-to-serve model. Build with :meth:`from_settings` (or :meth:`around` a model already loaded)."""
+    """A ready-to-serve model. Build with :meth:`load` from a :class:`~edgespec.plan.RuntimePlan` (or :meth:`around`
+    a model already loaded); the plan is all it reads: no Settings, no environment."""
 
     def __init__(self, plan: RuntimePlan, model, tokenizer: ChatTokenizer, model_dir: Path) -> None:
-        settings = plan.settings
-        self.plan, self.settings = plan, settings
+        kernel_options.install(plan.kernels)      # the drafter and session below may run kernels
+        self.plan = plan
+        requests = plan.requests
         self.model = model
         self.tokenizer = tokenizer
         self.model_dir = model_dir
@@ -115,7 +116,7 @@ class Engine:
         # A checkpoint that asks for an FP8 KV cache (ModelOpt kv_cache_quant_algo, compressed-tensors
         # kv_cache_scheme) gets one under kv_dtype auto; its scales are computed per token and head as rows are
         # written. Known only once the model is loaded, after the plan was resolved.
-        if settings.kv_dtype == "auto" and getattr(model, "checkpoint_kv_cache", None) == "fp8":
+        if plan.model.kv_dtype == "auto" and getattr(model, "checkpoint_kv_cache", None) == "fp8":
             session_plan = replace(session_plan, kv_fp8=True)
         self.session = SpecSession(model, self.hooks, self.proposer,
                                    draft_tokens(plan.drafter.num_draft_tokens, self.proposer), session_plan)
@@ -124,12 +125,12 @@ class Engine:
         # Prefix reuse: what the session's cache holds between requests (see edgespec.cache.prefix).
         # Turns start at the chat template's own turn token (ChatML's <|im_start|>, Llama 3's <|start_header_id|>).
         turn = [t for t in (tokenizer.turn_token_id,) if t is not None]
-        self.prefix = PrefixCache(self.session.cache, turn_ids=turn) if settings.prefix_reuse else None
+        self.prefix = PrefixCache(self.session.cache, turn_ids=turn) if requests.prefix_reuse else None
         # With prefix reuse the rest of a follow-up turn scales with its new tokens; so does its tokenisation.
         self.encoder = (ResumableEncoder(tokenizer.tokenizer, tokenizer.turn_markers.opener)
-                        if settings.prefix_reuse else None)
+                        if requests.prefix_reuse else None)
         self.think_ids = tokenizer.think_token_ids
-        if settings.acceptance == "relaxed_thinking" and self.think_ids is None:
+        if requests.acceptance.mode == "relaxed_thinking" and self.think_ids is None:
             raise ConfigError("acceptance relaxed_thinking needs <think> and </think> tokens, and the tokenizer of "
                               f"{model_dir} has none")
         self.totals = CumulativeTelemetry()
@@ -137,47 +138,48 @@ class Engine:
         # resize rules and the request limits.
         self.image_encoder = self.image_processor = None
         if getattr(model, "visual", None) is not None:
-            self.image_encoder = ImageEncoder(model.visual, self.device, max_cached=settings.image_cache)
+            self.image_encoder = ImageEncoder(model.visual, self.device, max_cached=requests.image_cache)
             self.image_processor = ProcessorConfig.from_folder(model_dir, model.config.vision,
-                                                               settings.image_max_pixels)
-        self.image_limits = ImageLimits(settings.max_images, settings.max_image_bytes, settings.max_image_pixels)
+                                                               requests.image_max_pixels)
+        self.image_limits = requests.image_limits
         self._prefix_key: str | None = None     # the client key whose tokens the prefix cache holds
         # Joules per request (NVML on a discrete GPU, INA3221 rails on a Jetson, none on CPU; edgespec.energy).
-        self.energy = open_meter(self.device) if settings.energy_meter else None
-        self.model_id = served_model_id(settings.model, settings.served_model_name)
+        self.energy = open_meter(self.device) if requests.energy_meter else None
+        self.model_id = served_model_id(plan.model.source, requests.served_model_name)
         self.request_log = None
-        if settings.request_log:
+        if requests.request_log is not None:
             from edgespec.distill.request_log import RequestLog
-            self.request_log = RequestLog(settings.request_log, int(settings.request_log_max_mb * (1 << 20)),
-                                          settings.request_log_keep)
+            log = requests.request_log
+            self.request_log = RequestLog(log.path, log.max_bytes, log.keep)
 
     @classmethod
-    def around(cls, settings: Settings, model, tokenizer: ChatTokenizer, model_dir: Path) -> Engine:
-        """An engine of ``settings`` over a model already loaded (benchmarks that try several settings on one)."""
-        plan = RuntimePlan.for_device(settings, model.device)
-        kernel_options.fix(plan.kernels)
+    def around(cls, plan: RuntimePlan, model, tokenizer: ChatTokenizer, model_dir: Path) -> Engine:
+        """An engine of ``plan`` over a model already loaded (benchmarks that try several plans on one model:
+        ``build_plan(settings, model.device)``); the plan's model part is not loaded again."""
+        if plan.device.type != model.device.type:
+            raise ConfigError(f"the plan is for {plan.device}, the loaded model is on {model.device}: build the "
+                              "plan for the model's device")
         return cls(plan, model, tokenizer, model_dir)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Engine:
-        """Resolve ``settings`` into a :class:`RuntimePlan`, load the model and tokenizer it names, and build."""
-        plan = RuntimePlan.from_settings(settings)
-        kernel_options.fix(plan.kernels)      # before any kernel runs (loading packs weights with some)
-        device, dtype = plan.device, plan.dtype
+    def load(cls, plan: RuntimePlan) -> Engine:
+        """Load the model and tokenizer ``plan`` names and build the engine that serves them."""
+        kernel_options.install(plan.kernels)      # before any kernel runs (loading packs weights with some)
+        device, dtype, source = plan.device, plan.dtype, plan.model
         gguf = None
-        if settings.model == "demo":
+        if source.source == "demo":
             from edgespec.convert.gguf import demo_gguf_path, ensure_demo_model
-            gguf = demo_gguf_path() if settings.gguf_weights == "packed" else None
+            gguf = demo_gguf_path() if source.gguf_weights == "packed" else None
             model_dir = ensure_demo_model() if gguf is None else None
-        elif settings.model.endswith(".gguf"):
+        elif source.source.endswith(".gguf"):
             from edgespec.convert.gguf import convert_gguf
             from edgespec.loading.gguf_meta import gguf_metadata_folder
-            gguf = Path(settings.model).expanduser()
-            if settings.gguf_weights == "fp32":
+            gguf = Path(source.source).expanduser()
+            if source.gguf_weights == "fp32":
                 model_dir = convert_gguf(gguf, gguf_metadata_folder(gguf).with_name(gguf.stem + "-fp32"))
                 gguf = None
         else:
-            model_dir = Path(settings.model).expanduser()
+            model_dir = Path(source.source).expanduser()
         from edgespec.loading.weights import checkpoint_bytes
         drafter_bytes = 0
         if plan.drafter.name == "dflash":
@@ -186,15 +188,15 @@ class Engine:
             # The file's Q4/Q8 blocks served as they are (edgespec.loading.gguf_model).
             from edgespec.loading.gguf_model import load_gguf_target
             model, model_dir = load_gguf_target(gguf, dtype=dtype, device=device,
-                                                max_positions=settings.max_seq_len, drafter_bytes=drafter_bytes)
+                                                max_positions=source.max_seq_len, drafter_bytes=drafter_bytes)
         else:
-            model = load_target(model_dir, dtype=dtype, device=device, max_positions=settings.max_seq_len,
-                                kv_fp8=settings.kv_dtype == "fp8", drafter_bytes=drafter_bytes,
-                                vision=settings.vision)
-        if settings.lm_head_weights != "model":
+            model = load_target(model_dir, dtype=dtype, device=device, max_positions=source.max_seq_len,
+                                kv_fp8=source.kv_dtype == "fp8", drafter_bytes=drafter_bytes,
+                                vision=source.vision)
+        if source.lm_head_weights != "model":
             from edgespec.weights.requantize import quantize_lm_head
-            quantize_lm_head(model, settings.lm_head_weights)
-        if device.type == "cpu" and dtype == torch.float32 and settings.cpu_blas:
+            quantize_lm_head(model, source.lm_head_weights)
+        if device.type == "cpu" and dtype == torch.float32 and source.cpu_blas:
             # OpenBLAS GEMVs, torch single-threaded (see edgespec.kernels.quant.linear); beside the GGUF products' own
             # pool, OpenBLAS itself single-threaded too (a dense drafter's products on BLAS, the target's on it).
             configure_cpu(own_pool=gguf is not None)
@@ -209,7 +211,7 @@ class Engine:
         if req.prompt_ids is not None:
             return list(req.prompt_ids)
         if req.messages is not None:
-            thinking = self.settings.enable_thinking if req.enable_thinking is None else req.enable_thinking
+            thinking = self.plan.requests.enable_thinking if req.enable_thinking is None else req.enable_thinking
             extra = {"tools": list(req.tools)} if req.tools else {}
             # Control tokens typed in user or tool text stay text (ChatTokenizer.shield).
             messages, shielded = self.tokenizer.shield(req.messages)
@@ -227,10 +229,9 @@ class Engine:
     def policy_for(self, sampling: SamplingParams) -> AcceptancePolicy:
         if not sampling.greedy:
             return RejectionSampling(sampling, sampling.generator(self.device))
-        s = self.settings
-        if s.acceptance == "relaxed_thinking":
-            return RelaxedThinking(*self.think_ids, top_k=s.relaxed_top_k, delta=s.relaxed_delta,
-                                   margin=s.relaxed_margin)
+        knobs = self.plan.requests.acceptance
+        if knobs.mode == "relaxed_thinking":
+            return RelaxedThinking(*self.think_ids, top_k=knobs.top_k, delta=knobs.delta, margin=knobs.margin)
         return StrictGreedy()
 
     def check(self, req: Request) -> list[int]:
@@ -250,7 +251,7 @@ class Engine:
         """The images a request may send: a model with a vision tower, at most ``max_images``."""
         if self.image_encoder is None:
             why = "its vision tower is switched off (vision: false)" if getattr(self.model.config, "vision", None) \
-                and not self.settings.vision else "it is a text-only model (no vision tower in the checkpoint)"
+                and not self.plan.model.vision else "it is a text-only model (no vision tower in the checkpoint)"
             raise ImageError(f"model {self.model_id} does not take images: {why}", req.images[0].where)
         if len(req.images) > self.image_limits.max_images:
             raise ImageError(f"{len(req.images)} images in one request; this server takes at most "

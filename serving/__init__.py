@@ -1,6 +1,6 @@
 """The OpenAI-compatible agent server (installed as ``edgespec.serving``).
 
-``create_app(engine_or_factory, settings)`` builds the FastAPI app; ``run_server(settings)`` serves it (what
+``create_app(engine_or_factory, plan)`` builds the FastAPI app; ``run_server(plan)`` serves it (what
 ``edgespec serve`` and the ``edgespec-agent`` systemd unit run). ``python -m edgespec.serving --config FILE``
 is the same as ``edgespec serve``.
 """

@@ -29,11 +29,11 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from edgespec import __version__
-from edgespec.config import Settings
 from edgespec.engine import Completion, Engine
 from edgespec.engine import Request as EngineRequest
 from edgespec.errors import ConfigError, EdgespecError, ImageError, PromptTooLongError
 from edgespec.model_id import HOW_TO_SET
+from edgespec.plan import RuntimePlan
 
 from . import logs, protocol, systemd
 from .admission import ClientRequests, request_client
@@ -71,11 +71,14 @@ STUCK_GRACE_S = 60.0
 class ServerState:
     """Lifecycle and shared objects of one app: ``loading`` -> ``ready`` -> ``draining`` (or ``failed``)."""
 
-    def __init__(self, settings: Settings, source: EngineSource) -> None:
-        self.settings = settings
+    def __init__(self, plan: RuntimePlan, source: EngineSource) -> None:
+        self.server, self.sampling = plan.server, plan.sampling     # the plan's parts the server reads
+        self.max_seq_len = plan.model.max_seq_len
+        self.id_set = _id_source(plan.requests.served_model_name)    # the model card's note on its id
+        server = plan.server
         self.metrics = ServerMetrics()
-        self.tenants = TenantTable.from_settings(settings.api_key, settings.api_keys, settings.api_keys_file)
-        self.client_requests = ClientRequests(settings.max_client_requests)
+        self.tenants = TenantTable.from_settings(server.api_key, server.api_keys, server.api_keys_file)
+        self.client_requests = ClientRequests(server.max_client_requests)
         self.status = "loading"
         self.error: str | None = None
         self.engine: Engine | None = None
@@ -136,11 +139,11 @@ class ServerState:
             return
         self.engine = engine
         self.grammar = GrammarCompiler(engine.tokenizer, vocab_size(engine))
-        self.worker = EngineWorker(engine, self.settings.max_queue, self.metrics, STUCK_GRACE_S,
-                                   short_tokens=self.settings.short_request_tokens)
+        self.worker = EngineWorker(engine, self.server.max_queue, self.metrics, STUCK_GRACE_S,
+                                   short_tokens=self.server.short_request_tokens)
         self.status = "ready"
         self.metrics.ready.set(1)
-        where = f"{self.settings.host}:{self.settings.port}"
+        where = f"{self.server.host}:{self.server.port}"
         systemd.notify("READY=1", f"STATUS=serving {engine.model_id} on {where}")
 
     def begin_drain(self) -> None:
@@ -167,9 +170,9 @@ class ServerState:
         worker = self.worker
         if worker is None:
             return
-        if not worker.wait_idle(self.settings.drain_timeout_s):
+        if not worker.wait_idle(self.server.drain_timeout_s):
             log.warning("drain: %d request(s) still in flight after drain_timeout_s %.0fs; ending them",
-                        int(worker.busy) + worker.waiting, self.settings.drain_timeout_s)
+                        int(worker.busy) + worker.waiting, self.server.drain_timeout_s)
             worker.end_for_drain()
             if not worker.wait_idle(10.0):
                 log.warning("drain: the engine did not stop within 10s of the drain deadline")
@@ -278,7 +281,7 @@ def _prepare(state: ServerState, engine: Engine, req: EngineRequest,
         p = "edgespec.num_draft_tokens" if "num_draft_tokens" in str(exc) else param
         raise APIError(400, str(exc), param=p, code="invalid_request") from None
     req.prompt_ids, req.messages, req.prompt = ids, None, None
-    req.max_tokens = protocol.bounded_max_tokens(body, state.settings, len(ids), engine.session.cache.max_len)
+    req.max_tokens = protocol.bounded_max_tokens(body, state.sampling, len(ids), engine.session.cache.max_len)
     if not isinstance(body, ChatCompletionRequest):
         return req, None
     in_think = _opens_in_think(engine, ids)
@@ -305,7 +308,7 @@ def _tool_constraint(state: ServerState, body: ChatCompletionRequest, plan: prot
     try:
         grammar = state.grammar.lark(tool_grammar(plan.forced or list(plan.by_name.values()), tool_fmt,
                                                   JSON_DEFAULTS, protocol.parallel_calls(body),
-                                                  state.settings.max_tool_calls), param="tools")
+                                                  state.server.max_tool_calls), param="tools")
     except EdgespecError as exc:
         raise APIError(400, str(exc), param="tools", code="invalid_schema") from None
     return grammar if plan.forced is not None else None
@@ -351,9 +354,10 @@ def _job_error(exc: BaseException) -> APIError:
     return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")
 
 
-def create_app(engine: EngineSource, settings: Settings) -> FastAPI:
-    """The FastAPI app serving ``engine`` (an Engine, or a zero-argument factory loaded in the background)."""
-    state = ServerState(settings, engine)
+def create_app(engine: EngineSource, plan: RuntimePlan) -> FastAPI:
+    """The FastAPI app serving ``engine`` (an Engine, or a zero-argument factory loaded in the background) with
+    the server limits and sampling defaults of ``plan``."""
+    state = ServerState(plan, engine)
     app = FastAPI(title="edgespec agent server", version=__version__, lifespan=_lifespan(state), docs_url=None,
                   redoc_url=None, default_response_class=SafeJSONResponse)
     app.state.edgespec = state
@@ -381,17 +385,17 @@ def _lifespan(state: ServerState) -> Callable[[FastAPI], contextlib.AbstractAsyn
         finally:
             if pinger is not None:
                 pinger.cancel()
-            await run_in_threadpool(state.shutdown, 10.0 + state.settings.request_timeout_s)
+            await run_in_threadpool(state.shutdown, 10.0 + state.server.request_timeout_s)
 
     return lifespan
 
 
 def _add_middleware(app: FastAPI, state: ServerState) -> None:
     """API key (when set), body limit, read timeout, then request id: each added one wraps the ones before it."""
-    settings = state.settings
+    server = state.server
     app.add_middleware(TenantMiddleware, tenants=state.tenants)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    app.add_middleware(ReadTimeoutMiddleware, read_timeout_s=settings.read_timeout_s, draining=state.draining)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=server.max_body_bytes)
+    app.add_middleware(ReadTimeoutMiddleware, read_timeout_s=server.read_timeout_s, draining=state.draining)
     app.add_middleware(RequestIdMiddleware, on_failure=state.metrics.fail)   # outermost: sees every answer
 
 
@@ -422,7 +426,6 @@ def _add_completion_routes(app: FastAPI, state: ServerState) -> None:
 async def _run_job(state: ServerState, request: Request, body: ChatCompletionRequest | CompletionRequest,
                    chat: bool) -> Response:
     """Check, prepare and queue one completion request; answer it whole, or as SSE when ``stream`` is set."""
-    settings = state.settings
     arrived = time.monotonic()
     eng, worker = state.ready_engine()
     _check_model(eng, body.model)
@@ -431,11 +434,11 @@ async def _run_job(state: ServerState, request: Request, body: ChatCompletionReq
     if bad is not None:
         raise APIError(400, f"{bad} holds text that is not valid Unicode (a lone surrogate such as \\ud800)",
                        param=bad, code="invalid_unicode")
-    req = protocol.engine_request(body, settings, vocab_size(eng))
+    req = protocol.engine_request(body, state.sampling, vocab_size(eng))
     tenant, host = scope_tenant(request.scope), request.client.host if request.client else None
     req.cache_key = protocol.client_key(tenant, host, body)
     req, split = await run_in_threadpool(_prepare, state, eng, req, body)
-    job = Job(req, asyncio.get_running_loop(), deadline=arrived + settings.request_timeout_s,
+    job = Job(req, asyncio.get_running_loop(), deadline=arrived + state.server.request_timeout_s,
               stream=body.stream)
     job.arrived = arrived
     job.request_id = request_id.get()
@@ -529,12 +532,12 @@ async def _stream(job: Job, maker: protocol.ChunkMaker, watcher: asyncio.Task,
 def _model_card(state: ServerState, eng: Engine) -> dict[str, Any]:
     """The OpenAI model object of the served model."""
     return {"id": eng.model_id, "object": "model", "created": state.created, "owned_by": "edgespec",
-            "max_model_len": state.settings.max_seq_len, "id_set": _id_source(state.settings)}
+            "max_model_len": state.max_seq_len, "id_set": state.id_set}
 
 
-def _id_source(settings: Settings) -> str:
+def _id_source(served_model_name: str | None) -> str:
     """Where the served id comes from, for the model card: the setting, or the default and how to change it."""
-    if settings.served_model_name:
+    if served_model_name:
         return "served_model_name"
     return f"default: the name of the model folder or GGUF file; {HOW_TO_SET}"
 
@@ -651,15 +654,15 @@ def bind_socket(host: str, port: int) -> socket.socket:
 def http_protocol(state: ServerState) -> type[GuardedProtocol]:
     """The connection layer of ``state``'s server (serving.transport), its refusals and open connections counted in
     ``/metrics``."""
-    settings, metrics = state.settings, state.metrics
-    return guarded_protocol(settings.read_timeout_s, settings.max_connections,
-                            max_client_connections=settings.max_client_connections,
+    server, metrics = state.server, state.metrics
+    return guarded_protocol(server.read_timeout_s, server.max_connections,
+                            max_client_connections=server.max_client_connections,
                             on_refusal=metrics.refuse_connection, on_open=metrics.connections_open.set)
 
 
-def run_server(settings: Settings, *, engine_factory: Callable[[], Engine] | None = None,
+def run_server(plan: RuntimePlan, *, engine_factory: Callable[[], Engine] | None = None,
                log_level: str = "info") -> int:
-    """Serve ``settings.model`` on ``settings.host:port`` until SIGTERM/SIGINT; returns the exit status.
+    """Serve ``plan``'s model on its server's ``host:port`` until SIGTERM/SIGINT; returns the exit status.
 
     The model loads in the background (``/health`` says ``loading``, then ``ready``; systemd gets READY=1).
     Raises ConfigError before binding a non-loopback address without ``api_key``, and re-raises an
@@ -667,18 +670,19 @@ def run_server(settings: Settings, *, engine_factory: Callable[[], Engine] | Non
     when SIGTERM came while the model was loading), 1 when the port cannot be bound (one line on stderr, nothing
     loaded) or the model failed to load for another reason.
     """
-    if not is_loopback(settings.host) and not (settings.api_key or settings.api_keys or settings.api_keys_file):
-        raise ConfigError(f"host {settings.host!r} is not a loopback address: set api_key (EDGESPEC_API_KEY), "
+    server = plan.server
+    if not is_loopback(server.host) and not server.authenticated:
+        raise ConfigError(f"host {server.host!r} is not a loopback address: set api_key (EDGESPEC_API_KEY), "
                           "api_keys or api_keys_file before serving beyond this machine")
     logs.configure(log_level)
     try:
-        sock = bind_socket(settings.host, settings.port)
+        sock = bind_socket(server.host, server.port)
     except OSError as exc:
-        print(f"edgespec: error: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}",
+        print(f"edgespec: error: cannot listen on {server.host}:{server.port}: {exc.strerror or exc}",
               file=sys.stderr)
         return 1
-    factory = engine_factory or (lambda: Engine.from_settings(settings))
-    app = create_app(factory, settings)
+    factory = engine_factory or (lambda: Engine.load(plan))
+    app = create_app(factory, plan)
     state: ServerState = app.state.edgespec
     config = uvicorn.Config(app, log_level=log_level, lifespan="on", log_config=None,
                             timeout_graceful_shutdown=15.0, timeout_keep_alive=5, server_header=False,

@@ -12,10 +12,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from edgespec.config import Settings
 from edgespec.engine import Completion, Request
 from edgespec.errors import RequestError
 from edgespec.loading.images import ImageRef
+from edgespec.plan import SamplingDefaults
 from edgespec.speculative.sampling import GREEDY_BELOW, SamplingParams
 
 from .errors import APIError
@@ -161,30 +161,30 @@ def _stop_list(stop: str | list[str] | None) -> list[str]:
     return [stop] if isinstance(stop, str) else list(stop)
 
 
-def sampling_params(body: CommonFields, settings: Settings) -> SamplingParams:
+def sampling_params(body: CommonFields, defaults: SamplingDefaults) -> SamplingParams:
     """Request values over server defaults; an out-of-range combination is a 400."""
-    temperature = settings.temperature if body.temperature is None else body.temperature
+    temperature = defaults.temperature if body.temperature is None else body.temperature
     if temperature < GREEDY_BELOW:
         temperature = 0.0
     try:
         return SamplingParams(
             temperature=temperature,
-            top_p=settings.top_p if body.top_p is None else body.top_p,
-            top_k=settings.top_k if body.top_k is None else body.top_k,
-            seed=settings.seed if body.seed is None else body.seed)
+            top_p=defaults.top_p if body.top_p is None else body.top_p,
+            top_k=defaults.top_k if body.top_k is None else body.top_k,
+            seed=defaults.seed if body.seed is None else body.seed)
     except RequestError as exc:
         raise APIError(400, str(exc), code="invalid_sampling") from None
 
 
-def bounded_max_tokens(body: ChatCompletionRequest | CompletionRequest, settings: Settings, prompt_tokens: int,
-                       max_len: int) -> int:
+def bounded_max_tokens(body: ChatCompletionRequest | CompletionRequest, defaults: SamplingDefaults,
+                       prompt_tokens: int, max_len: int) -> int:
     """``max_tokens`` within the context left after the prompt: an explicit value that does not fit is a 400 (as
     OpenAI and vLLM answer), the server default is cut to fit. Without this bound one request asking for 10**9
     tokens would hold the engine until its timeout."""
     room = max_len - prompt_tokens
     asked = (body.max_completion_tokens if isinstance(body, ChatCompletionRequest) else None) or body.max_tokens
     if asked is None:
-        return min(settings.max_tokens, room)
+        return min(defaults.max_tokens, room)
     if asked > room:
         raise APIError(400, f"max_tokens {asked} does not fit the context: the prompt of {prompt_tokens} tokens "
                        f"leaves {room} of max_seq_len {max_len}; ask for at most {room}", param="max_tokens",
@@ -201,21 +201,21 @@ def client_key(tenant: str, host: str | None, body: CommonFields) -> str:
     return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def engine_request(body: ChatCompletionRequest | CompletionRequest, settings: Settings,
+def engine_request(body: ChatCompletionRequest | CompletionRequest, defaults: SamplingDefaults,
                    vocab_size: int) -> Request:
     """The engine request for a chat or completion body (prompt not yet tokenised, no constraint yet)."""
-    sampling = sampling_params(body, settings)
+    sampling = sampling_params(body, defaults)
     num_draft = body.edgespec.num_draft_tokens if body.edgespec is not None else None
     stop = _stop_list(body.stop)
     if isinstance(body, ChatCompletionRequest):
-        max_tokens = body.max_completion_tokens or body.max_tokens or settings.max_tokens
+        max_tokens = body.max_completion_tokens or body.max_tokens or defaults.max_tokens
         thinking = body.chat_template_kwargs.enable_thinking if body.chat_template_kwargs else None
         plan = tool_plan(body)
         images: list[ImageRef] = []
         return Request(messages=chat_messages(body.messages, images), max_tokens=max_tokens, sampling=sampling,
                        stop=stop, enable_thinking=thinking, num_draft_tokens=num_draft,
                        tools=plan.specs if plan is not None else None, images=images)
-    max_tokens = body.max_tokens or settings.max_tokens
+    max_tokens = body.max_tokens or defaults.max_tokens
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
         bad = [p for p in prompt if not 0 <= p < vocab_size]

@@ -73,11 +73,11 @@ def _cpu_matmul_isolated():
 
 @pytest.fixture(autouse=True)
 def _kernel_options_isolated(monkeypatch):
-    """Kernel options are fixed once per process (``edgespec.kernels.options``); each test is a fresh "process"
+    """Kernel options are installed once per process (``edgespec.kernels.options``); each test is a fresh "process"
     for them, so one test's settings or environment never decide another's kernels."""
     from edgespec.kernels import options
 
-    monkeypatch.setattr(options, "_fixed", None)
+    monkeypatch.setattr(options, "_installed", None)
 
 
 @pytest.fixture(autouse=True)

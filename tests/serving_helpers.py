@@ -140,3 +140,14 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait(10)
         self.returncode = self.proc.returncode
+
+
+def app_for(settings: Any, engine: Any = None) -> FastAPI:
+    """The server app of ``settings`` the way ``edgespec serve`` builds it (their runtime plan), serving ``engine``
+    (default: the engine that plan loads)."""
+    from edgespec.engine import Engine
+    from edgespec.plan import build_plan
+    from edgespec.serving import create_app
+
+    plan = build_plan(settings)
+    return create_app(Engine.load(plan) if engine is None else engine, plan)

@@ -18,8 +18,6 @@ PRODUCT = ("edgespec", "arch", "serving")
 EDGE = {
     "edgespec/environment.py": "the named, documented reads (environment.READS)",
     "edgespec/config.py": "the settings layers: EDGESPEC_<NAME> and EDGESPEC_CONFIG",
-    # Its EDGESPEC_* fallback goes with issue 50 point 1 (explicit KernelOptions); then this entry goes too.
-    "edgespec/kernels/options.py": "the kernel options' EDGESPEC_* fallback",
 }
 _READERS = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
 

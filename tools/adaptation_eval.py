@@ -18,6 +18,7 @@ from edgespec.distill.data import Sequence_
 from edgespec.distill.request_log import read_log
 from edgespec.distill.train import is_held_out
 from edgespec.engine import Engine, Request
+from edgespec.plan import build_plan
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     if not held:
         print(f"{args.log}: no held-out request at --holdout-every {args.holdout_every}", file=sys.stderr)
         return 2
-    engines = {d: Engine.from_settings(Settings(model=args.model, drafter="dflash", drafter_path=d)) for d in
+    engines = {d: Engine.load(build_plan(Settings(model=args.model, drafter="dflash", drafter_path=d))) for d in
                args.drafters}
     als: dict[str, list[float]] = {d: [] for d in args.drafters}
     same = True

@@ -16,7 +16,9 @@ import time
 import numpy as np
 import torch
 
+from edgespec.config import load_settings
 from edgespec.kernels.cpu import gguf_native
+from edgespec.plan import install_kernel_options
 from edgespec.weights.gguf import GGML_FORMATS
 from edgespec.weights.gguf_kquants import K_FORMATS, random_kquant
 
@@ -43,6 +45,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=9)
     args = ap.parse_args()
+    install_kernel_options(load_settings())   # the kernel switches of EDGESPEC_CONFIG / EDGESPEC_* (no engine here)
     if gguf_native.library() is None:
         raise SystemExit("the compiled GGUF product cannot be built here")
     rng = np.random.default_rng(0)

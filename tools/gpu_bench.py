@@ -12,8 +12,12 @@ import argparse
 import sys
 
 from edgespec.bench.gpu import add_sweep_arguments, run_sweep
+from edgespec.config import load_settings
+from edgespec.plan import install_kernel_options
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     add_sweep_arguments(parser)
-    sys.exit(run_sweep(parser.parse_args()))
+    args = parser.parse_args()
+    install_kernel_options(load_settings())   # the kernel switches of EDGESPEC_CONFIG / EDGESPEC_* (no engine here)
+    sys.exit(run_sweep(args))

@@ -51,6 +51,7 @@ from triton.testing import do_bench  # noqa: E402
 from edgespec.bench import kernel_timing  # noqa: E402
 from edgespec.bench.kernel_timing import key_major_twin, make_cache  # noqa: E402
 from edgespec.cache.kv import KVCache  # noqa: E402
+from edgespec.config import load_settings  # noqa: E402
 from edgespec.kernels import attention_bytes  # noqa: E402
 from edgespec.kernels.attention.attention import attention_ref, cached_attention  # noqa: E402
 from edgespec.kernels.attention.triton_attention import cached_attention_triton  # noqa: E402
@@ -60,6 +61,7 @@ from edgespec.kernels.recurrent.conv import causal_conv1d_ref  # noqa: E402
 from edgespec.kernels.recurrent.gdn import gdn_chunked_ref, gdn_recurrent_ref  # noqa: E402
 from edgespec.kernels.recurrent.triton_conv import causal_conv1d_triton  # noqa: E402
 from edgespec.kernels.recurrent.triton_gdn import _chunk_prep, gdn_chunked_triton, gdn_recurrent_triton  # noqa: E402
+from edgespec.plan import install_kernel_options  # noqa: E402
 
 DEV = "cuda"
 ATTN_MODELS = [("qwen3.5-9B", 16, 4, 256), ("qwen3.5-27B", 24, 4, 256), ("qwen3-8B", 32, 8, 128)]
@@ -640,6 +642,7 @@ def main() -> int:
     ap.add_argument("--gdn-sweep", action="store_true",
                     help="sweep the recurrent GDN launches (dv tile, warps) at T=1 and T=16")
     args = ap.parse_args()
+    install_kernel_options(load_settings())   # the kernel switches of EDGESPEC_CONFIG / EDGESPEC_* (no engine here)
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to benchmark")
         return 1

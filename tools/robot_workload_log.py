@@ -15,6 +15,7 @@ import time
 from edgespec.config import Settings
 from edgespec.distill.workload import robot_prompts, site_prompts
 from edgespec.engine import Engine, Request
+from edgespec.plan import build_plan
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="robot: the generic robot workload the demo drafter was trained on; site: one warehouse "
                    "cell's own traffic (its item names, locations and JSON schema), new to that drafter")
     args = p.parse_args(argv)
-    engine = Engine.from_settings(Settings(model=args.model, drafter=args.drafter, request_log=args.out,
-                                           max_tokens=args.tokens))
+    engine = Engine.load(build_plan(Settings(model=args.model, drafter=args.drafter, request_log=args.out,
+                                           max_tokens=args.tokens)))
     t0 = time.time()
     make = site_prompts if args.workload == "site" else robot_prompts
     for i, text in enumerate(make(args.n, seed=args.seed)):

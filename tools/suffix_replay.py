@@ -25,8 +25,9 @@ from edgespec.config import Settings  # noqa: E402
 
 def _collect(args: argparse.Namespace) -> None:
     from edgespec.engine import Engine
+    from edgespec.plan import build_plan
 
-    engine = Engine.from_settings(Settings(model=args.model, drafter="none", max_tokens=args.tokens))
+    engine = Engine.load(build_plan(Settings(model=args.model, drafter="none", max_tokens=args.tokens)))
     texts = robot_stream(args.requests, args.seed)
     stream = collect(engine, texts, args.tokens)
     save_stream(args.out, stream, {"seed": args.seed, "requests": args.requests, "tokens": args.tokens,

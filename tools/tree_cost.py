@@ -46,8 +46,10 @@ from edgespec.bench.gpu import random_model, sm_clock_mhz, weight_bytes_per_toke
 from edgespec.bench.shapes import SHAPES, config_dict  # noqa: E402
 from edgespec.bench.sm_limit import limit_sms  # noqa: E402
 from edgespec.cache.state import StateMode  # noqa: E402
+from edgespec.config import load_settings  # noqa: E402
 from edgespec.kernels import sm_count  # noqa: E402
 from edgespec.kernels.verify.tree import TreeMask  # noqa: E402
+from edgespec.plan import install_kernel_options  # noqa: E402
 from edgespec.weights.requantize import quantize_lm_head  # noqa: E402
 
 
@@ -257,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runtime", action="store_true", help="time the runtime's captured chain and tree cycles "
                     "(verify + accept + commit) instead of bare forwards; --rows from the captured set 17,33,64")
     args = ap.parse_args(argv)
+    install_kernel_options(load_settings())   # the kernel switches of EDGESPEC_CONFIG / EDGESPEC_* (no engine here)
     rows_list = [int(r) for r in args.rows.split(",") if r]
     if any(not 2 <= r <= 64 for r in rows_list):
         ap.error(f"--rows {args.rows}: each tree forward has 2 to 64 rows")

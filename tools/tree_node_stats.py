@@ -20,6 +20,7 @@ from edgespec.bench.prompts import load_prompts  # noqa: E402
 from edgespec.config import load_settings  # noqa: E402
 from edgespec.drafters.tree import DraftTree  # noqa: E402
 from edgespec.engine import Engine  # noqa: E402
+from edgespec.plan import build_plan
 from edgespec.speculative.acceptance import StrictGreedy  # noqa: E402
 
 DEPTHS = 6     # depths above this one are counted together
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     settings = load_settings(cli=argparse.Namespace()).with_overrides(
         drafter=args.drafter, draft_tree=str(args.budget), lookup_min_match=0)
-    engine = Engine.from_settings(settings)
+    engine = Engine.load(build_plan(settings))
     session, stats = engine.session, NodeStats()
     session.trees.cost = None                # every node of the budget verified
     propose, commit = session.proposer.propose_tree, session.rollback.commit

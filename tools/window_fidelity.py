@@ -14,6 +14,7 @@ import time
 
 from edgespec.config import Settings
 from edgespec.engine import Engine, Request
+from edgespec.plan import build_plan
 
 _EVENTS = ["picked up the {c} {o} from the {p}", "placed the {c} {o} on the {p}", "moved to the {p}",
            "detected an obstacle near the {p}", "battery at {n} percent", "gripper force set to {n} newtons",
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     outputs: dict[int, list[list[int]]] = {}
     print(f"{'prompt_tokens':>13} {'W':>6} {'AL':>6} {'tok/s':>7} {'s':>6}")
     for w in windows:
-        engine = Engine.from_settings(base.with_overrides(window_size=w))
+        engine = Engine.load(build_plan(base.with_overrides(window_size=w)))
         outputs[w] = []
         for text in prompts:
             t0 = time.time()

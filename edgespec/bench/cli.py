@@ -14,7 +14,16 @@ import argparse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from edgespec.config import RUN_SECTIONS, Settings, load_settings, settings_parent
+from edgespec.bench.modes import COLUMNS, DEFAULT_COMPARE_HF, DEFAULT_SHAPES, FORMATS
+from edgespec.config import (
+    DEV_HINT,
+    RUN_SECTIONS,
+    Settings,
+    SettingsHelpFormatter,
+    choices,
+    load_settings,
+    settings_parent,
+)
 from edgespec.errors import ConfigError
 
 DEFAULT_MODE = "prompts"
@@ -48,13 +57,20 @@ def _new_form(argv: list[str], word: str) -> str:
     return " ".join(["edgespec bench", OLD_MODE_FLAGS[flag], *([value] if value else []), *rest])
 
 
-def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    """The subcommands of ``edgespec bench`` on its parser ``p``."""
+def add_bench_arguments(p: argparse.ArgumentParser, mode: str | None = None) -> None:
+    """The subcommands of ``edgespec bench`` on its parser ``p``. Given ``mode``, only that subcommand gets its
+    options (the others are listed by name), so parsing imports only that mode's option constants."""
     modes = p.add_subparsers(dest="bench_mode", metavar="MODE", required=True,
                              title="subcommands (default: prompts)")
     for name, (add, run, help_text) in _MODES.items():
+        if mode is not None and name != mode:
+            modes.add_parser(name, help=help_text, add_help=False)
+            continue
+        settings = name in _SETTINGS_MODES
         sub = modes.add_parser(name, help=help_text, description=help_text,
-                               parents=[settings_parent(RUN_SECTIONS)] if name in _SETTINGS_MODES else [])
+                               parents=[settings_parent(RUN_SECTIONS)] if settings else [],
+                               formatter_class=SettingsHelpFormatter if settings else argparse.HelpFormatter,
+                               epilog=DEV_HINT if settings else None)
         add(sub)
         sub.set_defaults(bench_run=run)
 
@@ -133,8 +149,6 @@ def _run_prompts(args: argparse.Namespace) -> int:
 # ---- formats ----
 
 def _formats_arguments(p: argparse.ArgumentParser) -> None:
-    from edgespec.bench.formats import FORMATS
-
     p.add_argument("formats", nargs="?", default=",".join(FORMATS),
                    help=f"comma list of {', '.join(FORMATS)} (default: all)")
     p.add_argument("--format-shape", default="smollm2-135m", help="a SHAPES name or tiny:FAMILY")
@@ -152,16 +166,15 @@ def _formats_arguments(p: argparse.ArgumentParser) -> None:
 
 def _run_formats(args: argparse.Namespace) -> int:
     from edgespec.bench.formats import run_format_bench
+    from edgespec.plan import install_kernel_options
 
+    install_kernel_options(load_settings())   # no engine here: the kernel switches of EDGESPEC_CONFIG / EDGESPEC_*
     return run_format_bench(args)
 
 
 # ---- shapes ----
 
 def _shapes_arguments(p: argparse.ArgumentParser) -> None:
-    from edgespec.arch.rollback import ROLLBACK_STRATEGIES
-    from edgespec.bench.gpu import DEFAULT_COMPARE_HF, DEFAULT_SHAPES
-
     p.add_argument("shapes", nargs="?", default=DEFAULT_SHAPES, help="comma list of "
                    "edgespec.bench.shapes.SHAPES names, or tiny:FAMILY test shapes (default: %(default)s)")
     p.add_argument("--compare-hf-shapes", dest="compare_hf", default=DEFAULT_COMPARE_HF,
@@ -171,7 +184,7 @@ def _shapes_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv", default="model,fp8", help="KV formats (none: no decode sweep)")
     p.add_argument("--attn-in-place", action="store_true", help="also time one attention call inside a decode step "
                    "at --context, FP8 vs model-dtype KV (edgespec.bench.attn_in_place)")
-    p.add_argument("--rollback", choices=ROLLBACK_STRATEGIES,
+    p.add_argument("--rollback", choices=[c for c in choices("rollback") if c != "auto"],
                    help="verify rollback strategy (default: the arch default, as served)")
     p.add_argument("--no-graphs", action="store_true", help="time eager forwards instead of CUDA graph replays")
     p.add_argument("--device", default="auto", help="auto or cuda (the GPU sweep); cpu runs the same steps on the "
@@ -183,15 +196,28 @@ def _shapes_arguments(p: argparse.ArgumentParser) -> None:
 
 def _run_shapes(args: argparse.Namespace) -> int:
     from edgespec.bench.gpu import run_sweep
+    from edgespec.plan import install_kernel_options
 
+    install_kernel_options(load_settings())   # no engine here: the kernel switches of EDGESPEC_CONFIG / EDGESPEC_*
     return run_sweep(args)
 
 
 # ---- session ----
 
-def _session_arguments(p: argparse.ArgumentParser) -> None:
-    from edgespec.bench.session import add_session_arguments
+def add_session_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``edgespec bench session`` that say which stream and which drafters."""
+    p.add_argument("--session-drafters", default="ngram,suffix,dflash,dflash+suffix",
+                   help=f"comma list of {', '.join(COLUMNS)} (plain always runs: the speed baseline "
+                   "and the output every drafter must equal; arctic: Arctic Inference's suffix decoding, the "
+                   "peer of suffix, when it is installed)")
+    p.add_argument("--session-requests", type=int, default=24, help="generated requests")
+    p.add_argument("--session-seed", type=int, default=0, help="seed of the generated stream")
+    p.add_argument("--session-first", type=int, default=4, help="requests counted as 'first' "
+                   "(the rest is steady state)")
+    p.add_argument("--session-log", help="replay this request log's prompts instead")
 
+
+def _session_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=128, help="max new tokens per request")
     add_session_arguments(p)
     _add_out(p)
@@ -223,8 +249,9 @@ def _run_multi_turn(args: argparse.Namespace) -> int:
 
     from edgespec.bench.multiturn import run_multi_turn
     from edgespec.engine import Engine
+    from edgespec.plan import build_plan
 
-    figures = run_multi_turn(Engine.from_settings(_speculative(_bench_settings(args))), args)
+    figures = run_multi_turn(Engine.load(build_plan(_speculative(_bench_settings(args)))), args)
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=2))
     return 0

@@ -26,6 +26,7 @@ from edgespec.arch.base import ArchHooks
 from edgespec.arch.detect import select_hooks
 from edgespec.arch.rollback import rollback_strategy
 from edgespec.bench.gpu import THOR_BW, fill_random_, shape_config, time_cuda, weight_bytes_per_token
+from edgespec.bench.modes import FORMATS
 from edgespec.cache.model_cache import ModelCache
 from edgespec.errors import ConfigError
 from edgespec.loading.hf_config import parse_config
@@ -37,8 +38,6 @@ from edgespec.weights.fp8_block import FP8BlockWeight
 from edgespec.weights.int4 import Int4Weight
 from edgespec.weights.nvfp4 import NVFP4Weight
 from edgespec.weights.requantize import quantize_weight
-
-FORMATS = ("dense", "fp8", "nvfp4", "int4")
 
 
 def _packed_for(fmt: str, out_f: int, in_f: int, dtype: torch.dtype, group: int) -> PackedWeight | None:

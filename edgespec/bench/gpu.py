@@ -23,6 +23,7 @@ import torch
 from edgespec.arch.base import ArchHooks
 from edgespec.arch.detect import select_hooks
 from edgespec.bench.attn_in_place import compare_in_place, format_in_place
+from edgespec.bench.modes import DEFAULT_COMPARE_HF, DEFAULT_SHAPES
 from edgespec.bench.moe import ExpertBytes, expert_bytes
 from edgespec.bench.shapes import SHAPES, TINY_SHAPES, config_dict, tiny_config
 from edgespec.bench.timing import time_cuda
@@ -338,8 +339,6 @@ def bench_hf(shape: str, device: torch.device, dtype: torch.dtype, context: int,
 
 
 THOR_BW = 273e9
-DEFAULT_SHAPES = "smollm2-135m,qwen3.5-0.8b,qwen3.5-4b,qwen3-4b,qwen3.5-27b"
-DEFAULT_COMPARE_HF = "qwen3.5-4b"
 CPU_SHAPE = "smollm2-135m"     # what --device cpu runs unless shapes are named
 
 

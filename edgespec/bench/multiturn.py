@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -63,8 +64,9 @@ def run_multi_turn(engine: Engine, args: argparse.Namespace) -> dict[str, Any]:
     """Run the scenario, print one row per turn, return every figure."""
     if engine.prefix is None:
         raise ConfigError("--multi-turn compares with and without prefix reuse: leave prefix_reuse on")
-    fresh = Engine.around(engine.settings.with_overrides(prefix_reuse=False), engine.model, engine.tokenizer,
-                   engine.model_dir)
+    plan = engine.plan
+    fresh = Engine.around(replace(plan, requests=replace(plan.requests, prefix_reuse=False)), engine.model,
+                          engine.tokenizer, engine.model_dir)
     # Warm-up, untimed: a short conversation of two turns on both engines, so kernel compilation and CUDA-graph
     # capture of the fresh and the resumed prefill paths fall outside the timed turns (a first resumed prefill on
     # a GPU compiled for seconds).

@@ -137,12 +137,13 @@ def run_peer(args: argparse.Namespace) -> int:
     of one decode step and the peak RSS; every figure to ``--out`` as JSON."""
     from edgespec.config import Settings
     from edgespec.engine import Engine
+    from edgespec.plan import build_plan
     from edgespec.weights.base import is_packed
 
     _check_inputs(args)
     # Both sides run the same thread count: edgespec's GGUF products take it as their kernel option.
-    engine = Engine.from_settings(Settings(model=str(args.gguf), drafter="ngram", max_seq_len=1024,
-                                           gguf_threads=args.threads))
+    engine = Engine.load(build_plan(Settings(model=str(args.gguf), drafter="ngram", max_seq_len=1024,
+                                           gguf_threads=args.threads)))
     step_bytes = sum(m.nbytes for m in engine.model.modules() if is_packed(m))
     step_bytes += sum(p.numel() * p.element_size() for p in engine.model.parameters())
     runs = _interleaved_runs(args, engine)

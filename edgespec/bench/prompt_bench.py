@@ -22,6 +22,7 @@ import torch
 from edgespec.bench.prompts import BenchPrompt, load_prompts
 from edgespec.config import Settings
 from edgespec.engine import Engine
+from edgespec.plan import build_plan
 from edgespec.speculative.parity import describe_divergence, tie_check
 
 Runner = Callable[[], dict[str, Any]]
@@ -146,7 +147,7 @@ def _memory_meta(engine: Engine) -> dict[str, Any]:
 def run_prompt_bench(args: argparse.Namespace, settings: Settings, hf_threads: int) -> int:
     """Every bench prompt through every runner; a table as it goes, the memory figures last, JSON to ``--out``.
     ``hf_threads``: torch's thread count before the engine set its CPU path (transformers runs with it)."""
-    engine = Engine.from_settings(settings)
+    engine = Engine.load(build_plan(settings))
     hf = None
     if args.compare_hf:
         from transformers import AutoModelForCausalLM

@@ -19,38 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgespec.bench.modes import COLUMNS, DRAFTERS, PEERS
 from edgespec.bench.robot_stream import robot_stream
 from edgespec.config import Settings
 from edgespec.engine import Engine, Request
 from edgespec.errors import ConfigError
+from edgespec.plan import build_plan
 from edgespec.speculative.telemetry import AcceptanceCounts, RequestTelemetry
 
-# Drafter columns: name -> settings overrides. "dflash" keeps the configured lookup (n-gram by default).
-DRAFTERS: dict[str, dict[str, Any]] = {
-    "plain": {"drafter": "none"},
-    "ngram": {"drafter": "ngram"},
-    "suffix": {"drafter": "suffix"},
-    "dflash": {"drafter": "dflash", "lookup_drafter": "ngram"},
-    "dflash+suffix": {"drafter": "dflash", "lookup_drafter": "suffix"},
-}
-# Peer columns: a library's proposer in the engine of one of ours (same model, cache, K and verify), for a
-# side-by-side acceptance length; ``arctic`` is Arctic Inference's suffix decoding beside ``suffix``
-# (edgespec.bench.peer_arctic; a test/bench-time library, built by tools/setup.sh).
-PEERS: dict[str, str] = {"arctic": "suffix"}
 CLIENT = "session-bench"      # one client: the whole stream shares one suffix-cache partition
-
-
-def add_session_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``edgespec bench session`` that say which stream and which drafters."""
-    p.add_argument("--session-drafters", default="ngram,suffix,dflash,dflash+suffix",
-                   help=f"comma list of {', '.join(_COLUMNS)} (plain always runs: the speed baseline "
-                   "and the output every drafter must equal; arctic: Arctic Inference's suffix decoding, the "
-                   "peer of suffix, when it is installed)")
-    p.add_argument("--session-requests", type=int, default=24, help="generated requests")
-    p.add_argument("--session-seed", type=int, default=0, help="seed of the generated stream")
-    p.add_argument("--session-first", type=int, default=4, help="requests counted as 'first' "
-                   "(the rest is steady state)")
-    p.add_argument("--session-log", help="replay this request log's prompts instead")
 
 
 @dataclass
@@ -85,16 +62,13 @@ class Column:
                 "same_as_plain": f"{self.same}/{self.requests}"}
 
 
-_COLUMNS = [d for d in DRAFTERS if d != "plain"] + list(PEERS)
-
-
 def parse_drafters(spec: str) -> list[str]:
     """``plain`` first, then the named drafters in order; unknown names are an error naming them."""
     names = [s.strip() for s in spec.split(",") if s.strip()]
-    bad = [n for n in names if n not in _COLUMNS]
+    bad = [n for n in names if n not in COLUMNS]
     if bad or not names:
         raise ConfigError(f"--session-drafters {spec!r}: {', '.join(bad) or 'empty'} not among "
-                          f"{', '.join(_COLUMNS)}")
+                          f"{', '.join(COLUMNS)}")
     return ["plain"] + list(dict.fromkeys(names))
 
 
@@ -108,8 +82,8 @@ def _peer_engine(settings: Settings, base: Engine, name: str) -> Engine | None:
     if reason is not None:
         print(f"session: no {name} column: {reason}")
         return None
-    engine = Engine.around(settings.with_overrides(**DRAFTERS[PEERS[name]]), base.model, base.tokenizer,
-                           base.model_dir)
+    engine = Engine.around(build_plan(settings.with_overrides(**DRAFTERS[PEERS[name]]), base.device), base.model,
+                           base.tokenizer, base.model_dir)
     peer = ArcticSuffixProposer(max_depth=engine.plan.drafter.suffix.max_depth)
     ours = engine.proposer
     if peer.taps != ours.taps or peer.sizes_drafts != ours.sizes_drafts or engine.session.k > peer.max_k:
@@ -156,7 +130,7 @@ def run_session(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     if args.session_first < 0:
         raise ConfigError(f"--session-first {args.session_first} must be >= 0")
     requests = session_requests(args)
-    base = Engine.from_settings(settings.with_overrides(**DRAFTERS["plain"]))
+    base = Engine.load(build_plan(settings.with_overrides(**DRAFTERS["plain"])))
     engines = {"plain": base}
     for name in names[1:]:
         if name in PEERS:
@@ -164,8 +138,8 @@ def run_session(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
             if peer is not None:
                 engines[name] = peer
             continue
-        engines[name] = Engine.around(settings.with_overrides(**DRAFTERS[name]), base.model, base.tokenizer,
-                                      base.model_dir)
+        engines[name] = Engine.around(build_plan(settings.with_overrides(**DRAFTERS[name]), base.device),
+                                      base.model, base.tokenizer, base.model_dir)
     names = [n for n in names if n in engines]
     # Warm-up, untimed, under another client key: kernels and first-call costs out of the first request, and
     # nothing of it in the stream's suffix-cache partition.

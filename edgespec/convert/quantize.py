@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from edgespec.convert.quantize_args import FORMATS  # the formats --format offers
 from edgespec.errors import CheckpointError, ConfigError
 from edgespec.loading.checkpoint import normalise_key
 from edgespec.loading.experts import split_fused_experts
@@ -35,7 +36,6 @@ from edgespec.loading.weights import weight_files
 from edgespec.models.layers import Linear
 from edgespec.weights.requantize import quantize_weight
 
-FORMATS = ("int4", "nvfp4", "fp8")
 # Kept in their source dtype by default: read once per token (embeddings), sensitive (lm_head), or tiny.
 DEFAULT_KEEP = ("lm_head", "*embed_tokens*")
 # Parts a model serves as one merged projection: NVFP4 gives each group one global scale so they can merge.
@@ -50,20 +50,6 @@ class LayerError:
     name: str
     shape: tuple[int, int]
     rel_error: float
-
-
-def add_quantize_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("src", help="source checkpoint folder (bf16/fp16/fp32 safetensors + config.json)")
-    p.add_argument("dst", help="output folder (created; must be empty unless --force)")
-    p.add_argument("--format", required=True, choices=FORMATS, help="int4 (AWQ GEMM layout), nvfp4 (ModelOpt), "
-                   "fp8 (Qwen block FP8)")
-    p.add_argument("--keep", action="append", default=[], metavar="PATTERN",
-                   help="keep matching layers unquantized (glob on the module name, or re:REGEX; repeatable)")
-    p.add_argument("--group-size", type=int, default=128, help="int4 group size (inputs per scale)")
-    p.add_argument("--quantize-mtp", action="store_true", help="quantize the MTP layers too (default: keep them)")
-    p.add_argument("--drop-mtp", action="store_true", help="leave the MTP weights out of the output")
-    p.add_argument("--shard-mb", type=int, default=4096, help="output shard size in MB")
-    p.add_argument("--force", action="store_true", help="write into a non-empty DST")
 
 
 def _matches(name: str, patterns: list[str]) -> bool:

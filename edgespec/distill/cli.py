@@ -17,8 +17,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 from edgespec.errors import ConfigError
 
 if TYPE_CHECKING:       # the heavy modules load only when a run needs them
@@ -40,11 +38,9 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch CPU threads per process (default 1: on a shared CPU extra threads mostly wait)")
     g = p.add_argument_group("data")
     g.add_argument("--prompts", default="robot:160",
-                   help="prompt file (.yaml/.jsonl/.txt), robot:N (N synthetic robot-workload prompts), tasks:N "
-                   "(N structured requests: JSON plans, tool calls and reports over 16 domains), self:N / "
-                   "self-robot:N / self-tool:N (N requests the target writes itself after the chat template's "
-                   "user-turn prefix, Magpie-style; self-robot and self-tool after openers about robots or "
-                   "structured answers), or several joined by '+' (interleaved; e.g. self:2000+tasks:2000)")
+                   help="prompt file (.yaml/.jsonl/.txt), robot:N (synthetic robot prompts), tasks:N (JSON plans, "
+                   "tool calls, reports), self:N / self-robot:N / self-tool:N (written by the target itself), or "
+                   "several joined by '+' (e.g. self:2000+tasks:2000; docs/drafters.md)")
     g.add_argument("--self-temperature", type=float, default=1.0,
                    help="sampling temperature of the self-instructed requests")
     g.add_argument("--from-log", nargs="+", metavar="FILE",
@@ -58,8 +54,7 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
                    "AL estimate")
     g.add_argument("--holdout-by", choices=("prompt", "template", "source"), default="prompt",
                    help="hold out single prompts, or whole templates / sources (an entry's template:/source: "
-                   "label; a template defaults to the prompt's first words, a --from-log source to its file), so "
-                   "the held-out AL measures prompts unlike the training ones (edgespec.distill.holdout)")
+                   "label), so the held-out AL measures prompts unlike the training ones (edgespec.distill.holdout)")
     g.add_argument("--held-out", metavar="FILE", help="your own held-out set instead: a prompt file the target "
                    "answers, or a request log; never trained on")
     g.add_argument("--data-only", action="store_true", help="generate the data cache, then stop")
@@ -69,7 +64,7 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--init", help="start from this drafter folder (fine-tune) instead of random weights")
     g.add_argument("--layers", type=int, default=2)
     g.add_argument("--taps", help="comma-separated target_layer_ids (default: the reference rule)")
-    g.add_argument("--intermediate-size", type=int, default=None, help="default: the target's")
+    g.add_argument("--intermediate-size", type=int, metavar="N", default=None, help="default: the target's")
     g.add_argument("--heads", type=int, default=None)
     g.add_argument("--kv-heads", type=int, default=None)
     g.add_argument("--block-size", type=int, default=16)
@@ -77,10 +72,14 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
                    help="start every drafter layer from the target's last decoder layer when the shapes match "
                    "(and the context path from the last tap), instead of random weights")
     g.add_argument("--mask-token-id", type=int, default=None, help="default: the target's last vocabulary id")
-    g.add_argument("--conv-kernel-size", type=int, default=2, help="dflash2: taps of each dynamic convolution")
-    g.add_argument("--conv-group-size", type=int, default=16, help="dflash2: channels per dynamic-coefficient group")
-    g.add_argument("--selector-rank", type=int, default=256, help="dflash2: rank of the selector's codebooks")
-    g.add_argument("--selector-top-k", type=int, default=16, help="dflash2: candidates per draft position")
+    g.add_argument("--conv-kernel-size", type=int, metavar="N", default=2,
+                   help="dflash2: taps of each dynamic convolution")
+    g.add_argument("--conv-group-size", type=int, metavar="N", default=16,
+                   help="dflash2: channels per dynamic-coefficient group")
+    g.add_argument("--selector-rank", type=int, metavar="N", default=256,
+                   help="dflash2: rank of the selector's codebooks")
+    g.add_argument("--selector-top-k", type=int, metavar="N", default=16,
+                   help="dflash2: candidates per draft position")
     g = p.add_argument_group("optimisation")
     g.add_argument("--steps", type=int, default=400)
     g.add_argument("--batch", type=int, default=4, help="sequences per step (per rank)")
@@ -151,6 +150,8 @@ def _self_instructed(args: argparse.Namespace, target, tokenizer, data_dir: Path
     """The maker of self-instructed prompts for :func:`_prompt_set`: sampled by the target on rank 0 once and
     kept in ``data_dir`` (a rerun resumes with the same prompts; every rank reads the same file). Benchmark
     prompts and the ``--held-out`` file's prompts are never among them."""
+    import torch  # here, not at the top: the CLI parser imports this module
+
     from edgespec.distill.self_instruct import self_instruct
     from edgespec.distill.workload import bench_prompt_texts, load_prompt_file
 
@@ -232,6 +233,8 @@ def _held_out_data(args: argparse.Namespace, out: Path, target, tokenizer, model
                    world: int) -> list:
     """``--held-out FILE`` as sequences: a request log as logged, a prompt file answered greedily by the
     target; cached in OUT/held_out_data like the training data."""
+    import torch  # here, not at the top: the CLI parser imports this module
+
     from edgespec.distill.data import generate_data, load_data, make_recipe
     from edgespec.distill.workload import load_prompt_file
 
@@ -258,6 +261,8 @@ def _write_data(args: argparse.Namespace, data_dir: Path, target: TargetModel, t
     """Capture the training data into ``data_dir``: from a serving request log (``--from-log``, rank 0) or by
     generating the target's own continuations of the prompts (every rank its shard). Returns the labelled
     prompts (None for a log)."""
+    import torch  # here, not at the top: the CLI parser imports this module
+
     from edgespec.distill.data import generate_data, make_recipe
 
     if args.from_log:
@@ -328,6 +333,8 @@ def _split(seqs: list[Sequence_], args: argparse.Namespace, group_of: dict[bytes
 
 
 def run_distill(args: argparse.Namespace) -> int:
+    import torch  # here, not at the top: the CLI parser imports this module
+
     from edgespec.distill.data import load_data
     from edgespec.distill.kinds import drafter_kind
     from edgespec.distill.train import TrainOptions, init_distributed, local_rank, train

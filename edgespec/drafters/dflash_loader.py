@@ -9,7 +9,6 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from edgespec.config import Settings
 from edgespec.drafters.dflash_net import DFlashConfig, DFlashDraftModel, parse_dflash_config
 from edgespec.drafters.dflash_proposer import DFlashProposer
 from edgespec.drafters.plan import DrafterPlan
@@ -148,14 +147,16 @@ def demo_drafter_path() -> Path:
     return Path(str(resources.files("edgespec").joinpath("data/drafters/smollm2-135m-dflash")))
 
 
-def is_packaged_drafter(settings: Settings) -> bool:
-    """True when ``settings`` serve the packaged demo drafter: the demo model with no ``drafter_path``."""
-    return not settings.drafter_path and settings.model == "demo"
+def is_packaged_drafter(model: str, drafter_path: str | None) -> bool:
+    """True when a ``model`` and ``drafter_path`` setting serve the packaged demo drafter: the demo model with no
+    drafter path."""
+    return not drafter_path and model == "demo"
 
 
-def dflash_folder(settings: Settings) -> str | None:
-    """The DFlash checkpoint folder ``settings`` name: ``drafter_path``, or the packaged demo drafter."""
-    return str(demo_drafter_path()) if is_packaged_drafter(settings) else settings.drafter_path
+def dflash_folder(model: str, drafter_path: str | None) -> str | None:
+    """The DFlash checkpoint folder a ``model`` and ``drafter_path`` setting name: the drafter path, or the
+    packaged demo drafter."""
+    return str(demo_drafter_path()) if is_packaged_drafter(model, drafter_path) else drafter_path
 
 
 def load_dflash(plan: DrafterPlan, model: TargetModel,

@@ -1,18 +1,21 @@
-"""Kernel options: the tuning and A/B switches of the compute kernels, typed, checked and fixed once per process.
+"""Kernel options: the tuning and A/B switches of the compute kernels, typed, checked, installed once per process.
 
-They are settings like any other (``gluon`` in YAML, ``EDGESPEC_GLUON`` in the environment, ``--gluon`` on the
-command line; ``docs/configuration.md``). ``Engine.from_settings`` puts them in its runtime plan and fixes them
-before loading; a process that runs kernels without an engine (a test, a kernel benchmark) gets them from its
-``EDGESPEC_*`` environment at the first kernel that asks. Kernels deep in a forward have no argument to carry
-them, so :func:`active` is the one place they are read; once fixed they never change (:func:`fix` refuses
-other values), so a captured CUDA graph and the eager path it stands for run the same programs.
+They are developer settings (``gluon`` in YAML, ``EDGESPEC_GLUON`` in the environment, ``--gluon`` on the command
+line; ``edgespec dev settings`` lists them), read only at the edge: :func:`edgespec.plan.build_plan` puts them in
+the :class:`~edgespec.plan.RuntimePlan`, and the engine that owns the kernels installs its plan's options
+(:func:`install`) before it loads or runs anything. Kernels that take an ``options`` argument get them passed;
+the ones deep in a forward, with no argument to carry them, read :func:`active`.
+
+The install is one per process, not per call: the compiled CPU library's instruction set and thread pinning, and
+whether Triton runs at all, are process state, and a captured CUDA graph must replay the programs its eager path
+chose. So a second install with other values is refused by name, and a process that runs kernels without an
+engine (a test, a kernel benchmark) runs the defaults (or installs its own options at its edge); nothing here
+reads the environment.
 """
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -61,36 +64,30 @@ class KernelOptions:
         """The kernel options of a ``Settings`` (its fields of the same names)."""
         return cls(**{name: getattr(settings, name) for name in KERNEL_SETTINGS})
 
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> KernelOptions:
-        """The kernel options ``EDGESPEC_<NAME>`` variables set (others at their defaults), checked like settings."""
-        from edgespec.config import ENV_PREFIX, read_env
-
-        wanted = {ENV_PREFIX + name.upper() for name in KERNEL_SETTINGS}
-        return cls(**read_env({k: v for k, v in environ.items() if k in wanted}))
 
 
 KERNEL_SETTINGS: tuple[str, ...] = tuple(f.name for f in fields(KernelOptions))
 
-_fixed: KernelOptions | None = None
+_installed: KernelOptions | None = None
 _lock = threading.Lock()
 
 
-def fix(options: KernelOptions) -> KernelOptions:
-    """Make ``options`` the process's kernel options (again: fine). Raises ConfigError when other options were
-    fixed already: kernels already compiled, chosen or captured under them would disagree with the new ones."""
-    global _fixed
+def install(options: KernelOptions) -> KernelOptions:
+    """Make ``options`` the process's kernel options (the same again: fine). Raises ConfigError when other options
+    are in force already: kernels compiled, chosen or captured under them would disagree with the new ones."""
+    global _installed
     with _lock:
-        if _fixed is None:
-            _fixed = options
-        elif _fixed != options:
-            changed = ", ".join(f"{n}={getattr(options, n)!r} (fixed: {getattr(_fixed, n)!r})"
-                                for n in KERNEL_SETTINGS if getattr(options, n) != getattr(_fixed, n))
-            raise ConfigError(f"kernel options are fixed once per process; this one already runs with other "
+        if _installed is None:
+            _installed = options
+        elif _installed != options:
+            changed = ", ".join(f"{n}={getattr(options, n)!r} (in force: {getattr(_installed, n)!r})"
+                                for n in KERNEL_SETTINGS if getattr(options, n) != getattr(_installed, n))
+            raise ConfigError(f"kernel options are installed once per process; this one already runs with other "
                               f"values: {changed}")
-        return _fixed
+        return _installed
 
 
 def active() -> KernelOptions:
-    """The process's kernel options: those fixed, else (fixed now) those of the ``EDGESPEC_*`` environment."""
-    return _fixed if _fixed is not None else fix(KernelOptions.from_environ(os.environ))
+    """The process's kernel options: those installed, else the defaults (installed now, so a later engine asking
+    for others is refused rather than mixing kernels chosen under both)."""
+    return _installed if _installed is not None else install(KernelOptions())

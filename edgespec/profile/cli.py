@@ -149,6 +149,10 @@ def _run_meta(bench: Bench, options: ProfileOptions, cases: list[PromptCase], st
     return meta
 
 
+# The runtime plan of the tuned settings on this device, written beside them.
+PLAN_YAML = "plan.yaml"
+
+
 def _write_outputs(out: Path, base: Settings, outcome: SearchOutcome, store: ResultStore, cases: list[PromptCase],
                    meta: dict[str, Any], finished: bool, chart_wanted: bool, say: Callable[[str], None]
                    ) -> list[Path]:
@@ -161,9 +165,13 @@ def _write_outputs(out: Path, base: Settings, outcome: SearchOutcome, store: Res
     extra_notes = report.reference_notes(store, cases)
     if finished and outcome.final is not None:
         tuned_path = out / report.TUNED_YAML
-        report.write_tuned_yaml(tuned_path, base, outcome, meta)
+        tuned = report.write_tuned_yaml(tuned_path, base, outcome, meta)
         meta["wrote_yaml"] = True
-        written.insert(0, tuned_path)
+        # What the tuned settings resolve to here, every arch default applied (as `edgespec dev plan` prints it).
+        from edgespec.plan import build_plan, format_plan
+        plan_path = out / PLAN_YAML
+        plan_path.write_text(format_plan(build_plan(tuned)))
+        written[:0] = [tuned_path, plan_path]
     chart = None
     if chart_wanted:
         try:

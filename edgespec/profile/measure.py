@@ -1,7 +1,7 @@
 """Measuring one candidate on one prompt: decode tok/s, acceptance length, time to first token, peak memory.
 
 The target model and tokenizer are loaded once (:class:`Bench`); each candidate gets its own
-:class:`~edgespec.engine.Engine` built around them, exactly as ``Engine.from_settings`` builds the served one (same
+:class:`~edgespec.engine.Engine` built around them, exactly as ``Engine.load`` builds the served one (same
 hook selection, proposer factory, session and acceptance policy), so what is measured is what the tuned YAML
 will run. Building an engine allocates only the candidate's cache and drafter, never the weights again.
 """
@@ -24,6 +24,7 @@ from edgespec.bench.prompts import BenchPrompt
 from edgespec.config import Settings
 from edgespec.engine import Engine
 from edgespec.errors import ConfigError
+from edgespec.plan import build_plan
 from edgespec.speculative.acceptance import AcceptancePolicy, StrictGreedy
 from edgespec.speculative.parity import first_divergence
 from edgespec.speculative.sampling import SamplingParams
@@ -55,10 +56,10 @@ class Bench:
     """The target model loaded once, and the per-candidate engines built around it."""
 
     def __init__(self, base: Settings) -> None:
-        # Load through Engine.from_settings so device, dtype, demo-model conversion and the tokenizer check are
-        # the served path's; with no drafter, so a base config naming an unbuildable drafter still loads.
-        loader = Engine.from_settings(base.with_overrides(drafter="none", num_draft_tokens=None,
-                                                          acceptance="strict"))
+        # Load through Engine.load so device, dtype, demo-model conversion and the tokenizer check are the served
+        # path's; with no drafter, so a base config naming an unbuildable drafter still loads.
+        loader = Engine.load(build_plan(base.with_overrides(drafter="none", num_draft_tokens=None,
+                                                          acceptance="strict")))
         self.base = base
         self.model = loader.model
         self.tokenizer = loader.tokenizer
@@ -86,8 +87,8 @@ class Bench:
     # -- engines -------------------------------------------------------------------------------------------------
     def open(self, candidate: dict[str, Any]) -> Engine:
         """An engine for ``candidate``; raises ConfigError (or ImportError) when it cannot be built here."""
-        settings = self.base.with_overrides(**candidate)
-        return Engine.around(settings, self.model, self.tokenizer, self.model_dir)
+        plan = build_plan(self.base.with_overrides(**candidate), self.device)
+        return Engine.around(plan, self.model, self.tokenizer, self.model_dir)
 
     def release(self) -> None:
         """Return a dropped engine's cache to the allocator before the next one is built."""

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import TYPE_CHECKING, Any
 
-from edgespec.arch.rollback import ROLLBACK_STRATEGIES
-from edgespec.config import Settings
+from edgespec.config import Settings, choices
 from edgespec.errors import ConfigError
 
 if TYPE_CHECKING:  # the CLI parser imports this module; keep torch out of `edgespec --help`
@@ -53,7 +52,7 @@ RELAXED_TOP_K: tuple[int, ...] = (3, 5)
 RELAXED_DELTA: tuple[float, ...] = (1.0, 2.0)
 RELAXED_MARGIN: tuple[str, ...] = ("logit",)
 KV_DTYPES: tuple[str, ...] = ("model", "fp8")
-ROLLBACKS: tuple[str, ...] = ROLLBACK_STRATEGIES
+ROLLBACKS: tuple[str, ...] = tuple(c for c in choices("rollback") if c != "auto")   # the strategies
 GRAPHS: tuple[bool, ...] = (False, True)
 PREFILL_CHUNKS: tuple[int, ...] = (256, 512, 1024, 2048)
 # Draft tree node budgets (draft_tree): each measured end to end, so the winner is the budget whose acceptance

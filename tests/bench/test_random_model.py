@@ -14,6 +14,7 @@ from edgespec.bench.shapes import write_chat_tokenizer
 from edgespec.cli import main
 from edgespec.engine import Engine
 from edgespec.errors import CheckpointError, ConfigError
+from edgespec.plan import build_plan
 
 
 @pytest.fixture()
@@ -28,7 +29,7 @@ def test_written_model_serves_with_the_tokenizer_it_was_given(tmp_path, tok_dir)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["eos_token_id"] == json.loads((tok_dir / "generation_config.json").read_text())["eos_token_id"]
     from edgespec.config import Settings
-    engine = Engine.from_settings(Settings(model=str(out), max_seq_len=256))
+    engine = Engine.load(build_plan(Settings(model=str(out), max_seq_len=256)))
     assert engine.tokenizer.vocab_size == 261 and engine.model.config.vocab_size == 320
 
 
@@ -154,7 +155,7 @@ def test_engine_serves_a_quantized_head(tmp_path, tok_dir):
     from edgespec.weights import PackedLinear
     from edgespec.weights.requantize import quantize_weight
     out = write_bench_model("tiny:llama", tmp_path / "m", tokenizer=str(tok_dir), dtype="float32")
-    engine = Engine.from_settings(Settings(model=str(out), max_seq_len=256, lm_head_weights="int4", cpu_blas=False))
+    engine = Engine.load(build_plan(Settings(model=str(out), max_seq_len=256, lm_head_weights="int4", cpu_blas=False)))
     assert isinstance(engine.model.lm_head, PackedLinear) and engine.model.lm_head.weight.format == "int4"
     dense = load_target(out, max_positions=256)
     ids = torch.tensor(engine.tokenizer.encode("pick up the red cube", add_special_tokens=True))

@@ -15,6 +15,7 @@ from edgespec.drafters.ngram import NGramProposer
 from edgespec.drafters.suffix import SuffixProposer
 from edgespec.engine import Engine, Request
 from edgespec.errors import ConfigError
+from edgespec.plan import build_plan
 from edgespec.speculative.session import adapts
 
 TEXTS = ["move box 1 to shelf 2", "move box 3 to shelf 1", "report arm 4", "move box 1 to shelf 2 and report"]
@@ -35,12 +36,13 @@ def test_replay_counts_what_the_engine_counts(tmp_path, drafter):
     folder = write_chat_tokenizer(write_random_checkpoint(tmp_path / "m", tiny_config("llama", vocab_size=272),
                                                           seed=3))
     settings = Settings(model=str(folder), max_seq_len=512, max_tokens=40)
-    plain = Engine.from_settings(settings.with_overrides(drafter="none"))
+    plain = Engine.load(build_plan(settings.with_overrides(drafter="none")))
     stream = collect(plain, TEXTS, 40)
     path = tmp_path / "stream.json"
     save_stream(path, stream, {"texts": TEXTS})
     assert load_stream(path) == stream
-    spec = Engine.around(settings.with_overrides(drafter=drafter), plain.model, plain.tokenizer, plain.model_dir)
+    spec = Engine.around(build_plan(settings.with_overrides(drafter=drafter), plain.device), plain.model,
+                         plain.tokenizer, plain.model_dir)
     proposer, k = token_proposer(settings.with_overrides(drafter=drafter), plain.model.config.vocab_size)
     replayed = replay(proposer, stream, k, spec.session.adaptive_k)
     drafted = 0

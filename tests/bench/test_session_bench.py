@@ -8,8 +8,9 @@ import json
 
 import pytest
 
+from edgespec.bench.cli import add_session_arguments
 from edgespec.bench.robot_stream import robot_stream
-from edgespec.bench.session import add_session_arguments, parse_drafters, run_session, session_requests
+from edgespec.bench.session import parse_drafters, run_session, session_requests
 from edgespec.bench.shapes import tiny_config, write_chat_tokenizer, write_random_checkpoint
 from edgespec.config import Settings
 from edgespec.distill.workload import robot_prompts

@@ -137,15 +137,15 @@ def test_setting_turns_the_graph_prefill_on(tiny_checkpoints, tmp_path):
     from edgespec.bench.shapes import write_chat_tokenizer
     from edgespec.config import load_settings
     from edgespec.engine import Engine
+    from edgespec.plan import build_plan
 
     folder = shutil.copytree(tiny_checkpoints["llama"], tmp_path / "llama")
     write_chat_tokenizer(folder)
     base = load_settings(cli=None).with_overrides(model=str(folder), cpu_blas=False, device="cpu")
-    assert Engine.from_settings(base).hooks.graph_prefill_max == 0
-    assert Engine.from_settings(base.with_overrides(graph_prefill_max=64)).hooks.graph_prefill_max == 64
-    from edgespec.plan import RuntimePlan
+    assert Engine.load(build_plan(base)).hooks.graph_prefill_max == 0
+    assert Engine.load(build_plan(base.with_overrides(graph_prefill_max=64))).hooks.graph_prefill_max == 64
     for arch in ("rtx", "thor"):          # what an engine on those hooks resolves, unset and set
         on = base.with_overrides(arch=arch)
-        assert RuntimePlan.for_device(on, torch.device("cpu")).session.graph_prefill_max == 128
-        plan = RuntimePlan.for_device(on.with_overrides(graph_prefill_max=0), torch.device("cpu"))
+        assert build_plan(on, torch.device("cpu")).session.graph_prefill_max == 128
+        plan = build_plan(on.with_overrides(graph_prefill_max=0), torch.device("cpu"))
         assert plan.session.graph_prefill_max == 0 and plan.arch == arch

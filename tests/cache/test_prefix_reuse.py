@@ -14,6 +14,7 @@ from edgespec.bench.shapes import tiny_config, write_chat_tokenizer, write_rando
 from edgespec.cache.prefix import PrefixCache, common_prefix
 from edgespec.config import Settings
 from edgespec.engine import Engine, Request
+from edgespec.plan import build_plan
 from edgespec.speculative.acceptance import StrictGreedy
 
 SYSTEM = {"role": "system", "content": "You drive a robot arm on a kitchen table. Answer briefly. " * 3}
@@ -41,8 +42,8 @@ def one_thread():
 
 def _engine(models: dict[str, Path], fam: str, drafter: str, reuse: bool) -> Engine:
     extra = dict(drafter_path=str(models["dflash"]), window_size=24) if drafter == "dflash" else {}
-    return Engine.from_settings(Settings(model=str(models[fam]), drafter=drafter, max_seq_len=1024,
-                                         prefix_reuse=reuse, **extra))
+    return Engine.load(build_plan(Settings(model=str(models[fam]), drafter=drafter, max_seq_len=1024,
+                                         prefix_reuse=reuse, **extra)))
 
 
 def _conversation(engine: Engine, turns: int = 4) -> list[tuple[list[int], int, list[int] | None]]:
@@ -54,7 +55,7 @@ def _conversation(engine: Engine, turns: int = 4) -> list[tuple[list[int], int, 
         c = engine.complete(Request(messages=list(msgs), max_tokens=20))
         # the DFlash proposer itself (by default it sits behind the n-gram lookup, edgespec.drafters.lookup)
         dflash = getattr(engine.proposer, "model", engine.proposer)
-        window = dflash.window_tokens() if engine.settings.drafter == "dflash" else None
+        window = dflash.window_tokens() if engine.plan.drafter.name == "dflash" else None
         out.append((c.token_ids, c.cached_tokens, window))
         msgs.append({"role": "assistant", "content": c.text})
     return out

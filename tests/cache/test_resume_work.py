@@ -11,6 +11,7 @@ import torch
 from edgespec.bench.shapes import tiny_config, write_chat_tokenizer, write_random_checkpoint
 from edgespec.config import Settings
 from edgespec.engine import Engine, Request
+from edgespec.plan import build_plan
 
 FOLLOW_UPS = ["pick the red block and put it in the bin", "now park the arm and say so"]
 
@@ -49,7 +50,7 @@ def _follow_up_work(engine: Engine, history_chars: int) -> list[tuple[int, int, 
 
 @pytest.mark.parametrize("fam", ["llama", "qwen3_5"])
 def test_follow_up_work_scales_with_new_tokens(models, fam):
-    engine = Engine.from_settings(Settings(model=str(models[fam]), drafter="ngram", max_seq_len=2048))
+    engine = Engine.load(build_plan(Settings(model=str(models[fam]), drafter="ngram", max_seq_len=2048)))
     short, long = _follow_up_work(engine, 300), _follow_up_work(engine, 1500)
     assert short == long     # the same follow-ups cost the same whatever came before them
     for new, forwarded, chars in long:

@@ -170,10 +170,11 @@ def test_distill_trains_saves_resumes_and_the_result_loads(tiny_target, tmp_path
     # the result is a drafter the runtime loads and runs losslessly
     from edgespec.config import Settings
     from edgespec.engine import Engine
+    from edgespec.plan import build_plan
 
-    plain = Engine.from_settings(Settings(model=str(tiny_target), drafter="none", max_tokens=20))
-    spec = Engine.from_settings(Settings(model=str(tiny_target), drafter="dflash", drafter_path=str(out),
-                                         max_tokens=20))
+    plain = Engine.load(build_plan(Settings(model=str(tiny_target), drafter="none", max_tokens=20)))
+    spec = Engine.load(build_plan(Settings(model=str(tiny_target), drafter="dflash", drafter_path=str(out),
+                                         max_tokens=20)))
     from edgespec.engine import Request
     for text in ("move box 2 to shelf 1", "hello"):
         req = Request(messages=[{"role": "user", "content": text}], max_tokens=20)

@@ -59,10 +59,11 @@ def _curve(folder: Path) -> list[list[float]]:
 def _same_as_plain(target: Path, drafter: Path) -> None:
     from edgespec.config import Settings
     from edgespec.engine import Engine, Request
+    from edgespec.plan import build_plan
 
-    plain = Engine.from_settings(Settings(model=str(target), drafter="none", max_tokens=16))
-    spec = Engine.from_settings(Settings(model=str(target), drafter="dflash", drafter_path=str(drafter),
-                                         max_tokens=16))
+    plain = Engine.load(build_plan(Settings(model=str(target), drafter="none", max_tokens=16)))
+    spec = Engine.load(build_plan(Settings(model=str(target), drafter="dflash", drafter_path=str(drafter),
+                                         max_tokens=16)))
     for text in ("carry crate 3 to bay 1", "what is a robot?"):
         req = Request(messages=[{"role": "user", "content": text}], max_tokens=16)
         assert spec.complete(req).token_ids == plain.complete(req).token_ids, text

@@ -13,6 +13,7 @@ from edgespec.distill.request_log import RequestLog, log_data, read_log
 from edgespec.engine import Engine, Request
 from edgespec.errors import ConfigError
 from edgespec.loading.checkpoint import load_target
+from edgespec.plan import build_plan
 
 
 def test_rotation_keeps_the_file_bounded(tmp_path) -> None:
@@ -56,9 +57,9 @@ def target_dir(tmp_path_factory):
 
 def test_engine_logs_when_asked_and_only_then(target_dir, tmp_path) -> None:
     path = tmp_path / "served.jsonl"
-    quiet = Engine.from_settings(Settings(model=str(target_dir), max_tokens=6))
+    quiet = Engine.load(build_plan(Settings(model=str(target_dir), max_tokens=6)))
     assert quiet.request_log is None
-    engine = Engine.from_settings(Settings(model=str(target_dir), max_tokens=6, request_log=str(path)))
+    engine = Engine.load(build_plan(Settings(model=str(target_dir), max_tokens=6, request_log=str(path))))
     out = engine.complete(Request(messages=[{"role": "user", "content": "pick the cube"}], max_tokens=6))
     (prompt, output), = list(read_log(path))
     assert output == out.token_ids and prompt == engine.prompt_ids(

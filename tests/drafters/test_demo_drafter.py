@@ -10,6 +10,7 @@ from edgespec.bench.prompts import load_prompts
 from edgespec.config import Settings
 from edgespec.drafters.dflash import demo_drafter_path
 from edgespec.engine import Engine, Request
+from edgespec.plan import build_plan
 
 TOKENS = 32
 
@@ -18,9 +19,9 @@ TOKENS = 32
 def engines(demo_model_dir, tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("EDGESPEC_CACHE_DIR", str(demo_model_dir.parent))
-    plain = Engine.from_settings(Settings(model="demo", drafter="none", max_tokens=TOKENS))
+    plain = Engine.load(build_plan(Settings(model="demo", drafter="none", max_tokens=TOKENS)))
     # no drafter_path: the demo model takes the packaged drafter
-    spec = Engine.from_settings(Settings(model="demo", drafter="dflash", max_tokens=TOKENS))
+    spec = Engine.load(build_plan(Settings(model="demo", drafter="dflash", max_tokens=TOKENS)))
     yield plain, spec
     mp.undo()
 

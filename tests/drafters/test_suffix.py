@@ -137,11 +137,12 @@ def test_engine_feeds_the_cache_per_client(tmp_path):
     earlier answer (AL up), another client's request does not, and the answers equal plain decoding."""
     from edgespec.bench.shapes import tiny_config, write_chat_tokenizer, write_random_checkpoint
     from edgespec.engine import Engine, Request
+    from edgespec.plan import build_plan
 
     folder = write_chat_tokenizer(write_random_checkpoint(tmp_path / "m", tiny_config("llama", vocab_size=272),
                                                           seed=3))
-    plain = Engine.from_settings(Settings(model=str(folder), drafter="none", max_seq_len=512))
-    spec = Engine.from_settings(Settings(model=str(folder), drafter="suffix", max_seq_len=512))
+    plain = Engine.load(build_plan(Settings(model=str(folder), drafter="none", max_seq_len=512)))
+    spec = Engine.load(build_plan(Settings(model=str(folder), drafter="suffix", max_seq_len=512)))
     msgs = [{"role": "user", "content": "Move the red block to the left bin and report."}]
     want = plain.complete(Request(messages=msgs, max_tokens=24)).token_ids
     first = spec.complete(Request(messages=msgs, max_tokens=24, cache_key="robot-a"))

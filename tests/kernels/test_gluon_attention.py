@@ -52,6 +52,7 @@ def test_where_the_gluon_program_applies(case, ok) -> None:
 def test_default_program_choice() -> None:
     """The Gluon program by default from GLUON_MIN_KEYS keys on, where it applies and the config tunes nothing of
     the Triton program's; GLUON in the config decides outright."""
+    from edgespec.config import load_settings
     from edgespec.kernels.attention.triton_attention import GLUON_MIN_KEYS, use_gluon_decode
     from edgespec.kernels.options import KernelOptions
     long, short = GLUON_MIN_KEYS, GLUON_MIN_KEYS - 1
@@ -61,7 +62,7 @@ def test_default_program_choice() -> None:
     assert use_gluon_decode({"num_warps": 2}, True, long)              # a key both programs take
     assert use_gluon_decode({"GLUON": 1}, True, short) and not use_gluon_decode({"GLUON": 0}, True, long)
     assert use_gluon_decode({"GLUON": 1}, False, long)                 # asked for: the caller raises
-    off = KernelOptions.from_environ({"EDGESPEC_GLUON": "0"})           # the switch back to the Triton program
+    off = KernelOptions.from_settings(load_settings(environ={"EDGESPEC_GLUON": "0"}))   # back to the Triton program
     assert not use_gluon_decode({}, True, long, off) and use_gluon_decode({"GLUON": 1}, True, long, off)
 
 

@@ -1,5 +1,5 @@
 """Kernel options: every EDGESPEC_* name the code reads is a declared setting (or a listed non-setting), documented,
-checked by name, and fixed once per process."""
+checked by name; the plan carries them and the engine installs them once per process, with no environment read."""
 
 from __future__ import annotations
 
@@ -46,14 +46,13 @@ def test_kernel_switches_in_the_environment_are_settings(monkeypatch, capsys, de
     monkeypatch.setenv("EDGESPEC_GLUON", "0")
     assert main(["generate", "--model", str(demo_model_dir), "--drafter", "none", "--max-tokens", "3",
                  "--max-seq-len", "256", "hi"]) == 0, capsys.readouterr().err
-    assert options.active().gluon is False             # the engine fixed what the environment said
+    assert options.active().gluon is False             # the engine installed what the edge read
     env = {"EDGESPEC_GLUON": "0", "EDGESPEC_PDL": "0", "EDGESPEC_NO_TRITON": "1", "EDGESPEC_SKINNY": "wide",
            "EDGESPEC_GDN_BLOCK_V": "32", "EDGESPEC_GDN_WARPS": "2", "EDGESPEC_GGUF_NATIVE": "0",
            "EDGESPEC_GGUF_THREADS": "3", "EDGESPEC_DRAFT_TREE_KERNELS": "conv"}
     got = KernelOptions.from_settings(load_settings(environ=env))
     assert got == KernelOptions(no_triton=True, gluon=False, pdl=False, skinny="wide", gdn_block_v=32, gdn_warps=2,
                                 gguf_native=False, gguf_threads=3, draft_tree_kernels="conv")
-    assert got == KernelOptions.from_environ(env)
     assert set(KERNEL_SETTINGS) <= set(Settings.__dataclass_fields__)
 
 
@@ -70,11 +69,30 @@ def test_bad_kernel_options_are_refused_by_name(name, value, problem):
         KernelOptions.from_settings(load_settings(environ={name: value}))
 
 
-def test_options_are_fixed_once_per_process(monkeypatch):
+def test_kernels_never_read_the_environment(monkeypatch):
+    """Without an install the kernels run the defaults, whatever EDGESPEC_* says: the environment is read at the
+    edge (load_settings) only."""
     monkeypatch.setenv("EDGESPEC_PDL", "0")
-    assert options.active().pdl is False                  # fixed from the environment at first use
-    monkeypatch.setenv("EDGESPEC_PDL", "1")
-    assert options.active().pdl is False                  # ... and never re-read
-    assert options.fix(KernelOptions(pdl=False)) == KernelOptions(pdl=False)      # the same again: fine
-    with pytest.raises(ConfigError, match=r"fixed once per process.*pdl=True \(fixed: False\)"):
-        options.fix(KernelOptions())
+    assert options.active() == KernelOptions()
+    assert options.install(KernelOptions()) == KernelOptions()       # the same again: fine
+    with pytest.raises(ConfigError, match=r"installed once per process.*pdl=False \(in force: True\)"):
+        options.install(KernelOptions(pdl=False))
+
+
+def test_the_engine_installs_its_plan_and_refuses_a_second_one(tiny_checkpoints, tmp_path):
+    """The plan's options reach the kernels through the engine's install; an engine asking for others in the same
+    process is refused by name before it loads, rather than running kernels chosen under both."""
+    import shutil
+
+    from edgespec.bench.shapes import write_chat_tokenizer
+    from edgespec.engine import Engine
+    from edgespec.plan import build_plan
+
+    folder = write_chat_tokenizer(shutil.copytree(tiny_checkpoints["llama"], tmp_path / "llama"))
+    settings = Settings(model=str(folder), device="cpu", max_seq_len=64, cpu_blas=False)
+    plan = build_plan(settings.with_overrides(gguf_threads=2))
+    assert plan.kernels == KernelOptions(gguf_threads=2)
+    Engine.load(plan)
+    assert options.active() == plan.kernels
+    with pytest.raises(ConfigError, match=r"gguf_threads=3 \(in force: 2\)"):
+        Engine.load(build_plan(settings.with_overrides(gguf_threads=3)))

@@ -230,11 +230,13 @@ def test_gdn_tile_overrides_are_checked() -> None:
     """EDGESPEC_GDN_BLOCK_V (a power of two >= 4) and EDGESPEC_GDN_WARPS (1, 2, 4, 8) are tuning overrides of the
     recurrent GDN launch; anything else is refused by name, and unset they leave the default."""
     pytest.importorskip("triton")
+    from edgespec.config import load_settings
     from edgespec.kernels.options import KernelOptions
     from edgespec.kernels.recurrent.triton_gdn import gdn_tile
 
     def env(**values: str) -> KernelOptions:
-        return KernelOptions.from_environ({f"EDGESPEC_{k.upper()}": v for k, v in values.items()})
+        environ = {f"EDGESPEC_{k.upper()}": v for k, v in values.items()}
+        return KernelOptions.from_settings(load_settings(environ=environ))
 
     default = gdn_tile(128, env())
     assert gdn_tile(128, env(gdn_block_v="64"))[0] == 64 and gdn_tile(32, env(gdn_block_v="64"))[0] == 32
@@ -252,11 +254,13 @@ def test_skinny_routing_override_is_checked() -> None:
     """EDGESPEC_SKINNY (an A/B override of which 2-16-row products skip cuBLAS): ``all`` (the default) sends every
     matrix to the skinny GEMM, ``wide`` only those with at least one 64-row block per SM; anything else is refused
     by name rather than silently taken as the default."""
+    from edgespec.config import load_settings
     from edgespec.kernels.options import KernelOptions
     from edgespec.kernels.quant.route import skinny_pays
 
     def env(mode: str | None) -> KernelOptions:
-        return KernelOptions.from_environ({} if mode is None else {"EDGESPEC_SKINNY": mode})
+        environ = {} if mode is None else {"EDGESPEC_SKINNY": mode}
+        return KernelOptions.from_settings(load_settings(environ=environ))
 
     assert skinny_pays(2560, 132, env(None)) and skinny_pays(248320, 132, env(None))
     assert skinny_pays(2560, 132, env("all"))

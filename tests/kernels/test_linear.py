@@ -95,15 +95,16 @@ def test_engine_turns_it_on_for_fp32_cpu_only(tiny_checkpoints, tmp_path):
     from edgespec.bench.shapes import write_chat_tokenizer
     from edgespec.config import load_settings
     from edgespec.engine import Engine
+    from edgespec.plan import build_plan
 
     folder = shutil.copytree(tiny_checkpoints["llama"], tmp_path / "llama")
     write_chat_tokenizer(folder)
     L.configure_cpu(False)
-    Engine.from_settings(load_settings(cli=None).with_overrides(model=str(folder), cpu_blas=False))
+    Engine.load(build_plan(load_settings(cli=None).with_overrides(model=str(folder), cpu_blas=False)))
     assert not L.cpu_blas_active()
-    Engine.from_settings(load_settings(cli=None).with_overrides(model=str(folder), dtype="bfloat16"))
+    Engine.load(build_plan(load_settings(cli=None).with_overrides(model=str(folder), dtype="bfloat16")))
     assert not L.cpu_blas_active()
-    Engine.from_settings(load_settings(cli=None).with_overrides(model=str(folder)))
+    Engine.load(build_plan(load_settings(cli=None).with_overrides(model=str(folder))))
     assert L.cpu_blas_active() and torch.get_num_threads() == 1
 
 

@@ -58,10 +58,11 @@ def test_packed_demo_speculative_equals_plain(demo_gguf: Path, monkeypatch: pyte
     from edgespec.bench.prompts import load_prompts
     from edgespec.config import Settings
     from edgespec.engine import Engine
+    from edgespec.plan import build_plan
     from edgespec.speculative.acceptance import StrictGreedy
 
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path))
-    engine = Engine.from_settings(Settings(model="demo", drafter="ngram", max_seq_len=512))
+    engine = Engine.load(build_plan(Settings(model="demo", drafter="ngram", max_seq_len=512)))
     assert isinstance(engine.model.model.layers[0].mlp.down_proj, PackedLinear)
     prompts = {p.id: p for p in load_prompts(None)}
     for pid in ("robot_navigation_plan", "repeated_text_stress"):

@@ -96,10 +96,11 @@ def test_qwen35_gguf_speculative_equals_plain_and_reads_its_tokenizer(hf_folder:
     from edgespec.config import Settings
     from edgespec.engine import Engine
     from edgespec.kernels.quant.linear import configure_cpu
+    from edgespec.plan import build_plan
     from edgespec.speculative.acceptance import StrictGreedy
 
     path, _ = write_qwen35_gguf(hf_folder, tmp_path / "m.gguf", "Q8_0", mtp_layers=1)
-    engine = Engine.from_settings(Settings(model=str(path), drafter="ngram", num_draft_tokens=4, max_seq_len=128))
+    engine = Engine.load(build_plan(Settings(model=str(path), drafter="ngram", num_draft_tokens=4, max_seq_len=128)))
     assert engine.model.config.num_hidden_layers == 6          # the appended MTP layer is not a decoder layer
     chat = engine.tokenizer.encode_chat([{"role": "user", "content": "the robot"}])
     text = engine.tokenizer.decode(chat, skip_special_tokens=False)

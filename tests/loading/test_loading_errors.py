@@ -163,11 +163,12 @@ def test_settings_yaml_not_a_mapping(tmp_path):
 def test_tokenizer_vocab_larger_than_model(tmp_path, demo_model_dir):
     """A tokenizer that does not fit the model is refused at engine start."""
     from edgespec.engine import Engine
+    from edgespec.plan import build_plan
 
     folder = tmp_path / "mismatch"
     write_random_checkpoint(folder, tiny_config("llama"))
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(demo_model_dir / name, folder / name)
     with pytest.raises(ConfigError, match="vocab_size"):
-        Engine.from_settings(Settings(model=str(folder), max_seq_len=64))
+        Engine.load(build_plan(Settings(model=str(folder), max_seq_len=64)))
     json.loads((folder / "config.json").read_text())  # folder left intact

@@ -122,6 +122,7 @@ def test_the_engine_marks_turns_with_the_checkpoints_token(tmp_path: Path) -> No
     from edgespec.bench.shapes import config_dict, write_random_checkpoint
     from edgespec.config import Settings
     from edgespec.engine import Engine, Request
+    from edgespec.plan import build_plan
 
     folder = tmp_path / "llama3-tiny"
     write_random_checkpoint(folder, config_dict(model_type="llama", vocab_size=272, hidden_size=64,
@@ -129,8 +130,8 @@ def test_the_engine_marks_turns_with_the_checkpoints_token(tmp_path: Path) -> No
                                                 intermediate_size=128, tie_word_embeddings=True, bos_token_id=None,
                                                 eos_token_id=None))
     write_tokenizer(folder, LLAMA3_SPECIALS, LLAMA3_TEMPLATE, bos="<|begin_of_text|>", eos="<|end_of_text|>")
-    engine = Engine.from_settings(Settings(model=str(folder), device="cpu", max_seq_len=256, drafter="none",
-                                           prefix_reuse=True, max_tokens=4))
+    engine = Engine.load(build_plan(Settings(model=str(folder), device="cpu", max_seq_len=256, drafter="none",
+                                             prefix_reuse=True, max_tokens=4)))
     tok = engine.tokenizer
     assert engine.prefix.turn_ids == {tok.token_id("<|start_header_id|>")}
     assert engine.encoder.enabled and engine.encoder.marker == "<|start_header_id|>"

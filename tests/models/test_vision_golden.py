@@ -33,6 +33,7 @@ from edgespec.loading.checkpoint import load_target  # noqa: E402
 from edgespec.loading.images import ImageLimits, ImageRef, ProcessorConfig, decode_image, preprocess, smart_resize  # noqa: E402
 from edgespec.loading.tokenizer import ChatTokenizer  # noqa: E402
 from edgespec.models.multimodal import ImageEncoder, VisionPrompt  # noqa: E402
+from edgespec.plan import build_plan  # noqa: E402
 
 TOL = 1e-4          # the text golden tests' bound (tests/models/test_golden.py)
 QUESTION = "Where is the red cube?"
@@ -177,7 +178,7 @@ def test_greedy_tokens_with_an_image_match_transformers_generate(hf, vl_folder):
     """The engine's plain greedy answer to a prompt with an image equals transformers' generate token for token
     (decode steps after the image run at cache index + the rope delta)."""
     frame = synthetic_frame(90, 130, seed=1)
-    engine = Engine.from_settings(Settings(model=str(vl_folder), device="cpu", max_seq_len=512, cpu_blas=False))
+    engine = Engine.load(build_plan(Settings(model=str(vl_folder), device="cpu", max_seq_len=512, cpu_blas=False)))
     req = Request(messages=[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}],
                   images=[ImageRef(encode_frame(frame), "frame")], max_tokens=16)
     out = engine.complete(req)
@@ -197,7 +198,7 @@ def test_the_answer_depends_on_the_image(ours, vl_folder):
         logits.append(out.logits[-1])
         answers.append(int(out.logits[-1].argmax()))
     assert (logits[0] - logits[1]).abs().max().item() > 100 * TOL
-    engine = Engine.from_settings(Settings(model=str(vl_folder), device="cpu", max_seq_len=512, cpu_blas=False))
+    engine = Engine.load(build_plan(Settings(model=str(vl_folder), device="cpu", max_seq_len=512, cpu_blas=False)))
     outs = []
     for seed in (1, 2):
         req = Request(messages=[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}],

@@ -82,8 +82,9 @@ def test_served_bf16_request_with_a_repeated_frame(vl_folder):
     from edgespec.config import Settings
     from edgespec.engine import Engine, Request
     from edgespec.loading.images import ImageRef
+    from edgespec.plan import build_plan
 
-    engine = Engine.from_settings(Settings(model=str(vl_folder), device="cuda", max_seq_len=512, drafter="ngram"))
+    engine = Engine.load(build_plan(Settings(model=str(vl_folder), device="cuda", max_seq_len=512, drafter="ngram")))
     frame = encode_frame(synthetic_frame(240, 320, seed=3), "JPEG")
     outs = []
     for _ in range(2):

@@ -178,7 +178,7 @@ def test_profile_demo_model_writes_a_yaml_that_serves(demo_model_dir: Path, tmp_
     err = capsys.readouterr().err
     assert "ETA" in err and "skip drafter=dflash" in err
 
-    for name in ("tuned.yaml", "measurements.json", "report.md", "results.jsonl"):
+    for name in ("tuned.yaml", "plan.yaml", "measurements.json", "report.md", "results.jsonl"):
         assert (out / name).is_file(), name
     assert (out / "chart.png").is_file() == chart
     data = json.loads((out / "measurements.json").read_text())
@@ -203,9 +203,11 @@ def test_profile_demo_model_writes_a_yaml_that_serves(demo_model_dir: Path, tmp_
     assert raw.get("drafter", "none") == data["tuned"]["drafter"]
     tuned = load_settings(tuned_file, environ={})
     from edgespec.engine import Engine
+    from edgespec.plan import build_plan, describe
 
-    engine = Engine.from_settings(tuned)
-    assert engine.settings == tuned
+    engine = Engine.load(build_plan(tuned))
+    assert describe(engine.plan) == describe(build_plan(tuned))
+    assert yaml.safe_load((out / "plan.yaml").read_text()) == describe(engine.plan)   # the plan written beside
     assert engine.session.drafter_name == data["tuned"]["drafter"]
     if tuned.drafter != "none":
         assert tuned.num_draft_tokens == engine.session.k                 # K pinned, not left to a default
@@ -223,11 +225,10 @@ def _has_matplotlib() -> bool:
 def _serve_once(engine: Any, settings: Settings) -> None:
     try:
         from fastapi.testclient import TestClient
-
-        from edgespec.serving import create_app
+        from serving_helpers import app_for
     except ImportError:
         return                                   # serving extras not installed: the engine check above stands
-    with TestClient(create_app(engine, settings)) as client:
+    with TestClient(app_for(settings, engine)) as client:
         health = client.get("/health")
         assert health.status_code == 200 and health.json()["drafter"] == settings.drafter
         r = client.post("/v1/chat/completions", json={
@@ -245,7 +246,7 @@ def _count_measure(monkeypatch: pytest.MonkeyPatch, interrupt_after: int | None 
     def measure(self: Bench, engine: Any, case: Any, tokens: int, repeats: int) -> dict[str, Any]:
         if interrupt_after is not None and len(calls) == interrupt_after:
             raise KeyboardInterrupt
-        calls.append((f"{engine.settings.drafter}/{engine.settings.kv_dtype}", case.id))
+        calls.append((f"{engine.plan.drafter.name}/{engine.plan.model.kv_dtype}", case.id))
         return real(self, engine, case, tokens, repeats)
 
     monkeypatch.setattr(Bench, "measure", measure)

@@ -13,6 +13,7 @@ from edgespec.config import Settings
 from edgespec.engine import Engine, Request
 from edgespec.errors import RequestError
 from edgespec.loading.tokenizer import ChatTokenizer
+from edgespec.plan import build_plan
 from edgespec.serving.grammar import GrammarCompiler
 
 VOCAB = 272
@@ -80,7 +81,7 @@ def compiler(tokenizer: ChatTokenizer) -> GrammarCompiler:
 def engine(tiny_dir: Path) -> Engine:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # 2 shared cores: one thread is ~100x faster than two fighting other jobs
-    yield Engine.from_settings(Settings(model=str(tiny_dir), max_seq_len=512, drafter="ngram"))
+    yield Engine.load(build_plan(Settings(model=str(tiny_dir), max_seq_len=512, drafter="ngram")))
     torch.set_num_threads(threads)
 
 

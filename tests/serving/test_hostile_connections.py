@@ -18,11 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
-from serving_helpers import ServerProcess, ServerThread, write_tiny_chat_model
+from serving_helpers import ServerProcess, ServerThread, app_for, write_tiny_chat_model
 
 from edgespec.config import Settings
-from edgespec.engine import Engine
-from edgespec.serving import create_app
 
 CHAT = {"messages": [{"role": "user", "content": "hello robot"}], "max_tokens": 2}
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -99,7 +97,7 @@ def test_stalled_half_headers_from_one_client_do_not_lock_out_another(tiny_dir: 
 
 def test_one_client_is_capped_and_others_are_not(tiny_dir: Path) -> None:
     settings = Settings(model=str(tiny_dir), max_seq_len=256, max_client_connections=3)
-    app = create_app(Engine.from_settings(settings), settings)
+    app = app_for(settings)
     with ServerThread(app, http=http_protocol(app.state.edgespec)) as s:
         held = [connect_from("127.0.0.1", s.port) for _ in range(3)]
         time.sleep(0.1)
@@ -138,7 +136,7 @@ def read_response(sock: socket.socket) -> bytes:
 
 def test_accepted_sockets_have_tcp_nodelay(tiny_dir: Path) -> None:
     settings = Settings(model=str(tiny_dir), max_seq_len=256)
-    app = create_app(Engine.from_settings(settings), settings)
+    app = app_for(settings)
     protocol = http_protocol(app.state.edgespec)
     with ServerThread(app, http=protocol) as s, socket.create_connection(("127.0.0.1", s.port)) as sock:
         sock.sendall(request_bytes(CHAT))

@@ -13,6 +13,7 @@ from serving_helpers import ServerThread, write_tiny_chat_model
 from edgespec.config import Settings
 from edgespec.engine import Engine
 from edgespec.model_id import served_model_id
+from edgespec.plan import build_plan
 from edgespec.serving import create_app
 
 
@@ -33,7 +34,7 @@ def test_a_gguf_is_served_under_its_file_name(tmp_path: Path, monkeypatch: pytes
 
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
     gguf = write_tiny_gguf(tmp_path / "tiny-robot-Q4_1.gguf")
-    engine = Engine.from_settings(Settings(model=str(gguf), max_seq_len=128, drafter="none", device="cpu"))
+    engine = Engine.load(build_plan(Settings(model=str(gguf), max_seq_len=128, drafter="none", device="cpu")))
     assert engine.model_dir.name != "tiny-robot-Q4_1"         # the converted folder's name carries a hash
     assert engine.model_id == "tiny-robot-Q4_1"
 
@@ -48,7 +49,8 @@ def test_models_endpoint_and_404_say_the_served_id(tiny_dir: Path, served_name: 
     settings = Settings(model=str(tiny_dir), max_seq_len=256, drafter="none", served_model_name=served_name,
                         max_tokens=2)
     served = served_name or "robot-planner"
-    with ServerThread(create_app(Engine.from_settings(settings), settings)) as s:
+    plan = build_plan(settings)
+    with ServerThread(create_app(Engine.load(plan), plan)) as s:
         cards = httpx.get(s.url + "/v1/models").json()["data"]
         assert [c["id"] for c in cards] == [served]
         if served_name:

@@ -18,13 +18,14 @@ import httpx
 import openai
 import pytest
 import torch
-from serving_helpers import ServerThread, write_tiny_chat_model
+from serving_helpers import ServerThread, app_for, write_tiny_chat_model
 from test_grammar import ROBOT_PLAN, check_robot_plan
 
 from edgespec.config import Settings
 from edgespec.engine import Completion, Engine, Request
 from edgespec.errors import ConfigError
-from edgespec.serving import create_app, is_loopback, run_server
+from edgespec.plan import build_plan
+from edgespec.serving import is_loopback, run_server
 
 MODEL = "tiny"
 CHAT = [{"role": "user", "content": "Pick up the red cup and put it on the shelf."}]
@@ -48,7 +49,7 @@ def settings_for(model_dir: Path, **overrides: Any) -> Settings:
 def engine(tiny_dir: Path) -> Iterator[Engine]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # 2 shared cores: one thread is ~100x faster than two fighting other jobs
-    yield Engine.from_settings(settings_for(tiny_dir))
+    yield Engine.load(build_plan(settings_for(tiny_dir)))
     torch.set_num_threads(threads)
 
 
@@ -81,7 +82,7 @@ class SlowEngine:
 
 
 def serve(engine: Any, tiny_dir: Path, **overrides: Any) -> ServerThread:
-    return ServerThread(create_app(engine, settings_for(tiny_dir, **overrides)))
+    return ServerThread(app_for(settings_for(tiny_dir, **overrides), engine))
 
 
 @pytest.fixture(scope="module")
@@ -478,7 +479,7 @@ def test_loading_then_ready_and_failed_load(engine: Engine, tiny_dir: Path) -> N
         gate.wait(30)
         return engine
 
-    with ServerThread(create_app(factory, settings_for(tiny_dir)), wait_ready=False) as s:
+    with ServerThread(app_for(settings_for(tiny_dir), factory), wait_ready=False) as s:
         h = httpx.get(s.url + "/health")
         assert h.status_code == 503 and h.json()["status"] == "loading"
         r = httpx.post(s.url + "/v1/chat/completions", json={"messages": CHAT})
@@ -493,7 +494,7 @@ def test_loading_then_ready_and_failed_load(engine: Engine, tiny_dir: Path) -> N
     def broken() -> Engine:
         raise ConfigError("model folder /nowhere not found")
 
-    with ServerThread(create_app(broken, settings_for(tiny_dir)), wait_ready=False) as s:
+    with ServerThread(app_for(settings_for(tiny_dir), broken), wait_ready=False) as s:
         for _ in range(100):
             h = httpx.get(s.url + "/health")
             if h.json()["status"] == "failed":
@@ -506,4 +507,4 @@ def test_refuses_public_bind_without_api_key(tiny_dir: Path) -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.20")
     with pytest.raises(ConfigError, match="api_key"):
-        run_server(settings_for(tiny_dir, host="0.0.0.0"))
+        run_server(build_plan(settings_for(tiny_dir, host="0.0.0.0")))

@@ -10,11 +10,9 @@ from typing import Any
 import openai
 import pytest
 import torch
-from serving_helpers import ServerThread
+from serving_helpers import ServerThread, app_for
 
 from edgespec.config import Settings
-from edgespec.engine import Engine
-from edgespec.serving import create_app
 
 PLAN_SCHEMA = {
     "type": "object",
@@ -60,7 +58,7 @@ def demo_server(demo_model_dir: Path) -> Iterator[ServerThread]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     settings = Settings(model=str(demo_model_dir), max_seq_len=512, drafter="ngram", served_model_name="demo")
-    with ServerThread(create_app(Engine.from_settings(settings), settings)) as s:
+    with ServerThread(app_for(settings)) as s:
         yield s
     torch.set_num_threads(threads)
 

@@ -13,12 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from serving_helpers import ServerThread, write_tiny_chat_model
+from serving_helpers import ServerThread, app_for, write_tiny_chat_model
 
 from edgespec.bench.vision_shapes import data_url, encode_frame, synthetic_frame, write_tiny_vl_checkpoint
 from edgespec.config import Settings
-from edgespec.engine import Engine
-from edgespec.serving import create_app
 
 pytest.importorskip("PIL")
 MODEL = "tiny-vl"
@@ -36,7 +34,7 @@ def server(tmp_path_factory) -> Iterator[ServerThread]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     settings = _settings(folder)
-    with ServerThread(create_app(Engine.from_settings(settings), settings)) as s:
+    with ServerThread(app_for(settings)) as s:
         yield s
     torch.set_num_threads(threads)
 
@@ -115,7 +113,7 @@ def test_image_part_without_url_and_unknown_part_types_are_400s(server):
 def test_an_image_to_a_text_only_model_is_a_400(tmp_path, caplog):
     folder = write_tiny_chat_model(tmp_path / "text")
     settings = Settings(model=str(folder), max_seq_len=256, served_model_name=MODEL, max_tokens=4)
-    with ServerThread(create_app(Engine.from_settings(settings), settings)) as s, caplog.at_level(logging.INFO):
+    with ServerThread(app_for(settings)) as s, caplog.at_level(logging.INFO):
         r = _chat(s, _frame_url(1))
         assert r.status_code == 400
         err = r.json()["error"]

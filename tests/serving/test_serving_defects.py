@@ -17,11 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from serving_helpers import ServerThread, free_socket, write_tiny_chat_model
+from serving_helpers import ServerThread, app_for, free_socket, write_tiny_chat_model
 
 from edgespec.config import Settings
-from edgespec.engine import Engine
-from edgespec.serving import create_app
 from edgespec.speculative.sampling import SamplingParams, sample_token, target_probs
 
 KEY = "sekret"
@@ -40,7 +38,7 @@ def server(tiny_dir: Path) -> Iterator[ServerThread]:
     torch.set_num_threads(1)
     settings = Settings(model=str(tiny_dir), max_seq_len=256, served_model_name="tiny", max_tokens=8,
                         api_key=KEY, max_body_bytes=4096)
-    with ServerThread(create_app(Engine.from_settings(settings), settings)) as srv:
+    with ServerThread(app_for(settings)) as srv:
         yield srv
     torch.set_num_threads(threads)
 

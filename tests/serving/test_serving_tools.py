@@ -16,11 +16,9 @@ from typing import Any
 import openai
 import pytest
 import torch
-from serving_helpers import ServerThread, write_tiny_chat_model
+from serving_helpers import ServerThread, app_for, write_tiny_chat_model
 
 from edgespec.config import Settings
-from edgespec.engine import Engine
-from edgespec.serving import create_app
 from edgespec.serving.tools import OutputSplitter, parse_tool_call, tool_format
 
 # Qwen3-style (JSON calls) and Qwen3.5-style (XML calls) templates, trimmed to what the tests render.
@@ -71,7 +69,7 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     torch.set_num_threads(1)
     settings = Settings(model=str(folder), max_seq_len=1024, drafter="ngram", served_model_name="tiny",
                         max_tokens=160)
-    with ServerThread(create_app(Engine.from_settings(settings), settings)) as srv:
+    with ServerThread(app_for(settings)) as srv:
         srv.fmt = request.param
         yield srv
     torch.set_num_threads(threads)

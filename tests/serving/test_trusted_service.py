@@ -18,12 +18,12 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from serving_helpers import ServerThread, write_tiny_chat_model
+from serving_helpers import ServerThread, app_for, write_tiny_chat_model
 from test_server import SlowEngine
 
 from edgespec.config import Settings
 from edgespec.engine import Engine
-from edgespec.serving import create_app
+from edgespec.plan import build_plan
 from edgespec.serving.transport import guarded_protocol
 
 MODEL = "tiny-trust"
@@ -46,13 +46,13 @@ def settings_for(model_dir: Path, **overrides: Any) -> Settings:
 def engine(tiny_dir: Path) -> Iterator[Engine]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield Engine.from_settings(settings_for(tiny_dir))
+    yield Engine.load(build_plan(settings_for(tiny_dir)))
     torch.set_num_threads(threads)
 
 
 def serve(engine: Any, tiny_dir: Path, **overrides: Any) -> ServerThread:
     settings = settings_for(tiny_dir, **overrides)
-    return ServerThread(create_app(engine, settings),
+    return ServerThread(app_for(settings, engine),
                         http=guarded_protocol(settings.read_timeout_s, settings.max_connections))
 
 
@@ -67,7 +67,7 @@ def chat(url: str, **body: Any) -> httpx.Response:
 
 
 def prompt_len(engine: Engine) -> int:
-    return len(engine.tokenizer.encode_chat(CHAT, enable_thinking=engine.settings.enable_thinking))
+    return len(engine.tokenizer.encode_chat(CHAT, enable_thinking=engine.plan.requests.enable_thinking))
 
 
 # ---- 1. fairness ----------------------------------------------------------------------------------------------
@@ -346,12 +346,12 @@ def test_sigterm_during_start_up_exits_0_with_a_line(tiny_dir: Path, entry: list
 
 def test_health_is_ready_only_after_a_warm_up_answer(engine: Engine, tiny_dir: Path) -> None:
     served = engine.totals.requests
-    with ServerThread(create_app(lambda: engine, settings_for(tiny_dir))) as s:
+    with ServerThread(app_for(settings_for(tiny_dir), lambda: engine)) as s:
         assert httpx.get(s.url + "/health").json()["status"] == "ready"
         assert engine.totals.requests == served + 1      # the warm-up token came before "ready"
     broken = SlowEngine(engine)
     broken.fail_next.append(RuntimeError("kernel launch failed"))
-    with ServerThread(create_app(lambda: broken, settings_for(tiny_dir)), wait_ready=False) as s:
+    with ServerThread(app_for(settings_for(tiny_dir), lambda: broken), wait_ready=False) as s:
         deadline = time.monotonic() + 30
         while (h := httpx.get(s.url + "/health").json())["status"] == "loading" and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -419,7 +419,7 @@ def test_template_without_tool_section_gets_the_generic_format(engine: Engine) -
 
 
 def test_tools_reach_the_model_and_calls_parse_back(tiny_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
-    wide = Engine.from_settings(settings_for(tiny_dir, max_seq_len=2048))   # byte tokens: the tools take ~700
+    wide = Engine.load(build_plan(settings_for(tiny_dir, max_seq_len=2048)))   # byte tokens: the tools take ~700
     with serve(wide, tiny_dir, max_seq_len=2048) as s:
         plain = chat(s.url, max_tokens=2).json()["usage"]["prompt_tokens"]
         with caplog.at_level("INFO", logger="edgespec.serving"):

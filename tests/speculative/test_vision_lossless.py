@@ -29,6 +29,7 @@ from edgespec.loading.checkpoint import load_target
 from edgespec.loading.images import ImageRef, ProcessorConfig, preprocess
 from edgespec.loading.tokenizer import ChatTokenizer
 from edgespec.models.multimodal import ImageEncoder, VisionPrompt
+from edgespec.plan import build_plan
 from edgespec.speculative.acceptance import StrictGreedy
 from edgespec.speculative.session import SpecSession
 
@@ -95,8 +96,8 @@ def test_every_drafter_with_images_equals_plain_through_the_engine(vl, drafter, 
     frames = [encode_frame(synthetic_frame(90, 130, 1)), encode_frame(synthetic_frame(70, 100, 4), "JPEG")]
 
     def answer(**settings):
-        eng = Engine.from_settings(Settings(model=str(folder), device="cpu", max_seq_len=512, prefix_reuse=False,
-                                            **settings))
+        eng = Engine.load(build_plan(Settings(model=str(folder), device="cpu", max_seq_len=512, prefix_reuse=False,
+                                            **settings)))
         content = [{"type": "image"}, {"type": "text", "text": "Left camera, then right:"}, {"type": "image"},
                    {"type": "text", "text": QUESTION}]
         req = Request(messages=[{"role": "user", "content": content}], max_tokens=20,
@@ -115,8 +116,8 @@ def test_repeated_frame_skips_the_encoder_and_another_frame_shares_no_image_rows
     different frame is encoded and answered as without the cache; the encoder cache serves a frame seen lately
     whose rows the prefix cache no longer holds."""
     folder, _, _ = vl
-    eng = Engine.from_settings(Settings(model=str(folder), device="cpu", max_seq_len=512, drafter="ngram"))
-    fresh = Engine.from_settings(Settings(model=str(folder), device="cpu", max_seq_len=512, prefix_reuse=False))
+    eng = Engine.load(build_plan(Settings(model=str(folder), device="cpu", max_seq_len=512, drafter="ngram")))
+    fresh = Engine.load(build_plan(Settings(model=str(folder), device="cpu", max_seq_len=512, prefix_reuse=False)))
 
     def ask(engine, seed, text=QUESTION):
         content = [{"type": "image"}, {"type": "text", "text": text}]

@@ -96,10 +96,11 @@ def test_speculative_equals_plain_on_q4_k_m(tmp_path: Path) -> None:
     from edgespec.config import Settings
     from edgespec.engine import Engine
     from edgespec.kernels.quant.linear import configure_cpu
+    from edgespec.plan import build_plan
     from edgespec.speculative.acceptance import StrictGreedy
 
     path = write_tiny_gguf(tmp_path / "m.gguf", "Q4_K", embed_qtype="Q4_K", tied=False, mix=Q4_K_M, **SHAPE)
-    engine = Engine.from_settings(Settings(model=str(path), drafter="ngram", num_draft_tokens=4, max_seq_len=128))
+    engine = Engine.load(build_plan(Settings(model=str(path), drafter="ngram", num_draft_tokens=4, max_seq_len=128)))
     ids = [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3]
     plain = engine.session.generate(ids, max_tokens=16, policy=StrictGreedy(), stop_ids=[], k=0)
     spec = engine.session.generate(ids, max_tokens=16, policy=StrictGreedy(), stop_ids=[], k=None)
@@ -172,6 +173,7 @@ def test_peer_q4_k_m_file_without_tokenizer_benches(tmp_path: Path, capsys: pyte
     from edgespec.config import Settings
     from edgespec.engine import Engine
     from edgespec.errors import CheckpointError, ConfigError
+    from edgespec.plan import build_plan
 
     path = tmp_path / "peer.gguf"
     site = str(Path(gguf.__file__).parent.parent)
@@ -190,4 +192,4 @@ def test_peer_q4_k_m_file_without_tokenizer_benches(tmp_path: Path, capsys: pyte
     with pytest.raises(ConfigError, match="no such file"):
         bench_main(["--gguf", str(tmp_path / "missing.gguf")])
     with pytest.raises(CheckpointError, match="tokenizer.json"):
-        Engine.from_settings(Settings(model=str(path)))
+        Engine.load(build_plan(Settings(model=str(path))))

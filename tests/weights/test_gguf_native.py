@@ -133,10 +133,11 @@ def test_packed_model_equals_fp32_conversion(tmp_path: Path, qtype: str, tied: b
 def test_speculative_equals_plain_on_a_packed_gguf(tmp_path: Path, qtype: str) -> None:
     from edgespec.config import Settings
     from edgespec.engine import Engine
+    from edgespec.plan import build_plan
     from edgespec.speculative.acceptance import StrictGreedy
 
     path = write_tiny_gguf(tmp_path / "tiny.gguf", qtype, embed_qtype=qtype)
-    engine = Engine.from_settings(Settings(model=str(path), drafter="ngram", num_draft_tokens=5, max_seq_len=256))
+    engine = Engine.load(build_plan(Settings(model=str(path), drafter="ngram", num_draft_tokens=5, max_seq_len=256)))
     assert isinstance(engine.model.model.layers[1].mlp.down_proj, PackedLinear)
     ids = [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3]
     plain = engine.session.generate(ids, max_tokens=40, policy=StrictGreedy(), stop_ids=[], k=0)
@@ -152,9 +153,10 @@ def test_speculative_equals_plain_on_a_packed_gguf(tmp_path: Path, qtype: str) -
 def test_gguf_weights_fp32_setting_converts(tmp_path: Path) -> None:
     from edgespec.config import Settings
     from edgespec.engine import Engine
+    from edgespec.plan import build_plan
 
     path = write_tiny_gguf(tmp_path / "tiny.gguf", "Q4_1")
-    engine = Engine.from_settings(Settings(model=str(path), gguf_weights="fp32", max_seq_len=64))
+    engine = Engine.load(build_plan(Settings(model=str(path), gguf_weights="fp32", max_seq_len=64)))
     assert not any(isinstance(m, PackedLinear) for m in engine.model.modules())
     assert (engine.model_dir / "model.safetensors").is_file()
 

@@ -106,8 +106,9 @@ def test_engine_serves_the_fp8_kv_cache_the_checkpoint_asks_for(mixed, tmp_path)
     from edgespec.bench.shapes import write_chat_tokenizer
     from edgespec.config import Settings
     from edgespec.engine import Engine
+    from edgespec.plan import build_plan
 
     folder = write_chat_tokenizer(shutil.copytree(mixed["llama"][0], tmp_path / "m"))
     for kv, want in (("auto", True), ("model", False)):
-        engine = Engine.from_settings(Settings(model=str(folder), drafter="ngram", kv_dtype=kv, max_seq_len=128))
+        engine = Engine.load(build_plan(Settings(model=str(folder), drafter="ngram", kv_dtype=kv, max_seq_len=128)))
         assert engine.session.kv_fp8 is want, kv
