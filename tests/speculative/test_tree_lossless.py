@@ -140,7 +140,7 @@ def test_trees_sized_down_to_their_chain_verify_as_chains(tiny_models, drafters)
     plain = _plain(model, prompt, 18, False)
     prop = load_dflash_checkpoint(drafters["qwen3_5"], model, window_size=8)
     session = SpecSession.with_defaults(model, select_hooks("base", CPU), prop, max_len=128, draft_tree="auto")
-    session.trees.cost = LineCost(prior=1.0, min_cycles=10**9)
+    session.cycles.cost = LineCost(prior=1.0, min_cycles=10**9)
     tree_forwards = []
     verify_tree = session.rollback.verify_tree
     session.rollback.verify_tree = lambda *a, **kw: tree_forwards.append(1) or verify_tree(*a, **kw)
