@@ -1,4 +1,4 @@
-"""JSON mode: a :class:`~edgespec.speculative.session.TokenConstraint` backed by an llguidance matcher.
+"""JSON mode: a :class:`~edgespec.speculative.cycle.TokenConstraint` backed by an llguidance matcher.
 
 The session drives it once per cycle: :meth:`JsonConstraint.valid_prefix` truncates the drafts at the first
 token the grammar rejects, :meth:`JsonConstraint.row_masks` gives one allowed-token mask per verify row (the

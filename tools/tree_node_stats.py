@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         drafter=args.drafter, draft_tree=str(args.budget), lookup_min_match=0)
     engine = Engine.load(build_plan(settings))
     session, stats = engine.session, NodeStats()
-    session.trees.cost = None                # every node of the budget verified
+    session.cycles.cost = None                # every node of the budget verified
     propose, commit = session.proposer.propose_tree, session.rollback.commit
 
     def propose_tree(last: int, k: int, budget: int, chain_first: bool = False) -> DraftTree | None:

@@ -34,17 +34,19 @@ def _median(xs: list[float]) -> float:
 
 
 def _run_edgespec(engine: Engine, ids: list[int], tokens: int, k: int | None,
-                  tree: int | None = None) -> dict[str, Any]:
+                  tree: bool = False) -> dict[str, Any]:
     from edgespec.energy import EnergySpan
     from edgespec.speculative.acceptance import StrictGreedy
 
-    budget, engine.session.tree_budget = engine.session.tree_budget, tree      # chain (None) or tree, this run
+    session = engine.session
+    held = session.cycles
+    session.cycles = held if tree else held.chain          # the session's trees, or chains, this run
     span = EnergySpan(engine.energy)     # None on CPU: no energy figures
     try:
-        res = engine.session.generate(ids, max_tokens=tokens, policy=StrictGreedy(),
-                                      stop_ids=engine.tokenizer.stop_token_ids, k=k)
+        res = session.generate(ids, max_tokens=tokens, policy=StrictGreedy(),
+                               stop_ids=engine.tokenizer.stop_token_ids, k=k)
     finally:
-        engine.session.tree_budget = budget
+        session.cycles = held
     used = span.stop()
     t = res.telemetry
     out = {"tokens": res.token_ids, "tok_s": t.decode_tok_s, "al": t.acceptance_length, "telemetry": t.to_dict()}
@@ -88,14 +90,14 @@ def _run_hf(model, ids: list[int], tokens: int, eos: list[int], lookup: int | No
 def _runners(engine: Engine, settings: Settings, args: argparse.Namespace, ids: list[int], hf,
              hf_threads: int) -> dict[str, Runner]:
     """Every runner of one prompt by name, plain first (the output the others must equal)."""
-    tree = engine.session.tree_budget
+    cycles = engine.session.cycles
     runners: dict[str, Runner] = {
         "edgespec plain": lambda: _run_edgespec(engine, ids, args.tokens, 0),
         f"edgespec {settings.drafter}": lambda: _run_edgespec(engine, ids, args.tokens, None),
     }
-    if tree:
-        runners[f"edgespec {settings.drafter} tree{tree}"] = lambda: _run_edgespec(engine, ids, args.tokens, None,
-                                                                                    tree)
+    if cycles is not cycles.chain:       # a tree session: its trees too
+        runners[f"edgespec {settings.drafter} {cycles.label}"] = lambda: _run_edgespec(engine, ids, args.tokens,
+                                                                                        None, tree=True)
     if hf is not None:
         eos = engine.tokenizer.stop_token_ids
         runners["hf plain"] = lambda: _run_hf(hf, ids, args.tokens, eos, None, hf_threads)

@@ -2,7 +2,9 @@
 
 One session owns one preallocated cache and serves requests one after another (batch 1). With no proposer, or
 when the proposer has nothing to offer, a cycle is a plain decode step, so plain generation is the same loop.
-The session never asks which kind a layer is: caches, taps and rollback go through the arch hooks.
+What a cycle drafts and how it verifies, accepts and commits it is the session's cycle strategy
+(:mod:`edgespec.speculative.strategy`: chains or draft trees); the loop around it is one for all. The session never
+asks which kind a layer is: caches, taps and rollback go through the arch hooks.
 """
 
 from __future__ import annotations
@@ -10,45 +12,23 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any
 
 import torch
 
 from edgespec.arch.base import ArchHooks
-from edgespec.arch.rollback import TreeVerify
 from edgespec.cache.prefix import PrefixCache
-from edgespec.drafters.base import Draft, Proposer
-from edgespec.drafters.tree import DraftTree
+from edgespec.drafters.base import Proposer
 from edgespec.errors import PromptTooLongError, RequestError
 from edgespec.kernels import device_sync
 from edgespec.models.decoder import ForwardOutput, TargetModel
 from edgespec.models.multimodal import VisionPrompt
-from edgespec.speculative.acceptance import AcceptancePolicy, RejectionSampling, StrictGreedy, Verdict
+from edgespec.speculative.acceptance import AcceptancePolicy
+from edgespec.speculative.chain_cycle import ChainCycles
+from edgespec.speculative.cycle import Cycle, TokenConstraint, mask_logits
 from edgespec.speculative.plan import SessionPlan, draft_tokens
+from edgespec.speculative.strategy import CycleStrategy, session_cycles
 from edgespec.speculative.telemetry import RequestTelemetry
-from edgespec.speculative.tree_cost import CostModel, LineCost, MeasuredCost, measure_graph_costs
-from edgespec.speculative.tree_cycle import TreeCycles, supports_trees
-
-
-class TokenConstraint(Protocol):
-    """A grammar matcher driving constrained decoding (JSON mode). Implemented in ``edgespec.serving.grammar``."""
-
-    def valid_prefix(self, drafts: Sequence[int]) -> int:
-        """How many leading drafts the grammar accepts from the current state."""
-
-    def row_masks(self, drafts: Sequence[int], vocab_size: int, device: torch.device) -> torch.Tensor:
-        """Allowed-token masks ``[len(drafts)+1, vocab_size]`` (bool) for the verify rows."""
-
-    def commit(self, tokens: Sequence[int]) -> None:
-        """Advance by exactly the committed tokens."""
-
-    def is_finished(self) -> bool:
-        """True once the grammar has matched a complete value."""
-
-    # Optional, for draft trees (a constraint without them makes the session verify chains):
-    # ``tree_valid(tokens, parents) -> list[bool]``: per node (pre-order), whether its whole path is accepted;
-    # ``tree_masks(tokens, parents, vocab_size, device) -> [N + 1, vocab_size] bool``: each verify row's mask from
-    # its own path's state. Both leave the matcher where it was.
 
 
 @dataclass
@@ -62,23 +42,6 @@ class GenerationResult:
 
 # Callback fed each batch of newly emitted tokens; returning True stops generation (a stop string was hit).
 TokenSink = Callable[[list[int]], bool]
-
-
-@dataclass
-class Cycle:
-    """What one propose -> verify -> accept cycle carries from its verify to the emit and the proposer's commit.
-
-    A cycle without a draft is a plain decode step (one row). Its commit to the proposer runs at the start of the
-    next cycle's draft stage (see :meth:`SpecSession.generate`).
-    """
-
-    verdict: Verdict                 # accepted drafts, then tokens = accepted drafts + the next token
-    forward: ForwardOutput           # the forward whose rows 0 .. accepted are in the cache: logits [rows, vocab]
-    drafted: int                     # draft tokens verified (0: a plain decode step); rows = drafted + 1
-    tree_forward: bool = False       # the rows were verified as a tree (not a chain)
-
-    def commit_to(self, proposer: Proposer) -> None:
-        proposer.commit(self.verdict.tokens, self.verdict.accepted, self.forward, self.drafted)
 
 
 class Emitter:
@@ -127,16 +90,13 @@ class SpecSession:
         self.rollback = plan.rollback
         self.taps: tuple[int, ...] = tuple(proposer.taps) if proposer is not None else ()
         self.cache = hooks.new_cache(model, plan.max_len, plan.kv_fp8, plan.rollback, max_rows=k + 1)
-        # Tree verification (draft_tree): the node budget per cycle, None for chains. A bench may switch it off
-        # between requests (the cache keeps the tree's room).
-        tree_on = proposer is not None and isinstance(plan.rollback, TreeVerify)
-        self.tree_budget = plan.rollback.budget if tree_on else None
         from edgespec.models.moe import attach_routing_log
         self.routing = attach_routing_log(model)      # MoE targets: expert unions per forward (telemetry)
         hooks.prepare(model, self.cache, k + 1, self.taps, plan.rollback, plan.cuda_graphs, plan.graph_prefill_max)
-        # The tree half (each cycle's tree chosen, verified, learned from); sized by cost under draft_tree: auto.
-        self.trees = TreeCycles(model, self.cache, hooks, plan.rollback, self.taps,
-                                self._tree_cost_model() if plan.tree_sized else None) if tree_on else None
+        # What each cycle drafts and how it verifies it (chains, or the plan's draft trees). A bench may set it to
+        # ``cycles.chain`` between requests (the cache keeps the trees' room).
+        self.cycles: CycleStrategy[Any] = session_cycles(ChainCycles(model, self.cache, hooks, plan.rollback,
+                                                                     self.taps), plan, proposer)
 
     @classmethod
     def with_defaults(cls, model: TargetModel, hooks: ArchHooks, proposer: Proposer | None = None, *,
@@ -228,7 +188,7 @@ class SpecSession:
                 return GenerationResult([], "cancelled", tel)
             logits = prefill.logits[-1]
             if constraint is not None:
-                logits = _masked(logits[None], constraint.row_masks([], logits.shape[-1], device))[0]
+                logits = mask_logits(logits[None], constraint.row_masks([], logits.shape[-1], device))[0]
             first = policy.next_token(logits)
         t_first = time.perf_counter()
         if proposer is not None:
@@ -317,6 +277,7 @@ class SpecSession:
         """Propose -> verify -> accept -> emit until a finish reason (``finish``: the first token's); leaves the
         proposer committed up to the last cycle."""
         cache, proposer = self.cache, self.proposer
+        cycles = self.cycles.for_request(constraint)
         # The proposer's commit of a cycle runs at the start of the next cycle's draft stage, right before its
         # propose (and before any other forward, as the commit contract needs): one burst of drafter work per cycle
         # (the window append, then the block) instead of two stages around the emit.
@@ -330,32 +291,20 @@ class SpecSession:
                 finish = "length"
                 break
             last = out.tokens[-1]
-            draft = tree = None
+            draft = None
             t_cycle = time.perf_counter()
-            # Trees judge a grammar node by node (a constraint that cannot gets chains). Their depth follows the
-            # draft length as a chain's would (adaptive on CPU, where each drafted depth costs a drafter head row).
-            use_tree = self.tree_budget is not None and self.trees is not None and supports_trees(constraint)
             if proposer is not None and (room > 0 or pending is not None):
                 with tel.stage("draft"):
                     if pending is not None:
                         pending.commit_to(proposer)
                         pending = None
-                    if room > 0 and use_tree:
-                        tree = self.trees.propose(proposer, last, room, self.tree_budget, constraint)
-                    elif room > 0:
-                        draft = self._propose(last, room, constraint)
+                    if room > 0:
+                        draft = cycles.propose(proposer, last, room, constraint)
             t_verify = time.perf_counter()
-            if tree is not None:
-                cycle = self._verify_tree(last, tree, policy, constraint, tel)
-            elif draft is None:
-                cycle = self._decode(last, policy, constraint, tel)
-            else:
-                cycle = self._verify(last, draft, policy, constraint, tel)
-            if use_tree and self.trees.cost is not None:
-                self.trees.cost.record(cycle.drafted + 1, cycle.tree_forward, time.perf_counter() - t_verify,
-                                       t_verify - t_cycle)
+            cycle = cycles.verify(last, draft, policy, constraint, tel)
+            cycles.record_cost(cycle, t_verify - t_cycle, time.perf_counter() - t_verify)
             tel.record_cycle(cycle.drafted, cycle.verdict.accepted)
-            draft_len.update(cycle.drafted if tree is None else tree.max_depth, cycle.verdict.accepted)
+            draft_len.update(cycle.depth, cycle.verdict.accepted)
             if proposer is not None:
                 pending = cycle
             with tel.stage("other"):
@@ -365,80 +314,6 @@ class SpecSession:
             with tel.stage("draft"):
                 pending.commit_to(proposer)
         return finish
-
-    def _propose(self, last: int, room: int, constraint: TokenConstraint | None) -> Draft | None:
-        """The proposer's draft cut to ``room`` and to the grammar's valid prefix; None when nothing is left."""
-        draft = self.proposer.propose(last, room)
-        if draft is None:
-            return None
-        tokens = draft.tokens[:room]
-        if constraint is not None:
-            tokens = tokens[:constraint.valid_prefix(tokens.tolist())]
-        return None if tokens.numel() == 0 else type(draft)(tokens.to(self.model.device), draft.probs)
-
-    def _tree_cost_model(self) -> CostModel:
-        """What sizes each tree by cost: the measured row costs the plan holds (``draft_tree_costs``, written by
-        ``edgespec profile``), else those of the captured chain and tree verifies timed now, else the online line
-        with the arch's prior (CPU: no graphs)."""
-        if self.plan.tree_costs is not None:
-            return MeasuredCost(self.plan.tree_costs)
-        chain = {r: s.graph for r, s in self.hooks.static.items() if s.graph is not None}
-        tree = {r: s.verify_graph for r, s in self.hooks.static_trees.items() if s.verify_graph is not None}
-        measured = measure_graph_costs(chain, tree)
-        self.cache.reset()
-        if measured is not None:
-            return MeasuredCost(measured)
-        return LineCost(self.plan.rollback.row_cost)
-
-    def _verify_tree(self, last: int, tree: DraftTree, policy: AcceptancePolicy, constraint: TokenConstraint | None,
-                     tel: RequestTelemetry) -> Cycle:
-        """Verify ``last`` + every tree node in one forward, accept a path, keep only that path's rows and states.
-        The proposer's commit sees the path's rows in order, as it would after a chain."""
-        if tree.is_chain:
-            # A tree sized down to its chain verifies as one: the chain's forward (compiled on CPU, captured on a
-            # GPU) and rollback, and the same verdict (one-hot drafts on both rules).
-            cycle = self._verify(last, Draft(tree.tokens.to(self.model.device)), policy, constraint, tel)
-            tel.record_tree(tree.size, False)
-            exact = type(policy) is StrictGreedy
-            self.trees.record(list(range(cycle.verdict.accepted + 1)), cycle.verdict.tokens if exact else None, tel)
-            return cycle
-        verdict, kept = self.trees.verify(last, tree, policy, constraint, tel)
-        tel.record_tree(tree.size, verdict.sibling)
-        greedy = not isinstance(policy, RejectionSampling)        # trees are judged strictly under every greedy rule
-        self.trees.record(verdict.rows, verdict.tokens if greedy else None, tel)
-        return Cycle(Verdict(verdict.accepted, verdict.tokens), kept, tree.size, tree_forward=True)
-
-    def _decode(self, last: int, policy: AcceptancePolicy, constraint: TokenConstraint | None,
-                tel: RequestTelemetry) -> Cycle:
-        """A cycle without drafts: one decode step and the next token."""
-        device = self.model.device
-        with tel.stage("verify"):
-            step = self.hooks.decode(self.model, self.cache, torch.tensor([last], device=device), self.taps)
-        with tel.stage("accept"):
-            logits, greedy = step.logits, step.greedy          # [1, vocab], [2] or None
-            if constraint is not None:
-                logits, greedy = _masked(logits, constraint.row_masks([], logits.shape[-1], device)), None
-            verdict = Verdict(0, [policy.next_token(logits[0], greedy)])
-        return Cycle(verdict, step, 0)
-
-    def _verify(self, last: int, draft: Draft, policy: AcceptancePolicy, constraint: TokenConstraint | None,
-                tel: RequestTelemetry) -> Cycle:
-        """Verify ``last`` + the draft in one forward, accept a prefix, roll the rest back."""
-        model, cache, device = self.model, self.cache, self.model.device
-        drafted = draft.tokens.shape[0]
-        rows = torch.cat([torch.tensor([last], device=device), draft.tokens])     # [drafted + 1]
-        start = cache.length
-        with tel.stage("verify"):
-            step = self.hooks.verify(model, cache, rows, self.taps, self.rollback)
-        with tel.stage("accept"):
-            logits, greedy = step.logits, step.greedy          # [drafted + 1, vocab], [drafted + 2] or None
-            if constraint is not None:
-                # The graph's verdict is of the unmasked logits: the grammar's masks change it.
-                logits = _masked(logits, constraint.row_masks(draft.tokens.tolist(), logits.shape[-1], device))
-                greedy = None
-            verdict = policy.accept(logits, draft.tokens, draft.probs, greedy)
-            replayed = self.hooks.rollback(model, cache, start, rows, verdict.accepted + 1, self.taps, self.rollback)
-        return Cycle(verdict, replayed if replayed is not None else step, drafted)
 
 
 def adapts(proposer: Proposer | None, adaptive_k: bool) -> bool:
@@ -459,8 +334,3 @@ class DraftLength:
         if not self.adaptive or drafted == 0:
             return
         self.k = min(self.max_k, self.k + 2) if accepted == drafted else max(1, min(self.k, accepted + 1))
-
-
-def _masked(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return logits.masked_fill(~mask[:logits.shape[0]], float("-inf"))
-

@@ -57,6 +57,24 @@ def test_prompts_is_the_default_mode(tmp_path, random_model_args, capsys):
     assert [r["tokens"] for r in outs[0]["rows"]] == [r["tokens"] for r in outs[1]["rows"]]
 
 
+def test_prompts_with_tree_runs_the_drafter_as_chains_and_as_trees(tmp_path, random_model_args):
+    """``--tree``: one tree session, its drafter run as chains (its chain strategy) and as trees, both lossless."""
+    prompts = tmp_path / "p.yaml"
+    prompts.write_text(TWO_PROMPTS)
+    out = tmp_path / "tree.json"
+    assert main(["bench", "prompts", *random_model_args, "--drafter", "ngram", "--prompts", str(prompts),
+                 "--tokens", "16", "--tree", "8", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    runners = ("edgespec plain", "edgespec ngram", "edgespec ngram tree8")
+    assert [(r["prompt"], r["runner"]) for r in rows] == [
+        (p, r) for p in ("robot_json_plan", "repeated_text_stress") for r in runners]
+    assert all(r["same_as_plain"] for r in rows)
+    chains = [r["telemetry"] for r in rows if r["runner"] == "edgespec ngram"]
+    trees = [r["telemetry"] for r in rows if r["runner"] == "edgespec ngram tree8"]
+    assert all("tree_cycles" not in t for t in chains) and any(t["drafts"] for t in chains)
+    assert all(t.get("tree_cycles", 0) == t["drafts"] for t in trees) and any(t["drafts"] for t in trees)
+
+
 def test_shapes_sweep_runs_on_the_cpu(tmp_path, capsys):
     """The sweep that failed with ``Namespace has no attribute rollback``: every shape now measured, none an
     error, on a tiny shape on the host clock (128-row prefills: a CPU smoke run)."""

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 from test_dflash import drafters, prompt_ids  # noqa: F401  (module fixture)
-from test_spec_lossless import _plain, _prompts
+from test_spec_lossless import OracleProposer, _plain, _prompts
 
 from edgespec.arch.detect import select_hooks
 from edgespec.drafters.base import Draft, Proposer
@@ -90,6 +90,32 @@ def test_greedy_tree_equals_plain_ngram(tiny_models, family, kv_fp8):
         assert out.token_ids == plain
 
 
+class ChainsOrTrees(OracleTree):
+    """:class:`OracleTree` that also drafts chains: the known plain continuation, one token corrupted or none."""
+
+    def propose(self, last_token: int, k: int) -> Draft | None:
+        return self.inner.propose(last_token, k)
+
+
+def test_tree_session_switched_to_its_chains_between_requests(tiny_models):
+    """``bench prompts`` runs a tree session's drafter as chains by setting ``cycles`` to ``cycles.chain`` between
+    requests: those requests verify chains (no tree cycle), the next tree request real trees again, all lossless."""
+    model = tiny_models["qwen3_5"]
+    vocab = model.config.vocab_size
+    prompt = _prompts(vocab)[1]
+    plain = _plain(model, prompt, 32, False)
+    proposer = ChainsOrTrees(OracleProposer(plain, vocab, seed=2), plain, vocab, seed=3)
+    session = SpecSession.with_defaults(model, select_hooks("base", CPU), proposer, k=6, max_len=256, draft_tree=8)
+    trees = session.cycles
+    assert trees.label == "tree8" and trees.chain.label == "chain" and trees.chain.chain is trees.chain
+    for cycles, tree_run in ((trees.chain, False), (trees, True), (trees.chain, False)):
+        session.cycles = cycles
+        out = session.generate(prompt, max_tokens=32, policy=StrictGreedy())
+        tel = out.telemetry
+        assert out.token_ids == plain, tree_run
+        assert tel.accepted_tokens > 0 and (tel.tree_nodes > tel.tree_cycles > 0) == tree_run, tree_run
+
+
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3"])
 @pytest.mark.parametrize("kv_fp8", [False, True], ids=["kv-model", "kv-fp8"])
 def test_greedy_tree_equals_plain_dflash(tiny_models, drafters, family, kv_fp8):  # noqa: F811
@@ -140,7 +166,7 @@ def test_trees_sized_down_to_their_chain_verify_as_chains(tiny_models, drafters)
     plain = _plain(model, prompt, 18, False)
     prop = load_dflash_checkpoint(drafters["qwen3_5"], model, window_size=8)
     session = SpecSession.with_defaults(model, select_hooks("base", CPU), prop, max_len=128, draft_tree="auto")
-    session.trees.cost = LineCost(prior=1.0, min_cycles=10**9)
+    session.cycles.cost = LineCost(prior=1.0, min_cycles=10**9)
     tree_forwards = []
     verify_tree = session.rollback.verify_tree
     session.rollback.verify_tree = lambda *a, **kw: tree_forwards.append(1) or verify_tree(*a, **kw)
