@@ -10,7 +10,8 @@ The probe is one tile of the product kernel (``edgespec.kernels.triton_block_sca
 
 A Triton that cannot lower a format fails while compiling (Triton 3.6 on sm_90 stops in
 ``TritonGPUAccelerateMatmul`` on E4M3 scales); one whose MLIR assertion aborts would take the test process with
-it, so the probe runs in a child process (``python block_scaled_probe.py``) that prints one JSON line per format.
+it, so the probe runs in a child process (``python block_scaled_probe.py FORMAT ...``) that prints one JSON line
+per format.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,6 +117,8 @@ def probe_on_device(fmt: str) -> dict[str, object]:
     """Run the probe on CUDA: ``{"fmt", "error"}`` (the launch raised: the format is not lowered) or
     ``{"fmt", "rel_err"}`` (it ran: the result's relative error against the torch decoding)."""
     ops = probe_operands(fmt, "cuda")
+    torch.cuda.synchronize()
+    print(json.dumps({"launching": fmt}), flush=True)         # a death from here on is the compile's or launch's
     try:
         y = launch_probe(ops)
         torch.cuda.synchronize()
@@ -145,30 +149,43 @@ class ProbeResult:
         return f"Triton {triton.__version__} cannot lower {CAPABILITY[self.fmt]} on {where}: {self.error}"
 
 
-def parse_child(stdout: str, stderr: str, returncode: int) -> dict[str, ProbeResult]:
-    """The child's JSON lines -> a result per format. A format whose line is missing (the child died while
-    probing it: an MLIR assertion's abort) counts as not lowered, with the exit status and stderr's last line."""
+def parse_child(stdout: str, stderr: str, returncode: int, formats: Sequence[str]) -> dict[str, ProbeResult]:
+    """The JSON lines of a child that probed ``formats`` in order -> their results. Where a line is missing the
+    child died probing that format (an MLIR assertion's abort): it counts as not lowered, with the exit status and
+    stderr's last line; the formats after it were not probed and are left out. A child that died before launching
+    a format's kernel (no CUDA, out of memory) raises: that is no answer about Triton."""
     results: dict[str, ProbeResult] = {}
+    launched = set()
     for line in stdout.splitlines():
         if line.startswith("{"):
             rec = json.loads(line)
-            results[rec["fmt"]] = ProbeResult(rec["fmt"], rec.get("error"), rec.get("rel_err"))
-    tail = [ln for ln in stderr.splitlines() if ln.strip()]
-    died = f"the probe process exited with status {returncode}: {tail[-1][:300] if tail else 'no output'}"
-    for fmt in BLOCK_SCALED_FORMATS:
-        results.setdefault(fmt, ProbeResult(fmt, error=died))
+            if "launching" in rec:
+                launched.add(rec["launching"])
+            else:
+                results[rec["fmt"]] = ProbeResult(rec["fmt"], rec.get("error"), rec.get("rel_err"))
+    missing = [f for f in formats if f not in results]
+    if missing:
+        tail = [ln for ln in stderr.splitlines() if ln.strip()]
+        died = f"the probe process exited with status {returncode}: {tail[-1][:300] if tail else 'no output'}"
+        if missing[0] not in launched:             # it died before the kernel: the device, not Triton
+            raise RuntimeError(f"block-scaled probe of {missing[0]} could not start: {died}")
+        results[missing[0]] = ProbeResult(missing[0], error=died)
     return results
 
 
-def run_probe() -> dict[str, ProbeResult]:
-    """Probe both formats on this CUDA device in a child process."""
+def run_probe(formats: Sequence[str] = BLOCK_SCALED_FORMATS) -> dict[str, ProbeResult]:
+    """Probe ``formats`` on this CUDA device in child processes: one for all, another for those after a format
+    whose probe killed its child."""
     path = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
-    run = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True, text=True,
-                         timeout=CHILD_TIMEOUT_S)
-    return parse_child(run.stdout, run.stderr, run.returncode)
+    results: dict[str, ProbeResult] = {}
+    while todo := [f for f in formats if f not in results]:
+        run = subprocess.run([sys.executable, __file__, *todo], env=env, cwd=ROOT, capture_output=True, text=True,
+                             timeout=CHILD_TIMEOUT_S)
+        results |= parse_child(run.stdout, run.stderr, run.returncode, todo)
+    return results
 
 
 if __name__ == "__main__":
-    for name in BLOCK_SCALED_FORMATS:
+    for name in sys.argv[1:] or BLOCK_SCALED_FORMATS:
         print(json.dumps(probe_on_device(name)), flush=True)

@@ -14,8 +14,8 @@ Blackwell MMA computes, so these are the products' correctness tests on an H100/
 
 A format whose scales the installed Triton cannot lower on this device is skipped, with the Triton version and the
 missing capability in the reason, as found by trying it (``block_scaled_probe``: Triton 3.6 has no E4M3 scales on
-sm_90, so NVFP4 skips there). A probe that runs but gives wrong numbers fails. Without CUDA everything here but the
-CPU compile of the probe skips.
+sm_90, so NVFP4 skips there). A probe that runs but gives wrong numbers fails. Without CUDA only the probe's two
+CPU checks run (it compiles for sm_90a; a dead probe child reads as not lowered).
 """
 
 from __future__ import annotations
@@ -74,15 +74,28 @@ def require_lowered(fmt: str) -> None:
     assert result.rel_err < PROBE_TOL, f"tl.dot_scaled ({fmt} operands) runs but is wrong: rel err {result.rel_err}"
 
 
-@pytest.mark.skipif(not _TRITON, reason="needs Triton")
+def _compile_targets_runs() -> bool:
+    """Whether ``edgespec.bench.compile_targets`` can specialise launches for the installed Triton (it binds them
+    as Triton 3.9's launcher does, whose compilation knobs older versions lack)."""
+    if not _TRITON:
+        return False
+    from triton import knobs
+    return hasattr(knobs.compilation, "fpsan_homomorphic_casts")
+
+
+@pytest.mark.skipif(not _compile_targets_runs(), reason="needs a Triton that compile_targets specialises for (3.9)")
 def test_probe_compiles_for_hopper_on_the_cpu():
-    """The probe is a kernel the Triton of CI (3.9) compiles for sm_90a in both formats, on the emulated MMA: a
-    probe that failed to compile for its own reasons would skip a format on the GPU that does lower there."""
+    """The probe compiles for sm_90a (the emulated MMA) in every format this Triton claims
+    (``dot_scaled_available``: both on CI's 3.9): a probe failing for its own reasons would skip a format on the GPU
+    that does lower there."""
     from block_scaled_probe import launch_probe, probe_operands
 
     from edgespec.bench.compile_targets import TARGETS, compile_launch, recording
+    from edgespec.kernels.triton_block_scaled import dot_scaled_available
     target = TARGETS["sm_90a"]
-    for fmt in FORMATS:
+    claimed = [f for f in FORMATS if f == "mxfp4" or dot_scaled_available()]
+    assert "mxfp4" in claimed
+    for fmt in claimed:
         launches: list = []
         with recording(target, launches, ["probe"]):
             launch_probe(probe_operands(fmt, "cpu"))
@@ -94,14 +107,19 @@ def test_probe_compiles_for_hopper_on_the_cpu():
 
 def test_probe_reads_a_dead_child_as_not_lowered():
     """A child that aborted while probing NVFP4 (after MXFP4's line) leaves MXFP4's result and marks NVFP4 not
-    lowered, naming the exit status and stderr's last line."""
+    lowered, naming the exit status and stderr's last line; a format after the dead one is left to probe again; a
+    child dead before any kernel launched is an error, not a skip."""
     from block_scaled_probe import parse_child
-    out = '{"fmt": "mxfp4", "rel_err": 0.0}\n'
-    results = parse_child(out, "python: BuiltinAttributes.cpp:1030: Assertion failed.\n", -6)
+    out = '{"launching": "mxfp4"}\n{"fmt": "mxfp4", "rel_err": 0.0}\n{"launching": "nvfp4"}\n'
+    died = "python: BuiltinAttributes.cpp:1030: Assertion failed.\n"
+    results = parse_child(out, died, -6, ["mxfp4", "nvfp4"])
     assert results["mxfp4"].lowered and results["mxfp4"].rel_err == 0.0
     assert not results["nvfp4"].lowered
     assert "status -6" in results["nvfp4"].error and "Assertion failed" in results["nvfp4"].error
     assert results["nvfp4"].skip_reason().startswith("Triton ")
+    assert set(parse_child('{"launching": "nvfp4"}\n', died, -6, ["nvfp4", "mxfp4"])) == {"nvfp4"}
+    with pytest.raises(RuntimeError, match="could not start"):      # died before the kernel: no Triton answer
+        parse_child("", "AssertionError: Torch not compiled with CUDA enabled\n", 1, ["nvfp4"])
 
 
 @pytest.fixture
