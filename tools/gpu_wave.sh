@@ -17,7 +17,8 @@ for s in $stages; do
   t0=$(date +%s)
   case $s in
     tests) timeout 270 python3 -m pytest -q -p no:cacheprovider -rfEs tests/kernels/test_block_scaled.py \
-             tests/arch/test_hook_stages.py tests/kernels/test_linear_route.py tests/drafters/test_dflash2.py \
+             tests/kernels/test_block_scaled_gpu.py tests/arch/test_hook_stages.py tests/kernels/test_linear_route.py \
+             tests/drafters/test_dflash2.py \
              tests/models/test_vision_gpu.py tests/speculative/test_tree_lossless.py tests/speculative/test_gpu_session.py \
              2>&1 | tee "$OUT/tests_full.txt" | grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" | tee "$OUT/tests.txt" ;;
     vision) timeout 120 python3 tools/vision_bench.py --sm-limit 16 --decode-shape qwen3.5-27b --format int4 --reps 5 \

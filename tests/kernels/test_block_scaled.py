@@ -6,7 +6,8 @@ residual-series activations (``edgespec.kernels.quant.block_scaled_ref``) agains
 Triton 3.9's interpreter reads every ``dot_scaled`` scale byte as E8M0, where the MMA (and Triton's emulated GPU
 path) reads float8e4nv scales as E4M3: the interpreted NVFP4 product runs with that one decoding step corrected
 (:func:`read_e4m3_scales_as_e4m3`), so its tiles (the 17-32-row one included) are checked here against the torch
-twin. Unpatched it runs on a GPU only (Triton's emulated path on Hopper: issue 45, point 4)."""
+twin. Unpatched it runs on a GPU only: ``test_block_scaled_gpu`` (Triton's emulated path on Hopper, issue 45
+point 4)."""
 
 from __future__ import annotations
 
