@@ -2,7 +2,7 @@
 (``test_block_scaled_gpu``): does the installed Triton lower the scale format on this device, and does the
 result equal the torch decoding of the same operands?
 
-The probe is one tile of the product kernel (``edgespec.kernels.triton_block_scaled``) as that kernel feeds it:
+The probe is one tile of the product kernel (``edgespec.kernels.quant.triton_block_scaled``) as that kernel feeds it:
 128 weight rows of e2m1 codes (the left operand) and 16 activation columns (the right one), K = 128, with
 
 * ``nvfp4``: E4M3 scales per 16 on both sides, e2m1 activations (``kind::mxf4nvf4.block16`` on Blackwell);
@@ -28,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from edgespec.kernels.block_scaled_ref import BLOCK_SCALED_FORMATS, SCALE_BLOCK
-from edgespec.kernels.quant_ref import e2m1_decode, unpack_nibbles
+from edgespec.kernels.quant.block_scaled_ref import BLOCK_SCALED_FORMATS, SCALE_BLOCK
+from edgespec.kernels.quant.quant_ref import e2m1_decode, unpack_nibbles
 
 ROOT = Path(__file__).resolve().parents[2]
 # The product kernel's tile: BLOCK_N weight rows, the fewest MMA columns of a row block, one BLOCK_K step.

@@ -1,4 +1,4 @@
-"""The block-scaled products (``edgespec.kernels.triton_block_scaled``: NVFP4 and MXFP4 weights into
+"""The block-scaled products (``edgespec.kernels.quant.triton_block_scaled``: NVFP4 and MXFP4 weights into
 ``tl.dot_scaled``) on CUDA, against ``quant_ref`` and the torch twin (``block_scaled_ref``); on Hopper
 ``tl.dot_scaled`` runs through Triton's emulated path (upcast to bf16, then an ordinary MMA), which computes what the
 Blackwell MMA computes, so these are the products' correctness tests on an H100/H200 (issue 45, point 4).
@@ -91,7 +91,7 @@ def test_probe_compiles_for_hopper_on_the_cpu():
     from block_scaled_probe import launch_probe, probe_operands
 
     from edgespec.bench.compile_targets import TARGETS, compile_launch, recording
-    from edgespec.kernels.triton_block_scaled import dot_scaled_available
+    from edgespec.kernels.quant.triton_block_scaled import dot_scaled_available
     target = TARGETS["sm_90a"]
     claimed = [f for f in FORMATS if f == "mxfp4" or dot_scaled_available()]
     assert "mxfp4" in claimed
@@ -134,9 +134,9 @@ def _no_tf32(monkeypatch):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.usefixtures("_no_tf32")
 def test_products_equal_quant_ref_every_tile(fmt: str, shape: str) -> None:
-    from edgespec.kernels.block_scaled_ref import block_scaled_matmul_ref
-    from edgespec.kernels.quant_ref import pack
-    from edgespec.kernels.triton_block_scaled import block_scaled_matmul
+    from edgespec.kernels.quant.block_scaled_ref import block_scaled_matmul_ref
+    from edgespec.kernels.quant.quant_ref import pack
+    from edgespec.kernels.quant.triton_block_scaled import block_scaled_matmul
     require_lowered(fmt)
     for n, k in layer_shapes(shape):
         torch.manual_seed(n + k)
@@ -187,7 +187,7 @@ def test_served_tiny_model_spec_equals_plain_on_block_scaled_products(tmp_path, 
 
     from edgespec.bench.shapes import tiny_config, write_random_checkpoint
     from edgespec.drafters.quantize import quantize_linears
-    from edgespec.kernels import triton_block_scaled as T
+    from edgespec.kernels.quant import triton_block_scaled as T
     from edgespec.loading.checkpoint import load_target
     from edgespec.speculative.acceptance import StrictGreedy
     from edgespec.speculative.session import SpecSession
