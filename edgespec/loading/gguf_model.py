@@ -48,25 +48,29 @@ _DENSE = {0: np.float32, 1: np.float16, 30: None}   # 30 = BF16 (gguf-py returns
 @dataclass
 class GGUFTensor:
     """One tensor of a GGUF file: ``shape`` innermost dimension first (as GGUF lists it); ``data`` a read-only
-    view of the mapped file (uint8 ``[rows, row_bytes]`` for block types, the element dtype otherwise)."""
+    view of the mapped file (uint8 ``[rows, row_bytes]`` for block types, the element dtype otherwise) starting at
+    byte ``offset`` of the file."""
 
     name: str
     tensor_type: int
     shape: tuple[int, ...]
     data: np.ndarray
+    offset: int = -1
 
 
 # Byte sizes of GGUF metadata value types (8 = string, 9 = array are variable).
 _SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 
 
-def read_tensor_table(path: Path) -> list[GGUFTensor]:
+def read_tensor_table(path: Path, mm: np.ndarray | None = None) -> list[GGUFTensor]:
     """The tensors of a GGUF file, reading only what locating them needs (gguf-py's reader also decodes every
-    metadata value -- the demo's 49k-token vocabulary took most of a load). Damaged files raise
-    :class:`CheckpointError` naming the file."""
+    metadata value -- the demo's 49k-token vocabulary took most of a load). ``mm``: the file already mapped
+    (:func:`map_file`), so that the tensors view that mapping. Damaged files raise :class:`CheckpointError` naming
+    the file."""
     import gguf
 
-    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    if mm is None:
+        mm = np.memmap(path, dtype=np.uint8, mode="r")
     buf = memoryview(mm)
     pos = 0
 
@@ -137,7 +141,10 @@ def read_tensor_table(path: Path) -> list[GGUFTensor]:
             data = raw.view(np.uint16).reshape(tuple(reversed(dims)))
         else:
             data = raw.reshape(rows, nbytes // max(1, rows))
-        tensors.append(GGUFTensor(name, kind, tuple(int(d) for d in dims), data))
+        tensors.append(GGUFTensor(name, kind, tuple(int(d) for d in dims), data, begin))
+    # take/skip_value form a reference cycle holding buf: released here, the mapping lives only as long as the
+    # tensors' views (not until the next garbage collection).
+    buf.release()
     return tensors
 
 
@@ -171,16 +178,28 @@ def _materialize(root: nn.Module, device: torch.device) -> None:
         for store in (module._parameters, module._buffers):
             for key, value in list(store.items()):
                 if value is not None and value.is_meta:
-                    fresh = torch.empty_like(value, device=device)
+                    # not empty_like: from a meta tensor it imports sympy (30 MB resident)
+                    fresh = torch.empty(value.shape, dtype=value.dtype, device=device)
                     store[key] = nn.Parameter(fresh, requires_grad=False) if isinstance(value, nn.Parameter) \
                         else fresh
 
 
+def map_file(path: Path) -> np.ndarray:
+    """The whole file mapped once, privately: the loader reads the table and the small dense tensors through it,
+    and the packed weights served as stored are views of it (``torch.from_numpy``: no copy; pages resident once
+    read, shared with the page cache) sharing one storage, so weights that lie one after the other merge without
+    a copy (``GGUFBlockWeight.cat``). One mapping, not one per reader: file pages are mapped in whole folios, and
+    a folio mapped twice counts twice in the resident set. Copy-on-write only so that torch accepts the array as
+    writable: nothing writes the weights."""
+    return np.memmap(path, dtype=np.uint8, mode="c")
+
+
 def _place_tensor(model: TargetModel, path: Path, tensor: GGUFTensor, dtype: torch.dtype, device: torch.device,
-                  dense: dict[str, torch.Tensor], problems: list[str]) -> None:
+                  dense: dict[str, torch.Tensor], problems: list[str], mapped: torch.Tensor) -> None:
     """Put one GGUF tensor into ``model`` (built on the meta device): a quantized matrix as a packed layer in
-    place of its dense module; a dense tensor into ``dense`` (under its HF name) for the caller to copy in.
-    What does not fit goes to ``problems``; a type the loader cannot serve raises."""
+    place of its dense module, its blocks a view of ``mapped`` (:func:`map_file`) where they are served as
+    stored; a dense tensor into ``dense`` (under its HF name) for the caller to copy in. What does not fit goes
+    to ``problems``; a type the loader cannot serve raises."""
     cfg = model.config
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
     permuted = cfg.model_type in ROPE_PERMUTED_ARCHS     # llama.cpp reordered the q/k rows of these
@@ -212,10 +231,12 @@ def _place_tensor(model: TargetModel, path: Path, tensor: GGUFTensor, dtype: tor
     if in_f % fmt.block or blocks.size != want[0] * want[1]:
         raise CheckpointError(f"{path}: tensor {tensor.name} ({_type_name(kind)}, shape {list(shape)}) holds "
                               f"{blocks.size} bytes, expected {want[0] * want[1]} (truncated file?)")
-    blocks = blocks.reshape(want)
     if role in ("attn_q", "attn_k") and permuted:
-        blocks = _unpermute_rows(blocks, n_heads if role == "attn_q" else n_kv)
-    packed = fmt(torch.from_numpy(np.array(blocks)).to(device), out_f, in_f, dtype)
+        # rows reordered: the one kind of weight held as a copy
+        stored = torch.from_numpy(_unpermute_rows(blocks.reshape(want), n_heads if role == "attn_q" else n_kv))
+    else:
+        stored = mapped[tensor.offset:tensor.offset + blocks.size].view(want)
+    packed = fmt(stored.to(device), out_f, in_f, dtype)
     module_name = name[: -len(".weight")]
     try:
         parent, attr = _module(model, module_name)
@@ -245,13 +266,16 @@ def load_gguf_target(path: str | Path, dtype: torch.dtype = torch.float32, devic
     folder = gguf_metadata_folder(path)   # validates architecture, tensor names and tokenizer
     cfg = load_config(folder)
     device = torch.device(device)
-    tensors = read_tensor_table(path)
+    mm = map_file(path)
+    tensors = read_tensor_table(path, mm)
+    mapped = torch.from_numpy(mm)
     with meta_modules():   # no throw-away random init (edgespec.models.meta_init)
         model = TargetModel(cfg, max_positions=1)
     dense: dict[str, torch.Tensor] = {}
     problems: list[str] = []
     for tensor in tensors:
-        _place_tensor(model, path, tensor, dtype, device, dense, problems)
+        _place_tensor(model, path, tensor, dtype, device, dense, problems, mapped)
+    del mm, mapped, tensors      # the model's views keep the mapping; nothing else does
 
     _materialize(model, device)
     params = dict(model.named_parameters())
