@@ -34,6 +34,7 @@ from edgespec.loading.gguf_meta import (
 )
 from edgespec.loading.gguf_qwen35 import is_mtp_tensor, qwen35_dense_value
 from edgespec.loading.hf_config import load_config
+from edgespec.loading.resident import settle
 from edgespec.models.decoder import TargetModel
 from edgespec.models.layers import RotaryEmbedding
 from edgespec.models.meta_init import meta_modules
@@ -263,9 +264,13 @@ def load_gguf_target(path: str | Path, dtype: torch.dtype = torch.float32, devic
     tokenizer files. ``merge``: merge q/k/v and gate/up as served (packed rows stack exactly). ``drafter_bytes``:
     the drafter's share of the memory budget kept as ``model.memory_budget``."""
     path = Path(path).expanduser()
+    device = torch.device(device)
+    if device.type == "cpu":
+        # before the weights are mapped, and again once loaded: torch's start-up code and the freed heap given
+        # back (edgespec.loading.resident), so the weights add to a small process
+        settle()
     folder = gguf_metadata_folder(path)   # validates architecture, tensor names and tokenizer
     cfg = load_config(folder)
-    device = torch.device(device)
     mm = map_file(path)
     tensors = read_tensor_table(path, mm)
     mapped = torch.from_numpy(mm)
@@ -305,4 +310,6 @@ def load_gguf_target(path: str | Path, dtype: torch.dtype = torch.float32, devic
     model.memory_budget = plan_budget(cfg, module_bytes(model), device, dtype,
                                       max_positions or cfg.max_position_embeddings, drafter=drafter_bytes,
                                       packed=True)
+    if device.type == "cpu":
+        settle()
     return model.eval(), folder

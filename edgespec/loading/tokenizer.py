@@ -27,7 +27,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from edgespec.errors import CheckpointError, RequestError
-from edgespec.loading import heap
+from edgespec.loading import resident
 
 __all__ = [
     "ChatTokenizer",
@@ -208,7 +208,7 @@ class ChatTokenizer:
                 f"{tok_path}: not a tokenizer the `tokenizers` library can load: {exc}"
             ) from exc
         del text
-        heap.trim()   # the parse's freed working memory (tens of MB) back to the OS (edgespec.loading.heap)
+        resident.trim_heap()   # the parse's freed working memory (tens of MB) back to the OS
 
         tok_cfg_path = folder / "tokenizer_config.json"
         tok_cfg = _read_json(tok_cfg_path, required=False) or {}

@@ -1,0 +1,91 @@
+"""What a loaded CPU process keeps resident: freed C heap and torch's start-up code given back to the OS.
+
+Two things stay mapped after loading that a serving process does not use again:
+
+* freed memory inside the malloc arenas: the ``tokenizers`` library's parse of the demo's 3.3 MB
+  ``tokenizer.json`` peaks about 33 MB above the tokenizer it builds, and glibc keeps those pages for later
+  allocations of that size, which never come. :func:`trim_heap` returns them (``malloc_trim``).
+* the code pages ``import torch`` ran once: libtorch's static initialisers (operator registration) touch code all
+  over its 200+ MB text, and file pages are mapped in whole large folios (2 MB on a recent kernel's ext4), so about
+  90 MB of libtorch stays mapped. :func:`drop_library_text` unmaps the executable pages of torch's libraries;
+  they stay in the page cache, and the code a step runs is mapped again on its first use (a page fault, no
+  read). Only mappings with no private (written) pages are dropped: an executable mapping of a position-
+  independent library is never written, and its pages are the file's, so nothing is lost.
+
+Elsewhere (no ``libc.so.6``, no ``/proc/self/smaps``, another OS) both do nothing: the memory is merely kept.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import re
+from pathlib import Path
+
+_MADV_DONTNEED = 4
+# The libraries whose text is dropped: torch's own (its CPU kernels and the Python bindings).
+LIBRARIES = ("libtorch_cpu.so", "libtorch_python.so")
+_RANGE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ \S+\s*(\S*)")
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+        libc.madvise.argtypes, libc.madvise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def trim_heap() -> bool:
+    """Return the free pages of every malloc arena to the OS; True when glibc's ``malloc_trim`` ran."""
+    libc = _libc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
+
+
+def text_mappings(names: tuple[str, ...] = LIBRARIES, smaps: str = "/proc/self/smaps") -> list[tuple[int, int]]:
+    """``(start, end)`` of each executable mapping of a library named in ``names`` that holds no private page
+    (nothing written into it: every page is the file's)."""
+    try:
+        text = Path(smaps).read_text()
+    except OSError:
+        return []
+    found, current = [], None
+    for line in text.splitlines():
+        m = _RANGE.match(line)
+        if m:
+            current = None
+            if m[3] == "r-xp" and Path(m[4]).name in names:
+                current = (int(m[1], 16), int(m[2], 16))
+        elif current is not None and line.startswith(("Private_Dirty:", "Anonymous:")):
+            if int(line.split()[1]) != 0:
+                current = None          # a written page: not the file's, never dropped
+            elif line.startswith("Anonymous:"):
+                found.append(current)
+                current = None
+    return found
+
+
+def drop_library_text(names: tuple[str, ...] = LIBRARIES) -> int:
+    """Unmap the pages of torch's executable mappings (see the module doc); the bytes of address range given
+    back (0 where nothing could be)."""
+    libc = _libc()
+    if libc is None:
+        return 0
+    dropped = 0
+    for start, end in text_mappings(names):
+        if libc.madvise(start, end - start, _MADV_DONTNEED) == 0:
+            dropped += end - start
+    return dropped
+
+
+def settle() -> None:
+    """After a CPU model is loaded: :func:`drop_library_text`, then :func:`trim_heap`."""
+    drop_library_text()
+    trim_heap()
