@@ -17,19 +17,6 @@ PROMPT = ("Output a compact JSON action list for a robot to pick up the red cube
           "success. Use fields action, target, destination, and safety_check.")
 
 
-@pytest.fixture(scope="module")
-def demo_gguf() -> Path:
-    from edgespec.convert.gguf import demo_gguf_path
-    from edgespec.errors import CheckpointError
-
-    try:
-        return demo_gguf_path()
-    except CheckpointError as exc:
-        if os.environ.get("EDGESPEC_REQUIRE_DEMO"):
-            raise
-        pytest.skip(f"demo model unavailable: {exc}")
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="os.wait4's ru_maxrss in KiB is Linux's")
 def test_demo_generate_peaks_under_400_mib(demo_gguf: Path, tmp_path: Path) -> None:
     from edgespec.kernels import gguf_native
