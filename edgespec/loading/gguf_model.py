@@ -34,7 +34,7 @@ from edgespec.loading.gguf_meta import (
 )
 from edgespec.loading.gguf_qwen35 import is_mtp_tensor, qwen35_dense_value
 from edgespec.loading.hf_config import load_config
-from edgespec.loading.resident import settle
+from edgespec.loading.resident import settle, small_pages
 from edgespec.models.decoder import TargetModel
 from edgespec.models.layers import RotaryEmbedding
 from edgespec.models.meta_init import meta_modules
@@ -195,6 +195,20 @@ def map_file(path: Path) -> np.ndarray:
     return np.memmap(path, dtype=np.uint8, mode="c")
 
 
+def _map_only_served(model: nn.Module, mapped: torch.Tensor) -> None:
+    """Keep mapped only the bytes of the file the model's weights view (edgespec.loading.resident.map_only): the
+    header, the q/k/v rows copied into the merged q/k/v and the dense tensors copied out are not read again,
+    and in large folios they stayed mapped beside the weights around them."""
+    from edgespec.loading.resident import map_only
+
+    base, size = mapped.data_ptr(), mapped.numel()
+    used = []
+    for buf in model.buffers():
+        if buf.dtype == torch.uint8 and buf.device.type == "cpu" and base <= buf.data_ptr() < base + size:
+            used.append((buf.data_ptr(), buf.data_ptr() + buf.numel()))
+    map_only(base, size, used)
+
+
 def _place_tensor(model: TargetModel, path: Path, tensor: GGUFTensor, dtype: torch.dtype, device: torch.device,
                   dense: dict[str, torch.Tensor], problems: list[str], mapped: torch.Tensor) -> None:
     """Put one GGUF tensor into ``model`` (built on the meta device): a quantized matrix as a packed layer in
@@ -272,6 +286,8 @@ def load_gguf_target(path: str | Path, dtype: torch.dtype = torch.float32, devic
     folder = gguf_metadata_folder(path)   # validates architecture, tensor names and tokenizer
     cfg = load_config(folder)
     mm = map_file(path)
+    if device.type == "cpu":
+        small_pages(mm.ctypes.data, mm.size)    # before any read: see _map_only_served
     tensors = read_tensor_table(path, mm)
     mapped = torch.from_numpy(mm)
     with meta_modules():   # no throw-away random init (edgespec.models.meta_init)
@@ -280,7 +296,7 @@ def load_gguf_target(path: str | Path, dtype: torch.dtype = torch.float32, devic
     problems: list[str] = []
     for tensor in tensors:
         _place_tensor(model, path, tensor, dtype, device, dense, problems, mapped)
-    del mm, mapped, tensors      # the model's views keep the mapping; nothing else does
+    del mm, tensors      # the model's views keep the mapping; nothing else does
 
     _materialize(model, device)
     params = dict(model.named_parameters())
@@ -305,6 +321,8 @@ def load_gguf_target(path: str | Path, dtype: torch.dtype = torch.float32, devic
     model.rope = RotaryEmbedding(cfg, max_positions or cfg.max_position_embeddings).to(device)
     if merge:
         model.merge_projections()
+    if device.type == "cpu":
+        _map_only_served(model, mapped)
     # Reported by `bench` / `doctor` beside the measured peak (the packed blocks are what the model holds).
     from edgespec.memory import module_bytes, plan_budget
     model.memory_budget = plan_budget(cfg, module_bytes(model), device, dtype,

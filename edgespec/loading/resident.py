@@ -20,10 +20,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 import re
 from pathlib import Path
 
-_MADV_DONTNEED = 4
+import numpy as np
+
+_MADV_DONTNEED, _MADV_NOHUGEPAGE = 4, 15
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 # The libraries whose text is dropped: torch's own (its CPU kernels and the Python bindings).
 LIBRARIES = ("libtorch_cpu.so", "libtorch_python.so")
 _RANGE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ \S+\s*(\S*)")
@@ -82,6 +86,43 @@ def drop_library_text(names: tuple[str, ...] = LIBRARIES) -> int:
     for start, end in text_mappings(names):
         if libc.madvise(start, end - start, _MADV_DONTNEED) == 0:
             dropped += end - start
+    return dropped
+
+
+def small_pages(base: int, size: int) -> bool:
+    """Map the mapping at ``base`` with small pages only (``MADV_NOHUGEPAGE``), before anything is read through
+    it: a page-cache folio of 2 MB is otherwise mapped by one huge entry, and :func:`map_only` could not unmap
+    part of it. True when the kernel took the advice."""
+    libc = _libc()
+    return libc is not None and libc.madvise(base, size, _MADV_NOHUGEPAGE) == 0
+
+
+def map_only(base: int, size: int, used: list[tuple[int, int]]) -> int:
+    """Of the private file mapping at ``base`` (``size`` bytes, page-aligned), keep mapped only the byte ranges
+    ``used`` (``(start, end)`` addresses inside it). For a file read once into copies (a GGUF's header, its q/k
+    rows reordered into a copy, its norms widened to fp32) and otherwise served as views: the used ranges are
+    mapped in now, a byte of every page read, so no later page fault maps a whole folio across a gap; then the
+    pages wholly outside them are unmapped (clean file pages: read again if ever touched). The mapping must be
+    :func:`small_pages` from the start; without that nothing is unmapped. Returns the bytes unmapped."""
+    libc = _libc()
+    if libc is None or not small_pages(base, size):
+        return 0
+    merged: list[list[int]] = []
+    for lo, hi in sorted(used):
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    for lo, hi in merged:
+        start = lo // _PAGE * _PAGE
+        pages = np.ctypeslib.as_array(ctypes.cast(start, ctypes.POINTER(ctypes.c_uint8)), shape=(hi - start,))
+        int(pages[::_PAGE].sum())
+    dropped, cursor = 0, base
+    for lo, hi in [*merged, [base + size, base + size]]:
+        start, end = -(-cursor // _PAGE) * _PAGE, lo // _PAGE * _PAGE     # the gap's whole pages only
+        if end > start and libc.madvise(start, end - start, _MADV_DONTNEED) == 0:
+            dropped += end - start
+        cursor = max(cursor, hi)
     return dropped
 
 
