@@ -37,7 +37,7 @@ from edgespec.loading.hf_config import load_config
 from edgespec.loading.resident import settle, small_pages
 from edgespec.models.decoder import TargetModel
 from edgespec.models.layers import RotaryEmbedding
-from edgespec.models.meta_init import meta_modules
+from edgespec.models.meta_init import materialize, meta_modules
 from edgespec.weights.base import PackedEmbedding, PackedLinear
 from edgespec.weights.gguf import GGML_FORMATS
 from edgespec.weights.gguf_kquants import K_FORMATS
@@ -172,19 +172,6 @@ def _module(root: nn.Module, dotted: str) -> tuple[nn.Module, str]:
     return root.get_submodule(parent), attr
 
 
-def _materialize(root: nn.Module, device: torch.device) -> None:
-    """Allocate what is still on the meta device (``to_empty`` on the whole model would also re-allocate,
-    and so wipe, the packed weights already in place)."""
-    for module in root.modules():
-        for store in (module._parameters, module._buffers):
-            for key, value in list(store.items()):
-                if value is not None and value.is_meta:
-                    # not empty_like: from a meta tensor it imports sympy (30 MB resident)
-                    fresh = torch.empty(value.shape, dtype=value.dtype, device=device)
-                    store[key] = nn.Parameter(fresh, requires_grad=False) if isinstance(value, nn.Parameter) \
-                        else fresh
-
-
 def map_file(path: Path) -> np.ndarray:
     """The whole file mapped once, privately: the loader reads the table and the small dense tensors through it,
     and the packed weights served as stored are views of it (``torch.from_numpy``: no copy; pages resident once
@@ -298,7 +285,7 @@ def load_gguf_target(path: str | Path, dtype: torch.dtype = torch.float32, devic
         _place_tensor(model, path, tensor, dtype, device, dense, problems, mapped)
     del mm, tensors      # the model's views keep the mapping; nothing else does
 
-    _materialize(model, device)
+    materialize(model, device, requires_grad=False)
     params = dict(model.named_parameters())
     for name, value in dense.items():
         param = params.pop(name, None)
