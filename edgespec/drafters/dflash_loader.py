@@ -17,7 +17,7 @@ from edgespec.errors import CheckpointError, ConfigError
 from edgespec.loading.hf_config import read_json
 from edgespec.loading.weights import load_parameters, weight_files
 from edgespec.models.decoder import TargetModel
-from edgespec.models.meta_init import meta_modules
+from edgespec.models.meta_init import materialize, meta_modules
 
 
 def _checkpoint_index(files: list[Path]) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -104,7 +104,8 @@ def fill_drafter(build: Callable[[], nn.Module], target: TargetModel, files: lis
     dtype and filled from ``files`` (checkpoint key -> parameter name: ``key_names``); every problem named."""
     with meta_modules():   # no throw-away random init (edgespec.models.meta_init)
         drafter = build()
-    drafter = drafter.to_empty(device=target.device).to(_drafter_dtype(target))
+    materialize(drafter, target.device)
+    drafter = drafter.to(_drafter_dtype(target))
     fc_hint = f" (= {len(drafter.cfg.target_layer_ids)} taps x target hidden {target.config.hidden_size})"
     problems = load_parameters(dict(drafter.named_parameters()), files, key_names.get,
                                lambda name: fc_hint if name == "fc.weight" else "")

@@ -34,9 +34,10 @@ from edgespec.loading.gguf_meta import (
 )
 from edgespec.loading.gguf_qwen35 import is_mtp_tensor, qwen35_dense_value
 from edgespec.loading.hf_config import load_config
+from edgespec.loading.resident import settle, small_pages
 from edgespec.models.decoder import TargetModel
 from edgespec.models.layers import RotaryEmbedding
-from edgespec.models.meta_init import meta_modules
+from edgespec.models.meta_init import materialize, meta_modules
 from edgespec.weights.base import PackedEmbedding, PackedLinear
 from edgespec.weights.gguf import GGML_FORMATS
 from edgespec.weights.gguf_kquants import K_FORMATS
@@ -48,25 +49,29 @@ _DENSE = {0: np.float32, 1: np.float16, 30: None}   # 30 = BF16 (gguf-py returns
 @dataclass
 class GGUFTensor:
     """One tensor of a GGUF file: ``shape`` innermost dimension first (as GGUF lists it); ``data`` a read-only
-    view of the mapped file (uint8 ``[rows, row_bytes]`` for block types, the element dtype otherwise)."""
+    view of the mapped file (uint8 ``[rows, row_bytes]`` for block types, the element dtype otherwise) starting at
+    byte ``offset`` of the file."""
 
     name: str
     tensor_type: int
     shape: tuple[int, ...]
     data: np.ndarray
+    offset: int = -1
 
 
 # Byte sizes of GGUF metadata value types (8 = string, 9 = array are variable).
 _SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 
 
-def read_tensor_table(path: Path) -> list[GGUFTensor]:
+def read_tensor_table(path: Path, mm: np.ndarray | None = None) -> list[GGUFTensor]:
     """The tensors of a GGUF file, reading only what locating them needs (gguf-py's reader also decodes every
-    metadata value -- the demo's 49k-token vocabulary took most of a load). Damaged files raise
-    :class:`CheckpointError` naming the file."""
+    metadata value -- the demo's 49k-token vocabulary took most of a load). ``mm``: the file already mapped
+    (:func:`map_file`), so that the tensors view that mapping. Damaged files raise :class:`CheckpointError` naming
+    the file."""
     import gguf
 
-    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    if mm is None:
+        mm = np.memmap(path, dtype=np.uint8, mode="r")
     buf = memoryview(mm)
     pos = 0
 
@@ -137,7 +142,10 @@ def read_tensor_table(path: Path) -> list[GGUFTensor]:
             data = raw.view(np.uint16).reshape(tuple(reversed(dims)))
         else:
             data = raw.reshape(rows, nbytes // max(1, rows))
-        tensors.append(GGUFTensor(name, kind, tuple(int(d) for d in dims), data))
+        tensors.append(GGUFTensor(name, kind, tuple(int(d) for d in dims), data, begin))
+    # take/skip_value form a reference cycle holding buf: released here, the mapping lives only as long as the
+    # tensors' views (not until the next garbage collection).
+    buf.release()
     return tensors
 
 
@@ -164,23 +172,36 @@ def _module(root: nn.Module, dotted: str) -> tuple[nn.Module, str]:
     return root.get_submodule(parent), attr
 
 
-def _materialize(root: nn.Module, device: torch.device) -> None:
-    """Allocate what is still on the meta device (``to_empty`` on the whole model would also re-allocate,
-    and so wipe, the packed weights already in place)."""
-    for module in root.modules():
-        for store in (module._parameters, module._buffers):
-            for key, value in list(store.items()):
-                if value is not None and value.is_meta:
-                    fresh = torch.empty_like(value, device=device)
-                    store[key] = nn.Parameter(fresh, requires_grad=False) if isinstance(value, nn.Parameter) \
-                        else fresh
+def map_file(path: Path) -> np.ndarray:
+    """The whole file mapped once, privately: the loader reads the table and the small dense tensors through it,
+    and the packed weights served as stored are views of it (``torch.from_numpy``: no copy; pages resident once
+    read, shared with the page cache) sharing one storage, so weights that lie one after the other merge without
+    a copy (``GGUFBlockWeight.cat``). One mapping, not one per reader: file pages are mapped in whole folios, and
+    a folio mapped twice counts twice in the resident set. Copy-on-write only so that torch accepts the array as
+    writable: nothing writes the weights."""
+    return np.memmap(path, dtype=np.uint8, mode="c")
+
+
+def _map_only_served(model: nn.Module, mapped: torch.Tensor) -> None:
+    """Keep mapped only the bytes of the file the model's weights view (edgespec.loading.resident.map_only): the
+    header, the q/k/v rows copied into the merged q/k/v and the dense tensors copied out are not read again,
+    and in large folios they stayed mapped beside the weights around them."""
+    from edgespec.loading.resident import map_only
+
+    base, size = mapped.data_ptr(), mapped.numel()
+    used = []
+    for buf in model.buffers():
+        if buf.dtype == torch.uint8 and buf.device.type == "cpu" and base <= buf.data_ptr() < base + size:
+            used.append((buf.data_ptr(), buf.data_ptr() + buf.numel()))
+    map_only(base, size, used)
 
 
 def _place_tensor(model: TargetModel, path: Path, tensor: GGUFTensor, dtype: torch.dtype, device: torch.device,
-                  dense: dict[str, torch.Tensor], problems: list[str]) -> None:
+                  dense: dict[str, torch.Tensor], problems: list[str], mapped: torch.Tensor) -> None:
     """Put one GGUF tensor into ``model`` (built on the meta device): a quantized matrix as a packed layer in
-    place of its dense module; a dense tensor into ``dense`` (under its HF name) for the caller to copy in.
-    What does not fit goes to ``problems``; a type the loader cannot serve raises."""
+    place of its dense module, its blocks a view of ``mapped`` (:func:`map_file`) where they are served as
+    stored; a dense tensor into ``dense`` (under its HF name) for the caller to copy in. What does not fit goes
+    to ``problems``; a type the loader cannot serve raises."""
     cfg = model.config
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
     permuted = cfg.model_type in ROPE_PERMUTED_ARCHS     # llama.cpp reordered the q/k rows of these
@@ -212,10 +233,12 @@ def _place_tensor(model: TargetModel, path: Path, tensor: GGUFTensor, dtype: tor
     if in_f % fmt.block or blocks.size != want[0] * want[1]:
         raise CheckpointError(f"{path}: tensor {tensor.name} ({_type_name(kind)}, shape {list(shape)}) holds "
                               f"{blocks.size} bytes, expected {want[0] * want[1]} (truncated file?)")
-    blocks = blocks.reshape(want)
     if role in ("attn_q", "attn_k") and permuted:
-        blocks = _unpermute_rows(blocks, n_heads if role == "attn_q" else n_kv)
-    packed = fmt(torch.from_numpy(np.array(blocks)).to(device), out_f, in_f, dtype)
+        # rows reordered: the one kind of weight held as a copy
+        stored = torch.from_numpy(_unpermute_rows(blocks.reshape(want), n_heads if role == "attn_q" else n_kv))
+    else:
+        stored = mapped[tensor.offset:tensor.offset + blocks.size].view(want)
+    packed = fmt(stored.to(device), out_f, in_f, dtype)
     module_name = name[: -len(".weight")]
     try:
         parent, attr = _module(model, module_name)
@@ -242,18 +265,27 @@ def load_gguf_target(path: str | Path, dtype: torch.dtype = torch.float32, devic
     tokenizer files. ``merge``: merge q/k/v and gate/up as served (packed rows stack exactly). ``drafter_bytes``:
     the drafter's share of the memory budget kept as ``model.memory_budget``."""
     path = Path(path).expanduser()
+    device = torch.device(device)
+    if device.type == "cpu":
+        # before the weights are mapped, and again once loaded: torch's start-up code and the freed heap given
+        # back (edgespec.loading.resident), so the weights add to a small process
+        settle()
     folder = gguf_metadata_folder(path)   # validates architecture, tensor names and tokenizer
     cfg = load_config(folder)
-    device = torch.device(device)
-    tensors = read_tensor_table(path)
+    mm = map_file(path)
+    if device.type == "cpu":
+        small_pages(mm.ctypes.data, mm.size)    # before any read: see _map_only_served
+    tensors = read_tensor_table(path, mm)
+    mapped = torch.from_numpy(mm)
     with meta_modules():   # no throw-away random init (edgespec.models.meta_init)
         model = TargetModel(cfg, max_positions=1)
     dense: dict[str, torch.Tensor] = {}
     problems: list[str] = []
     for tensor in tensors:
-        _place_tensor(model, path, tensor, dtype, device, dense, problems)
+        _place_tensor(model, path, tensor, dtype, device, dense, problems, mapped)
+    del mm, tensors      # the model's views keep the mapping; nothing else does
 
-    _materialize(model, device)
+    materialize(model, device, requires_grad=False)
     params = dict(model.named_parameters())
     for name, value in dense.items():
         param = params.pop(name, None)
@@ -276,9 +308,13 @@ def load_gguf_target(path: str | Path, dtype: torch.dtype = torch.float32, devic
     model.rope = RotaryEmbedding(cfg, max_positions or cfg.max_position_embeddings).to(device)
     if merge:
         model.merge_projections()
+    if device.type == "cpu":
+        _map_only_served(model, mapped)
     # Reported by `bench` / `doctor` beside the measured peak (the packed blocks are what the model holds).
     from edgespec.memory import module_bytes, plan_budget
     model.memory_budget = plan_budget(cfg, module_bytes(model), device, dtype,
                                       max_positions or cfg.max_position_embeddings, drafter=drafter_bytes,
                                       packed=True)
+    if device.type == "cpu":
+        settle()
     return model.eval(), folder

@@ -106,11 +106,18 @@ def _yarn_inv_freq(dim: int, base: float, scaling: dict, max_positions: int) -> 
 class RotaryEmbedding(nn.Module):
     """NeoX-style (rotate-half) RoPE over the first ``rotary_dim`` channels of each head.
 
-    cos/sin for every position up to ``max_len`` are precomputed once, so a step only indexes a table.
+    cos/sin for every position up to ``max_len`` are precomputed once, so a step only indexes a table. They are
+    computed on the host whatever the ambient device (``.to(device)`` moves them): under a loader's
+    ``torch.device("meta")`` the first meta-tensor op (``arange``) imports ``torch._dynamo`` with sympy and triton,
+    about 140 MB resident for the rest of a CPU process.
     """
 
     def __init__(self, cfg: ModelConfig, max_len: int) -> None:
         super().__init__()
+        with torch.device("cpu"):
+            self._build(cfg, max_len)
+
+    def _build(self, cfg: ModelConfig, max_len: int) -> None:
         dim = cfg.rotary_dim
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
         scaling = cfg.rope_scaling or {}

@@ -33,3 +33,19 @@ def meta_modules() -> Iterator[None]:
     finally:
         for name, fn in saved.items():
             setattr(nn.init, name, fn)
+
+
+def materialize(root: nn.Module, device: torch.device | str, requires_grad: bool | None = None) -> None:
+    """Allocate (uninitialised) every tensor of ``root`` still on the meta device, in place; tensors already
+    allocated stay as they are (``to_empty`` on the whole model would re-allocate, and so wipe, them).
+    ``requires_grad``: of the new parameters (None: as the meta ones). ``torch.empty`` of the shape, not
+    ``empty_like`` / ``to_empty``: from a meta tensor those import sympy (30 MB resident for the process)."""
+    for module in root.modules():
+        for store in (module._parameters, module._buffers):
+            for key, value in list(store.items()):
+                if value is not None and value.is_meta:
+                    fresh = torch.empty(value.shape, dtype=value.dtype, device=device)
+                    if isinstance(value, nn.Parameter):
+                        grad = value.requires_grad if requires_grad is None else requires_grad
+                        fresh = nn.Parameter(fresh, requires_grad=grad)
+                    store[key] = fresh

@@ -91,10 +91,13 @@ class GGUFBlockWeight(PackedWeight):
 
     @classmethod
     def cat(cls, parts: list[PackedWeight]) -> PackedWeight | None:
-        # Each output row is its own run of blocks: stacking rows is stacking the bytes.
+        # Each output row is its own run of blocks: stacking rows is stacking the bytes. Parts that already lie
+        # one after the other in one storage (a GGUF file's ffn_gate then ffn_up, mapped) are stacked as they are.
         if any(type(p) is not cls or p.in_features != parts[0].in_features for p in parts):
             return None
-        blocks = torch.cat([p.blocks for p in parts])  # type: ignore[attr-defined]
+        blocks = _adjacent_view([p.blocks for p in parts])  # type: ignore[attr-defined]
+        if blocks is None:
+            blocks = torch.cat([p.blocks for p in parts])  # type: ignore[attr-defined]
         return cls(blocks, blocks.shape[0], parts[0].in_features, parts[0].compute_dtype)
 
     # -- product ------------------------------------------------------------------------------------------------
@@ -119,6 +122,22 @@ class GGUFBlockWeight(PackedWeight):
         if bias is not None:
             out += bias
         return out.reshape(*lead, self.out_features)
+
+
+def _adjacent_view(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """The rows of ``parts`` (contiguous 2-D tensors of one width) as one view of their common storage when each
+    part starts where the one before it ends there, else None (the caller copies)."""
+    first = parts[0]
+    storage = first.untyped_storage()
+    offset = first.storage_offset()
+    for part in parts:
+        if (not part.is_contiguous() or part.dim() != 2 or part.shape[1] != first.shape[1]
+                or part.dtype != first.dtype or part.device != first.device
+                or part.untyped_storage().data_ptr() != storage.data_ptr() or part.storage_offset() != offset):
+            return None
+        offset += part.numel()
+    rows = sum(part.shape[0] for part in parts)
+    return first.as_strided((rows, first.shape[1]), (first.shape[1], 1), first.storage_offset())
 
 
 @register_format

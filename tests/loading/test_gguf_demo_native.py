@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from edgespec.weights.base import PackedLinear
-
-
-@pytest.fixture(scope="module")
-def demo_gguf() -> Path:
-    from edgespec.convert.gguf import demo_gguf_path
-    from edgespec.errors import CheckpointError
-
-    try:
-        return demo_gguf_path()
-    except CheckpointError as exc:
-        if os.environ.get("EDGESPEC_REQUIRE_DEMO"):
-            raise
-        pytest.skip(f"demo model unavailable: {exc}")
 
 
 def test_packed_demo_equals_its_fp32_conversion(demo_gguf: Path, demo_model_dir: Path,

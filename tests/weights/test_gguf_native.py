@@ -20,7 +20,7 @@ from edgespec.loading.checkpoint import load_target
 from edgespec.loading.gguf_model import PackedEmbedding, load_gguf_target
 from edgespec.memory import module_bytes
 from edgespec.weights.base import PackedLinear, weight_format
-from edgespec.weights.gguf import GGML_FORMATS, Q4_0Weight, Q4_1Weight, Q8_0Weight
+from edgespec.weights.gguf import GGML_FORMATS, GGUFBlockWeight, Q4_0Weight, Q4_1Weight, Q8_0Weight
 
 FORMATS = ["Q4_0", "Q4_1", "Q8_0"]
 native = pytest.mark.skipif(gguf_native.library() is None, reason="the GGUF C product cannot be built here")
@@ -127,6 +127,47 @@ def test_packed_model_equals_fp32_conversion(tmp_path: Path, qtype: str, tied: b
     assert (folder / "tokenizer.json").is_file() and not (folder / "model.safetensors").exists()
     # The memory budget `bench` prints beside its figures counts the packed blocks the model holds.
     assert packed.memory_budget.weights == module_bytes(packed) < module_bytes(dense)
+
+
+def test_packed_weights_are_views_of_the_file(tmp_path: Path) -> None:
+    """Served as stored: every packed weight but the merged q/k/v (q and k rows reordered) views the one mapping
+    of the file, gate/up (adjacent in the file) included -- no copy of the blocks."""
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", "Q4_1", tied=True)
+    model, _ = load_gguf_target(path, max_positions=64)
+    size = path.stat().st_size
+    views = {name: mod.weight.blocks.untyped_storage().nbytes() == size for name, mod in model.named_modules()
+             if isinstance(getattr(mod, "weight", None), GGUFBlockWeight)}
+    assert views and all(ok != name.endswith("qkv_proj") for name, ok in views.items()), views
+
+
+def test_loading_imports_no_compiler_stack(tmp_path: Path) -> None:
+    """Building on the meta device and materialising must not pull in torch._dynamo / sympy / triton (about
+    140 MB resident for the process: the rotary tables under the meta device did, and empty_like of a meta
+    tensor imports sympy)."""
+    import os
+    import subprocess
+    import sys
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", "Q4_1", tied=True)
+    code = ("import sys, torch\n"
+            "from edgespec.loading.gguf_model import load_gguf_target\n"
+            "model, _ = load_gguf_target(sys.argv[1], max_positions=64)\n"
+            "model.forward(torch.tensor([1, 2, 3]), model.new_cache(64))\n"
+            "print(sorted(m for m in ('sympy', 'torch._dynamo', 'triton') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "EDGESPEC_CACHE_DIR": str(tmp_path / "cache")})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("adjacent", [True, False])
+def test_cat_of_adjacent_parts_is_a_view(adjacent: bool) -> None:
+    packed, _ = _blocks("Q4_1", 48, 64)
+    store = torch.from_numpy(packed.copy())
+    parts = [store[:16], store[16:48]] if adjacent else [store[16:48], store[:16]]
+    merged = Q4_1Weight.cat([Q4_1Weight(p, p.shape[0], 64) for p in parts])
+    assert torch.equal(merged.blocks, torch.cat(parts))
+    assert (merged.blocks.data_ptr() == store.data_ptr()) == adjacent     # a view only where the bytes run on
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])
