@@ -90,19 +90,21 @@ class ServerThread:
 
 
 class ServerProcess:
-    """``python -m edgespec.serving`` in a child process on a free loopback port (a context manager).
+    """``python -m edgespec.serving`` (or another ``entry``, e.g. ``("-m", "edgespec.cli", "serve")``) in a child
+    process on a free loopback port (a context manager).
 
     ``settings`` are passed as ``--knob value`` flags. Entering waits until ``/health`` says ready; leaving sends
     SIGTERM (the drain path) and waits. ``returncode`` is the exit status afterwards.
     """
 
     def __init__(self, model: str, *, env: dict[str, str] | None = None, log_path: str | Path | None = None,
-                 timeout: float = 180.0, **settings: Any) -> None:
+                 timeout: float = 180.0, entry: tuple[str, ...] = ("-m", "edgespec.serving"),
+                 **settings: Any) -> None:
         sock = free_socket()
         self.port = sock.getsockname()[1]
         sock.close()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.cmd = [sys.executable, "-m", "edgespec.serving", "--model", model, "--port", str(self.port)]
+        self.cmd = [sys.executable, *entry, "--model", model, "--port", str(self.port)]
         for key, value in settings.items():
             self.cmd += ["--" + key.replace("_", "-"), str(value)]
         self.env = dict(os.environ, **(env or {}))
