@@ -81,10 +81,10 @@ ROUTES = ("packed", "gemv", "skinny", "cublas", "blas", "native", "torch", "kqua
 # Rows of the skinny GEMM's one 16-row tile (edgespec.kernels.triton_gemv): more rows go to cuBLAS.
 SKINNY_MAX_ROWS = 16
 # GGUF K-quant weights: up to this many rows on CUDA take the CUDA-core GEMV that reads the file's super-blocks
-# (edgespec.kernels.triton_kquant_gemv), more rows the tensor-core tiles (edgespec.kernels.triton_kquant). Measured
-# on the peer Q4_K_M file (H200, tools/kquant_gemv_bench.py; docs/benchmarks.md): at one row the GEMV beats the tiles
-# on all but the smallest matrix (300 -> 421 tok/s for the whole model); at four rows it loses on every Q4_K matrix
-# (its per-row work) and wins on the Q6_K ones. Q5_K runs Q4_K's kernel, so it takes Q4_K's bound.
+# (edgespec.kernels.triton_kquant_gemv), more rows the tensor-core tiles (edgespec.kernels.triton_kquant). On
+# the peer Q4_K_M file (H200, tools/kquant_gemv_bench.py; docs/benchmarks.md) the GEMV beats the tiles at one row on
+# all but the smallest matrix; at four rows it loses on every Q4_K matrix (its per-row work) and wins on the Q6_K
+# ones. Q5_K runs Q4_K's kernel, so it takes Q4_K's bound.
 KQUANT_GEMV_ROWS = {"gguf_q4_k": 1, "gguf_q5_k": 1, "gguf_q6_k": 4}
 KQUANT_FORMATS = tuple(KQUANT_GEMV_ROWS)
 
@@ -97,7 +97,7 @@ class RouteFacts(NamedTuple):
     cuda: bool                   # the input lives on a CUDA device
     triton: bool = False         # the Triton kernels can run there (Triton imports, CUDA present)
     sms: int = 132               # multiprocessors of that device (the skinny GEMM's width rule)
-    cpu_blas: bool = False       # fp32 CPU linears take OpenBLAS now (configure_cpu; torch single-threaded)
+    cpu_blas: bool = False       # fp32 CPU linears take OpenBLAS (configure_cpu; torch single-threaded)
     grad: bool = False           # autograd records the call: only torch's products have a backward
     row_major: bool = True       # the weight's rows are contiguous, as the Triton kernels read them
     options: KernelOptions = KernelOptions()

@@ -606,9 +606,9 @@ def wave_splits(n_blocks: int, n_tiles: int, want: int, min_tiles: int = 4) -> i
 
 
 # (format, row bucket: 1, 2..16 -> 16, 17..32 -> 32, 33..64 -> 64) -> the weight-major tile of
-# edgespec.kernels.triton_quant_wide where it beat this module's tiles on the Qwen3.5-27B stack on a 16-SM green
+# edgespec.kernels.triton_quant_wide where it beats this module's tiles on the Qwen3.5-27B stack on a 16-SM green
 # context (tools/tile_sweep.py --sm-limit 16; figures: docs/benchmarks.md, "Weight-major tiles on Thor's SM
-# budget"). Elsewhere (int4 1..32 rows, block-FP8 1..32) this module's activation-major tiles won and stay.
+# budget"). Elsewhere (int4 1..32 rows, block-FP8 1..32) this module's activation-major tiles are faster.
 WIDE_LAUNCHES: dict[tuple[str, int], dict[str, int]] = {
     ("nvfp4", 1): {"T": 1, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "PDL": 0},
     ("nvfp4", 16): {"T": 1, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "PDL": 0},
@@ -620,8 +620,8 @@ WIDE_LAUNCHES: dict[tuple[str, int], dict[str, int]] = {
 
 
 def quant_config(fmt: str, N: int, K: int, M: int, sms: int) -> dict[str, int]:
-    """Launch of one product: the per-matrix winners of ``tools/quant_bench.py --sweep`` (H100 2026-11-25; int4
-    H200 2026-11-26, docs/quant_kernels.md). 1..16 rows: ``BLOCK_N`` weight rows per program, ``SPLIT_K`` K
+    """Launch of one product: the per-matrix winners of ``tools/quant_bench.py --sweep`` (H100; int4 on an
+    H200; docs/quant_kernels.md). 1..16 rows: ``BLOCK_N`` weight rows per program, ``SPLIT_K`` K
     ranges when there are too few row blocks to fill the chip (about ``waves`` programs per SM). One int4/nvfp4
     row takes the CUDA-core path (int4: the word kernel with fp16-pair products, ``H2``; a vocabulary-wide int4
     matrix the pair tile), fp8 rows and 2+ rows the tensor-core tile (int4: the pair tile). More rows (prefill):
@@ -646,30 +646,30 @@ def quant_config(fmt: str, N: int, K: int, M: int, sms: int) -> dict[str, int]:
         # (``_int4_pair_dot_kernel``, ``_nvfp4_pair_dot_kernel``); the int4 lm_head asks L2 for its first lines
         # before the PDL wait
         block_n, warps, stages, waves = (64 if N <= 8192 else 128), 4, 3, 4
-        # nvfp4 2..16 rows: x permuted once on the host (XPAIR) rather than in every program, which won there
+        # nvfp4 2..16 rows: x permuted once on the host (XPAIR) rather than in every program, the faster there
         cfg = {"BLOCK_M": 16, "DOT": 1, "PAIRS": 1, "PREFETCH": 4 if N >= 65536 else 0, "num_warps": warps,
                "num_stages": stages, "XPAIR": int(fmt == "nvfp4" and M > 1)}
     elif M == 1 and fmt != "fp8_block":
         block_n, warps, stages, waves = {"int4": (64, 4, 3, 4), "nvfp4": (32, 4, 4, 4)}[fmt]
         cfg = {"BLOCK_M": 16, "DOT": 0, "num_warps": warps, "num_stages": stages, "H2": int(fmt == "int4")}
     else:
-        # fp8: one row rides the 16-row tensor-core tile too (it won the per-matrix sweep on most 27B matrices), so
-        # a decode row and a verify row take the same launch
+        # fp8: one row rides the 16-row tensor-core tile too (the per-matrix sweep's best on most 27B matrices),
+        # so a decode row and a verify row take the same launch
         block_n, warps, stages, waves = (128, 4, 3, 2) if fmt != "fp8_block" else (32, 4, 4, 4)
         cfg = {"BLOCK_M": 16, "DOT": 1, "num_warps": warps, "num_stages": stages}
     wide = WIDE_LAUNCHES.get((fmt, 1 if M == 1 else 16 if M <= MAX_ROWS else 32 if M <= 32 else 64))
-    if wide is not None:      # a tile of edgespec.kernels.triton_quant_wide won this row bucket
+    if wide is not None:      # a tile of edgespec.kernels.triton_quant_wide is faster at this row bucket
         cfg, block_n = {**cfg, **wide}, wide["BLOCK_N"]
     n_blocks = triton.cdiv(N, block_n)
     n_tiles = triton.cdiv(K, 128)
     want = waves * sms
     if M == 1:
-        # one row: the smallest even K split that reaches the programs wanted, which won the per-matrix split sweep
+        # one row: the smallest even K split that reaches the programs wanted, the per-matrix split sweep's best
         # on the 4B's 2560-wide matrices (tools/tile_sweep.py --split-shape; figures: docs/benchmarks.md)
         splits = wave_splits(n_blocks, n_tiles, want)
     else:
         splits = 1 if n_blocks >= want // 2 else max(1, min(triton.cdiv(want, n_blocks), n_tiles // 4))
-    # PDL (where the device has it) for int4 only: it made the int4 products faster and the 16-row tiles of
+    # PDL (where the device has it) for int4 only: it makes the int4 products faster and the 16-row tiles of
     # block-FP8 and NVFP4 slower (figures: docs/benchmarks.md, "Kernel launch choices"); WIDE_LAUNCHES name their own
     return {**cfg, "BLOCK_N": block_n, "SPLIT_K": splits, "PDL": cfg.get("PDL", int(fmt == "int4"))}
 
