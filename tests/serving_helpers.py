@@ -118,8 +118,9 @@ class ServerProcess:
         return int(self.proc.pid)
 
     def __enter__(self) -> ServerProcess:
-        out = self.log_path.open("wb") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+        # The child writes the log through its own descriptor: ours is closed once it has started.
+        with self.log_path.open("wb") if self.log_path else open(os.devnull, "wb") as out:
+            self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -131,6 +132,7 @@ class ServerProcess:
                 pass
             time.sleep(0.1)
         self.proc.kill()
+        self.proc.wait(10)
         raise TimeoutError(f"server not ready after {self.timeout}s")
 
     def __exit__(self, *exc: object) -> None:
