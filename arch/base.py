@@ -144,7 +144,7 @@ class ArchHooks:
             return choose_block_scaled_kernel(packed, native_only=False, capability=capability)
         if packed.device.type != "cuda":
             return None
-        # Formats read in their own layout by kernels of their own: GGUF K-quants, per-row FP8 (issue 38).
+        # Formats read in their own layout by kernels of their own: GGUF K-quants, per-row FP8.
         from edgespec.kernels.quant.triton_fp8_row import choose_fp8_row_kernel
         from edgespec.kernels.quant.triton_kquant import choose_kquant_kernel
         return choose_kquant_kernel(packed) or choose_fp8_row_kernel(packed)

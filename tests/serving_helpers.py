@@ -90,19 +90,21 @@ class ServerThread:
 
 
 class ServerProcess:
-    """``python -m edgespec.serving`` in a child process on a free loopback port (a context manager).
+    """``python -m edgespec.serving`` (or another ``entry``, e.g. ``("-m", "edgespec.cli", "serve")``) in a child
+    process on a free loopback port (a context manager).
 
     ``settings`` are passed as ``--knob value`` flags. Entering waits until ``/health`` says ready; leaving sends
     SIGTERM (the drain path) and waits. ``returncode`` is the exit status afterwards.
     """
 
     def __init__(self, model: str, *, env: dict[str, str] | None = None, log_path: str | Path | None = None,
-                 timeout: float = 180.0, **settings: Any) -> None:
+                 timeout: float = 180.0, entry: tuple[str, ...] = ("-m", "edgespec.serving"),
+                 **settings: Any) -> None:
         sock = free_socket()
         self.port = sock.getsockname()[1]
         sock.close()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.cmd = [sys.executable, "-m", "edgespec.serving", "--model", model, "--port", str(self.port)]
+        self.cmd = [sys.executable, *entry, "--model", model, "--port", str(self.port)]
         for key, value in settings.items():
             self.cmd += ["--" + key.replace("_", "-"), str(value)]
         self.env = dict(os.environ, **(env or {}))
@@ -116,8 +118,9 @@ class ServerProcess:
         return int(self.proc.pid)
 
     def __enter__(self) -> ServerProcess:
-        out = self.log_path.open("wb") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+        # The child writes the log through its own descriptor: ours is closed once it has started.
+        with self.log_path.open("wb") if self.log_path else open(os.devnull, "wb") as out:
+            self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -129,6 +132,7 @@ class ServerProcess:
                 pass
             time.sleep(0.1)
         self.proc.kill()
+        self.proc.wait(10)
         raise TimeoutError(f"server not ready after {self.timeout}s")
 
     def __exit__(self, *exc: object) -> None:

@@ -1,6 +1,6 @@
 """Does a demo drafter generalize? AL and tok/s on robot requests worded unlike any training template, against
-n-gram, on four request streams (issue 47's targets: AL >= 2.5 and >= 1.2x n-gram's, faster than n-gram on at
-least three of every four requests).
+n-gram, on four request streams (the targets: AL >= 2.5 and >= 1.2x n-gram's, faster than n-gram on at least
+three of every four requests).
 
 The streams are the session bench's robot requests (``edgespec.bench.robot_stream``: drones, hospital carts,
 pipetting arms, greenhouse rovers, humanoids, dish cells, with their own JSON keys), seeds 0..3; no distillation

@@ -178,8 +178,8 @@ def sweep_attention(quick: bool) -> list[dict[str, Any]]:
     reference): tile sizes, warps, stages, splits, and for FP8 caches bf16 products or fp16 ones (FP16_DOT:
     e4m3 converts to fp16 in one instruction). Returns every timing (or the compile error).
 
-    A key-major form of the kernel (KV tiles as the left operands, 2026-11-22) never beat the query-major one in
-    this sweep and was dropped."""
+    The kernel is query-major only: a key-major form (KV tiles as the left operands) is slower at every shape of
+    this sweep (docs/notes/attention-experiments.md)."""
     from edgespec.kernels import sm_count
     from edgespec.kernels.attention.triton_attention import attention_launch_config
     results: list[dict[str, Any]] = []
@@ -242,9 +242,9 @@ FP8_SWEEP_CONTEXTS = [32768, 4096]
 def fp8_sweep_configs(T: int, group: int) -> list[dict[str, Any]]:
     """Launch configurations ``--fp8-sweep`` tries for T rows over an FP8 cache with ``group`` query heads per KV
     head (``tests/kernels/test_kernels_gpu.py`` checks every one for correctness). The first is the default
-    (``FP8_LAUNCH``), the second the default before the FP8 rework (compiler-placed conversion, every V
-    element scaled). Keys not given keep the default; ``waves`` sets the split count (programs per SM)."""
-    old = {"OPAQUE_CVT": 0, "V_SCALE": "rows", "BLOCK_N": 64, "num_stages": 3}
+    (``FP8_LAUNCH``), the second the plain FP8 launch (compiler-placed conversion, every V element scaled). Keys
+    not given keep the default; ``waves`` sets the split count (programs per SM)."""
+    old = {"OPAQUE_CVT": 0, "V_SCALE": "rows", "BLOCK_N": 64, "num_stages": 3}    # the plain FP8 launch
     if T * group <= 32:                                      # decode: row blocks of <= 32, mma.sync
         return [
             {},
@@ -256,9 +256,9 @@ def fp8_sweep_configs(T: int, group: int) -> list[dict[str, Any]]:
             {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "waves": 1},
             {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "waves": 2},
             {"waves": 6},                                                        # more splits
-            # Narrow programs, many of them: 2 warps on 32-key tiles at 4 programs per SM won (now the default); 1 warp,
+            # Narrow programs, many of them: 2 warps on 32-key tiles at 4 programs per SM is the default; 1 warp,
             # more programs per SM (register file full), 4 stages (shared memory) and register caps (maxnreg: spills)
-            # all lost.
+            # are slower.
             {"BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "waves": 4},
             {"BLOCK_N": 32, "num_warps": 2, "num_stages": 3, "waves": 3},
             {"BLOCK_N": 32, "num_warps": 2, "num_stages": 3, "waves": 6},
@@ -275,7 +275,7 @@ def fp8_sweep_configs(T: int, group: int) -> list[dict[str, Any]]:
             {"BLOCK_N": 32, "num_warps": 2, "num_stages": 3, "waves": 5},
             {"BLOCK_N": 32, "num_warps": 2, "num_stages": 3, "waves": 4},          # the T=1 launch at 17-32 rows
             # 200 registers (ptxas: no spills with the blocked V) let 5 programs share an SM; 168 (a few spills)
-            # and 2 stages (shared memory) let 6. Measured: 34-38 us against the default's 25-26 (read flush).
+            # and 2 stages (shared memory) let 6; both are slower than the default.
             {"waves": 5, "maxnreg": 200},
             {"waves": 6, "maxnreg": 168, "num_stages": 2},
             {"waves": 5, "maxnreg": 200, "num_stages": 2},
@@ -283,7 +283,7 @@ def fp8_sweep_configs(T: int, group: int) -> list[dict[str, Any]]:
     wide = min(128, triton.next_power_of_2(T * group))      # one row block for all rows (wgmma)
     return [                                                 # verify: 32-row mma.sync blocks, 64-key tiles
         {},
-        {**old, "BLOCK_M": wide, "num_warps": 8, "waves": 1},                   # the pre-rework default
+        {**old, "BLOCK_M": wide, "num_warps": 8, "waves": 1},                   # the plain FP8 launch, blocked
         {"BLOCK_M": wide, "BLOCK_N": 16, "num_warps": 8, "num_stages": 4, "waves": 2},  # no spills at 128 rows
         {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3, "waves": 2},
         {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "waves": 2},   # mma.sync; KV re-read (L2)

@@ -17,8 +17,8 @@ time is written as ``best``. ``--format nvfp4`` / ``fp8_block``: the same sweep 
 path (edgespec.kernels.moe.triton_moe_gemv) for each launch of
 :data:`GEMV_CONFIGS` at 1, 2 and 4 rows against the tensor-core path at the same rows: the fastest becomes
 ``gemv_best``, with ``max_rows`` the most rows up to which it beat the tensor cores at every row count. Last, the
-whole MoE block after the residual (router GEMM, routing, grouping, product) as served before the fused routing
-(torch routing, the tensor-core product) and after it: kernels per call (torch profiler, eager) and microseconds
+whole MoE block after the residual (router GEMM, routing, grouping, product) as served without the fused routing
+(torch routing, the tensor-core product) and with it: kernels per call (torch profiler, eager) and microseconds
 (CUDA graph) against the block's bytes (router + touched experts + the shared one).
 
 ``model``: the shape with every linear layer int4 g128 (experts stacked, the shared expert fused in; the output
@@ -290,8 +290,8 @@ def kernels_per_call(fn, calls: int = 3) -> int:
 
 
 def block_profile(stack, E: int, k: int, bw: float, per_expert: int, gen: torch.Generator) -> dict:
-    """One MoE block after the residual, as served before the fused routing (router and shared-gate GEMMs, torch
-    softmax top-k, the grouping launch, the tensor-core product) and after (one GEMM, the fused routing launch,
+    """One MoE block after the residual, as served without the fused routing (router and shared-gate GEMMs, torch
+    softmax top-k, the grouping launch, the tensor-core product) and with it (one GEMM, the fused routing launch,
     the product with the CUDA-core path where it won): kernels per call and microseconds per call at 1, 4 and 16
     rows, against the bytes of the router and the touched experts."""
     from edgespec.bench.timing import graph_time_us
@@ -415,7 +415,7 @@ def model_bench(args: argparse.Namespace) -> dict:
 
 
 def bench_before(model, args: argparse.Namespace) -> dict:
-    """The same model with its MoE blocks as they ran before this round's paths (torch routing, the grouping
+    """The same model with its MoE blocks on the unfused paths (``fused_routing`` off: torch routing, the grouping
     launch, the tensor-core product at every row count): decode and a 16-row verify."""
     from edgespec.bench.gpu import bench_shape
     from edgespec.kernels.moe import triton_moe_gemv

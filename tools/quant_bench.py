@@ -54,8 +54,8 @@ from edgespec.kernels.quant.quant_ref import matmul_ref  # noqa: E402
 from edgespec.kernels.quant.triton_gemv import gemv_triton, skinny_gemm_triton  # noqa: E402
 from edgespec.kernels.quant.triton_quant_gemv import quant_config, quant_matmul  # noqa: E402
 
-# int4: the pair-ordered tensor-core tile (PAIRS=1) for 1 and 16 rows, against the previous one-row word kernel
-# (DOT=0, H2=1) and the previous byte tile (PAIRS=0)
+# int4: the pair-ordered tensor-core tile (PAIRS=1) for 1 and 16 rows, against the one-row word kernel
+# (DOT=0, H2=1) and the byte tile (PAIRS=0)
 INT4_PAIRS = [dict(DOT=1, PAIRS=1, BLOCK_N=bn, num_warps=w, num_stages=st, PREFETCH=pf) for bn, w, st, pf in
               ((64, 4, 3, 0), (128, 4, 3, 0), (128, 4, 4, 0), (128, 2, 3, 0), (256, 4, 3, 0), (256, 8, 3, 0),
                (128, 4, 3, 2), (128, 4, 3, 4), (64, 4, 3, 2))]
@@ -78,11 +78,11 @@ NVFP4_PAIRS = [dict(DOT=1, PAIRS=1, BLOCK_N=bn, num_warps=w, num_stages=st) for 
                ((64, 4, 3), (128, 4, 3), (128, 4, 4), (256, 8, 3))]
 DECODE_SWEEP["nvfp4"] += NVFP4_PAIRS
 VERIFY_SWEEP["nvfp4"] = NVFP4_PAIRS + [dict(DOT=1, PAIRS=0, BLOCK_N=128, num_warps=4, num_stages=3)]
-# The int4 launches before the pair tile (one row: the word kernel; 2..16 rows: the byte tile; no PDL), timed in
-# the same run as "int4_prev" so the change is measured side by side.
+# The int4 launches without the pair tile (one row: the word kernel; 2..16 rows: the byte tile; no PDL), timed in
+# the same run as "int4_prev" so the two are compared side by side.
 INT4_PREVIOUS = {1: dict(DOT=0, H2=1, BLOCK_N=64, num_warps=4, num_stages=3, PDL=0),
                  16: dict(DOT=1, PAIRS=0, BLOCK_N=128, num_warps=4, num_stages=3, PDL=0),
-                 64: dict(DEQUANT=1)}     # 17+ rows before the wide tile: dequantize, then cuBLAS
+                 64: dict(DEQUANT=1)}     # 17+ rows without the wide tile: dequantize, then cuBLAS
 # Launches of the 17..64-row tile tried by --wide-sweep (every matrix of the stack takes the same one)
 WIDE_SWEEP = [dict(BLOCK_N=bn, num_warps=w, num_stages=st, XPAIR=xp) for bn, w, st, xp in
               ((32, 4, 4, 0), (64, 4, 3, 0), (128, 4, 3, 0), (64, 4, 3, 1), (128, 4, 3, 1), (128, 4, 4, 1),

@@ -34,7 +34,7 @@ measured contexts that bracket it (throughput taken linear in SMs between them, 
 its bytes at 259 GB/s (Thor's measured DRAM read rate) and 273 GB/s (its spec); the stage takes the slower of the
 SM time and the 259 GB/s byte time. Printed for each AL of ``--als``. Assumptions, stated with the table: Thor's
 SMs issue what Hopper's do per clock (its tensor cores are newer: a pessimistic bound for SM-bound stages); the
-lent GPU's memory does not bound the 16/24-SM runs (their copy rate is several times Thor's); L2 and launch
+measuring GPU's memory does not bound the 16/24-SM runs (their copy rate is several times Thor's); L2 and launch
 overheads scale like the SM work. ``--stacks`` does the same for ``tools/quant_bench.py --sm-limit`` files: each
 format's linear stack at every row count, GB/s projected to Thor against 259 GB/s.
 
@@ -275,8 +275,8 @@ def measured_sm_table(paths: list[str], als: list[float], clock_mhz: float, sass
     print(f"Jetson AGX Thor PROJECTION from measured SM budgets: stage times interpolated to {THOR_SMS} SMs, x "
           f"clock ratio (max SM clock / {clock_mhz:.0f} MHz), against bytes at {THOR_READ_BW / 1e9:.0f} GB/s "
           f"(measured read) and {THOR_BW / 1e9:.0f} GB/s (spec)")
-    print("assumptions: Thor's SMs do per clock what the lent GPU's do (its newer tensor cores only help); the 16/24-"
-          "SM runs are not bound by the lent GPU's memory; overheads scale like the SM work")
+    print("assumptions: Thor's SMs do per clock what the measuring GPU's do (its newer tensor cores only help); the "
+          "16/24-SM runs are not bound by the measuring GPU's memory; overheads scale like the SM work")
     als_head = " ".join(f"{'AL ' + format(al, 'g'):>7}" for al in als)
     print(f"{'target':<30} {'drafter':<13} {'stage':<7} {'measured ms (SMs)':<22} {'20 SMs':>7} {'Thor SM':>7} "
           f"{'259GB/s':>7} {'273GB/s':>7} {'bound':>5}   cycle ms  tok/s {als_head}  (byte limit)")

@@ -1,5 +1,5 @@
-"""One run that sweeps the launches of the packed products and splits their cost, so a round of kernel work needs
-one device call (issue 35).
+"""One run that sweeps the launches of the packed products and splits their cost, so a kernel change is measured
+in one device call.
 
     python tools/tile_sweep.py [--sm-limit 16] [--shape qwen3.5-27b] [--formats int4,nvfp4,fp8_block]
                                [--rows 1,16,32,64] [--split-shape qwen3.5-4b --split-rows 1,16]
@@ -45,7 +45,7 @@ def _t(bn: int, warps: int = 4, stages: int = 3, **extra) -> dict:
 
 
 # (label, launch or None for quant_config's default) per format and row count: the default, the activation-major
-# tile, the weight-major tile (T); int4's launches use PDL like its default ones (NVFP4 and FP8 tiles measured slower
+# tile, the weight-major tile (T); int4's launches use PDL like its default ones (NVFP4's and FP8's tiles run slower
 # with it)
 _I4 = {"PDL": 1}
 _OWN = ("activation-major", {"T": 0})      # triton_quant_gemv's own tile, where quant_config picks another

@@ -27,7 +27,7 @@ from edgespec.config import (
 from edgespec.errors import ConfigError
 
 DEFAULT_MODE = "prompts"
-# The mode flags of the one-parser bench, each now a subcommand: the old form gets an error naming the new one.
+# Mode flags of the one-parser bench and the subcommand that replaced each: the old form gets an error naming it.
 OLD_MODE_FLAGS = {"--formats": "formats", "--shapes": "shapes", "--session": "session", "--multi-turn": "multi-turn"}
 
 

@@ -1,8 +1,8 @@
-"""Emulating a smaller GPU's SM budget on the lent one (``--sm-limit N`` of the benchmarks): a CUDA green context.
+"""Emulating a smaller GPU's SM budget on a larger one (``--sm-limit N`` of the benchmarks): a CUDA green context.
 
-A Jetson AGX Thor has 20 SMs; the lent H100/H200 has 132. A green context (``torch.cuda.green_contexts``) owns a
+A Jetson AGX Thor has 20 SMs; an H100/H200 has 132. A green context (``torch.cuda.green_contexts``) owns a
 subset of the SMs, and every kernel launched into one of its streams runs only there, so a stage's time on that
-context is its time on a GPU of that many SMs at the lent GPU's clock and memory. Hopper hands SMs out in groups
+context is its time on a GPU of that many SMs at the larger GPU's clock and memory. Hopper hands SMs out in groups
 (of 8 on an H200: asking for 20 gives 24), so the count actually granted is read back from ``%smid`` in a kernel,
 eagerly and through a replayed CUDA graph (how every benchmark times its stages), and is what the benchmarks print
 and record. The context is made current before anything else runs on the GPU, so the streams torch creates

@@ -1,11 +1,11 @@
 """Batched generation with tap capture, for making distillation data on attention-only targets.
 
 The serving path (:class:`~edgespec.models.decoder.TargetModel`) runs one sequence at a time, which on a CPU is
-weight-read bound: a 135M model decodes ~4 tok/s there, while the same weights applied to 16 rows at once cost
-barely more per step. Data generation needs throughput, not latency, so this module runs the target's own
-weights (unmerged checkpoint layout, see ``load_target(merge=False)``) over a left-padded batch with a plain
-torch KV cache, and records the tapped hidden states of every token as it goes -- the same values
-``TargetModel.forward(taps=...)`` returns (tests compare both, and the greedy tokens with the serving path's).
+weight-read bound, while the same weights applied to 16 rows at once cost barely more per step. Data generation needs
+throughput, not latency, so this module runs the target's own weights (unmerged checkpoint layout, see
+``load_target(merge=False)``) over a left-padded batch with a plain torch KV cache, and records the tapped hidden states
+of every token as it goes -- the same values ``TargetModel.forward(taps=...)`` returns (tests compare both, and the
+greedy tokens with the serving path's).
 
 Only Llama / Qwen3 style targets (every layer full attention, no output gate) take this path; others
 (Qwen3.5 hybrids) use :func:`edgespec.distill.data.generate_one` over the serving model, one sequence at a time.
@@ -108,7 +108,7 @@ def _forward(model: TargetModel, tokens: torch.Tensor, cache: _BatchCache, taps:
 def _device_generator(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
     """A generator on ``device`` seeded from ``generator`` (so a run stays reproducible), or ``generator`` itself
     when it already lives there. Sampling where the logits are avoids copying ``[B, V]`` probabilities to the host
-    every step: on a GPU that copy and a host multinomial made sampled continuations ~15x slower than greedy ones."""
+    every step, a copy and a host multinomial that would cost far more than the greedy step itself on a GPU."""
     if generator is None or generator.device == device:
         return generator
     seed = int(torch.randint(0, 2**62, (1,), generator=generator))

@@ -270,7 +270,7 @@ def suffix_branches(trie: SuffixTrie, node: int, max_len: int, max_branches: int
     """Up to ``max_branches`` continuations after ``node`` with their occurrence counts, most frequent first: the
     leaves of a best-first expansion (a path is extended by each of its ``max_branches`` most frequent children
     whose share ``count / followed(node)`` is at least ``min_prob``, up to ``max_len`` tokens). A tree verifier
-    (issue 34) merges them into one draft tree; the first is where most occurrences went.
+    (``edgespec.drafters.tree``) merges them into one draft tree; the first is where most occurrences went.
 
     Worked example, the same trie as :func:`greedy_draft`: after ``[5, 6]`` came ``7 9`` twice and ``8`` once:
 

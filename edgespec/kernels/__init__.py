@@ -64,8 +64,8 @@ def set_sm_count_limit(n: int | None) -> None:
 
 def device_sync() -> None:
     """Wait until the GPU has finished what this thread queued: the current stream, then the whole device. The
-    stream goes first because on a green context (``edgespec.bench.sm_limit``) the device-wide synchronize did not
-    wait for the context's stream (measured on an H200, torch 2.11: a stage's kernels were counted in the next)."""
+    stream goes first because on a green context (``edgespec.bench.sm_limit``) the device-wide synchronize does not
+    wait for the context's stream (a stage's kernels would be counted in the next stage's time)."""
     import torch
     torch.cuda.current_stream().synchronize()
     torch.cuda.synchronize()

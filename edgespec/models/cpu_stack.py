@@ -2,7 +2,7 @@
 ``edgespec/kernels/cpu/gguf_cpu.c``).
 
 A batch-1 decode step of the demo model is 30 layers of 8 small steps each; run from Python, every step costs a
-module call, a few tensor allocations and a ctypes call (2-4 ms of a 5-10 ms step on a 2-core CPU). Here the model
+module call, a few tensor allocations and a ctypes call, a large share of a step this small. Here the model
 is described to C once (per-layer pointers to the weights, as they are stored: GGUF blocks or dense fp32 / bf16 /
 fp16 rows), each KV cache once, and a forward of T rows is one call: the embedding rows in, the final-normed rows
 and the tapped layers' outputs out. The C stack runs the same kernels in the same order as the per-layer path

@@ -93,8 +93,8 @@ class GatedDeltaNet(nn.Module):
             o = gdn_recurrent(q, k, v, g, beta, state.recurrent, rec_slots, out_dtype=x.dtype,
                               update_state=not defer)
         z = z.reshape(T, self.hv, self.dv)
-        # A separate norm kernel on purpose: fused into the out_proj GEMV it was slower
-        # (docs/notes/attention-experiments.md).
+        # A separate norm kernel on purpose: fused into the out_proj GEMV, every GEMV program would recompute the
+        # norm of its whole input (docs/notes/attention-experiments.md compares the two).
         o = gated_rms_norm(o, z, self.norm.weight, self.norm.eps)
         return self.out_proj(o.reshape(T, self.value_dim))
 

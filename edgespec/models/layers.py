@@ -43,9 +43,9 @@ class RMSNorm(nn.Module):
 def gather_rows(table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """``table[rows]``: the rows of ``table [N, D]`` at the indices ``rows [T]``, bit for bit what ``index_select`` /
     ``nn.Embedding`` return. Indexing runs one CUDA thread per output element; ``index_select`` (and so the
-    embedding) takes a kernel that walks the indices one after another, each waiting on a memory read: on an H200
-    a 16-row verify spent 11-15 us per gather there against ~2 us for one row
-    (``tools/step_profile.py``). A packed table (a GGUF Q8_0 embedding) decodes only the rows asked for."""
+    embedding) takes a kernel that walks the indices one after another, each waiting on a memory read, so a
+    16-row verify's gather costs several times a one-row one (``tools/step_profile.py`` shows it). A packed table
+    (a GGUF Q8_0 embedding) decodes only the rows asked for."""
     if is_packed(table):
         return table.rows(rows)
     return table[rows]
@@ -263,8 +263,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is not None:
-            # Separate SwiGLU kernel on purpose: fused into the down GEMV, every GEMV program recomputes the whole
-            # input, which was slower (docs/notes/attention-experiments.md).
+            # Separate SwiGLU kernel on purpose: fused into the down GEMV, every GEMV program would recompute the
+            # whole input (docs/notes/attention-experiments.md compares the two).
             return self.down_proj(silu_mul(self.gate_up_proj(x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
@@ -320,8 +320,8 @@ class Attention(nn.Module):
             out = llama_attention_cpu(qkv, cache, start, cs, self.n_heads, self.n_kv, self.hd, self.scale)
             if out is not None:
                 return self.o_proj(out)
-        # q/k norm, RoPE and the K/V cache write: one kernel on CUDA (the split, norms, rotate-half and the
-        # scatter were ~19 small kernels per layer), the unfused torch sequence elsewhere.
+        # q/k norm, RoPE and the K/V cache write: one kernel on CUDA (in torch the split, norms, rotate-half and
+        # the scatter are ~19 small kernels per layer), the unfused torch sequence elsewhere.
         norms = self.q_norm is not None
         q, gate = qk_norm_rope_write(
             qkv, cache, start, cs, self.n_heads, self.n_kv, self.hd, self.gated,

@@ -95,7 +95,7 @@ class SparseMoE(nn.Module):
     # [E + 1, H] matrix (the two RouterLinear weights are views of it), so one GEMM gives the fused routing launch
     # all its logits.
     router_w: torch.Tensor | None = None
-    # False: the stacked paths route with torch ops and group in their own launch (the path before the fused one;
+    # False: the stacked paths route with torch ops and group in their own launch (the unfused path;
     # `tools/moe_int4_bench.py model --before` and its layer block profile compare the two).
     fused_routing: bool = True
 

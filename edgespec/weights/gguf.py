@@ -11,8 +11,8 @@ Byte ``j`` of a nibble field holds weight ``j`` (low nibble) and weight ``j + 16
 
 The product (:meth:`GGUFBlockWeight.matmul`) is the compiled kernel of ``gguf_cpu.c`` (see
 ``edgespec.kernels.cpu.gguf_native``): fp32 activations against the blocks as stored, scales widened exactly from
-fp16, fp32 sums. Why that and not torch's packed CPU kernels (measured on the 2-core EPYC, in the commit that
-added this file): ``_weight_int4pack_mm_for_cpu`` is fast only with bf16 activations and bf16 scale/zero pairs,
+fp16, fp32 sums. Why that and not torch's packed CPU kernels:
+``_weight_int4pack_mm_for_cpu`` is fast only with bf16 activations and bf16 scale/zero pairs,
 which rounds Q4_1's fp16 ``d`` and ``m`` (and every activation) to 8 bits of mantissa, and it has no Q8_0 form;
 ``_weight_int8pack_mm`` has one scale per output row, while Q8_0 has one per 32 weights. The compiled kernel
 keeps the file's numbers, covers all three formats with one code path, and every output row is computed by the

@@ -114,6 +114,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tiny_target, prompts, tmp
                 break
     finally:
         proc.wait(timeout=60)
+        proc.stderr.close()
     assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     saved = torch.load(killed / "train_state.pt", weights_only=True)["run"]
     assert 10 <= saved["step"] < int(steps) and saved["step"] % 5 == 0

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _hf_cache import hf_step
 
 from edgespec.bench.prompts import load_prompts
 from edgespec.convert import gguf as gguf_demo
@@ -201,15 +202,12 @@ def test_edgespec_logits_match_transformers_on_the_demo_model(demo_model_dir: Pa
     ids = torch.tensor(tok.encode_chat(messages))
     cache = ours.new_cache(256)
     mine = ours.forward(ids, cache).logits
-    with torch.no_grad():
-        ref = hf(ids[None], use_cache=True)
+    ref, past = hf_step(hf, ids[None])
     scale = ref.logits.abs().max().item()
     assert (mine - ref.logits[0]).abs().max().item() < 1e-4 * scale
-    past, token = ref.past_key_values, ref.logits[0, -1].argmax()
+    token = ref.logits[0, -1].argmax()
     for _ in range(8):
         step = ours.decode(token.view(1), cache)
-        with torch.no_grad():
-            ref = hf(token.view(1, 1), past_key_values=past, use_cache=True)
-        past = ref.past_key_values
+        ref, past = hf_step(hf, token.view(1, 1), past)
         assert (step - ref.logits[0, -1]).abs().max().item() < 1e-4 * scale
         token = ref.logits[0, -1].argmax()

@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 import torch
+from _hf_cache import hf_step
 
 transformers = pytest.importorskip("transformers")
 
@@ -57,16 +58,12 @@ def test_prefill_and_decode_match_transformers(family, tiny_checkpoints, hf_layo
     prompt = torch.randint(0, ours.config.vocab_size, (80,), generator=gen)
     cache = ours.new_cache(256)
     out = ours.forward(prompt, cache)                        # all 80 rows, chunked GDN (64 + 16)
-    with torch.no_grad():
-        ref = hf(prompt[None], use_cache=True)
+    ref, past = hf_step(hf, prompt[None])
     assert (out.logits - ref.logits[0]).abs().max().item() < TOL
-    past = ref.past_key_values
     token = ref.logits[0, -1].argmax()
     for _ in range(16):
         mine = ours.decode(token.view(1), cache)
-        with torch.no_grad():
-            ref = hf(token.view(1, 1), past_key_values=past, use_cache=True)
-        past = ref.past_key_values
+        ref, past = hf_step(hf, token.view(1, 1), past)
         assert (mine - ref.logits[0, -1]).abs().max().item() < TOL
         token = ref.logits[0, -1].argmax()
 

@@ -12,6 +12,7 @@ import json
 
 import pytest
 import torch
+from _hf_cache import hf_step
 from safetensors.torch import save_file
 from test_dflash import plain_greedy, prompt_ids
 
@@ -75,15 +76,12 @@ def test_golden_logits_against_transformers(qwen38_tiny):
         ids = torch.randint(0, ours.config.vocab_size, (80,), generator=torch.Generator().manual_seed(8))
         cache = ours.new_cache(128)
         out = ours.forward(ids, cache)
-        with torch.no_grad():
-            ref = hf(input_ids=ids[None], use_cache=True)
+        ref, past = hf_step(hf, ids[None])
         assert (out.logits - ref.logits[0]).abs().max().item() < 1e-4
-        past, token = ref.past_key_values, ref.logits[0, -1].argmax()
+        token = ref.logits[0, -1].argmax()
         for _ in range(12):
             mine = ours.decode(token.view(1), cache)
-            with torch.no_grad():
-                ref = hf(input_ids=token.view(1, 1), past_key_values=past, use_cache=True)
-            past = ref.past_key_values
+            ref, past = hf_step(hf, token.view(1, 1), past)
             assert (mine - ref.logits[0, -1]).abs().max().item() < 1e-4
             token = ref.logits[0, -1].argmax()
     finally:

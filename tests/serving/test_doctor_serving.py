@@ -1,4 +1,5 @@
-"""``edgespec doctor`` reports the demo model's conversion and whether the serving stack imports."""
+"""``edgespec doctor`` reports where the demo model comes from, the CPU's products and whether the serving stack
+imports."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ from pathlib import Path
 import pytest
 
 from edgespec import doctor
+from edgespec.kernels.cpu.gguf_native import Toolchain
 
 
 def test_doctor_reports_demo_and_serving(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path))     # an empty cache: nothing converted there
     status = doctor.demo_model_status()
-    assert status.startswith(("not converted", "unavailable")), status
+    assert status.startswith("ready: ") and "served packed" in status and "not converted yet" in status, status
+    products = doctor.cpu_products_line()
+    assert ("compiled CPU products" in products) == (Toolchain.find() is not None), products
     serving = doctor.serving_status()
     assert serving.startswith("ok (") and "llguidance" in serving and "prometheus-client" in serving
     info = doctor.report()
@@ -21,4 +25,4 @@ def test_doctor_reports_demo_and_serving(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 def test_doctor_sees_a_converted_demo(demo_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(demo_model_dir.parent))
-    assert doctor.demo_model_status().startswith("converted at")
+    assert "(gguf_weights: fp32) converted at" in doctor.demo_model_status()

@@ -185,8 +185,8 @@ def test_sigterm_while_loading_exits_cleanly_and_logs_carry_time_and_id(tiny_dir
         except httpx.TransportError:
             time.sleep(0.02)
     loading.send_signal(signal.SIGTERM)
-    rc = loading.wait(120)
-    output = loading.stdout.read().decode()
+    output = loading.communicate(timeout=120)[0].decode()     # waits, reads and closes the pipe
+    rc = loading.returncode
     assert rc in (0, 143), output
     assert "terminate called" not in output and "Traceback" not in output, output
 

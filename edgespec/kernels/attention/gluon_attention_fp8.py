@@ -31,7 +31,7 @@ Default launch (``GLUON_DECODE``): one warp per program on 32-key tiles, four pr
 keys it runs level with or ahead of the Triton program. What it still spends above a plain streaming read of the same
 bytes is the start (every program asks for its first tile at once) and uneven finishes (``lab/attn_trace.py``);
 evening them out (tiles claimed from a counter, a ramped ring start, the merge inside this launch behind a per-KV-head
-barrier) was slower. The 32-key blocks are dealt out evenly (``BALANCE``: no split left empty, every SM four busy
+barrier) is slower. The 32-key blocks are dealt out evenly (``BALANCE``: no split left empty, every SM four busy
 programs). Figures: docs/benchmarks.md, "Kernel launch choices"; the experiments: docs/notes/attention-experiments.md.
 
 The scales follow the Triton program's "tile" rule (``V_SCALE_TILE``): the k scale multiplies the logits, and each
@@ -302,9 +302,9 @@ def _fp8_decode_kernel(
 
 
 # Launch of the Gluon decode program (``config`` keys of cached_attention_triton): warps per program, keys per warp per
-# iteration, copy stages; ``waves`` (programs per SM) follows from shared memory. One warp on 32 keys and 3 stages won
-# the sweep of lab/attn_overhead_probe.py over warps, keys per warp and stages; ``BALANCE`` 1 deals the key range out in
-# whole 32-key blocks (0: whole tiles per split, rounded up, which left the last splits empty). Figures:
+# iteration, copy stages; ``waves`` (programs per SM) follows from shared memory. One warp on 32 keys and 3 stages are
+# the best of lab/attn_overhead_probe.py's sweep over warps, keys per warp and stages; ``BALANCE`` 1 deals the key range
+# out in whole 32-key blocks (0: whole tiles per split, rounded up, which leaves the last splits empty). Figures:
 # docs/benchmarks.md, "Kernel launch choices".
 GLUON_DECODE: dict[str, int] = {"num_warps": 1, "BLOCK_W": 32, "num_stages": 3, "BALANCE": 1}
 # The config keys this program takes: its launch's, and the programs per SM and split count the rule derives.

@@ -1,13 +1,13 @@
 """The attention prologue: split the merged q/k/v projection, per-head q/k RMSNorm, NeoX RoPE, KV-cache write.
 
-Between the qkv GEMV and the attention kernel a layer used to run ~19 small torch kernels (the gated q/gate
-split copy, two norms, rotate-half with its cats and products, the cache scatter and the FP8 quantisation), all
+Between the qkv GEMV and the attention kernel, torch runs ~19 small kernels per layer (the gated q/gate split
+copy, two norms, rotate-half with its cats and products, the cache scatter and the FP8 quantisation), all
 launches and latency (docs/benchmarks.md, "Design figures").
 :func:`qk_norm_rope_write` does it in one Triton launch on CUDA (:mod:`edgespec.kernels.attention.triton_rope`).
 
-The torch reference below is composed from the pieces the model used before the fusion (``rms_norm_ref``, the
-rotate-half of :class:`~edgespec.models.layers.RotaryEmbedding`, :meth:`KVCache.write`), so it is today's maths
-and today's rounding by construction; the CPU path runs it.
+The torch reference below is composed from the model's own pieces (``rms_norm_ref``, the rotate-half of
+:class:`~edgespec.models.layers.RotaryEmbedding`, :meth:`KVCache.write`), so its maths and rounding are the
+unfused model's by construction; the CPU path runs it.
 
 :func:`head_norm_rope` is the general "RMSNorm the first n heads, each by its own weight, then rotate" op of the
 DFlash drafter (its block q|k heads, and every drafter layer's context keys stacked ``[layers, T, Hkv, hd]``):
@@ -90,7 +90,7 @@ def qk_norm_rope_write(qkv: torch.Tensor, cache: KVCache, start: int, cs: tuple[
     ``w`` (Qwen3); Llama passes no norm weights. One Triton launch on CUDA for bf16 activations, the torch
     reference elsewhere. Not bit-identical to the torch sequence on a GPU: on an H200 up to ~12% of the q
     elements differ in the last bit (relative error ~1.5e-3), which is harmless for speculative parity because
-    decode and verify both run this kernel; fp16 stays on the torch path until it has been measured on a GPU.
+    decode and verify both run this kernel; fp16 stays on the torch path (the kernel is checked on GPUs in bf16).
     """
     if qkv.dtype == torch.bfloat16 and use_triton(qkv):
         from edgespec.kernels.attention.triton_rope import qk_norm_rope_write_triton
@@ -128,7 +128,7 @@ def head_norm_rope(x: torch.Tensor, n: int, weight: torch.Tensor, cos: torch.Ten
 
     One Triton launch on CUDA for bf16, the torch reference elsewhere; ValueError on inputs that do not fit.
     On a GPU the kernel's rstd may differ from torch's in its last bit (another summation order), moving a rare
-    element by one rounding step. fp16 stays on the torch path until it has been measured on a GPU.
+    element by one rounding step. fp16 stays on the torch path (the kernel is checked on GPUs in bf16).
     """
     if x.dtype == torch.bfloat16 and use_triton(x):
         from edgespec.kernels.attention.triton_rope import head_norm_rope_triton

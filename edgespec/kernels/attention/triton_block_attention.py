@@ -22,8 +22,8 @@ widened to float32 (:class:`~edgespec.drafters.window.FeatureWindow`), so narrow
 exact, and ``q . k`` is a bf16/fp16 product with float32 accumulation, the reference's float32 product up to the
 summation order. The probabilities are float32: ``p V`` runs as two products, ``p_hi V + p_lo V`` with
 ``p_hi = bf16(p)`` and ``p_lo = bf16(p - p_hi)`` (16 significant bits, against float32's 24; the output is rounded
-to 8). A first version ran IEEE float32 products on the FMA units, an order of magnitude slower than the seven
-launches of the reference (tools/step_profile.py --drafter; figures: docs/benchmarks.md, "Design figures").
+to 8). IEEE float32 products on the FMA units would run an order of magnitude slower than the seven launches of
+the reference (tools/step_profile.py --drafter; figures: docs/benchmarks.md, "Design figures").
 
 CUDA graphs: nothing is read back to the host; the scratch partials come from ``torch.empty`` per call and the
 grid depends only on the shapes.

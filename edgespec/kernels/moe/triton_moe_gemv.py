@@ -38,8 +38,8 @@ from edgespec.kernels.quant.triton_quant_tiles import _int4_word_values, wave_sp
 # ``max_rows``: the most rows this path takes (more go to the tensor-core tiles); weight rows per program of the
 # up (gate and up rows each) and down kernels; programs wanted per SM (K is split until the touched experts'
 # blocks reach them); the fewest K tiles a down split keeps; warps per program. The values are the sweep's best on
-# the 35B-A3B layer (H200, docs/benchmarks.md): this path beat the tensor-core tiles at 1 and 2 rows (20.5 and
-# 33.1 us against 35.7 and 43.0) and lost at 4 (73.0 against 47.2), so it takes up to 2.
+# the 35B-A3B layer (H200, docs/benchmarks.md): this path beats the tensor-core tiles at 1 and 2 rows and loses at 4,
+# so it takes up to 2.
 GEMV_TUNING = {"max_rows": 2, "up_block_n": 16, "down_block_n": 32, "waves": 8, "down_min_tiles": 1,
                "num_warps": 4}
 _SUM_BLOCK = 512

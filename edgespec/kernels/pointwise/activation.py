@@ -5,8 +5,8 @@
   ``g = -exp(A_log) * softplus(a + dt_bias)`` and ``beta = sigmoid(b)`` (about 8 kernels -> 1).
 
 On a batch-1 decode step these ops move a few kilobytes: their cost is launches and latency, which add up over
-dozens of layers (Qwen3.5-4B on an H200: ~400 elementwise kernels per decode step before fusing; see
-``tools/step_profile.py``). The torch references below define the rounding the kernels reproduce.
+dozens of layers (unfused, a Qwen3.5-4B decode step runs ~400 elementwise kernels; ``tools/step_profile.py``
+counts them). The torch references below define the rounding the kernels reproduce.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Here each program owns ``BLOCK_N`` output rows and walks the whole K extent in `
 element is read once, coalesced along K, multiplied by the broadcast input slice and accumulated in fp32 per
 row; no split-K, so no second kernel and no partial sums in memory. The input vector is tiny and stays in cache.
 Verify rows go through :func:`skinny_gemm_triton`: the same weight streaming with the rows as one 16-row
-tensor-core tile (cuBLAS's 16-row kernels ran slower than its own one-row ones).
+tensor-core tile (cuBLAS's 16-row kernels run slower than its own one-row ones).
 Contract: :func:`edgespec.kernels.quant.linear.linear_ref` (fp32 accumulation, output in x's dtype).
 """
 

@@ -10,7 +10,8 @@ Layouts: :mod:`edgespec.weights.gguf_kquants`. Each program owns ``BLOCK_N`` wei
 (the K split, sized by ``wave_splits`` to fill the SMs and summed in a fixed order by the split-sum kernel, so the
 same bits on every run); the activation rows (up to :data:`GEMV_MAX_ROWS`) each keep their own accumulator and
 run the very same operations, so a row's result does not depend on how many rows ride with it. How many rows each
-format is sent here is ``edgespec.kernels.quant.route.KQUANT_GEMV_ROWS`` (measured: Q4_K one, Q6_K up to four).
+format is sent here is ``edgespec.kernels.quant.route.KQUANT_GEMV_ROWS`` (Q4_K one, Q6_K up to four: where it beats the
+tiles).
 
 * Q4_K / Q5_K (read as int32 words, 36 / 44 per super-block): per sub-block of 32 the products ``sum(q * x)``
   are accumulated per word column, then scaled once: ``acc += (d * sc) * dot - (dmin * m) * sum(x)``. Q4_K's

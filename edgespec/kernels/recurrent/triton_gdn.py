@@ -11,8 +11,8 @@ The chunked form (prefill) has two halves. The intra-chunk, state-independent ha
 decays, the lower-triangular solve ``(I + A) [W | U0] = [beta exp(G) K | beta V]`` of the WY form, the masked
 ``Q K^T``) runs for all chunks at once in batched torch: a handful of large launches, no per-chunk Python
 loop. The triangular solve is deliberately batched torch (block-doubling inverse): an in-register forward
-substitution over 64 rows was tried first and ran at half the speed of the whole torch reference on an H200
-(64 dependent steps of cross-warp reductions; probably register spills too), and inverting by repeated
+substitution over 64 rows runs at half the speed of the whole torch reference on an H200 (64 dependent steps of
+cross-warp reductions; probably register spills too), and inverting by repeated
 squaring is numerically unsafe when neighbouring keys are nearly parallel. The inter-chunk half, the
 sequential scan ``U = U0 - W S; O = Qg S + P U; S = e^{G_C} S + Kt^T U``, is one Triton launch with the state
 tile in registers and IEEE-fp32 matrix products, so the result tracks the fp32 reference rather than a tf32
@@ -32,8 +32,8 @@ from edgespec.kernels.recurrent.gdn_common import prepare_qk, triton_chunk_ok
 
 # T, write_state and save_slots are not specialised: decode (T=1), verify (T=K+1, with or without checkpoints),
 # the deferred verify (no state write) and the commit then run one compiled kernel, so every step rounds the same
-# way whichever of them runs it (a T=1 or no-store specialisation let the compiler contract the last step's
-# products differently: deferred and updating verifies differed in the last bit on an H200).
+# way whichever of them runs it (a T=1 or no-store specialisation lets the compiler contract the last step's
+# products differently: deferred and updating verifies would differ in the last bit).
 @triton.jit(do_not_specialize=["T", "write_state", "save_slots"])
 def _gdn_recurrent_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, slots_ptr, o_ptr,
@@ -225,7 +225,7 @@ def gdn_tile(dv: int, options: KernelOptions | None = None) -> GDNTile:
 
     One warp per program: every reduction over dk stays inside the warp (shuffles, no shared-memory round trip
     and barrier), which is what the chain of dependent steps waits on. 16-wide dv tiles give Qwen3.5-4B / -27B
-    heads 256 / 384 programs; wider tiles, narrower ones and more warps were slower (docs/benchmarks.md,
+    heads 256 / 384 programs; wider tiles, narrower ones and more warps are slower (docs/benchmarks.md,
     "Kernel launch choices").
     The ``gdn_block_v`` / ``gdn_warps`` kernel options (``EDGESPEC_GDN_BLOCK_V`` / ``EDGESPEC_GDN_WARPS``;
     checked by :class:`~edgespec.kernels.options.KernelOptions`) override it for tuning runs (``--gdn-sweep``

@@ -9,8 +9,8 @@ predicts the token after ``tokens[i]``. :func:`greedy_verdict` returns one ``int
 so the accepted tokens are ``d_1 .. d_n`` followed by ``targets[n]`` (the correction, or the bonus token when
 every draft matched: n = K). R == 1 (a plain decode step) gives n = 0 and the next greedy token in ``out[1]``.
 
-Why: the accept stage of a speculative cycle used to run, after the verify graph's replay, an argmax over
-``[16, 248k]`` logits plus ~6 small torch launches (compare, cumprod, sum, cat) and a host transfer. Computed
+Why: outside the verify graph the accept stage would run, after the graph's replay, an argmax over ``[16, 248k]``
+logits plus ~6 small torch launches (compare, cumprod, sum, cat) and a host transfer. Computed
 inside the verify graph with no host synchronisation (no ``.item()``, no branching on tensor values), all the
 accept stage has left is one copy of R + 1 integers. On CUDA two Triton launches do it
 (:mod:`edgespec.kernels.verify.triton_argmax`); the torch reference below runs elsewhere and is graph-capturable too.

@@ -16,9 +16,8 @@ each row sits at position ``start + depth`` and must see only the committed pref
 Every op equals running each root-to-leaf branch as its own chain (tests/kernels/test_tree_kernels.py). The conv and
 the GDN have Triton kernels too (:func:`tree_conv_gates`, :mod:`edgespec.kernels.verify.triton_tree_gdn`), checked
 against these references and the chains (tests/kernels/test_tree_triton.py) and chosen on CUDA by the
-``draft_tree_kernels`` kernel option: ``reference`` (the default), ``conv`` or ``triton``. The Triton GDN took
-293 us per 27B layer against the reference's 135 us on an H200 (docs/benchmarks.md); the conv's CUDA tests have not
-run yet, so neither is the default.
+``draft_tree_kernels`` kernel option: ``reference`` (the default), ``conv`` or ``triton``. The Triton GDN is
+slower than the reference on a 27B layer on an H200 (docs/benchmarks.md), so neither is the default.
 """
 
 from __future__ import annotations
@@ -70,8 +69,9 @@ class TreeMask:
             bits[t] |= 1 << t
         # bit 63 is the sign bit of an int64: store the same 64 bits as a signed value.
         bits_t = torch.tensor([b - (1 << 64) if b >= 1 << 63 else b for b in bits], dtype=torch.int64)
-        # The mask from the bits in one op (a captured tree verify builds one per cycle on the host; row by row it
-        # was two tensor ops per row). An arithmetic shift keeps every bit below the sign, so bit 63 reads right too.
+        # The mask from the bits in one op (a captured tree verify builds one per cycle on the host; row by row
+        # it would take two tensor ops per row). An arithmetic shift keeps every bit below the sign, so bit 63
+        # reads right too.
         anc = ((bits_t[:, None] >> torch.arange(T)[None, :]) & 1).bool()
         return cls(torch.tensor(par, device=device), torch.tensor(depth, device=device), anc.to(device),
                    bits_t.to(device))

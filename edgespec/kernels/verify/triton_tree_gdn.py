@@ -21,8 +21,8 @@ than a tf32 approximation of it; ``precision="tf32x3"`` is the faster near-fp32 
 (``bits``), so a launch needs no host-built table and nothing that depends on the tree's values: it can be captured
 in a CUDA graph.
 
-Not the default (``draft_tree_kernels: triton`` chooses it): on an H200, one 27B layer at 33 rows took 293 us (ieee;
-253 us with one part per head, 140 us with tf32x3) against the torch reference's 135 us. What bounds it: each head's
+Not the default (``draft_tree_kernels: triton`` chooses it): on an H200 it is slower than the torch reference on a
+27B layer at 33 rows in every precision (docs/benchmarks.md). What bounds it: each head's
 work (~7 M fp32 FMAs at 64 rows) runs on the CUDA cores of one SM, the FMA products of 64 x 128 fp32 tiles spill
 (ptxas: 255 registers and ~10 kB of spill stores a thread at 8 warps), 33 rows pad to 64, and the doubling inverse
 multiplies whole 64 x 64 tiles (3.1 M FMAs) where only the diagonal blocks carry work (0.09 M).
@@ -101,7 +101,7 @@ def gdn_tree_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     set when s is on t's path). ``state`` is read, never written. Returns ``o [T, Hv, dv]`` in ``out_dtype``.
     ``precision``, ``parts`` (programs per value head, each redoing the head's T x T work for its share of dv),
     ``block_v`` and ``num_warps``: the launch (benchmarks try others; the defaults are what a forward uses: one part
-    per head took 253 us against two parts' 293 us per 27B layer at 33 rows on an H200)."""
+    per head, faster than two on a 27B layer at 33 rows on an H200)."""
     q, k, v = _check(q, k, v, g, beta, state)
     T, n_k, dk = q.shape
     n_v, dv = v.shape[1], v.shape[2]
