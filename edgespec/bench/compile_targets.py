@@ -202,7 +202,7 @@ def record_shape(shape: str, fmt: str, target: Target, rows: Sequence[int] = ROW
     hooks = hooks_class(target.arch)()
     with recording(target, launches, stage), torch.device("meta"):
         model = meta_model(shape_config(shape), fmt, torch.bfloat16)
-        model.rope = RotaryEmbedding(model.config, 4096)
+        model.rope = RotaryEmbedding(model.config, 4096).to("meta")    # its tables are built on the host
         for sub in model.modules():
             if isinstance(sub, PackedWeight):
                 sub.kernel = hooks.weight_kernel(sub, target.capability)

@@ -79,6 +79,7 @@ def meta_model(cfg_dict: dict[str, Any], fmt: str, dtype: torch.dtype, group: in
     cfg = parse_config(cfg_dict)
     with torch.device("meta"):
         model = TargetModel(cfg, max_positions=1, with_mtp=with_mtp)
+        model.to("meta")    # the rotary tables are built on the host whatever the ambient device
         model.to(dtype)
         for name, p in model.named_parameters():
             if name.endswith(("A_log", "dt_bias")):

@@ -63,90 +63,108 @@ class GGUFTensor:
 _SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 
 
-def read_tensor_table(path: Path, mm: np.ndarray | None = None) -> list[GGUFTensor]:
-    """The tensors of a GGUF file, reading only what locating them needs (gguf-py's reader also decodes every
-    metadata value -- the demo's 49k-token vocabulary took most of a load). ``mm``: the file already mapped
-    (:func:`map_file`), so that the tensors view that mapping. Damaged files raise :class:`CheckpointError` naming
-    the file."""
-    import gguf
+class _HeaderCursor:
+    """Reads a GGUF header's little-endian fields in order from a buffer."""
 
-    if mm is None:
-        mm = np.memmap(path, dtype=np.uint8, mode="r")
-    buf = memoryview(mm)
-    pos = 0
+    def __init__(self, buf: memoryview) -> None:
+        self.buf, self.pos = buf, 0
 
-    def take(fmt: str) -> tuple:
-        nonlocal pos
-        vals = struct.unpack_from("<" + fmt, buf, pos)
-        pos += struct.calcsize("<" + fmt)
+    def take(self, fmt: str) -> tuple:
+        vals = struct.unpack_from("<" + fmt, self.buf, self.pos)
+        self.pos += struct.calcsize("<" + fmt)
         return vals
 
-    def skip_value(kind: int) -> None:
-        nonlocal pos
-        if kind == 8:
-            (n,) = take("Q")
-            pos += n
-        elif kind == 9:
-            sub, count = take("IQ")
+    def text(self) -> str:
+        (n,) = self.take("Q")
+        raw = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return raw.decode("utf-8")
+
+    def skip_value(self, kind: int) -> None:
+        if kind == 8:                        # string
+            (n,) = self.take("Q")
+            self.pos += n
+        elif kind == 9:                      # array
+            sub, count = self.take("IQ")
             if sub in _SCALAR_BYTES:
-                pos += _SCALAR_BYTES[sub] * count
+                self.pos += _SCALAR_BYTES[sub] * count
             else:
                 for _ in range(count):
-                    skip_value(sub)
+                    self.skip_value(sub)
         else:
-            pos += _SCALAR_BYTES[kind]
+            self.pos += _SCALAR_BYTES[kind]
 
+
+def _read_header(path: Path, buf: memoryview) -> tuple[list[tuple[str, tuple, int, int]], int]:
+    """The tensor infos ``(name, dims, ggml type, offset)`` of a GGUF header and the byte where tensor data starts;
+    metadata values are skipped, not decoded (only ``general.alignment`` is read)."""
+    cur = _HeaderCursor(buf)
     try:
-        magic, version, n_tensors, n_kv = take("4sIQQ")
+        magic, version, n_tensors, n_kv = cur.take("4sIQQ")
         if magic != b"GGUF" or version < 2:
             raise CheckpointError(f"{path}: not a GGUF v2/v3 file (magic {magic!r}, version {version})")
         alignment = 32
         for _ in range(n_kv):
-            (n,) = take("Q")
-            key = bytes(buf[pos:pos + n]).decode("utf-8", errors="replace")
-            pos += n
-            (kind,) = take("I")
+            (n,) = cur.take("Q")
+            key = bytes(buf[cur.pos:cur.pos + n]).decode("utf-8", errors="replace")
+            cur.pos += n
+            (kind,) = cur.take("I")
             if key == "general.alignment" and kind == 4:
-                (alignment,) = take("I")
+                (alignment,) = cur.take("I")
             else:
-                skip_value(kind)
+                cur.skip_value(kind)
         infos = []
         for _ in range(n_tensors):
-            (n,) = take("Q")
-            name = bytes(buf[pos:pos + n]).decode("utf-8")
-            pos += n
-            (n_dims,) = take("I")
-            dims = take("Q" * n_dims)
-            kind, offset = take("IQ")
+            name = cur.text()
+            (n_dims,) = cur.take("I")
+            dims = cur.take("Q" * n_dims)
+            kind, offset = cur.take("IQ")
             infos.append((name, dims, kind, offset))
     except (struct.error, KeyError, RecursionError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path}: not a readable GGUF file (header: {exc})") from None
-    start = (pos + alignment - 1) // alignment * alignment
-    tensors = []
-    for name, dims, kind, offset in infos:
-        try:
-            block, type_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
-        except (ValueError, KeyError):
-            raise UnsupportedModelError(f"{path}: tensor {name} has unknown ggml type {kind}") from None
-        count = int(np.prod(dims)) if dims else 1
-        nbytes = count // block * type_bytes
-        begin = start + offset
-        if begin + nbytes > mm.size:
-            raise CheckpointError(f"{path}: tensor {name} ends at byte {begin + nbytes} but the file has "
-                                  f"{mm.size} bytes (truncated file?)")
-        raw = mm[begin:begin + nbytes]
-        rows = count // dims[0] if dims else 1
-        if kind in (0, 1):
-            data = raw.view(np.float32 if kind == 0 else np.float16).reshape(tuple(reversed(dims)))
-        elif kind == 30:
-            data = raw.view(np.uint16).reshape(tuple(reversed(dims)))
-        else:
-            data = raw.reshape(rows, nbytes // max(1, rows))
-        tensors.append(GGUFTensor(name, kind, tuple(int(d) for d in dims), data, begin))
-    # take/skip_value form a reference cycle holding buf: released here, the mapping lives only as long as the
-    # tensors' views (not until the next garbage collection).
-    buf.release()
-    return tensors
+    return infos, (cur.pos + alignment - 1) // alignment * alignment
+
+
+def _tensor_view(path: Path, mm: np.ndarray, start: int, name: str, dims: tuple, kind: int,
+                 offset: int) -> GGUFTensor:
+    """One tensor of the mapped file ``mm`` as a view of its bytes: float types shaped as stored, BF16 as uint16,
+    block-quantized types as ``[rows, bytes per row]``."""
+    import gguf
+
+    try:
+        block, type_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
+    except (ValueError, KeyError):
+        raise UnsupportedModelError(f"{path}: tensor {name} has unknown ggml type {kind}") from None
+    count = int(np.prod(dims)) if dims else 1
+    nbytes = count // block * type_bytes
+    begin = start + offset
+    if begin + nbytes > mm.size:
+        raise CheckpointError(f"{path}: tensor {name} ends at byte {begin + nbytes} but the file has "
+                              f"{mm.size} bytes (truncated file?)")
+    raw = mm[begin:begin + nbytes]
+    rows = count // dims[0] if dims else 1
+    if kind in (0, 1):
+        data = raw.view(np.float32 if kind == 0 else np.float16).reshape(tuple(reversed(dims)))
+    elif kind == 30:
+        data = raw.view(np.uint16).reshape(tuple(reversed(dims)))
+    else:
+        data = raw.reshape(rows, nbytes // max(1, rows))
+    return GGUFTensor(name, kind, tuple(int(d) for d in dims), data, begin)
+
+
+def read_tensor_table(path: Path, mm: np.ndarray | None = None) -> list[GGUFTensor]:
+    """The tensors of a GGUF file, reading only what locating them needs (gguf-py's reader also decodes every
+    metadata value, the demo's 49k-token vocabulary among them). ``mm``: the file already mapped
+    (:func:`map_file`), so that the tensors view that mapping. Damaged files raise :class:`CheckpointError` naming
+    the file."""
+    if mm is None:
+        mm = np.memmap(path, dtype=np.uint8, mode="r")
+    buf = memoryview(mm)
+    try:
+        infos, start = _read_header(path, buf)
+    finally:
+        buf.release()    # the mapping then lives exactly as long as the tensors' views
+    return [_tensor_view(path, mm, start, *info) for info in infos]
 
 
 def _type_name(kind: int) -> str:

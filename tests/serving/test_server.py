@@ -368,7 +368,12 @@ def test_queue_full_is_429_with_retry_after(engine: Engine, tiny_dir: Path) -> N
         threads = [threading.Thread(target=ask) for _ in range(2)]
         for t in threads:
             t.start()
-            time.sleep(0.15)  # first one running, second one queued
+        # The third request must find the first one running and the second queued: wait for that state (the
+        # gauges) rather than for a fixed time, which a loaded machine overruns.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (metric(s.url, "edgespec:num_requests_running") >= 1
+                                                   and metric(s.url, "edgespec:num_requests_waiting") >= 1):
+            time.sleep(0.005)
         r = httpx.post(s.url + "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 4})
         assert r.status_code == 429, r.text
         assert int(r.headers["retry-after"]) >= 1 and r.json()["error"]["code"] == "queue_full"

@@ -212,7 +212,8 @@ def qk_norm_rope_write_triton(qkv: torch.Tensor, cache: KVCache, start: int,
     elif not 0 <= start <= cache.max_len - T:
         raise ValueError(f"rows {start}..{start + T - 1} fall outside the cache of {cache.max_len}")
     if any(t.device != qkv.device for t in tensors):
-        raise ValueError("qkv, angles, norm weights, pos_t and the cache must be on one device")
+        devices = sorted({str(t.device) for t in tensors})
+        raise ValueError(f"qkv, angles, norm weights, pos_t and the cache must be on one device, got {devices}")
 
     q = torch.empty((T, n_heads, hd), dtype=qkv.dtype, device=qkv.device)
     gate = qkv[:, :q_out].view(T, n_heads, 2 * hd)[..., hd:] if gated else None
