@@ -33,8 +33,8 @@ from edgespec.distill.checkpoint import load_state, save_drafter, save_state
 from edgespec.distill.curve import write_curve
 from edgespec.distill.data import Sequence_
 from edgespec.distill.kinds import TrainObjective
-from edgespec.drafters.draft_vocab import rank_by_counts
 from edgespec.distill.objective import accepted_drafts, make_blocks, pack_blocks, sampled_vocab
+from edgespec.drafters.draft_vocab import rank_by_counts
 
 
 @dataclass
