@@ -104,9 +104,13 @@ class DFlashProposer(Proposer):
         else:
             self._head_weight = target.lm_head_weight
         self.block_rows = "full"            # set_cpu_step: the rows of a draft's block forward
-        # set_draft_vocab: the draft vocabulary's token ids and the head's rows of them (None: the full head).
+        # set_draft_vocab: the draft vocabulary's token ids (the ranked ones, then the request's own) and the head's
+        # rows of the ranked ones and of the request's (None: the full head).
         self._draft_ids: torch.Tensor | None = None
         self._head_subset: torch.Tensor | None = None
+        self._ranked_ids: torch.Tensor | None = None
+        self._in_draft_vocab: torch.Tensor | None = None     # [V] bool: the ids _draft_ids holds
+        self._request_rows: torch.Tensor | None = None
         self.history: list[int] = []     # prompt + emitted tokens; the window covers history[end-length : end]
         # Head output of the last propose in the head's dtype (see last_logits); in graph mode a view of the static
         # output, valid until the next propose.
@@ -148,11 +152,14 @@ class DFlashProposer(Proposer):
         self.window.reset()
         self.history = []
         self._last_scores = None
+        if self._ranked_ids is not None:
+            self._set_vocab(self._ranked_ids)
 
     @torch.inference_mode()
     def begin(self, prompt_ids: Sequence[int], prefill: ForwardOutput) -> None:
         self.reset()
         self.history = list(prompt_ids)
+        self._add_request_tokens(self.history)
         n = len(self.history)
         keep = min(self.window.capacity, n) if self.window_seed else 1
         # The prefill covers the last ``rows`` prompt positions (all of them unless a cached prefix was resumed).
@@ -170,6 +177,7 @@ class DFlashProposer(Proposer):
             taps = self._require_taps(verify, rows, "verify")
             self._append(taps[:rows], self.window.end)
         self.history.extend(int(t) for t in tokens)
+        self._add_request_tokens(tokens)
 
     @torch.inference_mode()
     def propose(self, last_token: int, k: int) -> Draft | None:
@@ -211,8 +219,12 @@ class DFlashProposer(Proposer):
     def _draft_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """:meth:`_head` over the draft vocabulary (:meth:`set_draft_vocab`: column ``j`` scores token
         ``_draft_ids[j]``), else over all of it."""
-        weight = self._head_subset if self._head_subset is not None else self._head_weight
-        return linear(hidden.to(weight.dtype), weight)
+        if self._head_subset is None:
+            return linear(hidden.to(self._head_weight.dtype), self._head_weight)
+        scores = linear(hidden.to(self._head_subset.dtype), self._head_subset)
+        if self._request_rows is None:
+            return scores
+        return torch.cat([scores, linear(hidden.to(self._request_rows.dtype), self._request_rows)], dim=-1)
 
     def _head_vocab(self) -> int:
         w = self._head_weight
@@ -229,11 +241,13 @@ class DFlashProposer(Proposer):
         self.block_rows = block_rows
 
     def set_draft_vocab(self, ids: torch.Tensor | None) -> None:
-        """Score only the token ids ``ids`` (:mod:`edgespec.drafters.draft_vocab`; None: the full head): their
-        head rows are gathered once into a small packed copy (GGUF blocks or dense rows, as the head stores them),
-        and each draft is the argmax over them. Lossless (the target verifies every draft); only which drafts it is
-        asked to verify can change. Not in CUDA graph mode (the captured graph scores the full head)."""
-        self._draft_ids = self._head_subset = None
+        """Score only the token ids ``ids`` (:mod:`edgespec.drafters.draft_vocab`; None: the full head) and the
+        request's own tokens (prompt and output: answers copy the request's words, rare ones included): the ranked
+        ids' head rows are gathered once into a small packed copy (GGUF blocks or dense rows, as the head stores
+        them), the request's other tokens' rows per request and as they appear, and each draft is the argmax over
+        them all. Lossless (the target verifies every draft); only which drafts it is asked to verify can change.
+        Not in CUDA graph mode (the captured graph scores the full head)."""
+        self._draft_ids = self._head_subset = self._ranked_ids = self._in_draft_vocab = self._request_rows = None
         if ids is None:
             return
         if self.cuda_graphs:
@@ -245,8 +259,30 @@ class DFlashProposer(Proposer):
             raise ValueError(f"draft vocabulary: ids must be a non-empty list within 0..{vocab - 1}")
         if ids.numel() >= vocab:      # the whole head: nothing to gain
             return
-        self._draft_ids = ids.to(self.target.device)
-        self._head_subset = _gathered_rows(self._head_weight, self._draft_ids)
+        self._ranked_ids = ids.to(self.target.device)
+        self._head_subset = _gathered_rows(self._head_weight, self._ranked_ids)
+        self._set_vocab(self._ranked_ids)
+        self._add_request_tokens(self.history)
+
+    def _set_vocab(self, ranked: torch.Tensor) -> None:
+        """The draft vocabulary back to the ranked ids alone (a new request)."""
+        self._draft_ids, self._request_rows = ranked, None
+        self._in_draft_vocab = torch.zeros(self._head_vocab(), dtype=torch.bool, device=ranked.device)
+        self._in_draft_vocab[ranked] = True
+
+    def _add_request_tokens(self, tokens: Sequence[int]) -> None:
+        """Add the request's tokens outside the draft vocabulary to it (their head rows gathered)."""
+        if self._in_draft_vocab is None or not len(tokens):
+            return
+        t = torch.as_tensor(list(tokens), dtype=torch.long, device=self._in_draft_vocab.device)
+        t = t[(t >= 0) & (t < self._in_draft_vocab.numel())]
+        new = t[~self._in_draft_vocab[t]].unique()
+        if not new.numel():
+            return
+        self._in_draft_vocab[new] = True
+        self._draft_ids = torch.cat([self._draft_ids, new])
+        extra = self._draft_ids[self._ranked_ids.numel():]
+        self._request_rows = _gathered_rows(self._head_weight, extra)
 
     @torch.inference_mode()
     def block_hidden(self, anchor: int, rows: int | None = None) -> torch.Tensor:

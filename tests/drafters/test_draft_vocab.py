@@ -50,14 +50,24 @@ def test_proposals_are_the_argmax_over_the_subset(tiny) -> None:
     ids = torch.randperm(vocab, generator=torch.Generator().manual_seed(0))
     ids = ids[~torch.isin(ids, full.tokens)][:vocab // 3]
     prop.set_draft_vocab(ids)
+    # the ranked ids, then the request's own tokens outside them (answers copy the request's words)
+    own = sorted(set(prop.history) - set(ids.tolist()))
+    vocab_ids = torch.cat([ids, torch.tensor(own)])
+    assert torch.equal(prop._draft_ids, vocab_ids)
     sub = prop.propose(prop.history[-1], 7).tokens
-    assert torch.equal(sub, ids[full_logits[:, ids].argmax(-1)])
-    assert not torch.isin(sub, full.tokens).any()
+    assert torch.equal(sub, vocab_ids[full_logits[:, vocab_ids].argmax(-1)])
     logits = prop.last_logits
     outside = torch.ones(vocab, dtype=torch.bool)
-    outside[ids] = False
+    outside[vocab_ids] = False
     assert torch.isinf(logits[:, outside]).all()
-    torch.testing.assert_close(logits[:, ids], full_logits[:, ids])
+    torch.testing.assert_close(logits[:, vocab_ids], full_logits[:, vocab_ids])
+    # a committed token outside the vocabulary joins it; a new request starts from the ranked ids again
+    fresh = next(t for t in range(vocab) if t not in set(vocab_ids.tolist()))
+    prop.commit([fresh], 0, None)
+    assert prop._draft_ids[-1].item() == fresh and prop._request_rows.shape[0] == len(own) + 1
+    prop.reset()
+    assert torch.equal(prop._draft_ids, ids) and prop._request_rows is None
+    _fill_window(prop, 12)
     prop.set_draft_vocab(None)                 # back to the full head
     assert torch.equal(prop.propose(prop.history[-1], 7).tokens, full.tokens)
 
@@ -117,7 +127,7 @@ def test_the_shipped_ranking_loads_for_the_demo_head() -> None:
 
     folder = demo_drafter_path()
     raw = json.loads((folder / VOCAB_FILE).read_text())
-    assert raw["source"] and len(raw["ids"]) >= 8192
+    assert raw["source"] and raw["ids"]
     ids = load_draft_ids(folder, 8192, 49152)
     assert ids.unique().numel() == 8192
 
