@@ -106,6 +106,10 @@ class Settings:
     drafter_weights: Literal["model", "fp8", "int4", "nvfp4"] = _knob(
         "model", "DFlash drafter linear layers: model = as the checkpoint; fp8, int4 or nvfp4 = quantized at load "
         "(fewer bytes per draft; acceptance may move, the output cannot)")
+    draft_vocab: int = _knob(
+        0, "DFlash drafters: the head scores only the N most frequent token ids of the drafter's draft_vocab.json "
+        "(a cheaper draft step on a CPU; acceptance may move, the output cannot); 0 = the full head", min=0,
+        max=1 << 20)
     num_draft_tokens: int | None = _knob(
         None, "K drafts per cycle (verify K+1 rows); None = drafter default", min=1, max=MAX_DRAFT_TOKENS,
         brief="drafts per cycle K (None: the drafter's default)")

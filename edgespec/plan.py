@@ -203,6 +203,7 @@ def drafter_plan(settings: Settings, defaults: ArchDefaults) -> DrafterPlan:
         dflash_path=dflash_folder(settings.model, settings.drafter_path),
         dflash_packaged=is_packaged_drafter(settings.model, settings.drafter_path),
         weights=settings.drafter_weights, dflash_selector=settings.dflash_selector,
+        draft_vocab=settings.draft_vocab,
         window_size=pick(settings.window_size, defaults.window_size),
         window_seed=pick(settings.window_seed, defaults.window_seed),
         cuda_graphs=pick(settings.cuda_graphs, defaults.cuda_graphs),

@@ -48,8 +48,10 @@ class RunState:
         return self.held_out[-1][2] if self.held_out else self.first_al
 
 
-def save_drafter(folder: Path, drafter: torch.nn.Module, config: dict[str, Any], info: dict[str, Any]) -> None:
-    """Write the published layout (bf16, no prefix): weights, then ``config.json`` and ``distill.json``."""
+def save_drafter(folder: Path, drafter: torch.nn.Module, config: dict[str, Any], info: dict[str, Any],
+                 draft_vocab: dict[str, Any] | None = None) -> None:
+    """Write the published layout (bf16, no prefix): weights, then ``config.json`` and ``distill.json``, and the
+    token ranking of the draft vocabulary (``draft_vocab.json``, :mod:`edgespec.drafters.draft_vocab`) when given."""
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to(torch.bfloat16).cpu().contiguous() for k, v in drafter.state_dict().items()}
     tmp = folder / "model.safetensors.tmp"
@@ -57,6 +59,9 @@ def save_drafter(folder: Path, drafter: torch.nn.Module, config: dict[str, Any],
     os.replace(tmp, folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     (folder / "distill.json").write_text(json.dumps(info, indent=2))
+    if draft_vocab is not None:
+        from edgespec.drafters.draft_vocab import write_draft_vocab
+        write_draft_vocab(folder, draft_vocab)
 
 
 def save_state(folder: Path, drafter: torch.nn.Module, optim: torch.optim.Optimizer, state: RunState) -> None:

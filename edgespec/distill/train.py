@@ -34,6 +34,7 @@ from edgespec.distill.curve import write_curve
 from edgespec.distill.data import Sequence_
 from edgespec.distill.kinds import TrainObjective
 from edgespec.distill.objective import accepted_drafts, make_blocks, pack_blocks, sampled_vocab
+from edgespec.drafters.draft_vocab import rank_by_counts
 
 
 @dataclass
@@ -282,6 +283,10 @@ class Trainer:
         if self.state.total_steps is not None:
             opts.steps = self.state.total_steps
         self.best_dir = out / "best" if opts.keep_best and self.rank == 0 else None
+        # The draft vocabulary's ranking (edgespec.drafters.draft_vocab): the training answers' token counts.
+        self.draft_vocab = rank_by_counts((s.tokens[s.prompt_len:].tolist() for s in train_seqs),
+                                          f"token counts of the {len(train_seqs)} training sequences' answers "
+                                          "(edgespec distill)")
 
     def evaluate(self) -> float:
         """Estimate the held-out AL now, log it, and keep the best drafter (``--keep-best``)."""
@@ -296,7 +301,7 @@ class Trainer:
             if self.best_dir is not None:
                 save_drafter(self.best_dir, self.drafter, self.published,
                              dict(self.info, step=st.step, epoch=st.epoch, held_out_al=al,
-                                  held_out_history=st.held_out))
+                                  held_out_history=st.held_out), self.draft_vocab)
         return al
 
     def save(self) -> None:
@@ -307,7 +312,7 @@ class Trainer:
         st = self.state
         info = dict(self.info, step=st.step, held_out_al=st.last_al, held_out_al_start=st.first_al,
                     loss=st.last_loss, held_out_history=st.held_out)
-        save_drafter(self.out, self.drafter, self.published, info)
+        save_drafter(self.out, self.drafter, self.published, info, self.draft_vocab)
         write_curve(self.out, st.curve, st.held_out, title=f"edgespec distill: {self.out.name}, world {self.world}")
         save_state(self.out, self.drafter, self.optim, st)
 

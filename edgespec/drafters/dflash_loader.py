@@ -11,6 +11,7 @@ from torch import nn
 
 from edgespec.drafters.dflash_net import DFlashConfig, DFlashDraftModel, parse_dflash_config
 from edgespec.drafters.dflash_proposer import DFlashProposer
+from edgespec.drafters.draft_vocab import load_draft_ids
 from edgespec.drafters.plan import DrafterPlan
 from edgespec.drafters.quantize import DRAFTER_WEIGHTS, serve_quantized
 from edgespec.errors import CheckpointError, ConfigError
@@ -116,12 +117,14 @@ def fill_drafter(build: Callable[[], nn.Module], target: TargetModel, files: lis
 
 def load_dflash_checkpoint(folder: str | Path, target: TargetModel, *, window_size: int = 128,
                            window_seed: bool = True, cuda_graphs: bool = False, weights: str = "model",
-                           choose_kernels: Callable[[nn.Module], int] | None = None) -> DFlashProposer:
+                           choose_kernels: Callable[[nn.Module], int] | None = None,
+                           draft_vocab: int = 0) -> DFlashProposer:
     """Load a DFlash drafter folder (``config.json`` + safetensors) for ``target``, checking that they fit.
     ``weights``: ``model`` serves the checkpoint's dtype; ``fp8`` / ``int4`` / ``nvfp4`` quantize the drafter's
     linear layers after loading (:mod:`edgespec.drafters.quantize`) and give them the device's fast product:
     ``choose_kernels`` (the engine's ``ArchHooks.choose_weight_kernels``; None: the portable choice every arch
-    shares, for callers without an engine).
+    shares, for callers without an engine). ``draft_vocab``: score only the folder's ``draft_vocab`` most frequent
+    token ids (its ``draft_vocab.json``, :mod:`edgespec.drafters.draft_vocab`; 0: the full head).
 
     Raises :class:`CheckpointError` for missing / unreadable files, missing or unexpected keys and shape
     mismatches, and :class:`ConfigError` when the drafter was made for another target (hidden size,
@@ -137,7 +140,11 @@ def load_dflash_checkpoint(folder: str | Path, target: TargetModel, *, window_si
                            target, files, {key: name for key, (name, _) in index.items()}, folder, "DFlash")
     serve_quantized(drafter, weights, drafter.fc.weight.dtype, choose_kernels)
     # Loaded under the checkpoint's names; the proposer merges q/k/v and gate/up (+ fused SiLU), as in the target.
-    return DFlashProposer(drafter, target, window_size=window_size, window_seed=window_seed, cuda_graphs=cuda_graphs)
+    proposer = DFlashProposer(drafter, target, window_size=window_size, window_seed=window_seed,
+                              cuda_graphs=cuda_graphs)
+    if draft_vocab:
+        proposer.set_draft_vocab(load_draft_ids(folder, draft_vocab, proposer._head_vocab()))
+    return proposer
 
 
 def demo_drafter_path() -> Path:
@@ -170,7 +177,8 @@ def load_dflash(plan: DrafterPlan, model: TargetModel,
     try:
         proposer = load_dflash_checkpoint(plan.dflash_path, model, window_size=plan.window_size,
                                           window_seed=plan.window_seed, cuda_graphs=plan.cuda_graphs,
-                                          weights=plan.weights, choose_kernels=choose_kernels)
+                                          weights=plan.weights, choose_kernels=choose_kernels,
+                                          draft_vocab=plan.draft_vocab)
     except ConfigError as e:
         if not plan.dflash_packaged:
             raise

@@ -103,8 +103,14 @@ class DFlashProposer(Proposer):
             self._head_weight = drafter.embed_tokens.weight
         else:
             self._head_weight = target.lm_head_weight
-        self.block_rows = "full"            # set_cpu_step: the rows of a draft's block forward, and
-        self._head_prefix = None            # the head's rows over the draft vocabulary (None: all of it)
+        self.block_rows = "full"            # set_cpu_step: the rows of a draft's block forward
+        # set_draft_vocab: the draft vocabulary's token ids (the ranked ones, then the request's own) and the head's
+        # rows of the ranked ones and of the request's (None: the full head).
+        self._draft_ids: torch.Tensor | None = None
+        self._head_subset: torch.Tensor | None = None
+        self._ranked_ids: torch.Tensor | None = None
+        self._in_draft_vocab: torch.Tensor | None = None     # [V] bool: the ids _draft_ids holds
+        self._request_rows: torch.Tensor | None = None
         self.history: list[int] = []     # prompt + emitted tokens; the window covers history[end-length : end]
         # Head output of the last propose in the head's dtype (see last_logits); in graph mode a view of the static
         # output, valid until the next propose.
@@ -129,20 +135,31 @@ class DFlashProposer(Proposer):
 
     @property
     def last_logits(self) -> torch.Tensor | None:
-        """Float32 draft logits ``[k, V]`` of the last propose (telemetry, tests), valid until the next propose.
-        Converted on access: drafting itself needs only the argmax, which the head's own dtype gives exactly."""
-        return None if self._last_scores is None else self._last_scores.float()
+        """Float32 draft logits ``[k, V]`` of the last propose (telemetry, tests), valid until the next propose;
+        with a draft vocabulary (:meth:`set_draft_vocab`) the ids outside it are ``-inf``. Converted on access:
+        drafting itself needs only the argmax, which the head's own dtype gives exactly."""
+        if self._last_scores is None:
+            return None
+        if self._draft_ids is None:
+            return self._last_scores.float()
+        full = torch.full((self._last_scores.shape[0], self._head_vocab()), float("-inf"),
+                          device=self._last_scores.device)
+        full[:, self._draft_ids] = self._last_scores.float()
+        return full
 
     # -- protocol -----------------------------------------------------------------------------------------------
     def reset(self) -> None:
         self.window.reset()
         self.history = []
         self._last_scores = None
+        if self._ranked_ids is not None:
+            self._set_vocab(self._ranked_ids)
 
     @torch.inference_mode()
     def begin(self, prompt_ids: Sequence[int], prefill: ForwardOutput) -> None:
         self.reset()
         self.history = list(prompt_ids)
+        self._add_request_tokens(self.history)
         n = len(self.history)
         keep = min(self.window.capacity, n) if self.window_seed else 1
         # The prefill covers the last ``rows`` prompt positions (all of them unless a cached prefix was resumed).
@@ -160,6 +177,7 @@ class DFlashProposer(Proposer):
             taps = self._require_taps(verify, rows, "verify")
             self._append(taps[:rows], self.window.end)
         self.history.extend(int(t) for t in tokens)
+        self._add_request_tokens(tokens)
 
     @torch.inference_mode()
     def propose(self, last_token: int, k: int) -> Draft | None:
@@ -176,6 +194,8 @@ class DFlashProposer(Proposer):
             rows = k + 1 if self.block_rows == "drafts" else self.block_size
             scores = self._draft_head(self.block_hidden(last_token, rows)[1:1 + k])
             tokens = scores.argmax(-1)
+            if self._draft_ids is not None:       # subset position -> token id
+                tokens = self._draft_ids[tokens]
         self._last_scores = scores
         return Draft(tokens)
 
@@ -197,25 +217,72 @@ class DFlashProposer(Proposer):
         return linear(hidden.to(self._head_weight.dtype), self._head_weight)
 
     def _draft_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """:meth:`_head` over the draft vocabulary (:meth:`set_cpu_step`'s ``draft_vocab`` first token ids), else
-        over all of it."""
-        weight = self._head_prefix if self._head_prefix is not None else self._head_weight
-        return linear(hidden.to(weight.dtype), weight)
+        """:meth:`_head` over the draft vocabulary (:meth:`set_draft_vocab`: column ``j`` scores token
+        ``_draft_ids[j]``), else over all of it."""
+        if self._head_subset is None:
+            return linear(hidden.to(self._head_weight.dtype), self._head_weight)
+        scores = linear(hidden.to(self._head_subset.dtype), self._head_subset)
+        if self._request_rows is None:
+            return scores
+        return torch.cat([scores, linear(hidden.to(self._request_rows.dtype), self._request_rows)], dim=-1)
 
-    def set_cpu_step(self, block_rows: str = "full", draft_vocab: int = 0) -> None:
-        """Trade draft quality for a cheaper draft step (what a CPU needs: there a draft costs per row and per head
-        column, unlike a GPU's). ``block_rows``: ``full`` runs the block of ``block_size`` rows the drafter was
-        trained on; ``drafts`` only the anchor and the k drafts asked for (the later mask rows, which the full
-        layers' bidirectional attention also reads, are left out). ``draft_vocab``: score only token ids below
-        this (0: all): the head's leading rows, a view of the same weight (BPE vocabularies number frequent tokens
-        first). Neither can change the output, only which drafts the target is asked to verify."""
+    def _head_vocab(self) -> int:
+        w = self._head_weight
+        return w.out_features if is_packed(w) else w.shape[0]
+
+    def set_cpu_step(self, block_rows: str = "full") -> None:
+        """Trade draft quality for a cheaper draft step (what a CPU needs: there a draft costs per row, unlike a
+        GPU's). ``block_rows``: ``full`` runs the block of ``block_size`` rows the drafter was trained on;
+        ``drafts`` only the anchor and the k drafts asked for (the later mask rows, which the full layers'
+        bidirectional attention also reads, are left out). It cannot change the output, only which drafts the
+        target is asked to verify."""
         if block_rows not in ("full", "drafts"):
             raise ValueError(f"block_rows {block_rows!r}: give full or drafts")
         self.block_rows = block_rows
-        self._head_prefix = None
-        vocab = self._head_weight.shape[0] if not is_packed(self._head_weight) else self._head_weight.out_features
-        if 0 < draft_vocab < vocab:
-            self._head_prefix = _leading_rows(self._head_weight, draft_vocab)
+
+    def set_draft_vocab(self, ids: torch.Tensor | None) -> None:
+        """Score only the token ids ``ids`` (:mod:`edgespec.drafters.draft_vocab`; None: the full head) and the
+        request's own tokens (prompt and output: answers copy the request's words, rare ones included): the ranked
+        ids' head rows are gathered once into a small packed copy (GGUF blocks or dense rows, as the head stores
+        them), the request's other tokens' rows per request and as they appear, and each draft is the argmax over
+        them all. Lossless (the target verifies every draft); only which drafts it is asked to verify can change.
+        Not in CUDA graph mode (the captured graph scores the full head)."""
+        self._draft_ids = self._head_subset = self._ranked_ids = self._in_draft_vocab = self._request_rows = None
+        if ids is None:
+            return
+        if self.cuda_graphs:
+            raise ValueError("a draft vocabulary is not served in CUDA graph mode (cuda_graphs on): the captured "
+                             "draft graph scores the full head")
+        ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+        vocab = self._head_vocab()
+        if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise ValueError(f"draft vocabulary: ids must be a non-empty list within 0..{vocab - 1}")
+        if ids.numel() >= vocab:      # the whole head: nothing to gain
+            return
+        self._ranked_ids = ids.to(self.target.device)
+        self._head_subset = _gathered_rows(self._head_weight, self._ranked_ids)
+        self._set_vocab(self._ranked_ids)
+        self._add_request_tokens(self.history)
+
+    def _set_vocab(self, ranked: torch.Tensor) -> None:
+        """The draft vocabulary back to the ranked ids alone (a new request)."""
+        self._draft_ids, self._request_rows = ranked, None
+        self._in_draft_vocab = torch.zeros(self._head_vocab(), dtype=torch.bool, device=ranked.device)
+        self._in_draft_vocab[ranked] = True
+
+    def _add_request_tokens(self, tokens: Sequence[int]) -> None:
+        """Add the request's tokens outside the draft vocabulary to it (their head rows gathered)."""
+        if self._in_draft_vocab is None or not len(tokens):
+            return
+        t = torch.as_tensor(list(tokens), dtype=torch.long, device=self._in_draft_vocab.device)
+        t = t[(t >= 0) & (t < self._in_draft_vocab.numel())]
+        new = t[~self._in_draft_vocab[t]].unique()
+        if not new.numel():
+            return
+        self._in_draft_vocab[new] = True
+        self._draft_ids = torch.cat([self._draft_ids, new])
+        extra = self._draft_ids[self._ranked_ids.numel():]
+        self._request_rows = _gathered_rows(self._head_weight, extra)
 
     @torch.inference_mode()
     def block_hidden(self, anchor: int, rows: int | None = None) -> torch.Tensor:
@@ -323,18 +390,19 @@ class DFlashProposer(Proposer):
         return self.history[self.window.end - self.window.length:self.window.end]
 
 
-def _leading_rows(weight: torch.Tensor, n: int) -> torch.Tensor | None:
-    """The first ``n`` rows of a head weight, sharing its storage (dense rows, GGUF blocks); None for a packed
-    format without row views (the whole head is used)."""
+def _gathered_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` of a head weight as a new, small weight of the same format (dense rows, or GGUF blocks with
+    the same product kernel): an ``ids``-row copy, not a second copy of the head."""
     from edgespec.weights.gguf import GGUFBlockWeight
 
     if not is_packed(weight):
-        return weight[:n]
+        return weight.index_select(0, ids).contiguous()
     if isinstance(weight, GGUFBlockWeight):
-        rows = type(weight)(weight.blocks[:n], n, weight.in_features, weight.compute_dtype)
+        rows = type(weight)(weight.blocks.index_select(0, ids), ids.numel(), weight.in_features,
+                            weight.compute_dtype)
         rows.kernel = weight.kernel
         return rows
-    return None
+    raise ValueError(f"a draft vocabulary needs a dense or GGUF head; this head is {type(weight).__name__}")
 
 
 __all__ = ["DFlashProposer"]

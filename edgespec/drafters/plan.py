@@ -40,6 +40,7 @@ class DrafterPlan:
     dflash_packaged: bool = False      # the packaged demo drafter, served because the model is the demo
     weights: str = "model"             # the DFlash drafter's weight format (drafter_weights)
     dflash_selector: bool = True       # a DFlash2 drafter drafts its selector's path (dflash_selector)
+    draft_vocab: int = 0               # a DFlash drafter scores its N most frequent token ids (0: the full head)
     window_size: int = 128
     window_seed: bool = True
     cuda_graphs: bool = False

@@ -162,6 +162,11 @@ def test_distill_trains_saves_resumes_and_the_result_loads(tiny_target, tmp_path
     assert cfg["dflash_config"]["target_layer_ids"] == [1]
     meta, seqs = load_data(out / "data")
     assert len(seqs) == 16                         # 8 prompts x (greedy + 1 sampled)
+    # the draft vocabulary's ranking: token counts of the training sequences' answers (held-out ones excluded)
+    answers = {t for s in seqs for t in s.tokens[s.prompt_len:].tolist()}
+    ranking = json.loads((out / "draft_vocab.json").read_text())
+    ids = ranking["ids"]
+    assert ids and len(set(ids)) == len(ids) and set(ids) <= answers and "edgespec distill" in ranking["source"]
     # resume: a longer run continues from step 4 (its log starts there) and reuses the data cache
     r2 = _distill(*_common(tiny_target, out, prompts), "--steps", "6")
     assert r2.returncode == 0, r2.stderr
@@ -174,7 +179,7 @@ def test_distill_trains_saves_resumes_and_the_result_loads(tiny_target, tmp_path
 
     plain = Engine.load(build_plan(Settings(model=str(tiny_target), drafter="none", max_tokens=20)))
     spec = Engine.load(build_plan(Settings(model=str(tiny_target), drafter="dflash", drafter_path=str(out),
-                                         max_tokens=20)))
+                                         max_tokens=20, draft_vocab=len(ids))))
     from edgespec.engine import Request
     for text in ("move box 2 to shelf 1", "hello"):
         req = Request(messages=[{"role": "user", "content": text}], max_tokens=20)
